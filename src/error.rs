@@ -1,0 +1,211 @@
+//! The two error kinds: the runtime's [`Error`] and a job's failure, [`JobError`].
+//!
+//! [`Error`] is what the runtime itself can meet (Redis, configuration, a payload it could not decode).
+//! [`JobError`] is a worker's failure and carries what the retry machinery should do with the job:
+//! Sidekiq's default backoff, "retry in N" and `:discard`/`:kill` (the answers of `sidekiq_retry_in`,
+//! `job_retry.rb`). Workers use `?` on any `std::error::Error`, as with `anyhow`.
+
+use std::fmt;
+
+/// An error of the runtime (not of a job).
+#[derive(Debug)]
+pub enum Error {
+    /// Redis answered with an error or the connection failed.
+    Redis(redis::RedisError),
+    /// The configuration (flags, `sidekiq.yml`, environment) is not usable; the message says why.
+    Config(String),
+    /// A payload could not be decoded; the job goes to the dead or retry set with this message.
+    Payload(String),
+    /// A lock could not be acquired before its deadline.
+    LockNotAcquired(String),
+    /// An I/O error (signals, files).
+    Io(std::io::Error),
+}
+
+impl Error {
+    /// True when the error is a dropped or refused connection: retrying later is the cure.
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            Error::Redis(e) => {
+                e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout()
+                    || e.is_io_error()
+            }
+            Error::Io(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Redis(e) => write!(f, "redis: {e}"),
+            Error::Config(m) => write!(f, "configuration: {m}"),
+            Error::Payload(m) => write!(f, "payload: {m}"),
+            Error::LockNotAcquired(m) => write!(f, "lock not acquired: {m}"),
+            Error::Io(e) => write!(f, "io: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Redis(e) => Some(e),
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(e)
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+/// Result alias of the runtime.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the retry machinery does with a failed job (Sidekiq's `sidekiq_retry_in` answers, plus
+/// `Reschedule`, which is not a failure at all).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RetryAction {
+    /// Sidekiq's backoff: `count**4 + 15 + jitter` seconds.
+    Default,
+    /// Retry in this many seconds (a positive Integer from `sidekiq_retry_in`).
+    In(u64),
+    /// Drop the job: no retry, no dead set (`:discard`).
+    Discard,
+    /// Send it to the dead set at once (`:kill`).
+    Kill,
+    /// Not a failure: put the original payload in the `schedule` set to run in this many seconds,
+    /// without touching `retry_count` or the failed counter (limits and unique "reschedule" use it).
+    Reschedule(f64),
+}
+
+/// A job's failure: what Ruby would store as `error_class` and `error_message`, and what to do next.
+#[derive(Debug)]
+pub struct JobError {
+    /// Shown as `error_class` in the retry and dead sets.
+    pub class: String,
+    /// Shown as `error_message` (cut to 10 000 characters when written).
+    pub message: String,
+    /// The lines stored as `error_backtrace` when the `backtrace` option asks for them.
+    pub backtrace: Vec<String>,
+    /// What the retry machinery does next.
+    pub action: RetryAction,
+}
+
+impl JobError {
+    /// A failure with an explicit error class (as Ruby would print it, e.g. `"ArgumentError"`).
+    pub fn new(class: impl Into<String>, message: impl Into<String>) -> Self {
+        JobError {
+            class: class.into(),
+            message: message.into(),
+            backtrace: Vec::new(),
+            action: RetryAction::Default,
+        }
+    }
+
+    /// A failure with class `RuntimeError`, like Ruby's `raise "message"`.
+    pub fn msg(message: impl Into<String>) -> Self {
+        JobError::new("RuntimeError", message)
+    }
+
+    /// Retry in `seconds` instead of Sidekiq's backoff.
+    pub fn retry_in(mut self, seconds: u64) -> Self {
+        self.action = RetryAction::In(seconds);
+        self
+    }
+
+    /// Drop the job without retrying it and without a dead-set entry.
+    pub fn discard(mut self) -> Self {
+        self.action = RetryAction::Discard;
+        self
+    }
+
+    /// Send the job straight to the dead set.
+    pub fn kill(mut self) -> Self {
+        self.action = RetryAction::Kill;
+        self
+    }
+
+    /// Put the job back in the schedule set in `seconds`, not counted as a failure.
+    pub fn reschedule(seconds: f64, reason: impl Into<String>) -> Self {
+        JobError {
+            class: "Oxidekiq::Rescheduled".into(),
+            message: reason.into(),
+            backtrace: Vec::new(),
+            action: RetryAction::Reschedule(seconds),
+        }
+    }
+
+    /// Attach backtrace lines (stored when the worker's `backtrace` option asks for them).
+    pub fn with_backtrace(mut self, lines: Vec<String>) -> Self {
+        self.backtrace = lines;
+        self
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.class, self.message)
+    }
+}
+
+/// Ruby-style class name from a Rust type name: generics dropped, `std::io::error::Error` kept as a
+/// path so the UI shows where the error came from.
+fn class_of<E: ?Sized>() -> String {
+    let name = std::any::type_name::<E>();
+    let base = name.split('<').next().unwrap_or(name);
+    base.to_string()
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for JobError {
+    fn from(e: E) -> Self {
+        let mut message = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        JobError::new(class_of::<E>(), message)
+    }
+}
+
+/// What a job's run returns.
+pub type JobResult = std::result::Result<(), JobError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn question_mark_turns_any_error_into_a_job_error_with_its_type_as_class() {
+        fn parse() -> JobResult {
+            let _n: i32 = "x".parse()?;
+            Ok(())
+        }
+        let e = parse().unwrap_err();
+        assert_eq!(e.class, "core::num::error::ParseIntError");
+        assert_eq!(e.message, "invalid digit found in string");
+        assert_eq!(e.action, RetryAction::Default);
+    }
+
+    #[test]
+    fn builders_set_the_retry_action() {
+        assert_eq!(JobError::msg("x").retry_in(7).action, RetryAction::In(7));
+        assert_eq!(JobError::msg("x").kill().action, RetryAction::Kill);
+        assert_eq!(JobError::msg("x").discard().action, RetryAction::Discard);
+    }
+}

@@ -1,0 +1,409 @@
+//! A job payload as Ruby wrote it: the original bytes, plus the few fields the runtime needs.
+//!
+//! Mirrors `job_util.rb` / `processor.rb` (PROTOCOL §1). The stored string is an identity: Ruby deletes
+//! jobs with `LREM`/`ZREM` of the exact string, so [`Job`] keeps the original bytes for ack, requeue and
+//! removal and never re-serializes them on the hot path. Only the fields dispatch needs are decoded; the
+//! retry path decodes the whole object into an order-keeping map ([`Job::to_map`]) and keeps every key it
+//! does not know. Numbers beyond 64 bits survive because `serde_json` runs with `arbitrary_precision`.
+
+use std::ops::Range;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// The two class names ActiveJob jobs carry (Rails' adapter ≤ Sidekiq 7, Sidekiq's own from 8.0).
+pub const ACTIVEJOB_WRAPPERS: [&str; 2] = [
+    "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
+    "Sidekiq::ActiveJob::Wrapper",
+];
+
+/// Why a payload could not become a [`Job`]; each kind ends in the dead set with this text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PayloadError {
+    /// Bigger than the configured limit.
+    TooLarge {
+        /// The payload's size in bytes.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// Not UTF-8 text.
+    InvalidUtf8(String),
+    /// Not JSON (Sidekiq sends such a payload to the dead set as is, `processor.rb`).
+    InvalidJson(String),
+    /// JSON, but not an object, or without a string `class`, or `args` not an array.
+    Invalid(String),
+}
+
+impl std::fmt::Display for PayloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PayloadError::TooLarge { size, limit } => {
+                write!(f, "payload of {size} bytes is over the {limit}-byte limit")
+            }
+            PayloadError::InvalidUtf8(m) => write!(f, "payload is not valid UTF-8: {m}"),
+            PayloadError::InvalidJson(m) => write!(f, "payload is not valid JSON: {m}"),
+            PayloadError::Invalid(m) => write!(f, "payload is not a Sidekiq job: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for PayloadError {}
+
+/// The `retry` field as Ruby reads it (`job_retry.rb retry_attempts_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetrySetting {
+    /// `true`, or any truthy non-Integer: the default maximum (25).
+    Default,
+    /// An Integer: that many retries (`0` = straight to the dead set; Ruby's 0 is truthy).
+    Count(i64),
+    /// `false` or `null`: no retry and no dead-set entry.
+    Disabled,
+}
+
+/// A timestamp field as any Sidekiq version writes it (PROTOCOL §1.4): a JSON float is epoch
+/// seconds (≤ 7.x); a JSON integer is epoch milliseconds (8.x), except that an integer below 1e11 is
+/// taken as seconds (no real millisecond timestamp is that small).
+pub fn timestamp_seconds(v: &Value) -> Option<f64> {
+    let n = match v {
+        Value::Number(n) => n,
+        _ => return None,
+    };
+    if n.is_f64() {
+        return n.as_f64();
+    }
+    let i = n
+        .as_i64()
+        .map(|i| i as f64)
+        .or_else(|| n.as_u64().map(|u| u as f64))?;
+    if i.abs() < 1e11 {
+        Some(i)
+    } else {
+        Some(i / 1000.0)
+    }
+}
+
+/// The fields dispatch needs, decoded without copying the rest.
+#[derive(Deserialize)]
+struct Header<'a> {
+    #[serde(default, borrow)]
+    class: Option<&'a RawValue>,
+    #[serde(default)]
+    jid: Option<String>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    wrapped: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    args: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    retry: Option<&'a RawValue>,
+}
+
+/// A decoded job: the original bytes and its dispatch fields.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The exact string Ruby stored; acks, requeues and removals use it as is.
+    raw: String,
+    /// `class`, as written.
+    class: String,
+    /// `wrapped`, when it is a string (ActiveJob's real class).
+    wrapped: Option<String>,
+    /// `jid`, or empty when absent (Ruby tolerates a missing jid).
+    jid: String,
+    /// `queue` field of the payload (may differ from the list it was fetched from).
+    queue: Option<String>,
+    /// Byte range of the `args` array inside `raw`.
+    args: Range<usize>,
+    /// The `retry` field; `None` when absent (the worker's option decides).
+    retry: Option<RetrySetting>,
+}
+
+impl Job {
+    /// Decodes a payload, checking what the runtime relies on: UTF-8, a JSON object, a string
+    /// `class` and an array `args`. `limit` is the largest payload accepted, in bytes.
+    pub fn parse(bytes: Vec<u8>, limit: usize) -> Result<Job, (Vec<u8>, PayloadError)> {
+        if bytes.len() > limit {
+            let size = bytes.len();
+            return Err((bytes, PayloadError::TooLarge { size, limit }));
+        }
+        let raw = match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = e.utf8_error().to_string();
+                return Err((e.into_bytes(), PayloadError::InvalidUtf8(msg)));
+            }
+        };
+        match Self::decode(&raw) {
+            Ok(fields) => Ok(fields.into_job(raw)),
+            Err(e) => Err((raw.into_bytes(), e)),
+        }
+    }
+
+    /// Decodes from a string (the bytes must already be UTF-8).
+    pub fn from_str(raw: &str) -> Result<Job, PayloadError> {
+        Self::decode(raw).map(|f| f.into_job(raw.to_string()))
+    }
+
+    fn decode(raw: &str) -> Result<Fields, PayloadError> {
+        let trimmed = raw.trim_start();
+        if !trimmed.starts_with('{') {
+            return Err(match serde_json::from_str::<serde::de::IgnoredAny>(raw) {
+                Ok(_) => PayloadError::Invalid("the JSON value is not an object".into()),
+                Err(e) => PayloadError::InvalidJson(e.to_string()),
+            });
+        }
+        let header: Header<'_> = serde_json::from_str(raw).map_err(|e| {
+            if e.is_data() {
+                PayloadError::Invalid(e.to_string())
+            } else {
+                PayloadError::InvalidJson(e.to_string())
+            }
+        })?;
+        let class = match header.class {
+            None => return Err(PayloadError::Invalid("`class` is missing".into())),
+            Some(c) => match serde_json::from_str::<String>(c.get()) {
+                Ok(s) if !s.is_empty() => s,
+                Ok(_) => return Err(PayloadError::Invalid("`class` is empty".into())),
+                Err(_) => {
+                    return Err(PayloadError::Invalid(format!(
+                        "`class` is not a string: {}",
+                        truncate(c.get(), 80)
+                    )));
+                }
+            },
+        };
+        let args = match header.args {
+            None => return Err(PayloadError::Invalid("`args` is missing".into())),
+            Some(a) if a.get().starts_with('[') => {
+                let start = a.get().as_ptr() as usize - raw.as_ptr() as usize;
+                start..start + a.get().len()
+            }
+            Some(a) => {
+                return Err(PayloadError::Invalid(format!(
+                    "`args` is not an array: {}",
+                    truncate(a.get(), 80)
+                )));
+            }
+        };
+        let wrapped = header
+            .wrapped
+            .and_then(|w| serde_json::from_str::<String>(w.get()).ok());
+        let retry = header.retry.map(|r| match r.get() {
+            "false" | "null" => RetrySetting::Disabled,
+            "true" => RetrySetting::Default,
+            other => match other.parse::<i64>() {
+                Ok(n) => RetrySetting::Count(n),
+                Err(_) => RetrySetting::Default,
+            },
+        });
+        Ok(Fields {
+            class,
+            wrapped,
+            jid: header.jid.unwrap_or_default(),
+            queue: header.queue,
+            args,
+            retry,
+        })
+    }
+
+    /// The exact bytes Ruby stored.
+    pub fn raw(&self) -> &str {
+        &self.raw
+    }
+
+    /// Consumes the job, giving back its original bytes.
+    pub fn into_raw(self) -> String {
+        self.raw
+    }
+
+    /// The `class` field as written (for ActiveJob jobs, the wrapper's name).
+    pub fn class(&self) -> &str {
+        &self.class
+    }
+
+    /// The `wrapped` field, when present.
+    pub fn wrapped(&self) -> Option<&str> {
+        self.wrapped.as_deref()
+    }
+
+    /// True when the job is an ActiveJob wrapper.
+    pub fn is_activejob(&self) -> bool {
+        ACTIVEJOB_WRAPPERS.contains(&self.class.as_str())
+    }
+
+    /// The class a worker is registered under: `wrapped` for ActiveJob jobs, else `class`.
+    pub fn worker_class(&self) -> &str {
+        if self.is_activejob() {
+            self.wrapped.as_deref().unwrap_or(&self.class)
+        } else {
+            &self.class
+        }
+    }
+
+    /// The job id (empty if the payload had none).
+    pub fn jid(&self) -> &str {
+        &self.jid
+    }
+
+    /// The `queue` field of the payload.
+    pub fn queue(&self) -> Option<&str> {
+        self.queue.as_deref()
+    }
+
+    /// The `args` array, as JSON text.
+    pub fn args_json(&self) -> &str {
+        &self.raw[self.args.clone()]
+    }
+
+    /// The `retry` field, `None` when absent.
+    pub fn retry(&self) -> Option<RetrySetting> {
+        self.retry
+    }
+
+    /// The whole payload as an order-keeping map, every key kept (numbers exactly).
+    pub fn to_map(&self) -> Result<Map<String, Value>, PayloadError> {
+        serde_json::from_str(&self.raw).map_err(|e| PayloadError::InvalidJson(e.to_string()))
+    }
+}
+
+struct Fields {
+    class: String,
+    wrapped: Option<String>,
+    jid: String,
+    queue: Option<String>,
+    args: Range<usize>,
+    retry: Option<RetrySetting>,
+}
+
+impl Fields {
+    fn into_job(self, raw: String) -> Job {
+        Job {
+            raw,
+            class: self.class,
+            wrapped: self.wrapped,
+            jid: self.jid,
+            queue: self.queue,
+            args: self.args,
+            retry: self.retry,
+        }
+    }
+}
+
+/// The first `max` characters of `s`, for error messages.
+pub(crate) fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// A new job id: 24 lowercase hex characters, as `SecureRandom.hex(12)`.
+pub fn new_jid() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 12];
+    rand::rng().fill_bytes(&mut b);
+    hex(&b)
+}
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: usize = 1 << 20;
+
+    #[test]
+    fn parses_a_sidekiq_6_payload_and_keeps_its_bytes() {
+        let raw = r#"{"retry":true,"queue":"default","args":[1,"two",{"three":3.5},null,true],"class":"PlainJob","jid":"c11dc1da31a9b6169afbabbe","created_at":1795291260.8776562,"enqueued_at":1795291260.877818}"#;
+        let job = Job::parse(raw.as_bytes().to_vec(), LIMIT).unwrap();
+        assert_eq!(job.raw(), raw);
+        assert_eq!(job.class(), "PlainJob");
+        assert_eq!(job.jid(), "c11dc1da31a9b6169afbabbe");
+        assert_eq!(job.args_json(), r#"[1,"two",{"three":3.5},null,true]"#);
+        assert_eq!(job.retry(), Some(RetrySetting::Default));
+    }
+
+    #[test]
+    fn retry_is_read_as_ruby_reads_it() {
+        let p = |r: &str| {
+            Job::from_str(&format!(r#"{{"class":"A","args":[],"retry":{r}}}"#))
+                .unwrap()
+                .retry()
+        };
+        assert_eq!(p("false"), Some(RetrySetting::Disabled));
+        assert_eq!(p("0"), Some(RetrySetting::Count(0)));
+        assert_eq!(p("3"), Some(RetrySetting::Count(3)));
+        assert_eq!(p("\"5\""), Some(RetrySetting::Default));
+        assert_eq!(
+            Job::from_str(r#"{"class":"A","args":[]}"#).unwrap().retry(),
+            None
+        );
+    }
+
+    #[test]
+    fn timestamps_read_floats_as_seconds_and_integers_as_milliseconds() {
+        let v: Value = serde_json::from_str("1795291260.8776562").unwrap();
+        assert!((timestamp_seconds(&v).unwrap() - 1795291260.8776562).abs() < 1e-6);
+        let v: Value = serde_json::from_str("1795291260878").unwrap();
+        assert!((timestamp_seconds(&v).unwrap() - 1795291260.878).abs() < 1e-6);
+        let v: Value = serde_json::from_str("1795291260").unwrap();
+        assert_eq!(timestamp_seconds(&v), Some(1795291260.0));
+    }
+
+    #[test]
+    fn hostile_payloads_are_errors_not_panics() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"not json", "not valid JSON"),
+            (b"[1,2]", "not an object"),
+            (b"{\"args\":[]}", "`class` is missing"),
+            (b"{\"class\":5,\"args\":[]}", "not a string"),
+            (b"{\"class\":\"A\",\"args\":{}}", "not an array"),
+            (b"{\"class\":\"A\"}", "`args` is missing"),
+            (b"{\"class\":\"A\",\"args\":[\xff]}", "UTF-8"),
+        ];
+        for (raw, want) in cases {
+            let (back, e) = Job::parse(raw.to_vec(), LIMIT).unwrap_err();
+            assert_eq!(&back, raw);
+            assert!(e.to_string().contains(want), "{e} should say {want}");
+        }
+        let (_, e) = Job::parse(vec![b' '; 100], 10).unwrap_err();
+        assert!(matches!(
+            e,
+            PayloadError::TooLarge {
+                size: 100,
+                limit: 10
+            }
+        ));
+    }
+
+    #[test]
+    fn to_map_keeps_unknown_keys_order_and_big_numbers() {
+        let raw =
+            r#"{"zeta":1,"class":"A","args":[12345678901234567890123],"alpha":{"x":1.0e+20}}"#;
+        let job = Job::from_str(raw).unwrap();
+        let map = job.to_map().unwrap();
+        assert_eq!(serde_json::to_string(&map).unwrap(), raw);
+    }
+
+    #[test]
+    fn jids_are_24_hex() {
+        let j = new_jid();
+        assert_eq!(j.len(), 24);
+        assert!(
+            j.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+    }
+}

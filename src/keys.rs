@@ -1,0 +1,77 @@
+//! Every Redis key name oxidekiq reads or writes, in one place.
+//!
+//! Sidekiq's keys are un-prefixed (PROTOCOL §0); keys of oxidekiq's own (working lists, locks, limits)
+//! carry the `oxidekiq:` prefix so no Sidekiq Pro or GitLab reaper mistakes them for theirs.
+
+/// `SET` of every queue name ever pushed to (`client.rb` SADDs on every push).
+pub const QUEUES: &str = "queues";
+/// `ZSET` of jobs scheduled for later, score = run-at epoch float seconds.
+pub const SCHEDULE: &str = "schedule";
+/// `ZSET` of failed jobs waiting for their next attempt.
+pub const RETRY: &str = "retry";
+/// `ZSET` of jobs that exhausted their retries (the morgue).
+pub const DEAD: &str = "dead";
+/// `SET` of live process identities (heartbeat).
+pub const PROCESSES: &str = "processes";
+/// Total processed counter.
+pub const STAT_PROCESSED: &str = "stat:processed";
+/// Total failed counter.
+pub const STAT_FAILED: &str = "stat:failed";
+
+/// The list a queue's jobs live in: `queue:<name>`.
+pub fn queue(name: &str) -> String {
+    format!("queue:{name}")
+}
+
+/// The daily stats key, `stat:processed:YYYY-MM-DD` (UTC date).
+pub fn stat_daily(base: &str, date: &str) -> String {
+    format!("{base}:{date}")
+}
+
+/// The in-progress jobs hash of a process: `<identity>:work` (Sidekiq 6.5+).
+pub fn work(identity: &str) -> String {
+    format!("{identity}:work")
+}
+
+/// The in-progress jobs hash that Sidekiq 6.4 UIs read: `<identity>:workers`.
+pub fn workers_legacy(identity: &str) -> String {
+    format!("{identity}:workers")
+}
+
+/// The list the Web UI pushes Quiet/Stop signals into: `<identity>-signals`.
+pub fn signals(identity: &str) -> String {
+    format!("{identity}-signals")
+}
+
+/// The prefix of this process's working lists (reliable fetch); the queue name follows.
+pub fn working_prefix(identity: &str) -> String {
+    format!("oxidekiq:working:{identity}:")
+}
+
+/// The pattern that matches every process's working lists, for recovery.
+pub const WORKING_PATTERN: &str = "oxidekiq:working:*";
+
+/// The key guarding orphan recovery, so one process at a time does it.
+pub const RECOVERY_LOCK: &str = "oxidekiq:recovery-lock";
+
+/// The key of a named lock (unique and sequential middleware): `lock:<key>`.
+pub fn lock(key: &str) -> String {
+    format!("lock:{key}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidekiq_key_shapes_match_ruby() {
+        assert_eq!(queue("default"), "queue:default");
+        assert_eq!(work("h:1:ab"), "h:1:ab:work");
+        assert_eq!(workers_legacy("h:1:ab"), "h:1:ab:workers");
+        assert_eq!(signals("h:1:ab"), "h:1:ab-signals");
+        assert_eq!(
+            stat_daily(STAT_PROCESSED, "2026-11-21"),
+            "stat:processed:2026-11-21"
+        );
+    }
+}

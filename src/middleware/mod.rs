@@ -1,0 +1,87 @@
+//! The server middleware chain, built once per worker class and then frozen.
+//!
+//! Mirrors `middleware/chain.rb`, with one difference Sidekiq itself documents: retry is not an entry in
+//! the chain, it wraps it from outside (the processor fixes the outer order: job span → retry → stats →
+//! user chain → handler). A middleware receives the job's [`JobContext`] and a [`Next`] it may call or
+//! not; not calling it is how a duplicate "falls through".
+//!
+//! ```
+//! use oxidekiq::middleware::{BoxFuture, Next, ServerMiddleware};
+//! use oxidekiq::{JobContext, error::JobResult};
+//!
+//! #[derive(Debug)]
+//! struct Timing;
+//!
+//! impl ServerMiddleware for Timing {
+//!     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
+//!         Box::pin(async move {
+//!             let start = std::time::Instant::now();
+//!             let result = next.run(ctx).await;
+//!             tracing::info!(jid = ctx.jid(), elapsed = ?start.elapsed(), "timed");
+//!             result
+//!         })
+//!     }
+//! }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::error::JobResult;
+use crate::worker::JobContext;
+
+/// A boxed, sendable future: what middleware and handlers return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One link of the server chain: called with the job and the rest of the chain.
+pub trait ServerMiddleware: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs around the rest of the chain; call `next.run(ctx)` to go on, or return without calling
+    /// it to skip the job (it is then acknowledged as done).
+    fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult>;
+}
+
+/// The type-erased end of the chain: decodes the arguments and runs the worker.
+pub trait Handler: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs the job.
+    fn call<'a>(&'a self, ctx: &'a JobContext) -> BoxFuture<'a, JobResult>;
+}
+
+/// A frozen chain of middleware.
+pub type Chain = Arc<[Arc<dyn ServerMiddleware>]>;
+
+// The traits must stay object-safe: the chain stores them as trait objects.
+fn _obj_safe(_: Box<dyn ServerMiddleware>, _: Box<dyn Handler>) {}
+
+/// The rest of the chain after the current middleware.
+#[derive(Debug)]
+pub struct Next<'a> {
+    /// Middleware still to run, in order.
+    rest: &'a [Arc<dyn ServerMiddleware>],
+    /// The worker at the end.
+    handler: &'a dyn Handler,
+}
+
+impl<'a> Next<'a> {
+    /// The whole chain, ending in `handler`.
+    pub fn new(chain: &'a [Arc<dyn ServerMiddleware>], handler: &'a dyn Handler) -> Self {
+        Next {
+            rest: chain,
+            handler,
+        }
+    }
+
+    /// Runs the next middleware, or the worker when none is left.
+    pub fn run(self, ctx: &'a JobContext) -> BoxFuture<'a, JobResult> {
+        match self.rest.split_first() {
+            Some((first, rest)) => first.call(
+                ctx,
+                Next {
+                    rest,
+                    handler: self.handler,
+                },
+            ),
+            None => self.handler.call(ctx),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The registry: Ruby class name → type-erased handler, with each worker's frozen middleware chain.
+//!
+//! Type erasure happens here, once: a `Worker<Args>` becomes an `Arc<dyn Handler>` that decodes the
+//! arguments and calls `perform`. The chain of each worker (global middleware, then the worker's own) is
+//! built when the registry is frozen and never changes afterwards, so running a job takes no lock.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{JobError, JobResult};
+use crate::middleware::{BoxFuture, Chain, Handler, ServerMiddleware};
+use crate::worker::{JobContext, Worker, WorkerOptions};
+
+/// Wraps a [`Worker`] as a [`Handler`].
+struct WorkerHandler<W>(Arc<W>);
+
+impl<W> std::fmt::Debug for WorkerHandler<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("WorkerHandler")
+            .field(&std::any::type_name::<W>())
+            .finish()
+    }
+}
+
+impl<W: Worker> Handler for WorkerHandler<W> {
+    fn call<'a>(&'a self, ctx: &'a JobContext) -> BoxFuture<'a, JobResult> {
+        Box::pin(async move {
+            let args: W::Args = ctx.args().map_err(|e| {
+                JobError::new(
+                    "ArgumentError",
+                    format!(
+                        "arguments do not fit {}'s type {}: {e}",
+                        W::CLASS,
+                        std::any::type_name::<W::Args>()
+                    ),
+                )
+            })?;
+            self.0.perform(ctx, args).await
+        })
+    }
+}
+
+/// One registered worker class.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Runs the worker.
+    pub handler: Arc<dyn Handler>,
+    /// The worker's own middleware, run after the global ones.
+    own: Vec<Arc<dyn ServerMiddleware>>,
+    /// Global then own middleware; filled by [`Registry::freeze`].
+    pub chain: Chain,
+    /// The worker's `sidekiq_options`.
+    pub options: WorkerOptions,
+}
+
+/// Ruby class name → worker.
+#[derive(Debug, Default, Clone)]
+pub struct Registry {
+    /// Registered workers by Ruby class name.
+    workers: HashMap<String, Entry>,
+    /// Middleware that runs around every worker, in order.
+    global: Vec<Arc<dyn ServerMiddleware>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `worker` under [`Worker::CLASS`]; a second registration of a class replaces the first.
+    pub fn register<W: Worker>(&mut self, worker: W) -> &mut Self {
+        self.register_with(worker, Vec::new())
+    }
+
+    /// Registers `worker` with middleware of its own (locks, limits), run after the global ones.
+    pub fn register_with<W: Worker>(
+        &mut self,
+        worker: W,
+        middleware: Vec<Arc<dyn ServerMiddleware>>,
+    ) -> &mut Self {
+        let options = worker.options();
+        self.workers.insert(
+            W::CLASS.to_string(),
+            Entry {
+                handler: Arc::new(WorkerHandler(Arc::new(worker))),
+                own: middleware,
+                chain: Arc::from(Vec::new()),
+                options,
+            },
+        );
+        self
+    }
+
+    /// Adds middleware that runs around every worker.
+    pub fn middleware(&mut self, m: impl ServerMiddleware) -> &mut Self {
+        self.global.push(Arc::new(m));
+        self
+    }
+
+    /// Builds every worker's chain; the registry is not changed afterwards.
+    pub fn freeze(mut self) -> Arc<Registry> {
+        let global = self.global.clone();
+        for entry in self.workers.values_mut() {
+            let chain: Vec<_> = global.iter().chain(entry.own.iter()).cloned().collect();
+            entry.chain = Arc::from(chain);
+        }
+        Arc::new(self)
+    }
+
+    /// The worker registered for a class name.
+    pub fn get(&self, class: &str) -> Option<&Entry> {
+        self.workers.get(class)
+    }
+
+    /// The registered class names, sorted.
+    pub fn classes(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.workers.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+}

@@ -1,0 +1,203 @@
+//! The [`Worker`] trait an application implements, and the [`JobContext`] each run receives.
+//!
+//! Static dispatch for the user: `perform(&self, ctx, args: Self::Args)` with `Args` deserialized by
+//! serde from the whole positional `args` array (a tuple, a one-field tuple, [`NoArgs`], or
+//! `Vec<serde_json::Value>` for `perform(*args)`). Type erasure happens once, in the
+//! [`Registry`](crate::registry::Registry). The Ruby class name is explicit and greppable: [`Worker::CLASS`].
+
+use std::future::Future;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, SeqAccess, Visitor};
+
+use crate::error::JobResult;
+use crate::job::{Job, RetrySetting};
+use crate::redis_conn::Conn;
+use crate::shutdown::ShutdownSignal;
+
+/// A Rust worker for one Ruby class name.
+///
+/// ```
+/// use oxidekiq::{JobContext, Worker, error::JobResult};
+///
+/// #[derive(Debug)]
+/// struct ChargeJob;
+///
+/// impl Worker for ChargeJob {
+///     const CLASS: &'static str = "Billing::ChargeJob";
+///     type Args = (u64, f64, String);
+///
+///     async fn perform(&self, _ctx: &JobContext, (id, amount, currency): Self::Args) -> JobResult {
+///         tracing::info!(id, amount, currency, "charged");
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Worker: Send + Sync + 'static {
+    /// The Ruby class name the jobs carry (`class`, or `wrapped` for ActiveJob jobs).
+    const CLASS: &'static str;
+    /// The positional arguments, deserialized from the whole `args` array.
+    type Args: DeserializeOwned + Send + 'static;
+
+    /// Per-worker options, like Ruby's `sidekiq_options`.
+    fn options(&self) -> WorkerOptions {
+        WorkerOptions::default()
+    }
+
+    /// Runs one job.
+    fn perform(&self, ctx: &JobContext, args: Self::Args)
+    -> impl Future<Output = JobResult> + Send;
+}
+
+/// Per-worker options (Ruby's `sidekiq_options`); each applies when the payload does not say otherwise.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerOptions {
+    /// Retries when the payload has no `retry` key (default: Sidekiq's 25).
+    pub retry: Option<RetrySetting>,
+    /// Queue that retries go to (the payload's `retry_queue` wins).
+    pub retry_queue: Option<String>,
+    /// `false`: exhausted jobs are dropped instead of going to the dead set.
+    pub dead: Option<bool>,
+    /// How many backtrace lines to store in `error_backtrace` (`None`: the payload's `backtrace`).
+    pub backtrace: Option<usize>,
+    /// At most this many jobs of this class run at once inside this process (no Redis round trip).
+    pub local_concurrency: Option<usize>,
+}
+
+/// A worker whose `perform` takes no arguments: deserializes from any array, ignoring its items.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoArgs;
+
+impl<'de> Deserialize<'de> for NoArgs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NoArgs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an args array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NoArgs, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(NoArgs)
+            }
+            fn visit_unit<E>(self) -> Result<NoArgs, E> {
+                Ok(NoArgs)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What an ActiveJob job carries besides its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveJobInfo {
+    /// ActiveJob's own id (a UUID), not Sidekiq's `jid`.
+    pub job_id: String,
+    /// How many times ActiveJob already ran it (`executions`).
+    pub executions: u64,
+    /// The arguments, decoded from ActiveJob's serialization into plain JSON values.
+    pub arguments: serde_json::Value,
+}
+
+/// Everything one run of a job can see: the payload, where it came from, Redis, and the shutdown.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    /// The decoded payload (with its original bytes).
+    pub(crate) job: Arc<Job>,
+    /// The queue it was fetched from.
+    pub(crate) queue: Arc<str>,
+    /// The shared Redis connection (for middleware such as locks).
+    pub(crate) redis: Conn,
+    /// The process's shutdown phase.
+    pub(crate) shutdown: ShutdownSignal,
+    /// Present for ActiveJob jobs.
+    pub(crate) activejob: Option<Arc<ActiveJobInfo>>,
+}
+
+impl JobContext {
+    /// Builds a context; the processor does this for every job.
+    pub fn new(
+        job: Arc<Job>,
+        queue: Arc<str>,
+        redis: Conn,
+        shutdown: ShutdownSignal,
+        activejob: Option<Arc<ActiveJobInfo>>,
+    ) -> Self {
+        JobContext {
+            job,
+            queue,
+            redis,
+            shutdown,
+            activejob,
+        }
+    }
+
+    /// The payload.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// Sidekiq's job id.
+    pub fn jid(&self) -> &str {
+        self.job.jid()
+    }
+
+    /// The class the worker is registered under.
+    pub fn class(&self) -> &str {
+        self.job.worker_class()
+    }
+
+    /// The queue the job was fetched from.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The `args` array as JSON text (for ActiveJob: the wrapper's single hash).
+    pub fn args_json(&self) -> &str {
+        self.job.args_json()
+    }
+
+    /// A clone of the shared Redis connection.
+    pub fn redis(&self) -> Conn {
+        self.redis.clone()
+    }
+
+    /// ActiveJob's `job_id`, `executions` and decoded arguments, for ActiveJob jobs.
+    pub fn activejob(&self) -> Option<&ActiveJobInfo> {
+        self.activejob.as_deref()
+    }
+
+    /// The process's shutdown phase: a long job can check [`ShutdownSignal::is_stopping`] or await
+    /// [`ShutdownSignal::cancelled`] and stop early (its payload is pushed back either way).
+    pub fn shutdown(&self) -> ShutdownSignal {
+        self.shutdown.clone()
+    }
+
+    /// Deserializes the job's arguments as `T` (what the worker's `perform` receives).
+    pub fn args<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        match &self.activejob {
+            Some(aj) => T::deserialize(&aj.arguments),
+            None => serde_json::from_str(self.job.args_json()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_args_takes_any_array() {
+        let _: NoArgs = serde_json::from_str("[]").unwrap();
+        let _: NoArgs = serde_json::from_str("[1,[2],{\"a\":3}]").unwrap();
+        assert!(serde_json::from_str::<NoArgs>("{}").is_err());
+    }
+
+    #[test]
+    fn tuples_take_positional_args() {
+        let (name, count): (String, i64) = serde_json::from_str(r#"["bob",5]"#).unwrap();
+        assert_eq!((name.as_str(), count), ("bob", 5));
+        assert!(serde_json::from_str::<(String, i64)>(r#"["bob"]"#).is_err());
+    }
+}
