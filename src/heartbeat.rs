@@ -1,1 +1,326 @@
-//! TODO
+//! The heartbeat that puts this process on the Web UI's Busy page, flushes stats and reads remote signals.
+//!
+//! Mirrors `launcher.rb` (PROTOCOL §6, §7.1). Every beat, in one `MULTI` as Sidekiq 6.4 does it: the stats
+//! counters (`INCRBY stat:processed n` and the daily key with its 5-year TTL), the in-progress jobs hash
+//! (written under both `<identity>:work` for Sidekiq ≥ 6.5 UIs and `<identity>:workers` for 6.4 UIs, TTL
+//! 60 s), `SADD processes`, the identity hash (`info` JSON that every 6.x–8.x UI renders, `busy`, `beat`,
+//! `quiet`, `rss`, `rtt_us`, `concurrency`), its 60 s TTL, and `RPOP <identity>-signals`, whose answer is
+//! acted on like the OS signal of that name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::keys;
+use crate::processor::{Stats, WorkTable};
+use crate::redis_conn::Conn;
+use crate::time;
+
+/// Seconds the identity and work hashes live without a new beat (`launcher.rb`).
+pub const TTL_SECS: i64 = 60;
+/// Lifetime of the daily stats keys (`STATS_TTL`, five years).
+pub const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
+
+/// What this process tells the Busy page about itself.
+#[derive(Debug, Clone)]
+pub struct ProcessInfo {
+    /// `host:pid:hex12`.
+    pub identity: String,
+    /// Host name (`DYNO` wins, as in Ruby).
+    pub hostname: String,
+    /// OS process id.
+    pub pid: u32,
+    /// Epoch seconds at start.
+    pub started_at: f64,
+    /// `-g`, or the working directory's name.
+    pub tag: String,
+    /// Busy-page labels; always includes `oxidekiq`.
+    pub labels: Vec<String>,
+    /// `-c`.
+    pub concurrency: usize,
+    /// Queue names and weights, in configured order.
+    pub queues: Vec<(String, u32)>,
+}
+
+impl ProcessInfo {
+    /// Identity and host for this OS process.
+    pub fn new(
+        tag: Option<String>,
+        labels: Vec<String>,
+        concurrency: usize,
+        queues: Vec<(String, u32)>,
+    ) -> Self {
+        let hostname = std::env::var("DYNO").ok().unwrap_or_else(hostname);
+        let pid = std::process::id();
+        let mut nonce = [0u8; 6];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
+        let identity = format!("{hostname}:{pid}:{}", crate::job::hex(&nonce));
+        let tag = tag.unwrap_or_else(|| {
+            std::env::current_dir()
+                .ok()
+                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_default()
+        });
+        let mut all_labels = vec!["oxidekiq".to_string()];
+        for l in labels {
+            if !all_labels.contains(&l) {
+                all_labels.push(l);
+            }
+        }
+        ProcessInfo {
+            identity,
+            hostname,
+            pid,
+            started_at: time::now(),
+            tag,
+            labels: all_labels,
+            concurrency,
+            queues,
+        }
+    }
+
+    /// The `info` JSON: a superset every Sidekiq 6.x, 7.x and 8.x Web UI renders (PROTOCOL §6.3).
+    pub fn info_json(&self) -> String {
+        let names: Vec<&str> = self.queues.iter().map(|(n, _)| n.as_str()).collect();
+        let weights: serde_json::Map<String, Value> = self
+            .queues
+            .iter()
+            .map(|(n, w)| (n.clone(), json!(w)))
+            .collect();
+        let mode = if self.queues.iter().all(|(_, w)| *w == 0) {
+            "strict"
+        } else if self.queues.iter().all(|(_, w)| *w == 1) {
+            "random"
+        } else {
+            "weighted"
+        };
+        json!({
+            "hostname": self.hostname,
+            "started_at": time::float_value(self.started_at),
+            "pid": self.pid,
+            "tag": self.tag,
+            "concurrency": self.concurrency,
+            "queues": names,
+            "weights": [weights.clone()],
+            "capsules": {"default": {"concurrency": self.concurrency, "mode": mode, "weights": weights}},
+            "labels": self.labels,
+            "identity": self.identity,
+            "version": format!("oxidekiq/{}", env!("CARGO_PKG_VERSION")),
+            "embedded": false,
+        })
+        .to_string()
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Resident set size in KB (`VmRSS`), as Ruby reports it.
+pub fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// The in-progress jobs hash entry Ruby writes (`processor.rb`): the payload as a JSON *string*.
+pub fn work_entry(queue: &str, payload: &[u8], run_at: i64) -> String {
+    json!({
+        "queue": queue,
+        "payload": String::from_utf8_lossy(payload),
+        "run_at": run_at,
+    })
+    .to_string()
+}
+
+/// One heartbeat writer.
+#[derive(Debug)]
+pub struct Heartbeat {
+    /// Who we are.
+    pub info: ProcessInfo,
+    /// Cached `info` JSON.
+    info_json: String,
+    /// Shared Redis connection.
+    conn: Conn,
+    /// Counters to flush.
+    stats: Arc<Stats>,
+    /// In-flight jobs.
+    work: Arc<WorkTable>,
+}
+
+impl Heartbeat {
+    /// A heartbeat for `info`.
+    pub fn new(info: ProcessInfo, conn: Conn, stats: Arc<Stats>, work: Arc<WorkTable>) -> Self {
+        let info_json = info.info_json();
+        Heartbeat {
+            info,
+            info_json,
+            conn,
+            stats,
+            work,
+        }
+    }
+
+    /// A clone of the heartbeat's connection.
+    pub fn conn(&self) -> Conn {
+        self.conn.clone()
+    }
+
+    /// One beat. Returns the remote signal popped from `<identity>-signals`, if any.
+    pub async fn beat(&self, quiet: bool) -> Result<Option<String>> {
+        let id = &self.info.identity;
+        let mut conn = self.conn.clone();
+        let rtt_start = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        let rtt_us = rtt_start.elapsed().as_micros() as u64;
+
+        let (processed, failed) = self.stats.take();
+        let jobs = self.work.snapshot();
+        let now = time::now();
+        let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        let work_key = keys::work(id);
+        let legacy_key = keys::workers_legacy(id);
+
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (base, n) in [
+            (keys::STAT_PROCESSED, processed),
+            (keys::STAT_FAILED, failed),
+        ] {
+            let daily = keys::stat_daily(base, &date);
+            pipe.cmd("INCRBY").arg(base).arg(n).ignore();
+            pipe.cmd("INCRBY").arg(&daily).arg(n).ignore();
+            pipe.cmd("EXPIRE").arg(&daily).arg(STATS_TTL_SECS).ignore();
+        }
+        pipe.cmd("UNLINK").arg(&work_key).arg(&legacy_key).ignore();
+        if !jobs.is_empty() {
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&work_key);
+            let mut hset_legacy = redis::cmd("HSET");
+            hset_legacy.arg(&legacy_key);
+            for j in &jobs {
+                let entry = work_entry(&j.queue, &j.raw, j.run_at);
+                hset.arg(&j.tid).arg(&entry);
+                hset_legacy.arg(&j.tid).arg(&entry);
+            }
+            pipe.add_command(hset).ignore();
+            pipe.add_command(hset_legacy).ignore();
+            pipe.cmd("EXPIRE").arg(&work_key).arg(TTL_SECS).ignore();
+            pipe.cmd("EXPIRE").arg(&legacy_key).arg(TTL_SECS).ignore();
+        }
+        pipe.cmd("SADD").arg(keys::PROCESSES).arg(id).ignore();
+        pipe.cmd("HSET")
+            .arg(id)
+            .arg("info")
+            .arg(&self.info_json)
+            .arg("concurrency")
+            .arg(self.info.concurrency)
+            .arg("busy")
+            .arg(jobs.len())
+            .arg("beat")
+            .arg(time::score(now))
+            .arg("rtt_us")
+            .arg(rtt_us)
+            .arg("quiet")
+            .arg(if quiet { "true" } else { "false" })
+            .arg("rss")
+            .arg(rss_kb())
+            .ignore();
+        pipe.cmd("EXPIRE").arg(id).arg(TTL_SECS).ignore();
+        pipe.cmd("RPOP").arg(keys::signals(id));
+        let result: redis::RedisResult<(Option<String>,)> = pipe.query_async(&mut conn).await;
+        match result {
+            Ok((signal,)) => Ok(signal),
+            Err(e) => {
+                self.stats.restore(processed, failed);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Leaves the Busy page at shutdown: flush stats, `SREM processes`, `UNLINK` the work hashes. The
+    /// identity hash is left to expire, as Ruby leaves it.
+    pub async fn clear(&self) -> Result<()> {
+        let id = &self.info.identity;
+        let (processed, failed) = self.stats.take();
+        let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (base, n) in [
+            (keys::STAT_PROCESSED, processed),
+            (keys::STAT_FAILED, failed),
+        ] {
+            if n > 0 {
+                let daily = keys::stat_daily(base, &date);
+                pipe.cmd("INCRBY").arg(base).arg(n).ignore();
+                pipe.cmd("INCRBY").arg(&daily).arg(n).ignore();
+                pipe.cmd("EXPIRE").arg(&daily).arg(STATS_TTL_SECS).ignore();
+            }
+        }
+        pipe.cmd("SREM").arg(keys::PROCESSES).arg(id).ignore();
+        pipe.cmd("UNLINK")
+            .arg(keys::work(id))
+            .arg(keys::workers_legacy(id))
+            .ignore();
+        let mut conn = self.conn.clone();
+        if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+            self.stats.restore(processed, failed);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+/// Waits one beat interval; exists so the interval can be shortened in tests through the config.
+pub async fn pause(interval: Duration) {
+    tokio::time::sleep(interval).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_has_every_field_the_web_uis_read() {
+        let p = ProcessInfo::new(
+            Some("myapp".into()),
+            vec!["rust".into()],
+            10,
+            vec![("critical".into(), 2), ("default".into(), 1)],
+        );
+        let v: Value = serde_json::from_str(&p.info_json()).unwrap();
+        assert!(v["started_at"].is_f64());
+        assert_eq!(v["queues"], json!(["critical", "default"]));
+        assert_eq!(v["weights"], json!([{"critical": 2, "default": 1}]));
+        assert_eq!(v["capsules"]["default"]["mode"], "weighted");
+        assert_eq!(v["concurrency"], 10);
+        assert_eq!(v["labels"], json!(["oxidekiq", "rust"]));
+        assert_eq!(v["tag"], "myapp");
+        assert_eq!(v["embedded"], false);
+        let parts: Vec<&str> = p.identity.split(':').collect();
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[2].len(), 12);
+    }
+
+    #[test]
+    fn work_entries_carry_the_payload_as_a_string() {
+        let e = work_entry("default", br#"{"class":"A","args":[]}"#, 1795291264);
+        assert_eq!(
+            e,
+            r#"{"queue":"default","payload":"{\"class\":\"A\",\"args\":[]}","run_at":1795291264}"#
+        );
+    }
+}

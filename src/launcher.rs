@@ -1,1 +1,630 @@
-//! TODO
+//! The launcher: starts every part, routes control signals, and runs the shutdown in order.
+//!
+//! Mirrors `launcher.rb` + `manager.rb`. Parts: the fetch loop (bounded by `-c`: it never holds more
+//! fetched jobs than it has free slots), the job tasks, the acker (batched acks), the heartbeat, the
+//! scheduled-set poller and orphan recovery. Control arrives from OS signals (TSTP quiet; TERM/INT stop;
+//! TTIN dump), from the Web UI through `<identity>-signals`, or from a [`Handle`] in tests.
+//!
+//! Shutdown, in order: stop fetching (a job fetched after that is pushed back), give running jobs until the
+//! deadline (`-t`), then cancel them; flush acks of jobs whose fate is in Redis; push every unfinished job
+//! back, byte for byte, to the end of its queue that is served next (`RPUSH`); push back anything left in
+//! our working lists; leave `processes`. A second TERM/INT cancels at once but never skips the push-back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::config::{Config, FetchMode};
+use crate::error::Result;
+use crate::fetch::{self, Fetcher};
+use crate::heartbeat::{Heartbeat, ProcessInfo};
+use crate::processor::{Ack, Processor, Stats, WorkTable};
+use crate::redis_conn::{self, Conn};
+use crate::registry::Registry;
+use crate::scheduled;
+use crate::shutdown::{Phase, Shutdown, ShutdownSignal};
+use crate::time::{self, TimeFormat};
+
+/// A control request, whatever its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Stop fetching; finish running jobs (TSTP, Web UI Quiet).
+    Quiet,
+    /// Stop: quiet, then running jobs get until the deadline (TERM, INT, Web UI Stop).
+    Stop,
+    /// Log the running jobs (TTIN).
+    Dump,
+}
+
+impl Control {
+    /// The control a signal name stands for (`TSTP`, `TERM`, `INT`, `TTIN`), as the Web UI sends them.
+    pub fn from_signal(name: &str) -> Option<Control> {
+        match name.trim_start_matches("SIG") {
+            "TSTP" | "USR1" => Some(Control::Quiet),
+            "TERM" | "INT" => Some(Control::Stop),
+            "TTIN" | "INFO" => Some(Control::Dump),
+            _ => None,
+        }
+    }
+}
+
+/// A handle on a running launcher: send it controls, wait for it to end.
+#[derive(Debug)]
+pub struct Handle {
+    /// Where controls go.
+    control: mpsc::UnboundedSender<Control>,
+    /// The launcher's task.
+    task: tokio::task::JoinHandle<Result<()>>,
+    /// This process's identity (`host:pid:hex`).
+    identity: String,
+    /// The process's phase.
+    signal: ShutdownSignal,
+}
+
+impl Handle {
+    /// The identity shown on the Busy page.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Sends a control.
+    pub fn send(&self, c: Control) {
+        let _ = self.control.send(c);
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.signal.phase()
+    }
+
+    /// Stops and waits for the shutdown to finish.
+    pub async fn stop(self) -> Result<()> {
+        self.send(Control::Stop);
+        self.join().await
+    }
+
+    /// Waits until the launcher ends.
+    pub async fn join(self) -> Result<()> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => Err(crate::Error::Config(format!("launcher task failed: {e}"))),
+        }
+    }
+}
+
+/// Builds and runs a process.
+#[derive(Debug)]
+pub struct Launcher {
+    /// The configuration.
+    config: Config,
+    /// The workers.
+    registry: Registry,
+}
+
+impl Launcher {
+    /// A launcher for these workers.
+    pub fn new(config: Config, registry: Registry) -> Self {
+        Launcher { config, registry }
+    }
+
+    /// Runs until TERM/INT (or the Web UI's Stop) and the shutdown is done. OS signals are wired here.
+    pub async fn run(self) -> Result<()> {
+        let handle = self.start().await?;
+        let control = handle.control.clone();
+        let signals = tokio::spawn(forward_os_signals(control));
+        let result = handle.join().await;
+        signals.abort();
+        result
+    }
+
+    /// Connects, registers the process and starts every part; returns at once with a [`Handle`].
+    pub async fn start(self) -> Result<Handle> {
+        let cfg = self.config;
+        let url = cfg.redis_url();
+        let client = redis_conn::client(&url)?;
+        let conn = redis_conn::connect(&client).await?;
+        let block = Duration::from_secs(1);
+        let blocking = redis_conn::connect_blocking(&client, block).await?;
+        let time_format = if cfg.millisecond_timestamps == Some(true) {
+            TimeFormat::Millis
+        } else {
+            TimeFormat::Seconds
+        };
+        let info = ProcessInfo::new(
+            cfg.tag.clone(),
+            cfg.labels.clone(),
+            cfg.concurrency,
+            cfg.queues
+                .iter()
+                .map(|q| (q.name.clone(), q.weight))
+                .collect(),
+        );
+        let identity = info.identity.clone();
+        let shutdown = Shutdown::new();
+        let signal = shutdown.signal();
+        let stats = Arc::new(Stats::default());
+        let work = Arc::new(WorkTable::default());
+        let fetcher = Arc::new(Fetcher::new(
+            cfg.fetch,
+            &cfg.queues,
+            &identity,
+            conn.clone(),
+            blocking,
+            block,
+        ));
+        let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+        let processor = Arc::new(Processor {
+            registry: self.registry.freeze(),
+            conn: conn.clone(),
+            stats: stats.clone(),
+            work: work.clone(),
+            acks: ack_tx,
+            shutdown: signal.clone(),
+            max_payload_bytes: cfg.max_payload_bytes,
+            unknown_class: cfg.unknown_class,
+            time_format,
+        });
+        let heartbeat = Arc::new(Heartbeat::new(info, conn.clone(), stats, work.clone()));
+        let alive_ttl = (cfg.beat_interval * 3).max(Duration::from_secs(3));
+
+        // Be visible and alive before the first fetch, so no recovery takes our working lists.
+        {
+            let mut c = conn.clone();
+            if cfg.fetch == FetchMode::Reliable {
+                fetch::mark_alive(&mut c, &identity, alive_ttl).await?;
+            }
+            heartbeat.beat(false).await?;
+            if cfg.fetch == FetchMode::Reliable {
+                recover(&mut c, &identity).await;
+            }
+        }
+        tracing::info!(
+            identity = %identity,
+            concurrency = cfg.concurrency,
+            queues = %cfg.queues.iter().map(|q| q.name.as_str()).collect::<Vec<_>>().join(","),
+            redis = %redis_conn::redact_url(&url),
+            fetch = ?cfg.fetch,
+            "oxidekiq {} starting", env!("CARGO_PKG_VERSION")
+        );
+
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let parts = Parts {
+            cfg,
+            conn,
+            identity: identity.clone(),
+            shutdown,
+            fetcher,
+            processor,
+            heartbeat,
+            work,
+            ack_rx,
+            control_tx: control_tx.clone(),
+            control_rx,
+            alive_ttl,
+            time_format,
+        };
+        let task = tokio::spawn(parts.run());
+        Ok(Handle {
+            control: control_tx,
+            task,
+            identity,
+            signal,
+        })
+    }
+}
+
+/// Everything the running launcher owns.
+struct Parts {
+    cfg: Config,
+    conn: Conn,
+    identity: String,
+    shutdown: Shutdown,
+    fetcher: Arc<Fetcher>,
+    processor: Arc<Processor>,
+    heartbeat: Arc<Heartbeat>,
+    work: Arc<WorkTable>,
+    ack_rx: mpsc::UnboundedReceiver<Ack>,
+    control_tx: mpsc::UnboundedSender<Control>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
+    alive_ttl: Duration,
+    time_format: TimeFormat,
+}
+
+impl Parts {
+    async fn run(self) -> Result<()> {
+        let Parts {
+            cfg,
+            conn,
+            identity,
+            shutdown,
+            fetcher,
+            processor,
+            heartbeat,
+            work,
+            ack_rx,
+            control_tx,
+            mut control_rx,
+            alive_ttl,
+            time_format,
+        } = self;
+        let signal = shutdown.signal();
+        let mut background = JoinSet::new();
+        let (hb_stop_tx, hb_stop_rx) = tokio::sync::watch::channel(false);
+        background.spawn(heartbeat_loop(
+            heartbeat.clone(),
+            cfg.beat_interval,
+            cfg.fetch == FetchMode::Reliable,
+            alive_ttl,
+            signal.clone(),
+            control_tx,
+            hb_stop_rx,
+        ));
+        background.spawn(scheduled::run(
+            conn.clone(),
+            cfg.poll_interval_average,
+            time_format,
+            signal.clone(),
+        ));
+        if cfg.fetch == FetchMode::Reliable {
+            background.spawn(recovery_loop(
+                conn.clone(),
+                identity.clone(),
+                cfg.beat_interval * 2,
+                signal.clone(),
+            ));
+        }
+        let acker = tokio::spawn(ack_loop(fetcher.clone(), ack_rx));
+        let mut manager = tokio::spawn(manage(
+            fetcher.clone(),
+            processor.clone(),
+            cfg.concurrency,
+            signal.clone(),
+        ));
+        drop(processor);
+
+        let mut deadline: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                c = control_rx.recv() => match c {
+                    Some(Control::Quiet) => {
+                        tracing::info!("quieting: no new jobs will be fetched");
+                        shutdown.advance(Phase::Quiet);
+                    }
+                    Some(Control::Stop) => {
+                        if deadline.is_some() {
+                            tracing::info!("second stop: cancelling running jobs now (they will be pushed back)");
+                            shutdown.advance(Phase::Cancelled);
+                        } else {
+                            tracing::info!(timeout = cfg.timeout.as_secs_f64(), "shutting down");
+                            shutdown.advance(Phase::Stopping);
+                            deadline = Some(Instant::now() + cfg.timeout);
+                        }
+                    }
+                    Some(Control::Dump) => {
+                        for j in work.snapshot() {
+                            tracing::info!(queue = %j.queue, tid = %j.tid, run_at = j.run_at,
+                                payload = %String::from_utf8_lossy(&j.raw), "running");
+                        }
+                    }
+                    None => {}
+                },
+                _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                    tracing::info!("deadline reached: cancelling running jobs");
+                    shutdown.advance(Phase::Cancelled);
+                    deadline = None;
+                }
+                _ = &mut manager => break,
+            }
+        }
+        // The manager has ended: every job task finished or was cancelled. Flush acks of jobs whose fate is
+        // in Redis (the acker ends once every sender is gone), then push back what never finished.
+        let _ = acker.await;
+        let unfinished = work.drain();
+        if !unfinished.is_empty() {
+            let units: Vec<Ack> = unfinished
+                .iter()
+                .map(|j| (j.queue.clone(), j.raw.clone()))
+                .collect();
+            match with_retries(|| fetcher.requeue(&units)).await {
+                Ok(()) => tracing::info!(
+                    count = units.len(),
+                    "pushed unfinished jobs back to their queues"
+                ),
+                Err(e) => tracing::error!(error = %e, count = units.len(),
+                    "could not push unfinished jobs back; they stay in this process's working lists for recovery"),
+            }
+        }
+        match with_retries(|| fetcher.requeue_leftovers()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "pushed fetched but unstarted jobs back"),
+            Err(e) => tracing::error!(error = %e, "could not empty this process's working lists"),
+        }
+        if cfg.fetch == FetchMode::Reliable {
+            let mut c = conn.clone();
+            let _: redis::RedisResult<()> =
+                redis::AsyncCommands::del(&mut c, fetch::alive_key(&identity)).await;
+        }
+        let _ = hb_stop_tx.send(true);
+        shutdown.advance(Phase::Cancelled);
+        while background.join_next().await.is_some() {}
+        if let Err(e) = with_retries(|| heartbeat.clear()).await {
+            tracing::warn!(error = %e, "could not leave the process set; the entry expires in 60 s");
+        }
+        tracing::info!("Bye!");
+        Ok(())
+    }
+}
+
+/// Tries a shutdown write a few times over about five seconds.
+async fn with_retries<T, F, Fut>(mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut last = None;
+    for _ in 0..6 {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(delay).await;
+        delay *= 2;
+    }
+    Err(last.unwrap_or_else(|| crate::Error::Config("no attempt made".into())))
+}
+
+/// The fetch loop and its job tasks (`manager.rb` + `processor.rb`'s loop).
+async fn manage(
+    fetcher: Arc<Fetcher>,
+    processor: Arc<Processor>,
+    concurrency: usize,
+    mut signal: ShutdownSignal,
+) {
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut jobs = JoinSet::new();
+    let mut outage: Option<Instant> = None;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        while jobs.try_join_next().is_some() {}
+        if signal.is_quiet() {
+            break;
+        }
+        let first = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = signal.quiet() => break,
+            Some(_) = jobs.join_next(), if !jobs.is_empty() => continue,
+        };
+        let mut permits = vec![first];
+        while let Ok(p) = slots.clone().try_acquire_owned() {
+            permits.push(p);
+        }
+        let units = match fetcher.fetch(permits.len()).await {
+            Ok(u) => {
+                if let Some(since) = outage.take() {
+                    tracing::info!(
+                        after = format_args!("{:.1}s", since.elapsed().as_secs_f64()),
+                        "redis reachable again: fetching resumed"
+                    );
+                    backoff = Duration::from_millis(100);
+                }
+                u
+            }
+            Err(e) => {
+                if outage.is_none() {
+                    tracing::warn!(error = %e, "redis unavailable: fetch paused, retrying with backoff");
+                    outage = Some(Instant::now());
+                }
+                drop(permits);
+                let jitter = rand::random::<f64>() * 0.5 + 0.75;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.mul_f64(jitter)) => {}
+                    _ = signal.quiet() => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if signal.is_quiet() {
+            // Fetched after the shutdown began: straight back to the queue, as Sidekiq does.
+            let back: Vec<Ack> = units
+                .into_iter()
+                .map(|u| (u.queue, Arc::<[u8]>::from(u.raw)))
+                .collect();
+            if let Err(e) = with_retries(|| fetcher.requeue(&back)).await {
+                tracing::error!(error = %e, "could not push back jobs fetched during shutdown; they stay in the working list");
+            }
+            break;
+        }
+        let mut permits = permits.into_iter();
+        for unit in units {
+            let Some(permit) = permits.next() else { break };
+            let p = processor.clone();
+            jobs.spawn(async move {
+                p.process(unit).await;
+                drop(permit);
+            });
+        }
+    }
+    drop(processor);
+    // Wait for running jobs; at the deadline (Cancelled) stop them. Their payloads are still in the
+    // in-flight table, which the launcher pushes back.
+    let mut cancelled = signal.clone();
+    loop {
+        tokio::select! {
+            next = jobs.join_next() => if next.is_none() { break },
+            _ = cancelled.cancelled() => {
+                // Give jobs that watch the signal a moment to end by themselves.
+                let grace = tokio::time::sleep(Duration::from_millis(200));
+                tokio::pin!(grace);
+                loop {
+                    tokio::select! {
+                        next = jobs.join_next() => if next.is_none() { break },
+                        _ = &mut grace => { jobs.abort_all(); while jobs.join_next().await.is_some() {} break }
+                    }
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// Sends batched acks; ends when every sender is gone and the queue is empty.
+async fn ack_loop(fetcher: Arc<Fetcher>, mut rx: mpsc::UnboundedReceiver<Ack>) {
+    let mut batch: Vec<Ack> = Vec::with_capacity(1024);
+    let mut closing = false;
+    loop {
+        if batch.is_empty() {
+            match rx.recv().await {
+                Some(a) => batch.push(a),
+                None => return,
+            }
+        }
+        while batch.len() < 4096 {
+            match rx.try_recv() {
+                Ok(a) => batch.push(a),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    closing = true;
+                    break;
+                }
+            }
+        }
+        let mut delay = Duration::from_millis(50);
+        let mut attempts = 0;
+        loop {
+            match fetcher.ack(&batch).await {
+                Ok(()) => break,
+                Err(e) => {
+                    attempts += 1;
+                    if attempts == 1 {
+                        tracing::warn!(error = %e, "cannot acknowledge finished jobs; retrying");
+                    }
+                    if closing && attempts > 20 {
+                        tracing::error!(
+                            count = batch.len(),
+                            "giving up acknowledging finished jobs; a recovery may run them again"
+                        );
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        batch.clear();
+    }
+}
+
+async fn heartbeat_loop(
+    heartbeat: Arc<Heartbeat>,
+    interval: Duration,
+    reliable: bool,
+    alive_ttl: Duration,
+    signal: ShutdownSignal,
+    control: mpsc::UnboundedSender<Control>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut failing = false;
+    let mut conn = heartbeat_conn(&heartbeat);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let mut ok = true;
+        if reliable {
+            if let Err(e) = fetch::mark_alive(&mut conn, &heartbeat.info.identity, alive_ttl).await
+            {
+                ok = false;
+                if !failing {
+                    tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
+                }
+            }
+        }
+        match heartbeat.beat(signal.is_quiet()).await {
+            Ok(Some(name)) => match Control::from_signal(&name) {
+                Some(c) => {
+                    tracing::info!(signal = %name, "received signal from the Web UI");
+                    let _ = control.send(c);
+                }
+                None => tracing::warn!(signal = %name, "ignoring unknown remote signal"),
+            },
+            Ok(None) => {}
+            Err(e) => {
+                ok = false;
+                if !failing {
+                    tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
+                }
+            }
+        }
+        if ok && failing {
+            tracing::info!("heartbeat reaches redis again");
+        }
+        failing = !ok;
+    }
+}
+
+fn heartbeat_conn(h: &Heartbeat) -> Conn {
+    h.conn()
+}
+
+async fn recover(conn: &mut Conn, identity: &str) {
+    match fetch::recover_orphans(conn, identity, time::now()).await {
+        Ok(Some(r)) if r.requeued + r.killed > 0 => {
+            tracing::info!(
+                requeued = r.requeued,
+                dead = r.killed,
+                "orphan recovery done"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "orphan recovery failed; will try again"),
+    }
+}
+
+async fn recovery_loop(
+    mut conn: Conn,
+    identity: String,
+    every: Duration,
+    mut signal: ShutdownSignal,
+) {
+    loop {
+        let jitter = rand::random::<f64>() * 0.5 + 0.75;
+        tokio::select! {
+            _ = tokio::time::sleep(every.mul_f64(jitter)) => {}
+            _ = signal.quiet() => return,
+        }
+        recover(&mut conn, &identity).await;
+    }
+}
+
+/// Turns OS signals into controls: TSTP quiet, TERM/INT stop, TTIN dump.
+async fn forward_os_signals(control: mpsc::UnboundedSender<Control>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    const SIGTSTP: i32 = 20;
+    const SIGTTIN: i32 = 21;
+    let (Ok(mut term), Ok(mut int), Ok(mut tstp), Ok(mut ttin)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::from_raw(SIGTSTP)),
+        signal(SignalKind::from_raw(SIGTTIN)),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        let c = tokio::select! {
+            _ = term.recv() => Control::Stop,
+            _ = int.recv() => Control::Stop,
+            _ = tstp.recv() => Control::Quiet,
+            _ = ttin.recv() => Control::Dump,
+        };
+        if control.send(c).is_err() {
+            return;
+        }
+    }
+}

@@ -30,6 +30,7 @@ pub mod registry;
 pub mod retry;
 pub mod scheduled;
 pub mod shutdown;
+pub mod time;
 pub mod worker;
 
 pub use error::{Error, JobError, RetryAction};

@@ -1,1 +1,352 @@
-//! TODO
+//! Running one fetched job from start to fate: decode, dispatch, retry, stats, acknowledge.
+//!
+//! Mirrors `processor.rb`. The outer order is fixed here: job span → retry → stats → the worker's
+//! middleware chain → the worker. "It is worse to lose a job than to run it twice": a job is acknowledged
+//! only once its fate (done, retry, schedule, dead) is in Redis; while that write fails it is retried, and
+//! until it succeeds the job stays in the in-flight table, which the shutdown pushes back.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::config::UnknownClass;
+use crate::error::{JobError, JobResult, Result};
+use crate::fetch::UnitOfWork;
+use crate::job::Job;
+use crate::middleware::Next;
+use crate::redis_conn::Conn;
+use crate::registry::Registry;
+use crate::retry::{self, Failure, Fate};
+use crate::shutdown::ShutdownSignal;
+use crate::time::{self, TimeFormat};
+use crate::worker::JobContext;
+
+/// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Jobs run, successful or not.
+    pub processed: AtomicU64,
+    /// Jobs that raised.
+    pub failed: AtomicU64,
+}
+
+impl Stats {
+    /// Takes the counts, leaving zeros (the heartbeat adds them back if its write fails).
+    pub fn take(&self) -> (u64, u64) {
+        (
+            self.processed.swap(0, Ordering::Relaxed),
+            self.failed.swap(0, Ordering::Relaxed),
+        )
+    }
+
+    /// Adds counts back after a failed flush.
+    pub fn restore(&self, processed: u64, failed: u64) {
+        self.processed.fetch_add(processed, Ordering::Relaxed);
+        self.failed.fetch_add(failed, Ordering::Relaxed);
+    }
+}
+
+/// A job that is running or whose fate is not yet in Redis.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    /// Queue it was fetched from.
+    pub queue: Arc<str>,
+    /// Its exact bytes, for the push-back at shutdown.
+    pub raw: Arc<[u8]>,
+    /// Epoch seconds when it started (`run_at` of the work hash).
+    pub run_at: i64,
+    /// Thread-like id shown on the Busy page.
+    pub tid: String,
+}
+
+/// The jobs currently in flight, for the Busy page and the shutdown.
+#[derive(Debug, Default)]
+pub struct WorkTable {
+    /// In-flight jobs by sequence number.
+    map: Mutex<HashMap<u64, InFlight>>,
+    /// Next sequence number.
+    next: AtomicU64,
+}
+
+impl WorkTable {
+    fn insert(&self, entry: InFlight) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(id, entry);
+        }
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        if let Ok(mut m) = self.map.lock() {
+            m.remove(&id);
+        }
+    }
+
+    /// A copy of every in-flight job.
+    pub fn snapshot(&self) -> Vec<InFlight> {
+        self.map
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many jobs are in flight.
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// True when nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes every in-flight job out of the table (for the push-back).
+    pub fn drain(&self) -> Vec<InFlight> {
+        self.map
+            .lock()
+            .map(|mut m| m.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// An acknowledgement waiting to be sent: queue and exact bytes.
+pub type Ack = (Arc<str>, Arc<[u8]>);
+
+/// Everything a job's run needs, shared by all running jobs.
+#[derive(Debug)]
+pub struct Processor {
+    /// Workers by class.
+    pub registry: Arc<Registry>,
+    /// Shared Redis connection.
+    pub conn: Conn,
+    /// Counters flushed by the heartbeat.
+    pub stats: Arc<Stats>,
+    /// In-flight jobs.
+    pub work: Arc<WorkTable>,
+    /// Acks to send, batched by the acker.
+    pub acks: mpsc::UnboundedSender<Ack>,
+    /// The process's phase.
+    pub shutdown: ShutdownSignal,
+    /// Largest payload decoded.
+    pub max_payload_bytes: usize,
+    /// What to do with unknown classes.
+    pub unknown_class: UnknownClass,
+    /// How new timestamps are written.
+    pub time_format: TimeFormat,
+}
+
+impl Processor {
+    /// Runs one fetched job to its fate and queues its ack.
+    pub async fn process(self: Arc<Self>, unit: UnitOfWork) {
+        let queue = unit.queue;
+        match Job::parse(unit.raw, self.max_payload_bytes) {
+            Err((bytes, error)) => {
+                let raw: Arc<[u8]> = Arc::from(bytes);
+                let entry = self.work.insert(InFlight {
+                    queue: queue.clone(),
+                    raw: raw.clone(),
+                    run_at: time::now() as i64,
+                    tid: String::new(),
+                });
+                tracing::warn!(queue = %queue, error = %error, "undecodable job sent to the dead set");
+                let now = time::now();
+                let member =
+                    retry::undecodable_payload(&raw, &error.to_string(), now, self.time_format);
+                self.persist(|mut conn| {
+                    let member = member.clone();
+                    async move { retry::send_to_morgue(&mut conn, &member, now).await }
+                })
+                .await;
+                self.stats.processed.fetch_add(1, Ordering::Relaxed);
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                self.work.remove(entry);
+                let _ = self.acks.send((queue, raw));
+            }
+            Ok(job) => {
+                let job = Arc::new(job);
+                let raw: Arc<[u8]> = Arc::from(job.raw().as_bytes());
+                let entry = self.work.insert(InFlight {
+                    queue: queue.clone(),
+                    raw: raw.clone(),
+                    run_at: time::now() as i64,
+                    tid: tid_of(job.jid()),
+                });
+                let span = tracing::info_span!(
+                    "job",
+                    class = %job.worker_class(),
+                    jid = %job.jid(),
+                    queue = %queue,
+                );
+                self.clone().run(job, queue.clone()).instrument(span).await;
+                self.work.remove(entry);
+                let _ = self.acks.send((queue, raw));
+            }
+        }
+    }
+
+    /// The job span's body: run, then write the fate (retry wraps the chain from outside).
+    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>) {
+        let start = Instant::now();
+        tracing::info!("start");
+        let entry = self.registry.get(job.worker_class());
+        let result = self.invoke(&job, &queue, entry).await;
+        let elapsed = start.elapsed().as_secs_f64();
+        self.stats.processed.fetch_add(1, Ordering::Relaxed);
+        let error = match result {
+            Ok(()) => {
+                tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
+                return;
+            }
+            Err(e) => e,
+        };
+        let rescheduled = matches!(error.action, crate::RetryAction::Reschedule(_));
+        if !rescheduled {
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(elapsed = format_args!("{elapsed:.3}"), "fail");
+            tracing::warn!(error_class = %error.class, error_message = %error.message, "job failed");
+        }
+        let now = time::now();
+        let plan = retry::plan(
+            &Failure {
+                job: &job,
+                queue: &queue,
+                error: &error,
+                options: entry.map(|e| &e.options),
+                now,
+                time_format: self.time_format,
+            },
+            &mut rand::rng(),
+        );
+        let fate = self
+            .persist(|mut conn| {
+                let (job, plan) = (job.clone(), plan.clone());
+                async move { retry::apply(&mut conn, &job, &plan, now).await }
+            })
+            .await;
+        match fate {
+            Fate::Retry { at, count } => {
+                tracing::debug!(retry_at = at, retry_count = count, "scheduled for retry")
+            }
+            Fate::Dead => tracing::warn!("retries exhausted: moved to the dead set"),
+            Fate::Discarded => tracing::info!("discarded"),
+            Fate::Rescheduled { at } => {
+                tracing::info!(run_at = at, reason = %error.message, "rescheduled")
+            }
+        }
+    }
+
+    /// Finds and runs the worker through its chain.
+    async fn invoke(
+        &self,
+        job: &Arc<Job>,
+        queue: &Arc<str>,
+        entry: Option<&crate::registry::Entry>,
+    ) -> JobResult {
+        let Some(entry) = entry else {
+            let class = job.worker_class();
+            let e = JobError::new(
+                "NameError",
+                format!(
+                    "uninitialized constant {class}: no Rust worker is registered for {class} in this \
+                     oxidekiq process; register one, or route {class} to a queue only Ruby processes \
+                     read (sidekiq_options queue: \"...\")"
+                ),
+            );
+            return Err(match self.unknown_class {
+                UnknownClass::Retry => e,
+                UnknownClass::Dead => e.kill(),
+            });
+        };
+        let activejob = if job.is_activejob() {
+            match crate::activejob::unwrap(job.args_json()) {
+                Ok(info) => Some(Arc::new(info)),
+                Err(msg) => {
+                    return Err(JobError::new(
+                        "ArgumentError",
+                        format!("cannot decode ActiveJob arguments: {msg}"),
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        let ctx = JobContext::new(
+            job.clone(),
+            queue.clone(),
+            self.conn.clone(),
+            self.shutdown.clone(),
+            activejob,
+        );
+        Next::new(&entry.chain, entry.handler.as_ref())
+            .run(&ctx)
+            .await
+    }
+
+    /// Runs a Redis write until it succeeds: a job's fate must reach Redis before its ack. Gives up only
+    /// when the process is cancelled; the job is then still in flight and gets pushed back.
+    async fn persist<T, F, Fut>(&self, mut write: F) -> T
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut delay = Duration::from_millis(50);
+        let mut logged = false;
+        loop {
+            match write(self.conn.clone()).await {
+                Ok(v) => {
+                    if logged {
+                        tracing::info!("redis reachable again: job fate written");
+                    }
+                    return v;
+                }
+                Err(e) => {
+                    if !logged {
+                        tracing::warn!(error = %e, "cannot write job fate to redis; retrying");
+                        logged = true;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// A Busy-page thread id for a job: base 36, like Ruby's `tid`, derived from a counter.
+fn tid_of(_jid: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    to_base36(NEXT.fetch_add(1, Ordering::Relaxed) ^ u64::from(std::process::id()))
+}
+
+/// `Integer#to_s(36)`.
+pub fn to_base36(mut n: u64) -> String {
+    const D: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    if n == 0 {
+        return "0".into();
+    }
+    let mut out = Vec::new();
+    while n > 0 {
+        out.push(D[(n % 36) as usize]);
+        n /= 36;
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base36_matches_ruby() {
+        assert_eq!(to_base36(0), "0");
+        assert_eq!(to_base36(35), "z");
+        assert_eq!(to_base36(36 * 36 + 1), "101");
+    }
+}

@@ -1,1 +1,528 @@
-//! TODO
+//! What happens to a job that failed: the retry set, the dead set, or nothing, exactly as Ruby does it.
+//!
+//! Mirrors `job_retry.rb` (PROTOCOL §4). Retry wraps the middleware chain from outside: the processor
+//! hands every failure here, with the worker's options. The retry entry is the original payload with every
+//! key kept (order and number text too, thanks to `preserve_order` + `arbitrary_precision`), plus the
+//! fields Ruby adds: `queue` (from `retry_queue`), `error_message` (10 000 characters at most),
+//! `error_class`, `failed_at` or `retried_at`, `retry_count`, and `error_backtrace` when asked for.
+//!
+//! Choices where Sidekiq versions differ:
+//! - jitter is Sidekiq ≤ 7.3's `rand(10) * (count + 1)`;
+//! - `retry_for`, when present, is the only exhaustion test (Sidekiq 8.1's rule: a user who sets a time
+//!   budget means it), otherwise the count is;
+//! - `error_backtrace` is written in the strict Base64 form (Sidekiq 7.2.1+), which every version reads.
+
+use std::io::Write;
+
+use base64::Engine;
+use rand::Rng;
+use redis::AsyncCommands;
+use serde_json::{Map, Value};
+
+use crate::error::{JobError, Result, RetryAction};
+use crate::job::{Job, RetrySetting, timestamp_seconds};
+use crate::keys;
+use crate::redis_conn::Conn;
+use crate::time::{TimeFormat, score};
+use crate::worker::WorkerOptions;
+
+/// Sidekiq's default maximum number of retries (`DEFAULT_MAX_RETRY_ATTEMPTS`).
+pub const DEFAULT_MAX_RETRIES: i64 = 25;
+/// Longest `error_message` stored (`exception.message.to_s[0, 10_000]`).
+pub const MAX_ERROR_MESSAGE: usize = 10_000;
+/// Dead jobs older than this are trimmed (`dead_timeout_in_seconds`, 180 days).
+pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
+/// The dead set keeps at most this many members (`dead_max_jobs`).
+pub const DEAD_MAX_JOBS: i64 = 10_000;
+
+/// Where a failed job ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fate {
+    /// In the retry set, to run at this epoch time.
+    Retry {
+        /// Score of the retry-set entry.
+        at: f64,
+        /// The new `retry_count`.
+        count: i64,
+    },
+    /// In the dead set.
+    Dead,
+    /// Dropped on purpose (`retry: false`, `dead: false`, or a `discard` answer), as Ruby drops it.
+    Discarded,
+    /// Back in the schedule set, unchanged, not counted as a failure.
+    Rescheduled {
+        /// Score of the schedule-set entry.
+        at: f64,
+    },
+}
+
+/// The backoff before retry number `count` (0-based): `count**4 + 15 + rand(10) * (count + 1)`.
+pub fn backoff(count: i64, rng: &mut impl Rng) -> f64 {
+    let c = count.max(0) as f64;
+    let jitter = f64::from(rng.random_range(0..10u32)) * (c + 1.0);
+    c.powi(4) + 15.0 + jitter
+}
+
+/// `Base64(zlib(JSON.generate(lines)))`, the compressed form every Sidekiq reads as `error_backtrace`.
+pub fn compress_backtrace(lines: &[String]) -> String {
+    let json = serde_json::to_vec(lines).unwrap_or_else(|_| b"[]".to_vec());
+    let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing into a Vec cannot fail.
+    let _ = enc.write_all(&json);
+    let bytes = enc.finish().unwrap_or_default();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Reads an `error_backtrace` in any form Sidekiq wrote: strict or line-wrapped Base64 of zlib JSON,
+/// or a raw JSON array (very old versions).
+pub fn decompress_backtrace(v: &Value) -> Option<Vec<String>> {
+    use std::io::Read;
+    match v {
+        Value::Array(_) => serde_json::from_value(v.clone()).ok(),
+        Value::String(s) => {
+            let clean: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(clean)
+                .ok()?;
+            let mut out = Vec::new();
+            flate2::read::ZlibDecoder::new(&bytes[..])
+                .read_to_end(&mut out)
+                .ok()?;
+            serde_json::from_slice(&out).ok()
+        }
+        _ => None,
+    }
+}
+
+/// Everything that decides a failed job's fate, apart from Redis.
+#[derive(Debug)]
+pub struct Failure<'a> {
+    /// The job as fetched.
+    pub job: &'a Job,
+    /// The queue it was fetched from.
+    pub queue: &'a str,
+    /// What went wrong.
+    pub error: &'a JobError,
+    /// The worker's options (`None` when no worker is registered for the class).
+    pub options: Option<&'a WorkerOptions>,
+    /// Now, in epoch seconds.
+    pub now: f64,
+    /// How to write `failed_at`/`retried_at`.
+    pub time_format: TimeFormat,
+}
+
+/// What to write: computed without Redis so tests can check every rule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// `ZADD retry <at> <payload>`.
+    Retry {
+        /// The retry-set member.
+        payload: String,
+        /// Its score.
+        at: f64,
+        /// The new `retry_count`.
+        count: i64,
+    },
+    /// The dead-set `MULTI`.
+    Dead {
+        /// The dead-set member.
+        payload: String,
+    },
+    /// Nothing stored.
+    Discard,
+    /// `ZADD schedule <at> <original bytes>`.
+    Reschedule {
+        /// Its score.
+        at: f64,
+    },
+}
+
+/// Decides what Ruby's `JobRetry` would write for this failure.
+pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
+    match f.error.action {
+        RetryAction::Reschedule(secs) => return Plan::Reschedule { at: f.now + secs },
+        RetryAction::Discard => return Plan::Discard,
+        _ => {}
+    }
+    let mut msg = match f.job.to_map() {
+        Ok(m) => m,
+        // A job that parsed once parses again; if not, the dead set keeps it whole.
+        Err(_) => {
+            return Plan::Dead {
+                payload: f.job.raw().to_string(),
+            };
+        }
+    };
+    let setting = f
+        .job
+        .retry()
+        .or_else(|| f.options.and_then(|o| o.retry))
+        // Ruby counts an absent `retry` as false when the class cannot be loaded; we keep the job
+        // instead (never lose a job we cannot run), with the default count.
+        .unwrap_or(RetrySetting::Default);
+    let max = match setting {
+        RetrySetting::Disabled => return Plan::Discard,
+        RetrySetting::Count(n) => n,
+        RetrySetting::Default => DEFAULT_MAX_RETRIES,
+    };
+
+    let retry_queue = msg
+        .get("retry_queue")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| f.options.and_then(|o| o.retry_queue.clone()))
+        .unwrap_or_else(|| f.queue.to_string());
+    msg.insert("queue".into(), Value::String(retry_queue));
+    msg.insert(
+        "error_message".into(),
+        Value::String(cut_chars(&f.error.message, MAX_ERROR_MESSAGE)),
+    );
+    msg.insert("error_class".into(), Value::String(f.error.class.clone()));
+    let now_v = f.time_format.value(f.now);
+    let count = match msg.get("retry_count").and_then(Value::as_i64) {
+        Some(c) => {
+            msg.insert("retried_at".into(), now_v);
+            c + 1
+        }
+        None => {
+            msg.insert("failed_at".into(), now_v);
+            0
+        }
+    };
+    msg.insert("retry_count".into(), Value::Number(count.into()));
+    if let Some(lines) = backtrace_lines(&msg, f.options, &f.error.backtrace) {
+        msg.insert(
+            "error_backtrace".into(),
+            Value::String(compress_backtrace(lines)),
+        );
+    }
+
+    let exhausted = match f.error.action {
+        RetryAction::Kill => true,
+        _ => match msg.get("retry_for").and_then(Value::as_f64) {
+            Some(retry_for) => {
+                let failed_at = msg
+                    .get("failed_at")
+                    .and_then(timestamp_seconds)
+                    .unwrap_or(f.now);
+                failed_at + retry_for < f.now
+            }
+            None => count >= max,
+        },
+    };
+    let payload = to_json(&msg);
+    if exhausted {
+        let dead_allowed = match msg.get("dead") {
+            Some(Value::Bool(false)) => false,
+            Some(_) => true,
+            None => f.options.and_then(|o| o.dead).unwrap_or(true),
+        };
+        return if dead_allowed {
+            Plan::Dead { payload }
+        } else {
+            Plan::Discard
+        };
+    }
+    let delay = match f.error.action {
+        RetryAction::In(secs) => secs as f64,
+        _ => backoff(count, rng),
+    };
+    Plan::Retry {
+        payload,
+        at: f.now + delay,
+        count,
+    }
+}
+
+/// The lines to store, or `None` when the `backtrace` option does not ask for them.
+fn backtrace_lines<'e>(
+    msg: &Map<String, Value>,
+    options: Option<&WorkerOptions>,
+    lines: &'e [String],
+) -> Option<&'e [String]> {
+    let limit = match msg.get("backtrace") {
+        Some(Value::Bool(true)) => usize::MAX,
+        Some(Value::Number(n)) => n.as_u64().map_or(0, |n| n as usize),
+        Some(_) => 0,
+        None => options.and_then(|o| o.backtrace).unwrap_or(0),
+    };
+    if limit == 0 {
+        return None;
+    }
+    Some(&lines[..lines.len().min(limit)])
+}
+
+fn cut_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => s[..i].to_string(),
+        None => s.to_string(),
+    }
+}
+
+/// Serializes a payload map; a map of JSON values always serializes.
+pub(crate) fn to_json(msg: &Map<String, Value>) -> String {
+    serde_json::to_string(msg).unwrap_or_else(|_| "{}".to_string())
+}
+
+/// Writes the plan to Redis. The ack of the fetched job must come after this returns.
+pub async fn apply(conn: &mut Conn, job: &Job, plan: &Plan, now: f64) -> Result<Fate> {
+    match plan {
+        Plan::Retry { payload, at, count } => {
+            let _: i64 = conn.zadd(keys::RETRY, payload, score(*at)).await?;
+            Ok(Fate::Retry {
+                at: *at,
+                count: *count,
+            })
+        }
+        Plan::Dead { payload } => {
+            send_to_morgue(conn, payload.as_bytes(), now).await?;
+            Ok(Fate::Dead)
+        }
+        Plan::Discard => Ok(Fate::Discarded),
+        Plan::Reschedule { at } => {
+            let _: i64 = conn.zadd(keys::SCHEDULE, job.raw(), score(*at)).await?;
+            Ok(Fate::Rescheduled { at: *at })
+        }
+    }
+}
+
+/// `DeadSet#kill`: one `MULTI` that adds the member and trims the set by age and size.
+pub async fn send_to_morgue(conn: &mut Conn, payload: &[u8], now: f64) -> Result<()> {
+    redis::pipe()
+        .atomic()
+        .zadd(keys::DEAD, payload, score(now))
+        .ignore()
+        .cmd("ZREMRANGEBYSCORE")
+        .arg(keys::DEAD)
+        .arg("-inf")
+        .arg(score(now - DEAD_TIMEOUT_SECS))
+        .ignore()
+        .cmd("ZREMRANGEBYRANK")
+        .arg(keys::DEAD)
+        .arg(0)
+        .arg(-DEAD_MAX_JOBS)
+        .ignore()
+        .query_async::<()>(conn)
+        .await?;
+    Ok(())
+}
+
+/// The dead-set member for a payload the runtime could not decode: the original bytes when they are not
+/// a JSON object; otherwise the object with `error_class`, `error_message` and `failed_at` added.
+pub fn undecodable_payload(raw: &[u8], error: &str, now: f64, tf: TimeFormat) -> Vec<u8> {
+    let Ok(text) = std::str::from_utf8(raw) else {
+        return raw.to_vec();
+    };
+    match serde_json::from_str::<Map<String, Value>>(text) {
+        Ok(mut msg) => {
+            msg.insert(
+                "error_message".into(),
+                Value::String(cut_chars(error, MAX_ERROR_MESSAGE)),
+            );
+            msg.insert(
+                "error_class".into(),
+                Value::String("Oxidekiq::InvalidPayload".into()),
+            );
+            msg.entry("failed_at").or_insert_with(|| tf.value(now));
+            to_json(&msg).into_bytes()
+        }
+        Err(_) => raw.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn job(raw: &str) -> Job {
+        Job::from_str(raw).unwrap()
+    }
+
+    fn run(raw: &str, err: JobError, opts: Option<&WorkerOptions>, now: f64) -> Plan {
+        let j = job(raw);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        plan(
+            &Failure {
+                job: &j,
+                queue: "default",
+                error: &err,
+                options: opts,
+                now,
+                time_format: TimeFormat::Seconds,
+            },
+            &mut rng,
+        )
+    }
+
+    fn payload_of(p: &Plan) -> Map<String, Value> {
+        match p {
+            Plan::Retry { payload, .. } | Plan::Dead { payload } => {
+                serde_json::from_str(payload).unwrap()
+            }
+            other => panic!("no payload in {other:?}"),
+        }
+    }
+
+    #[test]
+    fn first_failure_sets_failed_at_and_count_zero_and_keeps_unknown_keys() {
+        let p = run(
+            r#"{"retry":true,"queue":"default","args":[1],"class":"A","jid":"j","cattr":{"x":12345678901234567890123}}"#,
+            JobError::new("ArgumentError", "boom"),
+            None,
+            1_700_000_000.5,
+        );
+        let Plan::Retry { at, count, payload } = &p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(*count, 0);
+        assert!(*at >= 1_700_000_000.5 + 15.0 && *at < 1_700_000_000.5 + 25.0);
+        assert!(payload.contains(r#""cattr":{"x":12345678901234567890123}"#));
+        let m = payload_of(&p);
+        assert_eq!(m["failed_at"].to_string(), "1700000000.5");
+        assert_eq!(m["error_class"], "ArgumentError");
+        assert!(m.get("retried_at").is_none());
+    }
+
+    #[test]
+    fn later_failures_set_retried_at_and_increment() {
+        let p = run(
+            r#"{"retry":5,"queue":"q","args":[],"class":"A","retry_count":2,"failed_at":1.5}"#,
+            JobError::msg("x"),
+            None,
+            100.0,
+        );
+        let m = payload_of(&p);
+        assert_eq!(m["retry_count"], 3);
+        assert_eq!(m["retried_at"].to_string(), "100.0");
+        assert_eq!(m["failed_at"].to_string(), "1.5");
+        let Plan::Retry { at, .. } = p else { panic!() };
+        // 3**4 + 15 = 96, jitter 0..9*4
+        assert!((196.0..=232.0).contains(&at), "{at}");
+    }
+
+    #[test]
+    fn retry_zero_goes_straight_to_dead_and_false_is_dropped() {
+        assert!(matches!(
+            run(
+                r#"{"retry":0,"args":[],"class":"A"}"#,
+                JobError::msg("x"),
+                None,
+                1.0
+            ),
+            Plan::Dead { .. }
+        ));
+        assert_eq!(
+            run(
+                r#"{"retry":false,"args":[],"class":"A"}"#,
+                JobError::msg("x"),
+                None,
+                1.0
+            ),
+            Plan::Discard
+        );
+        assert_eq!(
+            run(
+                r#"{"retry":0,"dead":false,"args":[],"class":"A"}"#,
+                JobError::msg("x"),
+                None,
+                1.0
+            ),
+            Plan::Discard
+        );
+    }
+
+    #[test]
+    fn exhaustion_after_max_retries() {
+        let raw = r#"{"retry":2,"args":[],"class":"A","retry_count":1}"#;
+        assert!(matches!(
+            run(raw, JobError::msg("x"), None, 1.0),
+            Plan::Dead { .. }
+        ));
+        let raw = r#"{"retry":2,"args":[],"class":"A","retry_count":0}"#;
+        assert!(matches!(
+            run(raw, JobError::msg("x"), None, 1.0),
+            Plan::Retry { count: 1, .. }
+        ));
+    }
+
+    #[test]
+    fn retry_queue_and_messages_are_cut_to_ten_thousand_chars() {
+        let p = run(
+            r#"{"retry":true,"retry_queue":"low","args":[],"class":"A","queue":"default"}"#,
+            JobError::msg("é".repeat(20_000)),
+            None,
+            1.0,
+        );
+        let m = payload_of(&p);
+        assert_eq!(m["queue"], "low");
+        assert_eq!(m["error_message"].as_str().unwrap().chars().count(), 10_000);
+    }
+
+    #[test]
+    fn worker_answers_retry_in_kill_and_discard() {
+        let raw = r#"{"retry":true,"args":[],"class":"A"}"#;
+        let Plan::Retry { at, .. } = run(raw, JobError::msg("x").retry_in(300), None, 10.0) else {
+            panic!()
+        };
+        assert_eq!(at, 310.0);
+        assert!(matches!(
+            run(raw, JobError::msg("x").kill(), None, 1.0),
+            Plan::Dead { .. }
+        ));
+        assert_eq!(
+            run(raw, JobError::msg("x").discard(), None, 1.0),
+            Plan::Discard
+        );
+    }
+
+    #[test]
+    fn retry_for_alone_decides_exhaustion() {
+        let raw = r#"{"retry":true,"retry_for":60,"args":[],"class":"A","retry_count":0,"failed_at":1000.0}"#;
+        assert!(matches!(
+            run(raw, JobError::msg("x"), None, 1059.0),
+            Plan::Retry { .. }
+        ));
+        assert!(matches!(
+            run(raw, JobError::msg("x"), None, 1061.0),
+            Plan::Dead { .. }
+        ));
+    }
+
+    #[test]
+    fn backtrace_option_stores_compressed_lines_ruby_can_read() {
+        let lines: Vec<String> = (0..10).map(|i| format!("src/x.rs:{i}")).collect();
+        let p = run(
+            r#"{"retry":true,"backtrace":3,"args":[],"class":"A"}"#,
+            JobError::msg("x").with_backtrace(lines.clone()),
+            None,
+            1.0,
+        );
+        let m = payload_of(&p);
+        let back = decompress_backtrace(&m["error_backtrace"]).unwrap();
+        assert_eq!(back, lines[..3].to_vec());
+        // Sidekiq 7.3.9 wrote this one (line-wrapped Base64); we read it too.
+        let fixture = include_str!(
+            "../../shared/fixtures/sidekiq-7.3.9-server/retry_after_first_failure.json"
+        );
+        let m: Map<String, Value> = serde_json::from_str(fixture.trim()).unwrap();
+        let lines = decompress_backtrace(&m["error_backtrace"]).unwrap();
+        assert!(!lines.is_empty() && lines.len() <= 5, "{lines:?}");
+    }
+
+    #[test]
+    fn undecodable_objects_get_an_error_and_other_bytes_stay_as_they_are() {
+        let out = undecodable_payload(
+            b"{\"class\":5,\"args\":[]}",
+            "class is not a string",
+            1.0,
+            TimeFormat::Seconds,
+        );
+        let m: Map<String, Value> = serde_json::from_slice(&out).unwrap();
+        assert_eq!(m["error_message"], "class is not a string");
+        assert_eq!(
+            undecodable_payload(b"nope", "x", 1.0, TimeFormat::Seconds),
+            b"nope"
+        );
+    }
+}

@@ -1,1 +1,189 @@
-//! TODO
+//! The poller that moves due jobs from `retry` and `schedule` into their queues.
+//!
+//! Mirrors `scheduled.rb` (PROTOCOL §5): sets in the order `retry`, then `schedule`; a random sleep of
+//! ½–1½ × (`average` × live processes) between rounds (Ruby assumes every registered process polls, so we
+//! must too, at the same rate). Unlike Ruby's one-job-per-round-trip loop, each round trip moves up to
+//! [`BATCH`] jobs: Rust reads a batch of due members, gives each a fresh `enqueued_at` (keeping every other
+//! key and byte), and one Lua script moves them: a member is pushed only if this call's `ZREM` removed it,
+//! so two pollers never push one job twice, and a crash between the steps leaves the job in its set.
+//! A round drains everything that is due. A member that is not a job goes to the dead set, never lost.
+
+use std::time::Duration;
+
+use rand::Rng;
+use redis::Script;
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::keys;
+use crate::redis_conn::Conn;
+use crate::retry::to_json;
+use crate::shutdown::ShutdownSignal;
+use crate::time::{self, TimeFormat, score};
+
+/// Members read and moved per round trip.
+pub const BATCH: usize = 1000;
+
+/// ARGV: set, then triples (member, queue, new payload); a triple with an empty queue goes to `dead`.
+/// Returns how many were moved.
+const ENQUEUE_LUA: &str = r#"
+local set = ARGV[1]
+local moved = 0
+for i = 2, #ARGV, 3 do
+  if redis.call('ZREM', set, ARGV[i]) == 1 then
+    local q = ARGV[i + 1]
+    if q == '' then
+      redis.call('ZADD', 'dead', ARGV[i + 2], ARGV[i])
+    else
+      redis.call('SADD', 'queues', q)
+      redis.call('LPUSH', 'queue:' .. q, ARGV[i + 2])
+    end
+    moved = moved + 1
+  end
+end
+return moved
+"#;
+
+/// Moves every due job of `set` into its queue; returns how many moved.
+pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -> Result<u64> {
+    let script = Script::new(ENQUEUE_LUA);
+    let mut total = 0;
+    loop {
+        let due: Vec<String> = redis::cmd("ZRANGE")
+            .arg(set)
+            .arg("-inf")
+            .arg(score(now))
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(BATCH)
+            .query_async(conn)
+            .await?;
+        if due.is_empty() {
+            return Ok(total);
+        }
+        let n = due.len();
+        let mut inv = script.prepare_invoke();
+        inv.arg(set);
+        for member in &due {
+            match requeued_payload(member, now, tf) {
+                Some((queue, payload)) => inv.arg(member).arg(queue).arg(payload),
+                None => {
+                    tracing::warn!(
+                        set,
+                        "a member that is not a Sidekiq job moved to the dead set"
+                    );
+                    inv.arg(member).arg("").arg(score(now))
+                }
+            };
+        }
+        let moved: u64 = inv.invoke_async(conn).await?;
+        total += moved;
+        if n < BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+/// The payload as `Client#push` re-pushes it: the same keys with `enqueued_at` = now and no `at`.
+/// `None` when the member is not a job (no string `class`, `args` not an array, no queue).
+pub fn requeued_payload(member: &str, now: f64, tf: TimeFormat) -> Option<(String, String)> {
+    let mut msg: serde_json::Map<String, Value> = serde_json::from_str(member).ok()?;
+    if !msg.get("class").is_some_and(Value::is_string)
+        || !msg.get("args").is_some_and(Value::is_array)
+    {
+        return None;
+    }
+    let queue = match msg.get("queue") {
+        Some(Value::String(q)) if !q.is_empty() => q.clone(),
+        None => "default".to_string(),
+        _ => return None,
+    };
+    msg.shift_remove("at");
+    msg.insert("enqueued_at".into(), tf.value(now));
+    Some((queue, to_json(&msg)))
+}
+
+/// How long to sleep before the next round (`scheduled.rb random_poll_interval`).
+pub fn poll_interval(average: Duration, processes: u64, rng: &mut impl Rng) -> Duration {
+    let count = processes.max(1) as f64;
+    let interval = average.as_secs_f64() * count;
+    let secs = if count < 10.0 {
+        interval * rng.random::<f64>() + interval / 2.0
+    } else {
+        interval * rng.random::<f64>()
+    };
+    Duration::from_secs_f64(secs)
+}
+
+/// The poller loop: runs until the process goes quiet.
+pub async fn run(mut conn: Conn, average: Duration, tf: TimeFormat, mut shutdown: ShutdownSignal) {
+    // Ruby waits 10–15 s before the first round; we scale that with the configured average so a short
+    // test interval also starts soon.
+    let initial = average.as_secs_f64() * (2.0 + rand::rng().random::<f64>());
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs_f64(initial)) => {}
+        _ = shutdown.quiet() => return,
+    }
+    let mut failing = false;
+    loop {
+        let now = time::now();
+        let mut ok = true;
+        for set in [keys::RETRY, keys::SCHEDULE] {
+            match enqueue_due(&mut conn, set, now, tf).await {
+                Ok(n) if n > 0 => tracing::debug!(set, moved = n, "enqueued due jobs"),
+                Ok(_) => {}
+                Err(e) => {
+                    ok = false;
+                    if !failing {
+                        tracing::warn!(error = %e, "scheduled poller cannot reach redis; retrying");
+                    }
+                }
+            }
+        }
+        if ok && failing {
+            tracing::info!("scheduled poller reaches redis again");
+        }
+        failing = !ok;
+        let processes: u64 = redis::cmd("SCARD")
+            .arg(keys::PROCESSES)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(1);
+        let pause = poll_interval(average, processes, &mut rand::rng());
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.quiet() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn requeue_sets_enqueued_at_drops_at_and_keeps_the_rest() {
+        let m = r#"{"retry":true,"queue":"q","class":"A","args":[12345678901234567890123],"at":5.0,"created_at":1.5}"#;
+        let (q, p) = requeued_payload(m, 100.25, TimeFormat::Seconds).unwrap();
+        assert_eq!(q, "q");
+        assert_eq!(
+            p,
+            r#"{"retry":true,"queue":"q","class":"A","args":[12345678901234567890123],"created_at":1.5,"enqueued_at":100.25}"#
+        );
+        assert!(requeued_payload(r#"{"args":[]}"#, 1.0, TimeFormat::Seconds).is_none());
+        assert!(requeued_payload("nope", 1.0, TimeFormat::Seconds).is_none());
+    }
+
+    #[test]
+    fn poll_interval_scales_with_processes_like_ruby() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for _ in 0..100 {
+            let d = poll_interval(Duration::from_secs(5), 3, &mut rng).as_secs_f64();
+            assert!((7.5..=22.5).contains(&d), "{d}");
+            let d = poll_interval(Duration::from_secs(5), 20, &mut rng).as_secs_f64();
+            assert!((0.0..=100.0).contains(&d), "{d}");
+        }
+    }
+}

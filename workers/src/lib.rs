@@ -1,0 +1,123 @@
+//! This application's Rust workers, written against oxidekiq's public API only, as a Rails team's own
+//! crate would be. Each one's Ruby twin is shown in its doc comment: same class name, same arguments.
+
+use std::time::Duration;
+
+use oxidekiq::error::JobResult;
+use oxidekiq::{JobContext, JobError, Registry, Worker};
+use serde::Deserialize;
+
+/// ```ruby
+/// class HardWorker
+///   include Sidekiq::Worker
+///   def perform(name, count)
+///     raise ArgumentError, "count must not be negative" if count < 0
+///     sleep(count / 1000.0)
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct HardWorker;
+
+impl Worker for HardWorker {
+    const CLASS: &'static str = "HardWorker";
+    type Args = (String, i64);
+
+    async fn perform(&self, ctx: &JobContext, (name, count): Self::Args) -> JobResult {
+        if count < 0 {
+            return Err(JobError::new(
+                "ArgumentError",
+                format!("count must not be negative, got {count} for {name}"),
+            ));
+        }
+        let mut shutdown = ctx.shutdown();
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(count as u64)) => {}
+            // The process is past its shutdown deadline: stop; the job is pushed back to its queue.
+            _ = shutdown.cancelled() => return Err(JobError::msg("interrupted by shutdown")),
+        }
+        tracing::debug!(name, count, "hard work done");
+        Ok(())
+    }
+}
+
+/// ```ruby
+/// class NoopJob
+///   include Sidekiq::Worker
+///   def perform(*args); end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct NoopJob;
+
+impl Worker for NoopJob {
+    const CLASS: &'static str = "NoopJob";
+    type Args = Vec<serde_json::Value>;
+
+    async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult {
+        Ok(())
+    }
+}
+
+/// The options hash of [`WelcomeEmailJob`]: `perform(user_id, options = {})`.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct WelcomeOptions {
+    /// The mail's locale.
+    #[serde(default)]
+    pub locale: Option<String>,
+}
+
+/// An ActiveJob job:
+///
+/// ```ruby
+/// class WelcomeEmailJob < ApplicationJob
+///   queue_as :mailers
+///   def perform(user_id, options = {}); end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct WelcomeEmailJob;
+
+impl Worker for WelcomeEmailJob {
+    const CLASS: &'static str = "WelcomeEmailJob";
+    type Args = WelcomeArgs;
+
+    async fn perform(&self, ctx: &JobContext, args: Self::Args) -> JobResult {
+        let aj = ctx.activejob();
+        tracing::info!(
+            user_id = args.0,
+            locale = args.1.locale.as_deref().unwrap_or("en"),
+            job_id = aj.map(|a| a.job_id.as_str()).unwrap_or(""),
+            "welcome email sent"
+        );
+        Ok(())
+    }
+}
+
+/// `(user_id, options = {})`: the options hash may be left out, as in Ruby.
+#[derive(Debug, PartialEq)]
+pub struct WelcomeArgs(pub u64, pub WelcomeOptions);
+
+impl<'de> Deserialize<'de> for WelcomeArgs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Shape {
+            Both(u64, WelcomeOptions),
+            One((u64,)),
+        }
+        Ok(match Shape::deserialize(d)? {
+            Shape::Both(id, o) => WelcomeArgs(id, o),
+            Shape::One((id,)) => WelcomeArgs(id, WelcomeOptions::default()),
+        })
+    }
+}
+
+/// Every worker of this application.
+pub fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register(HardWorker)
+        .register(NoopJob)
+        .register(WelcomeEmailJob);
+    r
+}
