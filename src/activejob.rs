@@ -11,3 +11,16 @@ pub fn unwrap(args_json: &str) -> Result<ActiveJobInfo, String> {
         arguments: data["arguments"].clone(),
     })
 }
+
+/// The wrapper class Rails' Sidekiq adapter writes (valid on Sidekiq 6.x–8.x).
+pub const WRAPPER_CLASS: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
+
+/// Placeholder until the encoder lands.
+pub fn job_data(
+    job_class: &str,
+    queue: &str,
+    arguments: Vec<serde_json::Value>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> serde_json::Value {
+    serde_json::json!({"job_class": job_class, "queue_name": queue, "arguments": arguments, "enqueued_at": now.to_rfc3339()})
+}

@@ -1,1 +1,329 @@
-//! TODO
+//! The Rust client: enqueue jobs that Ruby Sidekiq (or oxidekiq) runs unchanged.
+//!
+//! Mirrors `client.rb` + `job_util.rb` (PROTOCOL §2). A push is one pipeline `SADD queues <q>` +
+//! `LPUSH queue:<q> <json...>`; a scheduled job is `ZADD schedule <at> <json>` without `enqueued_at`; an
+//! interval under 1e9 seconds is relative, and a time already past is pushed at once (`job.rb`). Payloads
+//! have Ruby's key order (`retry`, `queue`, options, `args`, `class`, `jid`, `created_at`, `enqueued_at`).
+//!
+//! Timestamps are float seconds by default (every Sidekiq reads them); integer milliseconds when told, or,
+//! in [`TimeMode::Auto`], when every live Ruby process reports Sidekiq 8 in its `info.version`.
+//!
+//! ```no_run
+//! # async fn demo() -> oxidekiq::error::Result<()> {
+//! use oxidekiq::client::{Client, NewJob};
+//! let client = Client::connect("redis://127.0.0.1:6379").await?;
+//! client.perform_async("HardWorker", ("bob", 5)).await?;
+//! client.push(NewJob::new("HardWorker", ("later", 1)).queue("critical").retry(3).run_in(60.0)).await?;
+//! # Ok(()) }
+//! ```
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, Result};
+use crate::job::new_jid;
+use crate::keys;
+use crate::redis_conn::{self, Conn};
+use crate::retry::to_json;
+use crate::time::{self, TimeFormat, score};
+
+/// How the client writes timestamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeMode {
+    /// Float seconds (readable by every Sidekiq).
+    #[default]
+    Seconds,
+    /// Integer milliseconds (Sidekiq 8).
+    Millis,
+    /// Milliseconds when every live Ruby process reports Sidekiq 8, else seconds.
+    Auto,
+}
+
+/// A job to push, with Sidekiq's options.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Ruby class name.
+    class: String,
+    /// The positional arguments (a JSON array).
+    args: Value,
+    /// Queue name.
+    queue: String,
+    /// `retry`: `true`, `false` or a count.
+    retry: Value,
+    /// Run at this epoch time, or now.
+    at: Option<f64>,
+    /// A given jid, or a fresh one.
+    jid: Option<String>,
+    /// Other options, written as is (`tags`, `backtrace`, `retry_queue`, `dead`, custom keys, ...).
+    options: Map<String, Value>,
+}
+
+impl NewJob {
+    /// A job of `class` with `args` (anything serializing to a JSON array: a tuple, a `Vec`, `()`).
+    pub fn new(class: impl Into<String>, args: impl Serialize) -> NewJob {
+        let args = match serde_json::to_value(args) {
+            Ok(Value::Array(a)) => Value::Array(a),
+            Ok(Value::Null) => Value::Array(Vec::new()),
+            Ok(other) => Value::Array(vec![other]),
+            Err(_) => Value::Array(Vec::new()),
+        };
+        NewJob {
+            class: class.into(),
+            args,
+            queue: "default".into(),
+            retry: Value::Bool(true),
+            at: None,
+            jid: None,
+            options: Map::new(),
+        }
+    }
+
+    /// Sets the queue.
+    pub fn queue(mut self, q: impl Into<String>) -> Self {
+        self.queue = q.into();
+        self
+    }
+
+    /// `retry: n`.
+    pub fn retry(mut self, n: i64) -> Self {
+        self.retry = json!(n);
+        self
+    }
+
+    /// `retry: false`.
+    pub fn no_retry(mut self) -> Self {
+        self.retry = Value::Bool(false);
+        self
+    }
+
+    /// Runs at an epoch time (seconds).
+    pub fn run_at(mut self, at: f64) -> Self {
+        self.at = Some(at);
+        self
+    }
+
+    /// Runs in `secs` seconds.
+    pub fn run_in(mut self, secs: f64) -> Self {
+        self.at = Some(if secs < 1e9 { time::now() + secs } else { secs });
+        self
+    }
+
+    /// Uses this jid.
+    pub fn jid(mut self, jid: impl Into<String>) -> Self {
+        self.jid = Some(jid.into());
+        self
+    }
+
+    /// `tags`.
+    pub fn tags<S: Into<String>>(self, tags: impl IntoIterator<Item = S>) -> Self {
+        let t: Vec<Value> = tags.into_iter().map(|s| Value::String(s.into())).collect();
+        self.option("tags", Value::Array(t))
+    }
+
+    /// Any other `sidekiq_options` key, written as is.
+    pub fn option(mut self, key: impl Into<String>, value: Value) -> Self {
+        self.options.insert(key.into(), value);
+        self
+    }
+
+    /// Checks what Ruby's `validate` checks.
+    fn validate(&self) -> Result<()> {
+        if self.class.is_empty() {
+            return Err(Error::Config("job class must not be empty".into()));
+        }
+        if self.queue.is_empty() {
+            return Err(Error::Config("queue name must not be empty".into()));
+        }
+        if let Some(t) = self.options.get("tags") {
+            if !t.is_array() {
+                return Err(Error::Config("tags must be an array".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The payload as Ruby's client builds it.
+    pub fn payload(&self, jid: &str, now: f64, tf: TimeFormat) -> String {
+        let mut m = Map::new();
+        m.insert("retry".into(), self.retry.clone());
+        m.insert("queue".into(), Value::String(self.queue.clone()));
+        for (k, v) in &self.options {
+            if !matches!(k.as_str(), "at" | "class" | "args" | "jid" | "queue" | "retry") {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+        m.insert("args".into(), self.args.clone());
+        m.insert("class".into(), Value::String(self.class.clone()));
+        m.insert("jid".into(), Value::String(jid.to_string()));
+        m.insert("created_at".into(), tf.value(now));
+        if self.at.is_none_or(|at| at <= now) {
+            m.insert("enqueued_at".into(), tf.value(now));
+        }
+        to_json(&m)
+    }
+}
+
+/// A connection that pushes jobs.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// Shared connection.
+    conn: Conn,
+    /// Timestamp mode.
+    mode: TimeMode,
+}
+
+impl Client {
+    /// Connects to `url`.
+    pub async fn connect(url: &str) -> Result<Client> {
+        let client = redis_conn::client(url)?;
+        Ok(Client::new(redis_conn::connect(&client).await?))
+    }
+
+    /// A client on an existing connection, writing float seconds.
+    pub fn new(conn: Conn) -> Client {
+        Client {
+            conn,
+            mode: TimeMode::Seconds,
+        }
+    }
+
+    /// Chooses the timestamp mode.
+    pub fn with_time_mode(mut self, mode: TimeMode) -> Client {
+        self.mode = mode;
+        self
+    }
+
+    /// The format the next push writes.
+    pub async fn time_format(&self) -> Result<TimeFormat> {
+        Ok(match self.mode {
+            TimeMode::Seconds => TimeFormat::Seconds,
+            TimeMode::Millis => TimeFormat::Millis,
+            TimeMode::Auto => detect_time_format(&mut self.conn.clone()).await?,
+        })
+    }
+
+    /// `Worker.perform_async(*args)`; returns the jid.
+    pub async fn perform_async(&self, class: &str, args: impl Serialize) -> Result<String> {
+        self.push(NewJob::new(class, args)).await
+    }
+
+    /// `Worker.perform_in(secs, *args)`.
+    pub async fn perform_in(&self, secs: f64, class: &str, args: impl Serialize) -> Result<String> {
+        self.push(NewJob::new(class, args).run_in(secs)).await
+    }
+
+    /// `Worker.perform_at(epoch_secs, *args)`.
+    pub async fn perform_at(&self, at: f64, class: &str, args: impl Serialize) -> Result<String> {
+        self.push(NewJob::new(class, args).run_at(at)).await
+    }
+
+    /// Pushes one job; returns its jid.
+    pub async fn push(&self, job: NewJob) -> Result<String> {
+        let jid = job.jid.clone().unwrap_or_else(new_jid);
+        let mut out = self.push_many(&job, std::slice::from_ref(&jid), None).await?;
+        Ok(out.pop().unwrap_or(jid))
+    }
+
+    /// `Sidekiq::Client.push_bulk`: one job per element of `args`, all sharing `template`'s options;
+    /// each gets its own jid. Pushed in chunks of 1000 (`batch_size`).
+    pub async fn push_bulk<A: Serialize>(&self, template: NewJob, args: impl IntoIterator<Item = A>) -> Result<Vec<String>> {
+        let args: Vec<Value> = args
+            .into_iter()
+            .map(|a| NewJob::new("", a).args)
+            .collect();
+        let jids: Vec<String> = args.iter().map(|_| new_jid()).collect();
+        for (chunk_args, chunk_jids) in args.chunks(1000).zip(jids.chunks(1000)) {
+            self.push_many(&template, chunk_jids, Some(chunk_args)).await?;
+        }
+        Ok(jids)
+    }
+
+    async fn push_many(&self, job: &NewJob, jids: &[String], args: Option<&[Value]>) -> Result<Vec<String>> {
+        job.validate()?;
+        let tf = self.time_format().await?;
+        let now = time::now();
+        let payloads: Vec<String> = jids
+            .iter()
+            .enumerate()
+            .map(|(i, jid)| match args {
+                Some(a) => {
+                    let mut j = job.clone();
+                    j.args = a[i].clone();
+                    j.payload(jid, now, tf)
+                }
+                None => job.payload(jid, now, tf),
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        match job.at {
+            Some(at) if at > now => {
+                let mut z = redis::cmd("ZADD");
+                z.arg(keys::SCHEDULE);
+                for p in &payloads {
+                    z.arg(score(at)).arg(p);
+                }
+                pipe.add_command(z).ignore();
+            }
+            _ => {
+                pipe.cmd("SADD").arg(keys::QUEUES).arg(&job.queue).ignore();
+                pipe.cmd("LPUSH").arg(keys::queue(&job.queue)).arg(&payloads).ignore();
+            }
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        Ok(jids.to_vec())
+    }
+
+    /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`).
+    pub async fn perform_later(&self, job_class: &str, queue: &str, arguments: Vec<Value>) -> Result<String> {
+        let data = crate::activejob::job_data(job_class, queue, arguments, chrono::Utc::now());
+        let job = NewJob::new(crate::activejob::WRAPPER_CLASS, vec![data])
+            .queue(queue)
+            .option("wrapped", Value::String(job_class.to_string()));
+        self.push(job).await
+    }
+}
+
+/// Integer milliseconds when every live Ruby process reports Sidekiq ≥ 8 (`info.version`); oxidekiq
+/// processes are left out (they read both forms); no Ruby process means seconds.
+pub async fn detect_time_format(conn: &mut Conn) -> Result<TimeFormat> {
+    let ids: Vec<String> = redis::cmd("SMEMBERS").arg(keys::PROCESSES).query_async(conn).await?;
+    let mut ruby = 0;
+    for id in ids {
+        let info: Option<String> = redis::cmd("HGET").arg(&id).arg("info").query_async(conn).await?;
+        let Some(info) = info else { continue };
+        let v: Value = serde_json::from_str(&info).unwrap_or(Value::Null);
+        let version = v.get("version").and_then(Value::as_str).unwrap_or("");
+        if version.starts_with("oxidekiq") {
+            continue;
+        }
+        ruby += 1;
+        let major: u32 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+        if major < 8 {
+            return Ok(TimeFormat::Seconds);
+        }
+    }
+    Ok(if ruby > 0 { TimeFormat::Millis } else { TimeFormat::Seconds })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_has_rubys_keys_and_order() {
+        let j = NewJob::new("HardWorker", ("bob", 5)).tags(["a"]);
+        let p = j.payload("0123456789abcdef01234567", 1795291648.5, TimeFormat::Seconds);
+        assert_eq!(
+            p,
+            r#"{"retry":true,"queue":"default","tags":["a"],"args":["bob",5],"class":"HardWorker","jid":"0123456789abcdef01234567","created_at":1795291648.5,"enqueued_at":1795291648.5}"#
+        );
+        let s = NewJob::new("X", ()).run_at(1795291700.0).payload("j", 1795291648.0, TimeFormat::Millis);
+        assert_eq!(s, r#"{"retry":true,"queue":"default","args":[],"class":"X","jid":"j","created_at":1795291648000}"#);
+    }
+
+    #[test]
+    fn a_single_non_array_argument_becomes_a_one_element_array() {
+        assert_eq!(NewJob::new("X", 5).args, json!([5]));
+        assert_eq!(NewJob::new("X", (5,)).args, json!([5]));
+    }
+}
