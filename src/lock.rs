@@ -1,1 +1,428 @@
-//! TODO
+//! A lock held in one Redis: the single-node case of RedLock, used by the unique-job and sequential-job
+//! middleware.
+//!
+//! # How it works
+//!
+//! - **Acquire** is `SET lock:<key> <token> NX PX <ttl>`: it succeeds only when nobody holds the key, and
+//!   the lock frees itself after `ttl` even if its holder dies. The token is 128 random bits in lowercase
+//!   hex, fresh for every acquisition, so a holder can prove the lock is still its own.
+//! - **Release** and **extend** are Lua scripts that compare the stored token with ours before they
+//!   `DEL` or `PEXPIRE`. A plain `DEL` would be a read-then-write race: a holder whose lock expired could
+//!   delete the lock someone else took since.
+//! - Scripts are sent with `EVALSHA` using a SHA1 computed here ([`script_sha1`]); when Redis does not
+//!   know the script (restart, `SCRIPT FLUSH`) it answers `NOSCRIPT` and we send the body with `EVAL`,
+//!   which also caches it for the next `EVALSHA`.
+//! - A [`LockGuard`] can run a **keeper** ([`LockGuard::keep_alive`]): a task that re-`PEXPIRE`s the lock
+//!   every `ttl / 3` while the guard lives. If the extension finds someone else's token (or cannot reach
+//!   Redis for a whole `ttl`) the lock is lost: the keeper stops and [`LockGuard::is_lost`] turns true, so
+//!   the holder can stop work that needed exclusivity.
+//!
+//! # Invariants
+//!
+//! - Only the holder of the token can release or extend the lock.
+//! - The keeper never outlives its guard: it stops on [`LockGuard::release`] and is aborted on drop.
+//! - Dropping a guard **does not release** the lock (a release needs a Redis round trip, which `Drop`
+//!   cannot await): the key then expires by its TTL. Call [`LockGuard::release`] when done.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use oxidekiq::lock::{LockOptions, RedisLock};
+//!
+//! # async fn run(conn: oxidekiq::redis_conn::Conn) -> oxidekiq::error::Result<()> {
+//! let opts = LockOptions { ttl: Duration::from_secs(10), ..LockOptions::default() };
+//! let lock = RedisLock::new(conn, "report:42", opts); // Redis key `lock:report:42`
+//!
+//! // Non-blocking: `None` when someone else holds it.
+//! if let Some(guard) = lock.try_lock().await? {
+//!     guard.release().await?;
+//! }
+//!
+//! // Blocking: waits up to `opts.timeout`, then `Error::LockNotAcquired`.
+//! let mut guard = lock.lock().await?;
+//! guard.keep_alive(); // long work: keep extending the TTL while we hold it
+//! // ... work, checking `guard.is_lost()` at safe points ...
+//! let released = guard.release().await?; // false if the lock had been lost
+//! # let _ = released;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::{ErrorKind, ServerErrorKind};
+use sha1::{Digest, Sha1};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::redis_conn::Conn;
+
+/// Deletes `KEYS[1]` only if it holds the token `ARGV[1]`; returns 1 if it deleted, else 0.
+pub const RELEASE_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     return redis.call('DEL', KEYS[1]) \
+     else return 0 end";
+
+/// Sets `KEYS[1]`'s TTL to `ARGV[2]` ms only if it holds the token `ARGV[1]`; returns 1 if it did, else 0.
+pub const EXTEND_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     return redis.call('PEXPIRE', KEYS[1], ARGV[2]) \
+     else return 0 end";
+
+static RELEASE_SHA: LazyLock<String> = LazyLock::new(|| script_sha1(RELEASE_SCRIPT));
+static EXTEND_SHA: LazyLock<String> = LazyLock::new(|| script_sha1(EXTEND_SCRIPT));
+
+/// Number of random bytes in a token: 128 bits, 32 hex characters.
+const TOKEN_BYTES: usize = 16;
+
+/// The SHA1 of a script's source in lowercase hex: the name `EVALSHA` and `SCRIPT LOAD` use for it.
+pub fn script_sha1(source: &str) -> String {
+    hex(&Sha1::digest(source.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// A fresh random token: 128 bits from the thread's CSPRNG, lowercase hex.
+fn new_token() -> String {
+    let bytes: [u8; TOKEN_BYTES] = rand::random();
+    hex(&bytes)
+}
+
+/// A TTL in whole milliseconds, at least 1 (`PX 0` is an error in Redis).
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Runs a script by SHA, falling back to `EVAL` with its body when Redis answers `NOSCRIPT`.
+async fn run_script(
+    conn: &mut Conn,
+    source: &str,
+    sha: &str,
+    key: &str,
+    args: &[&str],
+) -> Result<i64> {
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(sha).arg(1).arg(key).arg(args);
+    match evalsha.query_async::<i64>(conn).await {
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(source).arg(1).arg(key).arg(args);
+            Ok(eval.query_async::<i64>(conn).await?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Releases `full_key` (e.g. `lock:report:42`) if it still holds `token`; true if it was deleted.
+///
+/// For callers that kept the token elsewhere (a job payload, another process) instead of a [`LockGuard`].
+/// A stale token deletes nothing.
+pub async fn release(conn: &mut Conn, full_key: &str, token: &str) -> Result<bool> {
+    Ok(run_script(conn, RELEASE_SCRIPT, &RELEASE_SHA, full_key, &[token]).await? == 1)
+}
+
+/// Sets the TTL of `full_key` to `ttl` if it still holds `token`; true if it did, false if the lock
+/// is gone or held by someone else.
+pub async fn extend(conn: &mut Conn, full_key: &str, token: &str, ttl: Duration) -> Result<bool> {
+    let ms = ttl_ms(ttl).to_string();
+    Ok(run_script(conn, EXTEND_SCRIPT, &EXTEND_SHA, full_key, &[token, &ms]).await? == 1)
+}
+
+/// How a [`RedisLock`] expires and waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOptions {
+    /// How long the lock lives without being extended or released; bounds how long a crashed holder
+    /// blocks everyone else. Default 30 s.
+    pub ttl: Duration,
+    /// The average pause between attempts of [`RedisLock::lock`]; each pause is jittered to
+    /// `poll/2 ..= poll*3/2` so waiters do not retry in lockstep. Default 100 ms.
+    pub poll: Duration,
+    /// How long [`RedisLock::lock`] waits before giving up with [`Error::LockNotAcquired`]. Default 30 s.
+    pub timeout: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            poll: Duration::from_millis(100),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A named lock in Redis under `lock:<key>`; every acquisition yields a [`LockGuard`] with its own token.
+///
+/// Cheap to build; one value may be used for many acquisitions, one after another or from clones.
+#[derive(Debug, Clone)]
+pub struct RedisLock {
+    /// The connection acquisitions go through (cloned into each guard).
+    conn: Conn,
+    /// The full Redis key, `lock:<key>`.
+    key: String,
+    /// TTL and waiting behaviour.
+    opts: LockOptions,
+}
+
+impl RedisLock {
+    /// A lock on the Redis key `lock:<key>` (see [`keys::lock`]).
+    pub fn new(conn: Conn, key: &str, opts: LockOptions) -> Self {
+        RedisLock {
+            conn,
+            key: keys::lock(key),
+            opts,
+        }
+    }
+
+    /// The full Redis key, `lock:<key>`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The options this lock was built with.
+    pub fn options(&self) -> &LockOptions {
+        &self.opts
+    }
+
+    /// One attempt: the guard if the lock was free, `None` at once if someone holds it.
+    pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
+        let token = new_token();
+        let mut conn = self.conn.clone();
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&self.key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms(self.opts.ttl))
+            .query_async(&mut conn)
+            .await?;
+        Ok(set.map(|_| LockGuard {
+            conn,
+            key: self.key.clone(),
+            token,
+            ttl: self.opts.ttl,
+            lost: Arc::new(AtomicBool::new(false)),
+            keeper: None,
+        }))
+    }
+
+    /// Waits for the lock: retries every `poll` (jittered) until it is free, or fails with
+    /// [`Error::LockNotAcquired`] once `timeout` has passed.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        let start = Instant::now();
+        let deadline = start + self.opts.timeout;
+        loop {
+            if let Some(guard) = self.try_lock().await? {
+                return Ok(guard);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::LockNotAcquired(format!(
+                    "{} still held by another holder after waiting {:?}",
+                    self.key,
+                    now - start
+                )));
+            }
+            let pause = jittered(self.opts.poll).min(deadline - now);
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// The token of the current holder, `None` when the lock is free (for logs and tests).
+    pub async fn holder(&self) -> Result<Option<String>> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("GET")
+            .arg(&self.key)
+            .query_async(&mut conn)
+            .await?)
+    }
+}
+
+/// A pause drawn from `poll/2 ..= poll*3/2`.
+fn jittered(poll: Duration) -> Duration {
+    let micros = u64::try_from(poll.as_micros()).unwrap_or(u64::MAX / 2);
+    let lo = micros / 2;
+    let hi = micros.saturating_add(micros / 2);
+    Duration::from_micros(rand::random_range(lo..=hi))
+}
+
+/// The running keeper of a guard.
+#[derive(Debug)]
+struct Keeper {
+    /// Tells the task to stop; dropping it stops the task too.
+    stop: oneshot::Sender<()>,
+    /// The task, awaited on release and aborted on drop so it never outlives the guard.
+    task: JoinHandle<()>,
+}
+
+/// Proof of holding a [`RedisLock`]: its token, and optionally a keeper that extends it.
+///
+/// Release it with [`LockGuard::release`]. Dropping it stops the keeper but leaves the key in Redis until
+/// its TTL runs out.
+#[derive(Debug)]
+pub struct LockGuard {
+    /// The connection release and extension go through.
+    conn: Conn,
+    /// The full Redis key, `lock:<key>`.
+    key: String,
+    /// This acquisition's token: the value stored under the key.
+    token: String,
+    /// The TTL set on acquisition and on every extension.
+    ttl: Duration,
+    /// Set by the keeper when it finds the lock no longer ours.
+    lost: Arc<AtomicBool>,
+    /// The extension task, once [`LockGuard::keep_alive`] started it.
+    keeper: Option<Keeper>,
+}
+
+impl LockGuard {
+    /// This holder's token (32 lowercase hex characters).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The full Redis key, `lock:<key>`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// True once the keeper found the lock gone or someone else's, or could not extend it for a whole
+    /// TTL. Always false without a keeper (nobody checks).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Starts the keeper: every `ttl / 3` it resets the TTL while the lock is still ours. Calling it
+    /// again does nothing. Must be called inside a Tokio runtime (it spawns a task, as every caller of
+    /// this crate's async API already is).
+    pub fn keep_alive(&mut self) {
+        if self.keeper.is_some() {
+            return;
+        }
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(keep(
+            self.conn.clone(),
+            self.key.clone(),
+            self.token.clone(),
+            self.ttl,
+            Arc::clone(&self.lost),
+            stopped,
+        ));
+        self.keeper = Some(Keeper { stop, task });
+    }
+
+    /// Extends the lock once by its TTL; false if it is no longer ours.
+    pub async fn extend(&mut self) -> Result<bool> {
+        extend(&mut self.conn, &self.key, &self.token, self.ttl).await
+    }
+
+    /// Stops the keeper and releases the lock; true if our token was still there and was deleted,
+    /// false if the lock had expired or been taken by someone else.
+    pub async fn release(mut self) -> Result<bool> {
+        if let Some(keeper) = self.keeper.take() {
+            let _ = keeper.stop.send(());
+            // The task only ends; a JoinError would mean it panicked or was aborted, nothing to undo.
+            let _ = keeper.task.await;
+        }
+        release(&mut self.conn, &self.key, &self.token).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(keeper) = self.keeper.take() {
+            keeper.task.abort();
+        }
+    }
+}
+
+/// The keeper's loop: extend every `ttl / 3` until told to stop or the lock is lost.
+async fn keep(
+    mut conn: Conn,
+    key: String,
+    token: String,
+    ttl: Duration,
+    lost: Arc<AtomicBool>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let period = (ttl / 3).max(Duration::from_millis(1));
+    let mut last_extended = Instant::now();
+    loop {
+        tokio::select! {
+            // A message or a dropped sender: either way the guard is done.
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        match extend(&mut conn, &key, &token, ttl).await {
+            Ok(true) => last_extended = Instant::now(),
+            Ok(false) => {
+                tracing::warn!(key = %key, "lock lost: the key expired or holds another token");
+                lost.store(true, Ordering::SeqCst);
+                return;
+            }
+            Err(e) => {
+                if last_extended.elapsed() >= ttl {
+                    tracing::warn!(key = %key, error = %e, "lock lost: could not extend it for a whole ttl");
+                    lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+                tracing::warn!(key = %key, error = %e, "lock extension failed, will retry");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_sha1_is_lowercase_hex_of_the_source() {
+        assert_eq!(script_sha1(""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+        assert_eq!(
+            script_sha1("abc"),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+    }
+
+    #[test]
+    fn tokens_are_128_bit_hex_and_fresh() {
+        let a = new_token();
+        let b = new_token();
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn jitter_stays_within_half_to_one_and_a_half_poll() {
+        let poll = Duration::from_millis(100);
+        for _ in 0..1000 {
+            let p = jittered(poll);
+            assert!(p >= Duration::from_millis(50) && p <= Duration::from_millis(150));
+        }
+    }
+
+    #[test]
+    fn a_zero_ttl_becomes_one_millisecond() {
+        assert_eq!(ttl_ms(Duration::ZERO), 1);
+        assert_eq!(ttl_ms(Duration::from_millis(300)), 300);
+    }
+}
