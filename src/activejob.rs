@@ -1,26 +1,856 @@
-//! TODO(#2): replaced by the ActiveJob decoder.
+//! ActiveJob jobs on the wire: unwrapping the `job_data` hash Rails puts in a Sidekiq payload, and
+//! building one for jobs Ruby should run (PROTOCOL §10).
+//!
+//! Rails' Sidekiq adapter (`activejob/lib/active_job/queue_adapters/sidekiq_adapter.rb`, Rails 6.1–7.x) pushes
+//! `{"class": JobWrapper, "wrapped": <job class>, "args": [job_data]}`, where `job_data` is
+//! `ActiveJob::Core#serialize` and its `arguments` are written by `ActiveJob::Arguments`
+//! (`activejob/lib/active_job/arguments.rb`). [`unwrap`] reads that hash and decodes the arguments the way
+//! `deserialize_argument` does, into plain JSON values a serde type can take:
+//!
+//! | Ruby value (serialized form) | decoded as |
+//! |---|---|
+//! | `nil`, `true`, Integer, Float, String | itself (numbers keep their exact text) |
+//! | Array | an array, each element decoded |
+//! | GlobalID model (`{"_aj_globalid": "gid://app/Person/42"}`) | the GlobalID string |
+//! | Symbol (`SymbolSerializer`) | the symbol's name |
+//! | Time, DateTime, TimeWithZone | the `value` ISO 8601 string, as written |
+//! | Date | the `YYYY-MM-DD` string |
+//! | ActiveSupport::Duration | its `value` in seconds (integer or float, as written) |
+//! | Module / Class | its name |
+//! | BigDecimal (`BigDecimalSerializer`, Rails ≥ 7.1; a bare string before) | the value string |
+//! | Range (Rails ≥ 7.0) | `{"begin": .., "end": .., "exclude_end": bool}`, begin and end decoded |
+//! | an app-defined serializer | the serialized object unchanged, `_aj_serialized` included |
+//! | Hash with symbol keys, keyword arguments, `HashWithIndifferentAccess` | the hash without its marker key |
+//! | any other Hash | a string-keyed object, each value decoded |
+//!
+//! Keyword arguments arrive as the last element (the hash Ruby marked `_aj_ruby2_keywords`), so a
+//! `perform(a, b, c:)` reads as the tuple `(A, B, {"c": ..})`. App-defined serializers are kept whole
+//! rather than failing the job: the app's own serializer decides their format, and the worker can read it.
+//!
+//! What decoding refuses (a payload Rails never writes): `args` not a one-element array of a hash, a
+//! missing or mistyped `job_class`/`job_id`/`executions`/`arguments`, `_aj_globalid` next to other keys,
+//! a built-in serializer whose fields have the wrong type, and hashes with more than one marker.
+//!
+//! [`job_data`] and [`wrap`] go the other way, for a Rust client enqueuing an ActiveJob job Ruby runs.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Number, Value};
+
+use crate::job::{hex, new_jid};
 use crate::worker::ActiveJobInfo;
 
-/// Placeholder until the decoder lands.
+/// The class a Rust client writes for ActiveJob jobs: Rails' adapter name, which every Sidekiq from 6.x
+/// to 8.x accepts (8.x keeps it as an alias of `Sidekiq::ActiveJob::Wrapper`).
+pub const WRAPPER_CLASS: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
+
+/// `arguments.rb` `GLOBALID_KEY`.
+const GLOBALID_KEY: &str = "_aj_globalid";
+/// `arguments.rb` `OBJECT_SERIALIZER_KEY`.
+const SERIALIZER_KEY: &str = "_aj_serialized";
+/// `arguments.rb` `SYMBOL_KEYS_KEY`.
+const SYMBOL_KEYS_KEY: &str = "_aj_symbol_keys";
+/// `arguments.rb` `RUBY2_KEYWORDS_KEY`.
+const RUBY2_KEYWORDS_KEY: &str = "_aj_ruby2_keywords";
+/// `arguments.rb` `WITH_INDIFFERENT_ACCESS_KEY`.
+const INDIFFERENT_KEY: &str = "_aj_hash_with_indifferent_access";
+
+/// The keys `arguments.rb` reserves (`RESERVED_KEYS`); a Ruby hash with one of them as an ordinary key
+/// cannot be serialized at all.
+const RESERVED_KEYS: [&str; 5] = [
+    GLOBALID_KEY,
+    SERIALIZER_KEY,
+    SYMBOL_KEYS_KEY,
+    RUBY2_KEYWORDS_KEY,
+    INDIFFERENT_KEY,
+];
+
+/// Decodes the `args` array of an ActiveJob wrapper payload (`[job_data]`, the text of
+/// [`Job::args_json`](crate::job::Job::args_json)) into the job's id, execution count and arguments.
+///
+/// The arguments come back as a [`Value::Array`], decoded as the module documentation describes.
+///
+/// ```
+/// let args = r#"[{"job_class":"ReportJob","job_id":"1c5086ff-8ff6-4596-9dcc-12a06bff4d0c",
+///   "arguments":[7,{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"pdf"}],
+///   "executions":0}]"#;
+/// let info = oxidekiq::activejob::unwrap(args).unwrap();
+/// assert_eq!(info.job_id, "1c5086ff-8ff6-4596-9dcc-12a06bff4d0c");
+/// assert_eq!(info.arguments, serde_json::json!([7, "pdf"]));
+/// ```
 pub fn unwrap(args_json: &str) -> Result<ActiveJobInfo, String> {
-    let v: serde_json::Value = serde_json::from_str(args_json).map_err(|e| e.to_string())?;
-    let data = v.get(0).ok_or("no job data")?;
+    let args: Value = serde_json::from_str(args_json)
+        .map_err(|e| format!("activejob args are not valid JSON: {e}"))?;
+    let job_data = match args {
+        Value::Array(mut items) if items.len() == 1 => items.swap_remove(0),
+        Value::Array(items) => {
+            return Err(format!(
+                "activejob args must hold exactly one job_data hash, found {} elements",
+                items.len()
+            ));
+        }
+        other => {
+            return Err(format!(
+                "activejob args must be an array, found {}",
+                kind(&other)
+            ));
+        }
+    };
+    let job_data = match job_data {
+        Value::Object(map) => map,
+        other => return Err(format!("job_data must be a hash, found {}", kind(&other))),
+    };
+    match job_data.get("job_class") {
+        Some(Value::String(c)) if !c.is_empty() => {}
+        Some(Value::String(_)) => return Err("job_data `job_class` is empty".into()),
+        Some(other) => {
+            return Err(format!(
+                "job_data `job_class` must be a string, found {}",
+                kind(other)
+            ));
+        }
+        None => return Err("job_data has no `job_class`".into()),
+    }
+    let job_id = match job_data.get("job_id") {
+        Some(Value::String(id)) => id.clone(),
+        Some(other) => {
+            return Err(format!(
+                "job_data `job_id` must be a string, found {}",
+                kind(other)
+            ));
+        }
+        None => return Err("job_data has no `job_id`".into()),
+    };
+    // Rails 6.1 `deserialize` takes a missing or null `executions` as nil and counts from 0.
+    let executions = match job_data.get("executions") {
+        None | Some(Value::Null) => 0,
+        Some(other) => other.as_u64().ok_or_else(|| {
+            format!(
+                "job_data `executions` must be a non-negative integer, found {}",
+                short(other)
+            )
+        })?,
+    };
+    let arguments = match job_data.get("arguments") {
+        Some(Value::Array(items)) => decode_list(items, "arguments")?,
+        Some(other) => {
+            return Err(format!(
+                "job_data `arguments` must be an array, found {}",
+                kind(other)
+            ));
+        }
+        None => return Err("job_data has no `arguments`".into()),
+    };
     Ok(ActiveJobInfo {
-        job_id: data["job_id"].as_str().unwrap_or_default().to_string(),
-        executions: data["executions"].as_u64().unwrap_or(0),
-        arguments: data["arguments"].clone(),
+        job_id,
+        executions,
+        arguments,
     })
 }
 
-/// The wrapper class Rails' Sidekiq adapter writes (valid on Sidekiq 6.x–8.x).
-pub const WRAPPER_CLASS: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
+/// Decodes one serialized ActiveJob argument (an element of `job_data["arguments"]`) into a plain JSON
+/// value, by the rules of [`unwrap`].
+pub fn decode_argument(argument: &Value) -> Result<Value, String> {
+    decode(argument, "argument")
+}
 
-/// Placeholder until the encoder lands.
-pub fn job_data(
-    job_class: &str,
-    queue: &str,
-    arguments: Vec<serde_json::Value>,
-    now: chrono::DateTime<chrono::Utc>,
-) -> serde_json::Value {
-    serde_json::json!({"job_class": job_class, "queue_name": queue, "arguments": arguments, "enqueued_at": now.to_rfc3339()})
+/// Decodes every element of an array, naming the failing element's path in the error.
+fn decode_list(items: &[Value], path: &str) -> Result<Value, String> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| decode(v, &format!("{path}[{i}]")))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
+/// `arguments.rb deserialize_argument`.
+fn decode(v: &Value, path: &str) -> Result<Value, String> {
+    match v {
+        Value::Array(items) => decode_list(items, path),
+        Value::Object(map) => {
+            if map.contains_key(GLOBALID_KEY) {
+                decode_global_id(map, path)
+            } else if map.contains_key(SERIALIZER_KEY) {
+                decode_serialized(map, path)
+            } else {
+                decode_hash(map, path)
+            }
+        }
+        scalar => Ok(scalar.clone()),
+    }
+}
+
+/// `{"_aj_globalid": "gid://app/Model/id"}` → the GlobalID string.
+fn decode_global_id(map: &Map<String, Value>, path: &str) -> Result<Value, String> {
+    if map.len() != 1 {
+        return Err(format!(
+            "{path}: `{GLOBALID_KEY}` must be the only key of its hash, found {} keys",
+            map.len()
+        ));
+    }
+    match map.get(GLOBALID_KEY) {
+        Some(Value::String(gid)) => Ok(Value::String(gid.clone())),
+        Some(other) => Err(format!(
+            "{path}: `{GLOBALID_KEY}` must be a string, found {}",
+            kind(other)
+        )),
+        None => Err(format!("{path}: `{GLOBALID_KEY}` is missing")),
+    }
+}
+
+/// A hash with `_aj_serialized`: one of ActiveJob's built-in serializers (`activejob/lib/active_job/serializers/`),
+/// or an app-defined one, kept whole.
+fn decode_serialized(map: &Map<String, Value>, path: &str) -> Result<Value, String> {
+    let name = match map.get(SERIALIZER_KEY) {
+        Some(Value::String(name)) => name.as_str(),
+        Some(other) => {
+            return Err(format!(
+                "{path}: `{SERIALIZER_KEY}` must be a serializer name, found {}",
+                kind(other)
+            ));
+        }
+        None => return Err(format!("{path}: `{SERIALIZER_KEY}` is missing")),
+    };
+    let short_name = name.strip_prefix("ActiveJob::Serializers::");
+    match short_name {
+        Some(
+            "SymbolSerializer"
+            | "TimeSerializer"
+            | "DateTimeSerializer"
+            | "TimeWithZoneSerializer"
+            | "DateSerializer"
+            | "ModuleSerializer"
+            | "BigDecimalSerializer",
+        ) => match map.get("value") {
+            Some(Value::String(s)) => Ok(Value::String(s.clone())),
+            Some(other) => Err(format!(
+                "{path}: {name} `value` must be a string, found {}",
+                kind(other)
+            )),
+            None => Err(format!("{path}: {name} has no `value`")),
+        },
+        // `value` is the duration in seconds; `parts` only rebuilds the Ruby object.
+        Some("DurationSerializer") => match map.get("value") {
+            Some(Value::Number(n)) => Ok(Value::Number(n.clone())),
+            Some(other) => Err(format!(
+                "{path}: {name} `value` must be a number of seconds, found {}",
+                kind(other)
+            )),
+            None => Err(format!("{path}: {name} has no `value`")),
+        },
+        // Rails ≥ 7.0: begin and end are serialized arguments (nil for an open end).
+        Some("RangeSerializer") => {
+            let exclude_end = match map.get("exclude_end") {
+                Some(Value::Bool(b)) => *b,
+                Some(other) => {
+                    return Err(format!(
+                        "{path}: {name} `exclude_end` must be a boolean, found {}",
+                        kind(other)
+                    ));
+                }
+                None => return Err(format!("{path}: {name} has no `exclude_end`")),
+            };
+            let begin = map.get("begin").unwrap_or(&Value::Null);
+            let end = map.get("end").unwrap_or(&Value::Null);
+            let mut range = Map::new();
+            range.insert("begin".into(), decode(begin, &format!("{path}.begin"))?);
+            range.insert("end".into(), decode(end, &format!("{path}.end"))?);
+            range.insert("exclude_end".into(), Value::Bool(exclude_end));
+            Ok(Value::Object(range))
+        }
+        _ => Ok(Value::Object(map.clone())),
+    }
+}
+
+/// `arguments.rb deserialize_hash`: decode every value, then drop the one marker key, if any.
+fn decode_hash(map: &Map<String, Value>, path: &str) -> Result<Value, String> {
+    let markers: Vec<&str> = [SYMBOL_KEYS_KEY, RUBY2_KEYWORDS_KEY, INDIFFERENT_KEY]
+        .into_iter()
+        .filter(|k| map.contains_key(*k))
+        .collect();
+    if markers.len() > 1 {
+        return Err(format!(
+            "{path}: a hash carries more than one marker ({})",
+            markers.join(", ")
+        ));
+    }
+    if let Some(&marker) = markers.first() {
+        let ok = match (marker, map.get(marker)) {
+            (INDIFFERENT_KEY, Some(Value::Bool(_))) => true,
+            (_, Some(Value::Array(keys))) if marker != INDIFFERENT_KEY => {
+                keys.iter().all(Value::is_string)
+            }
+            _ => false,
+        };
+        if !ok {
+            let want = if marker == INDIFFERENT_KEY {
+                "a boolean"
+            } else {
+                "an array of key names"
+            };
+            return Err(format!("{path}: `{marker}` must be {want}"));
+        }
+    }
+    let mut out = Map::with_capacity(map.len());
+    for (key, value) in map {
+        if markers.first() == Some(&key.as_str()) {
+            continue;
+        }
+        out.insert(key.clone(), decode(value, &format!("{path}.{key}"))?);
+    }
+    Ok(Value::Object(out))
+}
+
+/// A JSON value's type, for error messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "a hash",
+    }
+}
+
+/// A value's JSON text, shortened, for error messages.
+fn short(v: &Value) -> String {
+    crate::job::truncate(&v.to_string(), 40)
+}
+
+/// Builds the `job_data` hash Rails 6.1's `ActiveJob::Core#serialize` writes, for a job Ruby will run
+/// (the single element of the wrapper payload's `args`; see [`wrap`] for the whole payload).
+///
+/// Keys, in Rails' order: `job_class`, `job_id` (a new random UUID v4), `provider_job_id: null`,
+/// `queue_name`, `priority: null`, `arguments`, `executions: 0`, `exception_executions: {}`,
+/// `locale: "en"`, `timezone: "UTC"`, `enqueued_at` (`%Y-%m-%dT%H:%M:%SZ`, which Rails ≥ 7.1 also
+/// parses with `Time.iso8601`).
+///
+/// `arguments` are written as they are, so they must be JSON-native in ActiveJob's sense: `null`,
+/// booleans, numbers, strings, arrays, and hashes whose keys are not ActiveJob's reserved keys
+/// (`_aj_globalid`, `_aj_serialized`, `_aj_symbol_keys`, `_aj_ruby2_keywords`,
+/// `_aj_hash_with_indifferent_access`), which Ruby would read as markers. Ruby's `perform` receives
+/// string-keyed hashes; pass symbols, times or models as strings (or GlobalID strings) and convert them
+/// there. [`check_arguments`] verifies this.
+pub fn job_data(job_class: &str, queue: &str, arguments: Vec<Value>, now: DateTime<Utc>) -> Value {
+    let mut m = Map::new();
+    m.insert("job_class".into(), job_class.into());
+    m.insert("job_id".into(), new_job_id().into());
+    m.insert("provider_job_id".into(), Value::Null);
+    m.insert("queue_name".into(), queue.into());
+    m.insert("priority".into(), Value::Null);
+    m.insert("arguments".into(), Value::Array(arguments));
+    m.insert("executions".into(), 0.into());
+    m.insert("exception_executions".into(), Value::Object(Map::new()));
+    m.insert("locale".into(), "en".into());
+    m.insert("timezone".into(), "UTC".into());
+    m.insert(
+        "enqueued_at".into(),
+        now.format("%Y-%m-%dT%H:%M:%SZ").to_string().into(),
+    );
+    Value::Object(m)
+}
+
+/// Builds a whole Sidekiq payload for an ActiveJob job, as Rails 6.1's adapter and Sidekiq 6.4's
+/// `Client#push` write it: `retry: true`, `queue`, `class` ([`WRAPPER_CLASS`]), `wrapped` (the job
+/// class), `args: [job_data]` (see [`job_data`] for what `arguments` may hold), a new `jid`, and
+/// `created_at`/`enqueued_at` as float epoch seconds. LPUSH it to `queue:<queue>` (and SADD the queue
+/// to `queues`) to enqueue it.
+pub fn wrap(job_class: &str, queue: &str, arguments: Vec<Value>, now: DateTime<Utc>) -> Value {
+    let ts = epoch_seconds(now);
+    let mut m = Map::new();
+    m.insert("retry".into(), Value::Bool(true));
+    m.insert("queue".into(), queue.into());
+    m.insert("class".into(), WRAPPER_CLASS.into());
+    m.insert("wrapped".into(), job_class.into());
+    m.insert(
+        "args".into(),
+        Value::Array(vec![job_data(job_class, queue, arguments, now)]),
+    );
+    m.insert("jid".into(), new_jid().into());
+    m.insert("created_at".into(), ts.clone());
+    m.insert("enqueued_at".into(), ts);
+    Value::Object(m)
+}
+
+/// Checks that arguments for [`job_data`] reach Ruby as they are: no hash, at any depth, uses one of
+/// ActiveJob's reserved keys. The error names the path of the first offending key.
+pub fn check_arguments(arguments: &[Value]) -> Result<(), String> {
+    fn walk(v: &Value, path: &str) -> Result<(), String> {
+        match v {
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, v)| walk(v, &format!("{path}[{i}]"))),
+            Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+                if RESERVED_KEYS.contains(&k.as_str()) {
+                    Err(format!(
+                        "{path}: `{k}` is reserved by ActiveJob and would be read as a marker"
+                    ))
+                } else {
+                    walk(v, &format!("{path}.{k}"))
+                }
+            }),
+            _ => Ok(()),
+        }
+    }
+    arguments
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, v)| walk(v, &format!("arguments[{i}]")))
+}
+
+/// A new ActiveJob `job_id`: a random UUID v4 in its lowercase 8-4-4-4-12 form, as `SecureRandom.uuid`.
+pub fn new_job_id() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    b[6] = (b[6] & 0x0f) | 0x40; // version 4
+    b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
+    format!(
+        "{}-{}-{}-{}-{}",
+        hex(&b[0..4]),
+        hex(&b[4..6]),
+        hex(&b[6..8]),
+        hex(&b[8..10]),
+        hex(&b[10..16])
+    )
+}
+
+/// Epoch seconds with microseconds, as a JSON float (Ruby's `Time.now.to_f`).
+fn epoch_seconds(now: DateTime<Utc>) -> Value {
+    let secs = now.timestamp() as f64 + f64::from(now.timestamp_subsec_micros()) / 1e6;
+    Number::from_f64(secs).map_or(Value::Null, Value::Number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn aj(arguments: &str) -> String {
+        format!(
+            r#"[{{"job_class":"ReportJob","job_id":"1c5086ff-8ff6-4596-9dcc-12a06bff4d0c","arguments":{arguments},"executions":2}}]"#
+        )
+    }
+
+    fn decoded(arguments: &str) -> Value {
+        unwrap(&aj(arguments)).unwrap().arguments
+    }
+
+    fn error(args_json: &str) -> String {
+        unwrap(args_json).unwrap_err()
+    }
+
+    fn ser(name: &str, rest: &str) -> String {
+        format!(r#"{{"_aj_serialized":"ActiveJob::Serializers::{name}",{rest}}}"#)
+    }
+
+    /// PROTOCOL §10.2, as Rails 6.1.7.10 + Sidekiq 6.4.1 wrote it.
+    const RAILS_61_PAYLOAD: &str = r#"{"retry":true,"queue":"reports","class":"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper","wrapped":"ReportJob","args":[{"job_class":"ReportJob","job_id":"1c5086ff-8ff6-4596-9dcc-12a06bff4d0c","provider_job_id":null,"queue_name":"reports","priority":null,"arguments":[1,"s",{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"sym"},{"a":1,"b":2,"_aj_symbol_keys":["b"]},[1.5,null,true],{"_aj_globalid":"gid://myapp/Person/42"},{"_aj_serialized":"ActiveJob::Serializers::TimeSerializer","value":"2024-01-02T03:04:05.000000000Z"},{"_aj_serialized":"ActiveJob::Serializers::DateSerializer","value":"2024-01-02"},{"_aj_serialized":"ActiveJob::Serializers::DurationSerializer","value":300,"parts":[[{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"minutes"},5]]},"1.25",{"_aj_serialized":"ActiveJob::Serializers::TimeWithZoneSerializer","value":"2024-01-02T03:04:05.000000000+01:00"},{"kw1":"x","_aj_ruby2_keywords":["kw1"]}],"executions":0,"exception_executions":{},"locale":"en","timezone":"Europe/Berlin","enqueued_at":"2026-11-21T20:02:30Z"}],"jid":"ecf8fc8053b3a18fd1a94b54","created_at":1795291350.411149,"enqueued_at":1795291350.411434}"#;
+
+    #[test]
+    fn the_protocol_payload_decodes_to_plain_values() {
+        let job = crate::job::Job::from_str(RAILS_61_PAYLOAD).unwrap();
+        assert!(job.is_activejob());
+        let info = unwrap(job.args_json()).unwrap();
+        assert_eq!(info.job_id, "1c5086ff-8ff6-4596-9dcc-12a06bff4d0c");
+        assert_eq!(info.executions, 0);
+        assert_eq!(
+            info.arguments,
+            json!([
+                1,
+                "s",
+                "sym",
+                {"a": 1, "b": 2},
+                [1.5, null, true],
+                "gid://myapp/Person/42",
+                "2024-01-02T03:04:05.000000000Z",
+                "2024-01-02",
+                300,
+                "1.25",
+                "2024-01-02T03:04:05.000000000+01:00",
+                {"kw1": "x"}
+            ])
+        );
+        assert_eq!(info.arguments[3].as_object().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn decoded_arguments_feed_a_serde_tuple() {
+        let job = crate::job::Job::from_str(RAILS_61_PAYLOAD).unwrap();
+        let info = unwrap(job.args_json()).unwrap();
+        let (n, s, sym): (u64, String, String) = serde_json::from_value(Value::Array(
+            info.arguments.as_array().unwrap()[..3].to_vec(),
+        ))
+        .unwrap();
+        assert_eq!((n, s.as_str(), sym.as_str()), (1, "s", "sym"));
+    }
+
+    #[test]
+    fn scalars_and_nested_arrays_stay_as_they_are() {
+        assert_eq!(
+            decoded(r#"[null,true,false,-3,2.5,"x",[[1,["y"]],[]]]"#),
+            json!([null, true, false, -3, 2.5, "x", [[1, ["y"]], []]])
+        );
+    }
+
+    #[test]
+    fn numbers_keep_their_exact_text() {
+        let args =
+            decoded("[123456789012345678901234567890,0.1000000000000000055511151231257827,1.50]");
+        assert_eq!(
+            args.to_string(),
+            "[123456789012345678901234567890,0.1000000000000000055511151231257827,1.50]"
+        );
+    }
+
+    #[test]
+    fn executions_and_job_id_are_read() {
+        let info = unwrap(&aj("[]")).unwrap();
+        assert_eq!(info.executions, 2);
+        assert_eq!(info.job_id, "1c5086ff-8ff6-4596-9dcc-12a06bff4d0c");
+        assert_eq!(info.arguments, json!([]));
+    }
+
+    #[test]
+    fn missing_or_null_executions_count_as_zero() {
+        let info = unwrap(r#"[{"job_class":"A","job_id":"x","arguments":[]}]"#).unwrap();
+        assert_eq!(info.executions, 0);
+        let info =
+            unwrap(r#"[{"job_class":"A","job_id":"x","arguments":[],"executions":null}]"#).unwrap();
+        assert_eq!(info.executions, 0);
+    }
+
+    #[test]
+    fn a_global_id_becomes_its_uri() {
+        assert_eq!(
+            decoded(
+                r#"[{"_aj_globalid":"gid://app/Model/42"},[{"_aj_globalid":"gid://app/Other/7"}]]"#
+            ),
+            json!(["gid://app/Model/42", ["gid://app/Other/7"]])
+        );
+    }
+
+    #[test]
+    fn a_symbol_becomes_its_name() {
+        assert_eq!(
+            decoded(&format!(
+                "[{}]",
+                ser("SymbolSerializer", r#""value":"pdf""#)
+            )),
+            json!(["pdf"])
+        );
+    }
+
+    #[test]
+    fn times_and_dates_become_their_iso8601_strings() {
+        let args = format!(
+            "[{},{},{},{}]",
+            ser(
+                "TimeSerializer",
+                r#""value":"2024-01-02T03:04:05.000000000Z""#
+            ),
+            ser(
+                "DateTimeSerializer",
+                r#""value":"2024-01-02T03:04:05.000000000+00:00""#
+            ),
+            ser(
+                "TimeWithZoneSerializer",
+                r#""value":"2024-01-02T03:04:05.000000000+01:00","time_zone":"Europe/Berlin""#
+            ),
+            ser("DateSerializer", r#""value":"2024-01-02""#),
+        );
+        assert_eq!(
+            decoded(&args),
+            json!([
+                "2024-01-02T03:04:05.000000000Z",
+                "2024-01-02T03:04:05.000000000+00:00",
+                "2024-01-02T03:04:05.000000000+01:00",
+                "2024-01-02"
+            ])
+        );
+    }
+
+    #[test]
+    fn a_duration_becomes_its_seconds_as_written() {
+        let parts = r#""parts":[[{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"seconds"},1.5]]"#;
+        let args = format!(
+            "[{},{}]",
+            ser("DurationSerializer", &format!(r#""value":300,{parts}"#)),
+            ser("DurationSerializer", &format!(r#""value":1.5,{parts}"#)),
+        );
+        let got = decoded(&args);
+        assert_eq!(got, json!([300, 1.5]));
+        assert!(got[0].is_u64());
+        assert!(got[1].is_f64());
+    }
+
+    #[test]
+    fn a_module_and_a_big_decimal_become_strings() {
+        let args = format!(
+            "[{},{}]",
+            ser("ModuleSerializer", r#""value":"Billing::Invoice""#),
+            ser("BigDecimalSerializer", r#""value":"1.25""#),
+        );
+        assert_eq!(decoded(&args), json!(["Billing::Invoice", "1.25"]));
+    }
+
+    #[test]
+    fn a_range_becomes_begin_end_and_exclude_end() {
+        let time = ser("TimeSerializer", r#""value":"2024-01-02T03:04:05Z""#);
+        let args = format!(
+            "[{},{}]",
+            ser(
+                "RangeSerializer",
+                r#""begin":1,"end":10,"exclude_end":true"#
+            ),
+            ser(
+                "RangeSerializer",
+                &format!(r#""begin":{time},"end":null,"exclude_end":false"#)
+            ),
+        );
+        assert_eq!(
+            decoded(&args),
+            json!([
+                {"begin": 1, "end": 10, "exclude_end": true},
+                {"begin": "2024-01-02T03:04:05Z", "end": null, "exclude_end": false}
+            ])
+        );
+    }
+
+    #[test]
+    fn an_app_defined_serializer_is_kept_whole() {
+        let money = r#"{"_aj_serialized":"MoneySerializer","amount":{"_aj_globalid":"x"},"currency":"EUR"}"#;
+        assert_eq!(
+            decoded(&format!("[{money}]")),
+            json!([{"_aj_serialized": "MoneySerializer", "amount": {"_aj_globalid": "x"}, "currency": "EUR"}])
+        );
+    }
+
+    #[test]
+    fn hash_markers_are_removed_and_values_decoded() {
+        let sym = ser("SymbolSerializer", r#""value":"y""#);
+        let args = format!(
+            r#"[{{"a":1,"b":{sym},"_aj_symbol_keys":["b"]}},{{"x":[{sym}],"_aj_hash_with_indifferent_access":true}},{{"kw1":"x","kw2":{sym},"_aj_ruby2_keywords":["kw1","kw2"]}}]"#
+        );
+        assert_eq!(
+            decoded(&args),
+            json!([{"a": 1, "b": "y"}, {"x": ["y"]}, {"kw1": "x", "kw2": "y"}])
+        );
+    }
+
+    #[test]
+    fn a_plain_hash_is_decoded_recursively_and_keeps_other_underscore_keys() {
+        let sym = ser("SymbolSerializer", r#""value":"y""#);
+        assert_eq!(
+            decoded(&format!(
+                r#"[{{"outer":{{"inner":{sym}}},"_aj_custom":1,"gid":{{"_aj_globalid":"gid://a/B/1"}}}}]"#
+            )),
+            json!([{"outer": {"inner": "y"}, "_aj_custom": 1, "gid": "gid://a/B/1"}])
+        );
+    }
+
+    #[test]
+    fn malformed_wrappers_are_errors() {
+        let cases: &[(&str, &str)] = &[
+            ("not json", "not valid JSON"),
+            ("{}", "must be an array"),
+            ("[]", "exactly one job_data hash, found 0"),
+            (r#"[{},{}]"#, "found 2 elements"),
+            ("[5]", "job_data must be a hash"),
+            (r#"[{"job_id":"x","arguments":[]}]"#, "no `job_class`"),
+            (
+                r#"[{"job_class":1,"job_id":"x","arguments":[]}]"#,
+                "`job_class` must be a string",
+            ),
+            (r#"[{"job_class":"A","arguments":[]}]"#, "no `job_id`"),
+            (
+                r#"[{"job_class":"A","job_id":7,"arguments":[]}]"#,
+                "`job_id` must be a string",
+            ),
+            (r#"[{"job_class":"A","job_id":"x"}]"#, "no `arguments`"),
+            (
+                r#"[{"job_class":"A","job_id":"x","arguments":{"a":1}}]"#,
+                "`arguments` must be an array",
+            ),
+            (
+                r#"[{"job_class":"A","job_id":"x","arguments":[],"executions":-1}]"#,
+                "`executions` must be a non-negative integer",
+            ),
+            (
+                r#"[{"job_class":"A","job_id":"x","arguments":[],"executions":"1"}]"#,
+                "`executions` must be a non-negative integer",
+            ),
+        ];
+        for (input, want) in cases {
+            let e = error(input);
+            assert!(e.contains(want), "{input}: {e:?} should say {want:?}");
+            assert!(
+                e.starts_with(|c: char| !c.is_uppercase()),
+                "{e:?} should be lowercase"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_arguments_are_errors_naming_their_place() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"[1,{"_aj_globalid":"gid://a/B/1","x":1}]"#,
+                "arguments[1]: `_aj_globalid` must be the only key",
+            ),
+            (r#"[{"_aj_globalid":5}]"#, "`_aj_globalid` must be a string"),
+            (
+                r#"[{"_aj_serialized":7}]"#,
+                "arguments[0]: `_aj_serialized` must be a serializer name",
+            ),
+            (
+                r#"[{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer"}]"#,
+                "SymbolSerializer has no `value`",
+            ),
+            (
+                r#"[[{"_aj_serialized":"ActiveJob::Serializers::TimeSerializer","value":3}]]"#,
+                "arguments[0][0]: ActiveJob::Serializers::TimeSerializer `value` must be a string",
+            ),
+            (
+                r#"[{"_aj_serialized":"ActiveJob::Serializers::DurationSerializer","value":"300"}]"#,
+                "`value` must be a number of seconds",
+            ),
+            (
+                r#"[{"_aj_serialized":"ActiveJob::Serializers::RangeSerializer","begin":1,"end":2}]"#,
+                "has no `exclude_end`",
+            ),
+            (
+                r#"[{"_aj_serialized":"ActiveJob::Serializers::RangeSerializer","begin":{"_aj_globalid":1},"end":2,"exclude_end":false}]"#,
+                "arguments[0].begin: `_aj_globalid` must be a string",
+            ),
+            (
+                r#"[{"a":1,"_aj_symbol_keys":"a"}]"#,
+                "`_aj_symbol_keys` must be an array of key names",
+            ),
+            (
+                r#"[{"a":1,"_aj_ruby2_keywords":[1]}]"#,
+                "`_aj_ruby2_keywords` must be an array of key names",
+            ),
+            (
+                r#"[{"a":1,"_aj_hash_with_indifferent_access":"yes"}]"#,
+                "`_aj_hash_with_indifferent_access` must be a boolean",
+            ),
+            (
+                r#"[{"a":1,"_aj_symbol_keys":["a"],"_aj_ruby2_keywords":["a"]}]"#,
+                "more than one marker",
+            ),
+            (
+                r#"[{"h":{"deep":{"_aj_globalid":"g","x":1}}}]"#,
+                "arguments[0].h.deep: `_aj_globalid` must be the only key",
+            ),
+        ];
+        for (arguments, want) in cases {
+            let e = error(&aj(arguments));
+            assert!(e.contains(want), "{arguments}: {e:?} should say {want:?}");
+        }
+    }
+
+    #[test]
+    fn decode_argument_decodes_one_value() {
+        assert_eq!(
+            decode_argument(&json!({"_aj_globalid": "gid://a/B/1"})).unwrap(),
+            json!("gid://a/B/1")
+        );
+        assert!(decode_argument(&json!({"_aj_globalid": 1})).is_err());
+    }
+
+    #[test]
+    fn job_data_has_the_rails_6_1_shape() {
+        let now = DateTime::parse_from_rfc3339("2024-01-02T03:04:05.678Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let data = job_data("EchoJob", "default", vec![json!(1), json!({"a": "b"})], now);
+        let keys: Vec<&str> = data
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "job_class",
+                "job_id",
+                "provider_job_id",
+                "queue_name",
+                "priority",
+                "arguments",
+                "executions",
+                "exception_executions",
+                "locale",
+                "timezone",
+                "enqueued_at"
+            ]
+        );
+        let job_id = data["job_id"].as_str().unwrap().to_string();
+        assert_eq!(
+            data,
+            json!({
+                "job_class": "EchoJob",
+                "job_id": job_id,
+                "provider_job_id": null,
+                "queue_name": "default",
+                "priority": null,
+                "arguments": [1, {"a": "b"}],
+                "executions": 0,
+                "exception_executions": {},
+                "locale": "en",
+                "timezone": "UTC",
+                "enqueued_at": "2024-01-02T03:04:05Z"
+            })
+        );
+        let back = unwrap(&Value::Array(vec![data]).to_string()).unwrap();
+        assert_eq!(back.job_id, job_id);
+        assert_eq!(back.arguments, json!([1, {"a": "b"}]));
+    }
+
+    #[test]
+    fn wrap_builds_a_payload_the_job_parser_reads_as_activejob() {
+        let now = DateTime::parse_from_rfc3339("2024-01-02T03:04:05.678901Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let payload = wrap("EchoJob", "default", vec![json!("hi")], now);
+        let job = crate::job::Job::from_str(&payload.to_string()).unwrap();
+        assert!(job.is_activejob());
+        assert_eq!(job.worker_class(), "EchoJob");
+        assert_eq!(job.queue(), Some("default"));
+        assert_eq!(job.jid().len(), 24);
+        let ts = crate::job::timestamp_seconds(&payload["created_at"]).unwrap();
+        assert!((ts - 1704164645.678901).abs() < 1e-5, "{ts}");
+        assert_eq!(payload["created_at"], payload["enqueued_at"]);
+        assert_eq!(unwrap(job.args_json()).unwrap().arguments, json!(["hi"]));
+    }
+
+    #[test]
+    fn job_ids_are_version_4_uuids() {
+        let a = new_job_id();
+        assert_ne!(a, new_job_id());
+        let groups: Vec<&str> = a.split('-').collect();
+        assert_eq!(
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
+        assert!(groups[2].starts_with('4'));
+        assert!(matches!(groups[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'));
+        assert!(
+            a.chars()
+                .all(|c| c == '-' || c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+    }
+
+    #[test]
+    fn check_arguments_refuses_reserved_keys_at_any_depth() {
+        assert!(check_arguments(&[json!(1), json!({"a": [{"_aj_custom": 1}]})]).is_ok());
+        let e = check_arguments(&[json!(1), json!({"a": [{"_aj_symbol_keys": []}]})]).unwrap_err();
+        assert!(e.contains("arguments[1].a[0]"), "{e}");
+        assert!(e.contains("`_aj_symbol_keys` is reserved"), "{e}");
+        assert!(check_arguments(&[json!({"_aj_globalid": "gid://a/B/1"})]).is_err());
+    }
 }

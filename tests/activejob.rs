@@ -1,0 +1,223 @@
+//! ActiveJob against real Ruby: Rails 6.1's adapter with Sidekiq 6.4 enqueues, Rust unwraps; Rust
+//! enqueues, Rails' `JobWrapper` performs.
+mod support;
+
+use std::process::Command;
+
+use chrono::Utc;
+use oxidekiq::activejob::{self, WRAPPER_CLASS};
+use serde_json::{Value, json};
+
+/// Loads Sidekiq 6.4 and ActiveJob 6.1 as a Rails app would, pointed at `REDIS_URL`.
+const RUBY_SETUP: &str = r#"
+require "sidekiq"
+require "active_job"
+require "active_support/time"
+require "active_job/queue_adapters/sidekiq_adapter"
+require "bigdecimal"
+require "json"
+ActiveJob::Base.logger = Logger.new(nil)
+Sidekiq.logger = Logger.new(nil)
+ActiveJob::Base.queue_adapter = :sidekiq
+Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
+$stderr.sync = true
+"#;
+
+/// Runs a Ruby script with `REDIS_URL` set; returns its stdout, failing the test with stderr otherwise.
+fn ruby(redis: &support::RedisServer, script: &str) -> String {
+    let out = Command::new("ruby")
+        .arg("-e")
+        .arg(format!("{RUBY_SETUP}\n{script}"))
+        .env("REDIS_URL", redis.url())
+        .output()
+        .expect("ruby must be installed (with ruby-sidekiq and ruby-activejob)");
+    assert!(
+        out.status.success(),
+        "ruby failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn is_uuid_v4(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.iter().map(|g| g.len()).collect::<Vec<_>>() == [8, 4, 4, 4, 12]
+        && groups[2].starts_with('4')
+        && s.chars()
+            .all(|c| c == '-' || c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+}
+
+/// Pops the oldest job from `queue:<queue>`.
+fn rpop(redis: &support::RedisServer, queue: &str) -> Option<String> {
+    redis::cmd("RPOP")
+        .arg(format!("queue:{queue}"))
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+#[test]
+fn rails_6_1_arguments_of_every_kind_decode_to_plain_values() {
+    let redis = support::RedisServer::start();
+    let out = ruby(
+        &redis,
+        r#"
+require "globalid"
+GlobalID.app = "myapp"
+Time.zone = "Europe/Berlin"
+class Person
+  include GlobalID::Identification
+  attr_reader :id
+  def initialize(id); @id = id; end
+  def self.find(id); new(id.to_i); end
+end
+class ReportJob < ActiveJob::Base
+  queue_as :reports
+  def perform(*a, **kw); end
+end
+jobs = []
+jobs << ReportJob.perform_later(1, "s", :sym, {"a" => 1, b: 2}, [1.5, nil, true, [2, [:deep]]],
+  Person.new(42), Time.utc(2024, 1, 2, 3, 4, 5), Date.new(2024, 1, 2), DateTime.new(2024, 1, 2, 3, 4, 5),
+  5.minutes, 1.5.seconds, BigDecimal("1.25"), Time.zone.local(2024, 1, 2, 3, 4, 5), Comparable,
+  {"x" => 1}.with_indifferent_access, 12345678901234567890123)
+jobs << ReportJob.perform_later("only", kw1: "x", kw2: :y, when: Date.new(2024, 1, 3))
+jobs << ReportJob.perform_later
+jobs.each { |j| puts j.job_id }
+"#,
+    );
+    let job_ids: Vec<&str> = out.lines().collect();
+    assert_eq!(job_ids.len(), 3, "{out}");
+
+    let expected = [
+        json!([
+            1,
+            "s",
+            "sym",
+            {"a": 1, "b": 2},
+            [1.5, null, true, [2, ["deep"]]],
+            "gid://myapp/Person/42",
+            "2024-01-02T03:04:05.000000000Z",
+            "2024-01-02",
+            "2024-01-02T03:04:05.000000000+00:00",
+            300,
+            1.5,
+            "1.25",
+            "2024-01-02T03:04:05.000000000+01:00",
+            "Comparable",
+            {"x": 1},
+            12345678901234567890123u128
+        ]),
+        json!(["only", {"kw1": "x", "kw2": "y", "when": "2024-01-03"}]),
+        json!([]),
+    ];
+    for (job_id, want) in job_ids.iter().zip(expected) {
+        let raw = rpop(&redis, "reports").expect("ruby enqueued a job on queue:reports");
+        let job = oxidekiq::Job::from_str(&raw).unwrap();
+        assert!(job.is_activejob(), "{raw}");
+        assert_eq!(job.class(), WRAPPER_CLASS);
+        assert_eq!(job.worker_class(), "ReportJob");
+        let info = activejob::unwrap(job.args_json()).unwrap();
+        assert!(is_uuid_v4(&info.job_id), "{}", info.job_id);
+        assert_eq!(&info.job_id, job_id);
+        assert_eq!(info.executions, 0);
+        assert_eq!(info.arguments, want, "{raw}");
+    }
+    assert_eq!(rpop(&redis, "reports"), None);
+}
+
+#[test]
+fn the_big_integer_argument_keeps_every_digit() {
+    let redis = support::RedisServer::start();
+    ruby(
+        &redis,
+        r#"
+class ReportJob < ActiveJob::Base
+  queue_as :reports
+  def perform(*a); end
+end
+ReportJob.perform_later(123456789012345678901234567890, 0.1)
+"#,
+    );
+    let raw = rpop(&redis, "reports").unwrap();
+    let job = oxidekiq::Job::from_str(&raw).unwrap();
+    let info = activejob::unwrap(job.args_json()).unwrap();
+    assert_eq!(
+        info.arguments.to_string(),
+        "[123456789012345678901234567890,0.1]"
+    );
+}
+
+#[test]
+fn a_job_enqueued_from_rust_is_performed_by_rails_job_wrapper() {
+    let redis = support::RedisServer::start();
+    let arguments = vec![
+        json!(42),
+        json!("text"),
+        json!(2.5),
+        json!(null),
+        json!(true),
+        json!([1, [2, "three"]]),
+        json!({"name": "bob", "tags": ["a", "b"], "nested": {"n": 1}}),
+    ];
+    activejob::check_arguments(&arguments).unwrap();
+    let payload = activejob::wrap("EchoJob", "default", arguments.clone(), Utc::now());
+    let job_id = payload["args"][0]["job_id"].as_str().unwrap().to_string();
+    let _: () = redis::cmd("LPUSH")
+        .arg("queue:default")
+        .arg(payload.to_string())
+        .query(&mut redis.conn())
+        .unwrap();
+
+    ruby(
+        &redis,
+        r#"
+class EchoJob < ActiveJob::Base
+  def perform(*args)
+    seen = {
+      "args" => args,
+      "classes" => args.map { |a| a.class.name },
+      "job_id" => job_id,
+      "executions" => executions,
+      "queue_name" => queue_name,
+      "provider_job_id" => provider_job_id,
+      "timezone" => timezone,
+      "locale" => locale,
+      "enqueued_at" => enqueued_at,
+    }
+    Sidekiq.redis { |r| r.set("echo:result", JSON.generate(seen)) }
+  end
+end
+job = Sidekiq.load_json(Sidekiq.redis { |r| r.rpop("queue:default") })
+raise "expected the wrapper class, got #{job["class"]}" unless job["class"].constantize == ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper
+w = ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper.new
+w.jid = job["jid"]
+w.perform(job["args"][0])
+"#,
+    );
+
+    let seen: Option<String> = redis::cmd("GET")
+        .arg("echo:result")
+        .query(&mut redis.conn())
+        .unwrap();
+    let seen: Value = serde_json::from_str(&seen.expect("EchoJob#perform ran")).unwrap();
+    assert_eq!(seen["args"], Value::Array(arguments));
+    assert_eq!(
+        seen["classes"],
+        json!([
+            "Integer",
+            "String",
+            "Float",
+            "NilClass",
+            "TrueClass",
+            "Array",
+            "Hash"
+        ])
+    );
+    assert_eq!(seen["job_id"], json!(job_id));
+    assert_eq!(seen["executions"], json!(1));
+    assert_eq!(seen["queue_name"], json!("default"));
+    assert_eq!(seen["provider_job_id"], payload["jid"]);
+    assert_eq!(seen["timezone"], json!("UTC"));
+    assert_eq!(seen["locale"], json!("en"));
+    assert_eq!(seen["enqueued_at"], payload["args"][0]["enqueued_at"]);
+}
