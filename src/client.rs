@@ -134,10 +134,10 @@ impl NewJob {
         if self.queue.is_empty() {
             return Err(Error::Config("queue name must not be empty".into()));
         }
-        if let Some(t) = self.options.get("tags") {
-            if !t.is_array() {
-                return Err(Error::Config("tags must be an array".into()));
-            }
+        if let Some(t) = self.options.get("tags")
+            && !t.is_array()
+        {
+            return Err(Error::Config("tags must be an array".into()));
         }
         Ok(())
     }
@@ -148,7 +148,10 @@ impl NewJob {
         m.insert("retry".into(), self.retry.clone());
         m.insert("queue".into(), Value::String(self.queue.clone()));
         for (k, v) in &self.options {
-            if !matches!(k.as_str(), "at" | "class" | "args" | "jid" | "queue" | "retry") {
+            if !matches!(
+                k.as_str(),
+                "at" | "class" | "args" | "jid" | "queue" | "retry"
+            ) {
                 m.insert(k.clone(), v.clone());
             }
         }
@@ -220,25 +223,34 @@ impl Client {
     /// Pushes one job; returns its jid.
     pub async fn push(&self, job: NewJob) -> Result<String> {
         let jid = job.jid.clone().unwrap_or_else(new_jid);
-        let mut out = self.push_many(&job, std::slice::from_ref(&jid), None).await?;
+        let mut out = self
+            .push_many(&job, std::slice::from_ref(&jid), None)
+            .await?;
         Ok(out.pop().unwrap_or(jid))
     }
 
     /// `Sidekiq::Client.push_bulk`: one job per element of `args`, all sharing `template`'s options;
     /// each gets its own jid. Pushed in chunks of 1000 (`batch_size`).
-    pub async fn push_bulk<A: Serialize>(&self, template: NewJob, args: impl IntoIterator<Item = A>) -> Result<Vec<String>> {
-        let args: Vec<Value> = args
-            .into_iter()
-            .map(|a| NewJob::new("", a).args)
-            .collect();
+    pub async fn push_bulk<A: Serialize>(
+        &self,
+        template: NewJob,
+        args: impl IntoIterator<Item = A>,
+    ) -> Result<Vec<String>> {
+        let args: Vec<Value> = args.into_iter().map(|a| NewJob::new("", a).args).collect();
         let jids: Vec<String> = args.iter().map(|_| new_jid()).collect();
         for (chunk_args, chunk_jids) in args.chunks(1000).zip(jids.chunks(1000)) {
-            self.push_many(&template, chunk_jids, Some(chunk_args)).await?;
+            self.push_many(&template, chunk_jids, Some(chunk_args))
+                .await?;
         }
         Ok(jids)
     }
 
-    async fn push_many(&self, job: &NewJob, jids: &[String], args: Option<&[Value]>) -> Result<Vec<String>> {
+    async fn push_many(
+        &self,
+        job: &NewJob,
+        jids: &[String],
+        args: Option<&[Value]>,
+    ) -> Result<Vec<String>> {
         job.validate()?;
         let tf = self.time_format().await?;
         let now = time::now();
@@ -266,7 +278,10 @@ impl Client {
             }
             _ => {
                 pipe.cmd("SADD").arg(keys::QUEUES).arg(&job.queue).ignore();
-                pipe.cmd("LPUSH").arg(keys::queue(&job.queue)).arg(&payloads).ignore();
+                pipe.cmd("LPUSH")
+                    .arg(keys::queue(&job.queue))
+                    .arg(&payloads)
+                    .ignore();
             }
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
@@ -274,7 +289,12 @@ impl Client {
     }
 
     /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`).
-    pub async fn perform_later(&self, job_class: &str, queue: &str, arguments: Vec<Value>) -> Result<String> {
+    pub async fn perform_later(
+        &self,
+        job_class: &str,
+        queue: &str,
+        arguments: Vec<Value>,
+    ) -> Result<String> {
         let data = crate::activejob::job_data(job_class, queue, arguments, chrono::Utc::now());
         let job = NewJob::new(crate::activejob::WRAPPER_CLASS, vec![data])
             .queue(queue)
@@ -286,10 +306,17 @@ impl Client {
 /// Integer milliseconds when every live Ruby process reports Sidekiq ≥ 8 (`info.version`); oxidekiq
 /// processes are left out (they read both forms); no Ruby process means seconds.
 pub async fn detect_time_format(conn: &mut Conn) -> Result<TimeFormat> {
-    let ids: Vec<String> = redis::cmd("SMEMBERS").arg(keys::PROCESSES).query_async(conn).await?;
+    let ids: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys::PROCESSES)
+        .query_async(conn)
+        .await?;
     let mut ruby = 0;
     for id in ids {
-        let info: Option<String> = redis::cmd("HGET").arg(&id).arg("info").query_async(conn).await?;
+        let info: Option<String> = redis::cmd("HGET")
+            .arg(&id)
+            .arg("info")
+            .query_async(conn)
+            .await?;
         let Some(info) = info else { continue };
         let v: Value = serde_json::from_str(&info).unwrap_or(Value::Null);
         let version = v.get("version").and_then(Value::as_str).unwrap_or("");
@@ -297,12 +324,20 @@ pub async fn detect_time_format(conn: &mut Conn) -> Result<TimeFormat> {
             continue;
         }
         ruby += 1;
-        let major: u32 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+        let major: u32 = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
         if major < 8 {
             return Ok(TimeFormat::Seconds);
         }
     }
-    Ok(if ruby > 0 { TimeFormat::Millis } else { TimeFormat::Seconds })
+    Ok(if ruby > 0 {
+        TimeFormat::Millis
+    } else {
+        TimeFormat::Seconds
+    })
 }
 
 #[cfg(test)]
@@ -312,13 +347,24 @@ mod tests {
     #[test]
     fn payload_has_rubys_keys_and_order() {
         let j = NewJob::new("HardWorker", ("bob", 5)).tags(["a"]);
-        let p = j.payload("0123456789abcdef01234567", 1795291648.5, TimeFormat::Seconds);
+        let p = j.payload(
+            "0123456789abcdef01234567",
+            1795291648.5,
+            TimeFormat::Seconds,
+        );
         assert_eq!(
             p,
             r#"{"retry":true,"queue":"default","tags":["a"],"args":["bob",5],"class":"HardWorker","jid":"0123456789abcdef01234567","created_at":1795291648.5,"enqueued_at":1795291648.5}"#
         );
-        let s = NewJob::new("X", ()).run_at(1795291700.0).payload("j", 1795291648.0, TimeFormat::Millis);
-        assert_eq!(s, r#"{"retry":true,"queue":"default","args":[],"class":"X","jid":"j","created_at":1795291648000}"#);
+        let s = NewJob::new("X", ()).run_at(1795291700.0).payload(
+            "j",
+            1795291648.0,
+            TimeFormat::Millis,
+        );
+        assert_eq!(
+            s,
+            r#"{"retry":true,"queue":"default","args":[],"class":"X","jid":"j","created_at":1795291648000}"#
+        );
     }
 
     #[test]

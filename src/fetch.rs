@@ -135,7 +135,7 @@ impl QueueOrder {
         list.shuffle(&mut rand::rng());
         let mut out: Vec<Arc<str>> = Vec::with_capacity(self.names.len());
         for q in list {
-            if !out.iter().any(|o| *o == q) {
+            if !out.contains(&q) {
                 out.push(q);
             }
         }

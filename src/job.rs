@@ -142,6 +142,7 @@ impl Job {
     }
 
     /// Decodes from a string (the bytes must already be UTF-8).
+    #[allow(clippy::should_implement_trait)] // a fallible constructor with its own error type, not parsing
     pub fn from_str(raw: &str) -> Result<Job, PayloadError> {
         Self::decode(raw).map(|f| f.into_job(raw.to_string()))
     }

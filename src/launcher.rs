@@ -536,13 +536,12 @@ async fn heartbeat_loop(
             _ = stop.wait_for(|s| *s) => return,
         }
         let mut ok = true;
-        if reliable {
-            if let Err(e) = fetch::mark_alive(&mut conn, &heartbeat.info.identity, alive_ttl).await
-            {
-                ok = false;
-                if !failing {
-                    tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
-                }
+        if reliable
+            && let Err(e) = fetch::mark_alive(&mut conn, &heartbeat.info.identity, alive_ttl).await
+        {
+            ok = false;
+            if !failing {
+                tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
             }
         }
         match heartbeat.beat(signal.is_quiet()).await {

@@ -1,7 +1,7 @@
 //! oxidekiq: a Sidekiq-compatible background job worker written in Rust.
 //!
 //! A Rails app enqueues jobs into Redis with Sidekiq; oxidekiq drains the same queues and runs the jobs
-//! whose class has a registered Rust [`Worker`](worker::Worker), side by side with Ruby Sidekiq processes.
+//! whose class has a registered Rust [`Worker`], side by side with Ruby Sidekiq processes.
 //! Everything it writes back (retries, dead set, requeues, heartbeats, stats, new jobs) is what Ruby would
 //! write, so the Web UI and `Sidekiq::API` see nothing odd.
 //!

@@ -81,10 +81,10 @@ where
         )?;
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
-                if let Some(fields) = span.extensions().get::<FormattedFields<N>>() {
-                    if !fields.is_empty() {
-                        write!(writer, " {fields}")?;
-                    }
+                if let Some(fields) = span.extensions().get::<FormattedFields<N>>()
+                    && !fields.is_empty()
+                {
+                    write!(writer, " {fields}")?;
                 }
             }
         }

@@ -64,12 +64,10 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Ok(client) = redis::Client::open(self.url()) {
-                if let Ok(mut c) = client.get_connection() {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return true;
-                    }
-                }
+            if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection())
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
