@@ -8,7 +8,7 @@
 //! - [`wait_until`]: polls a condition.
 //!
 //! Every test binary uses only part of this, hence the `dead_code` allowance.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unused_imports, unreachable_pub)]
 
 mod process;
 mod ruby;
@@ -81,12 +81,11 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Ok(client) = redis::Client::open(self.url()) {
-                if let Ok(mut c) = client.get_connection() {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return true;
-                    }
-                }
+            if let Ok(client) = redis::Client::open(self.url())
+                && let Ok(mut c) = client.get_connection()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
