@@ -1,6 +1,20 @@
-//! Test support shared by every integration test: a real `redis-server` per test on a random free
-//! port (never 6379), killed on drop.
-#![allow(dead_code, unreachable_pub)]
+//! Test support shared by every integration test.
+//!
+//! - [`RedisServer`]: a real `redis-server` per test on a random free port (never 6379), killed on drop.
+//! - [`ruby`] / [`ruby_activejob`]: run a Ruby script against that Redis with Sidekiq 6.4 (and Rails
+//!   ActiveJob 6.1) loaded, the way a Rails app would enqueue; [`web_ui_get`] renders a Sidekiq Web UI page.
+//! - [`Oxidekiq`]: the `oxidekiq` binary as a child process; [`RubySidekiq`]: a real Ruby `sidekiq` server.
+//!   Both capture their output in a log file, take signals by name and are killed on drop.
+//! - [`wait_until`]: polls a condition.
+//!
+//! Every test binary uses only part of this, hence the `dead_code` allowance.
+#![allow(dead_code, unused_imports, unreachable_pub)]
+
+mod process;
+mod ruby;
+
+pub use process::{LoggedProcess, Oxidekiq, RubySidekiq};
+pub use ruby::{RubyOutput, ruby, ruby_activejob, web_ui_get};
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -9,8 +23,11 @@ use std::time::{Duration, Instant};
 
 /// A `redis-server` of this test's own, on a random port, with no persistence; killed on drop.
 pub struct RedisServer {
+    /// The server process.
     child: Child,
+    /// The port it listens on (127.0.0.1 only).
     pub port: u16,
+    /// Its working directory, removed on drop.
     dir: PathBuf,
 }
 
@@ -64,7 +81,8 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection())
+            if let Ok(client) = redis::Client::open(self.url())
+                && let Ok(mut c) = client.get_connection()
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
                 return true;
@@ -105,4 +123,30 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Polls `cond` every 20 ms until it returns true (→ `true`) or `timeout` passes (→ `false`).
+/// Use as `assert!(wait_until(Duration::from_secs(5), || ...), "what did not happen")`.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A fresh directory under the system temp dir, unique to this process and call.
+pub fn temp_dir(kind: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("oxidekiq-{kind}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

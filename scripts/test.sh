@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The project's one test command: `bash scripts/test.sh`.
+#
+# 1. Installs what the tests run against, if missing (Debian/Ubuntu, as root or via sudo):
+#    redis-server (every test starts its own on a random port), ruby with ruby-sidekiq 6.4 and
+#    ruby-activejob 6.1 (tests enqueue as a Rails app would, run a real Ruby Sidekiq server beside
+#    ours and render the Sidekiq Web UI). ruby-activejob pulls in ruby-globalid.
+# 2. `cargo build --workspace`: the process-level tests run target/debug/oxidekiq, which
+#    `cargo test` alone does not build (it belongs to the `workers` crate). CARGO_TARGET_DIR is honoured.
+# 3. `cargo test --workspace`.
+#
+# Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test fixtures`).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+packages=(redis-server ruby ruby-sidekiq ruby-activejob)
+
+step() { printf '\n==> %s\n' "$*"; }
+
+missing=()
+for pkg in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]})); then
+  step "installing ${missing[*]}"
+  if ! command -v apt-get >/dev/null; then
+    echo "error: missing ${missing[*]} and no apt-get here; install them by hand" >&2
+    exit 1
+  fi
+  sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null; then
+      sudo=(sudo)
+    else
+      echo "error: missing ${missing[*]}; run as root or install them by hand" >&2
+      exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "error: cargo not found; install Rust >= 1.88 with rustup (https://rustup.rs)" >&2
+  exit 1
+fi
+
+step "versions"
+cargo --version
+redis-server --version
+ruby --version
+ruby -e 'require "sidekiq"; require "active_job"; puts "sidekiq #{Sidekiq::VERSION}, activejob #{ActiveJob.version}"'
+
+step "cargo build --workspace"
+cargo build --workspace
+
+step "cargo test --workspace $*"
+log=$(mktemp "${TMPDIR:-/tmp}/oxidekiq-test.XXXXXX")
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+step "summary"
+passed=0 failed=0 ignored=0 suites=0
+while read -r line; do
+  if [[ $line =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed\;\ ([0-9]+)\ ignored ]]; then
+    suites=$((suites + 1))
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+    ignored=$((ignored + BASH_REMATCH[3]))
+  fi
+done < <(grep '^test result:' "$log")
+echo "$suites test suites: $passed passed, $failed failed, $ignored ignored"
+if [ "$status" -ne 0 ]; then
+  grep -E '^test .* FAILED$' "$log" | sed 's/^/  /' || true
+  grep -E '^error(\[|:)' "$log" | sed 's/^/  /' || true
+  echo "FAILED (cargo test exited with $status)"
+  exit "$status"
+fi
+echo "OK"
