@@ -1,35 +1,374 @@
-//! TODO(#2): replaced by the command-line parser.
-use crate::config::{Config, QueueWeight};
-use crate::error::{Error, Result};
+//! The command line: Sidekiq's own flags where they apply (`cli.rb@v6.4.1 option_parser`), plus
+//! oxidekiq's, and how they combine with `sidekiq.yml` into a [`Config`].
+//!
+//! Precedence is Sidekiq's: defaults, then the config file (`-C PATH`, else `config/sidekiq.yml` or
+//! `config/sidekiq.yml.erb` when present), then flags. As in Ruby (`parse_config(file).merge(opts)`)
+//! each flag replaces the file's value whole: one `-q` replaces the file's whole queue list, one
+//! `--label` its whole label list. When neither sets the concurrency, `RAILS_MAX_THREADS` does, as in
+//! Sidekiq 6.4 (`cli.rb@v6.4.1 setup_options`).
+//!
+//! The Redis URL can hold a password: `--help` never shows the `REDIS_URL` value, and neither
+//! [`Cli`]'s nor [`Config`]'s `Debug` shows the password.
 
-/// Placeholder parser: `-c N`, `-q name[,weight]`, `-t secs` only.
-pub fn load<I: IntoIterator<Item = String>>(args: I) -> Result<Config> {
-    let mut c = Config::default();
-    let mut queues = Vec::new();
-    let mut it = args.into_iter().skip(1);
-    while let Some(a) = it.next() {
-        let v = it
-            .next()
-            .ok_or_else(|| Error::Config(format!("{a} needs a value")))?;
-        match a.as_str() {
-            "-c" => c.concurrency = v.parse().map_err(|_| Error::Config("bad -c".into()))?,
-            "-t" => {
-                c.timeout = std::time::Duration::from_secs_f64(
-                    v.parse().map_err(|_| Error::Config("bad -t".into()))?,
-                )
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser, ValueEnum};
+
+use crate::config::{
+    self, Config, FetchMode, FileOptions, QueueWeight, UnknownClass, check_queue_list,
+    normalize_weights, process_env, sidekiq_environment,
+};
+use crate::error::Error;
+use crate::redis_conn::redact_url;
+
+const EXAMPLES: &str = "\
+Examples:
+  oxidekiq -q rust
+      one queue, 10 jobs at a time, Redis from REDIS_URL or 127.0.0.1:6379
+  oxidekiq -q critical,3 -q rust,1 -c 20 -t 30
+      weighted queues (critical is tried first 3 times in 4), 20 jobs at once, 30 s to finish on TERM
+  oxidekiq -C config/oxidekiq.yml -e production
+      settings from a sidekiq.yml-style file and its production section; flags still override it
+  oxidekiq --redis-url redis://redis.internal:6379/0 -q rust --fetch basic -g billing
+      plain BRPOP fetch as Sidekiq does it, tagged `billing` on the Busy page";
+
+/// The parsed command line; [`config_from`] turns it into a [`Config`].
+#[derive(Parser, Clone)]
+#[command(
+    name = "oxidekiq",
+    version,
+    about = "Runs Sidekiq jobs with Rust workers, side by side with Ruby Sidekiq",
+    after_help = EXAMPLES
+)]
+pub struct Cli {
+    /// Queue to process, with an optional weight; repeat for several (replaces the file's queues)
+    #[arg(short = 'q', long = "queue", value_name = "QUEUE[,WEIGHT]", value_parser = queue_value)]
+    pub queues: Vec<QueueWeight>,
+
+    /// How many jobs run at once
+    #[arg(short = 'c', long, value_name = "INT")]
+    pub concurrency: Option<usize>,
+
+    /// Seconds running jobs get to finish after TERM before they are pushed back
+    #[arg(short = 't', long, value_name = "SECONDS", value_parser = seconds_value)]
+    pub timeout: Option<Duration>,
+
+    /// Tag shown on the Web UI's Busy page (default: the working directory's name)
+    #[arg(short = 'g', long, value_name = "TAG")]
+    pub tag: Option<String>,
+
+    /// YAML config file, Sidekiq's format (default: config/sidekiq.yml if it exists)
+    #[arg(short = 'C', long = "config", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Environment whose section of the config file applies (default: APP_ENV, RAILS_ENV, RACK_ENV or development)
+    #[arg(short = 'e', long, value_name = "ENV")]
+    pub environment: Option<String>,
+
+    /// Redis to use
+    #[arg(long, value_name = "URL", env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// Print more verbose output (debug logging)
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+
+    /// Fetch strategy: reliable keeps in-flight jobs in Redis so a crash loses none; basic is Sidekiq's BRPOP
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub fetch: Option<FetchArg>,
+
+    /// What happens to a job whose class has no Rust worker: retry (as Sidekiq does) or dead
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub unknown_class: Option<UnknownClassArg>,
+
+    /// Label shown on the Busy page; repeat for several (replaces the file's labels)
+    #[arg(long = "label", value_name = "LABEL")]
+    pub labels: Vec<String>,
+
+    /// Payloads larger than this many bytes go to the dead set undecoded
+    #[arg(long, value_name = "N")]
+    pub max_payload_bytes: Option<usize>,
+
+    /// Heartbeat interval in seconds (tests only)
+    #[arg(long, value_name = "SECONDS", hide = true, value_parser = seconds_value)]
+    pub beat_interval: Option<Duration>,
+
+    /// Average scheduled-set poll interval in seconds (tests only)
+    #[arg(long, value_name = "SECONDS", hide = true, value_parser = seconds_value)]
+    pub poll_interval: Option<Duration>,
+
+    /// Timestamp format written to Redis: seconds (Sidekiq ≤7), milliseconds (Sidekiq 8), or auto (follow the live processes)
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub timestamps: Option<TimestampsArg>,
+}
+
+/// `--fetch` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FetchArg {
+    /// [`FetchMode::Reliable`].
+    Reliable,
+    /// [`FetchMode::Basic`].
+    Basic,
+}
+
+/// `--unknown-class` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UnknownClassArg {
+    /// [`UnknownClass::Retry`].
+    Retry,
+    /// [`UnknownClass::Dead`].
+    Dead,
+}
+
+/// `--timestamps` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TimestampsArg {
+    /// Float seconds, as Sidekiq 7 and older write them.
+    Seconds,
+    /// Integer milliseconds, as Sidekiq 8 writes them.
+    Milliseconds,
+    /// Follow the versions of the live processes.
+    Auto,
+}
+
+impl fmt::Debug for Cli {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // By hand so the Redis password never reaches a log line.
+        f.debug_struct("Cli")
+            .field("queues", &self.queues)
+            .field("concurrency", &self.concurrency)
+            .field("timeout", &self.timeout)
+            .field("tag", &self.tag)
+            .field("config", &self.config)
+            .field("environment", &self.environment)
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("verbose", &self.verbose)
+            .field("fetch", &self.fetch)
+            .field("unknown_class", &self.unknown_class)
+            .field("labels", &self.labels)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("beat_interval", &self.beat_interval)
+            .field("poll_interval", &self.poll_interval)
+            .field("timestamps", &self.timestamps)
+            .finish()
+    }
+}
+
+fn queue_value(arg: &str) -> Result<QueueWeight, String> {
+    config::parse_queue_spec(arg)
+}
+
+fn seconds_value(arg: &str) -> Result<Duration, String> {
+    arg.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(config::positive_duration)
+        .ok_or_else(|| "must be a number of seconds above 0".to_string())
+}
+
+/// `oxidekiq <crate version>`, as `--version` prints it.
+pub fn version_string() -> String {
+    format!("oxidekiq {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The `--help` text.
+pub fn help() -> String {
+    Cli::command().render_help().to_string()
+}
+
+/// Parses the arguments, the program name first (as [`std::env::args`] gives them).
+///
+/// `REDIS_URL` is read from the process environment when `--redis-url` is absent. `--help`,
+/// `--version` and usage mistakes come back as a [`clap::Error`], whose `exit()` prints them and
+/// exits the way every clap program does.
+pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    Cli::try_parse_from(args)
+}
+
+/// Parses the arguments and builds the [`Config`]: defaults, then the config file, then flags.
+///
+/// For `--help`, `--version` and usage mistakes it prints clap's message and exits the process
+/// (status 0 for help and version, 2 for mistakes), so a binary can be
+/// `let config = oxidekiq::cli::load(std::env::args())?;`.
+pub fn load<I, T>(args: I) -> Result<Config, Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = parse_args(args).unwrap_or_else(|e| e.exit());
+    config_from(&cli, &process_env, Path::new("."))
+}
+
+/// Builds the [`Config`] from parsed flags: defaults, then the config file (`-C`, else
+/// `config/sidekiq.yml` or `config/sidekiq.yml.erb` under `base_dir`), then the flags, then
+/// validation. `env` reads the environment (ERB lookups, `APP_ENV`/`RAILS_ENV`/`RACK_ENV`,
+/// `RAILS_MAX_THREADS`); a relative `-C` path is taken from `base_dir`.
+pub fn config_from(
+    cli: &Cli,
+    env: &dyn Fn(&str) -> Option<String>,
+    base_dir: &Path,
+) -> Result<Config, Error> {
+    let environment = sidekiq_environment(cli.environment.as_deref(), env);
+    let mut config = Config::default();
+
+    let file = match &cli.config {
+        Some(path) => {
+            let path = base_dir.join(path);
+            if !path.is_file() {
+                return Err(Error::Config(format!(
+                    "no such config file {}",
+                    path.display()
+                )));
             }
-            "-q" => {
-                let mut p = v.split(',');
-                queues.push(QueueWeight {
-                    name: p.next().unwrap_or_default().into(),
-                    weight: p.next().and_then(|w| w.parse().ok()).unwrap_or(0),
-                });
-            }
-            _ => return Err(Error::Config(format!("unknown flag {a}"))),
+            Some(path)
+        }
+        None => ["config/sidekiq.yml", "config/sidekiq.yml.erb"]
+            .iter()
+            .map(|p| base_dir.join(p))
+            .find(|p| p.is_file()),
+    };
+    let mut concurrency_given = cli.concurrency.is_some();
+    if let Some(path) = &file {
+        let opts = FileOptions::read(path, &environment, env)?;
+        concurrency_given |= opts.concurrency.is_some();
+        opts.apply_to(&mut config);
+        tracing::debug!(file = %path.display(), environment = %environment, "config file read");
+    }
+
+    if let Some(c) = cli.concurrency {
+        config.concurrency = c;
+    } else if !concurrency_given && let Some(threads) = env("RAILS_MAX_THREADS") {
+        config.concurrency = threads.trim().parse().map_err(|_| {
+            Error::Config(format!(
+                "RAILS_MAX_THREADS: `{threads}` is not a valid concurrency"
+            ))
+        })?;
+    }
+    if let Some(t) = cli.timeout {
+        config.timeout = t;
+    }
+    if !cli.queues.is_empty() {
+        let mut queues = cli.queues.clone();
+        check_queue_list(&queues)?;
+        normalize_weights(&mut queues);
+        config.queues = queues;
+    }
+    if let Some(tag) = &cli.tag {
+        config.tag = Some(tag.clone());
+    }
+    if !cli.labels.is_empty() {
+        config.labels = cli.labels.clone();
+    }
+    if cli.verbose {
+        config.verbose = true;
+    }
+    if let Some(url) = &cli.redis_url {
+        config.redis_url = Some(url.clone());
+    }
+    if let Some(f) = cli.fetch {
+        config.fetch = match f {
+            FetchArg::Reliable => FetchMode::Reliable,
+            FetchArg::Basic => FetchMode::Basic,
+        };
+    }
+    if let Some(u) = cli.unknown_class {
+        config.unknown_class = match u {
+            UnknownClassArg::Retry => UnknownClass::Retry,
+            UnknownClassArg::Dead => UnknownClass::Dead,
+        };
+    }
+    if let Some(n) = cli.max_payload_bytes {
+        config.max_payload_bytes = n;
+    }
+    if let Some(b) = cli.beat_interval {
+        config.beat_interval = b;
+    }
+    if let Some(p) = cli.poll_interval {
+        config.poll_interval_average = p;
+    }
+    if let Some(t) = cli.timestamps {
+        config.millisecond_timestamps = match t {
+            TimestampsArg::Seconds => Some(false),
+            TimestampsArg::Milliseconds => Some(true),
+            TimestampsArg::Auto => None,
+        };
+    }
+
+    config.validate()?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        parse_args(std::iter::once("oxidekiq").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn the_clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sidekiq_short_flags_set_the_config() {
+        let cli = parse(&[
+            "-c", "3", "-t", "7", "-g", "app", "-v", "-q", "a,2", "-q", "b",
+        ]);
+        let c = config_from(&cli, &no_env, Path::new("/nonexistent-dir")).unwrap();
+        assert_eq!(c.concurrency, 3);
+        assert_eq!(c.timeout, Duration::from_secs(7));
+        assert_eq!(c.tag.as_deref(), Some("app"));
+        assert!(c.verbose);
+        assert_eq!(
+            c.queues
+                .iter()
+                .map(|q| (q.name.as_str(), q.weight))
+                .collect::<Vec<_>>(),
+            vec![("a", 2), ("b", 1)]
+        );
+    }
+
+    #[test]
+    fn bad_flag_values_are_usage_errors() {
+        for args in [
+            &["oxidekiq", "-q", "a,x"][..],
+            &["oxidekiq", "-t", "0"],
+            &["oxidekiq", "--fetch", "fast"],
+            &["oxidekiq", "-c", "many"],
+        ] {
+            assert!(parse_args(args.iter().copied()).is_err(), "{args:?}");
         }
     }
-    if !queues.is_empty() {
-        c.queues = queues;
+
+    #[test]
+    fn the_redis_url_env_value_is_hidden_in_help() {
+        let cmd = Cli::command();
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "redis_url")
+            .unwrap();
+        assert!(arg.is_hide_env_values_set());
+        assert_eq!(arg.get_env(), Some(std::ffi::OsStr::new("REDIS_URL")));
     }
-    Ok(c)
+
+    #[test]
+    fn cli_debug_redacts_the_password() {
+        let cli = parse(&["--redis-url", "redis://:s3cr3t-pw@h:1/0"]);
+        let shown = format!("{cli:?}");
+        assert!(!shown.contains("s3cr3t-pw"), "{shown}");
+        assert!(shown.contains("REDACTED"), "{shown}");
+    }
 }
