@@ -13,41 +13,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-packages=(redis-server ruby ruby-sidekiq ruby-activejob)
-
 step() { printf '\n==> %s\n' "$*"; }
 
-missing=()
-for pkg in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$pkg")
-  fi
-done
-
-if ((${#missing[@]})); then
-  step "installing ${missing[*]}"
-  if ! command -v apt-get >/dev/null; then
-    echo "error: missing ${missing[*]} and no apt-get here; install them by hand" >&2
-    exit 1
-  fi
-  sudo=()
-  if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null; then
-      sudo=(sudo)
-    else
-      echo "error: missing ${missing[*]}; run as root or install them by hand" >&2
-      exit 1
-    fi
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-
-if ! command -v cargo >/dev/null; then
-  echo "error: cargo not found; install Rust >= 1.88 with rustup (https://rustup.rs)" >&2
-  exit 1
-fi
+bash scripts/setup.sh
 
 step "versions"
 cargo --version
