@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::config::UnknownClass;
 use crate::error::{JobError, JobResult, Result};
 use crate::fetch::UnitOfWork;
-use crate::job::Job;
+use crate::job::{Job, PayloadError};
 use crate::middleware::Next;
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
@@ -318,6 +318,23 @@ impl Processor {
     }
 }
 
+/// Appends `error_class`/`error_message` to a payload that looks like a JSON object, without decoding
+/// it (Ruby's `JSON.parse` keeps the last of duplicate keys, so these win); anything else stays as is.
+pub fn annotate_undecoded(raw: &[u8], error: &str) -> Vec<u8> {
+    let trimmed = raw.trim_ascii();
+    if trimmed.len() < 3 || trimmed[0] != b'{' || trimmed[trimmed.len() - 1] != b'}' {
+        return raw.to_vec();
+    }
+    let extra = format!(
+        ",\"error_class\":\"Oxidekiq::InvalidPayload\",\"error_message\":{}}}",
+        serde_json::Value::String(error.to_string())
+    );
+    let mut out = Vec::with_capacity(trimmed.len() + extra.len());
+    out.extend_from_slice(&trimmed[..trimmed.len() - 1]);
+    out.extend_from_slice(extra.as_bytes());
+    out
+}
+
 /// A Busy-page thread id for a job: base 36, like Ruby's `tid`, derived from a counter.
 fn tid_of(_jid: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -342,6 +359,16 @@ pub fn to_base36(mut n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oversized_objects_get_the_error_appended_and_keep_their_bytes() {
+        let out = annotate_undecoded(br#"{"class":"A","args":[1]}"#, "too big");
+        assert_eq!(
+            out,
+            br#"{"class":"A","args":[1],"error_class":"Oxidekiq::InvalidPayload","error_message":"too big"}"#
+        );
+        assert_eq!(annotate_undecoded(b"[1]", "x"), b"[1]");
+    }
 
     #[test]
     fn base36_matches_ruby() {
