@@ -88,6 +88,19 @@ if limit >= 0 and (moved + killed) > 0 then redis.call('EXPIRE', KEYS[3], 604800
 return {moved, killed}
 "#;
 
+/// Pushes back the members ARGV of working list KEYS[1] to the served end of queue KEYS[2], each only if
+/// this call removed it from the working list. Returns how many moved.
+const RECONCILE_LUA: &str = r#"
+local n = 0
+for i = 1, #ARGV do
+  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
+    redis.call('RPUSH', KEYS[2], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"#;
+
 /// Hash of per-payload recovery counts.
 const RECOVERED: &str = "oxidekiq:recovered";
 
@@ -314,6 +327,48 @@ impl Fetcher {
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
         Ok(())
+    }
+
+    /// After a failed fetch the batch script may have run without its reply reaching us: those jobs sit
+    /// in our working lists while nobody runs them. This pushes back every working-list entry that is not
+    /// in `running` (a job whose ack is still on its way may be pushed back too and run twice: at least
+    /// once). Returns how many moved.
+    pub async fn reconcile(&self, running: &[(Arc<str>, Arc<[u8]>)]) -> Result<u64> {
+        if self.mode == FetchMode::Basic {
+            return Ok(0);
+        }
+        let mut conn = self.conn.clone();
+        let script = Script::new(RECONCILE_LUA);
+        let mut moved = 0;
+        for q in self.order.names() {
+            let key = format!("{}{}", self.working_prefix, q);
+            let members: Vec<Vec<u8>> = conn.lrange(&key, 0, -1).await?;
+            let mut mine: Vec<&[u8]> = running
+                .iter()
+                .filter(|(rq, _)| rq == q)
+                .map(|(_, raw)| &raw[..])
+                .collect();
+            let mut stranded = Vec::new();
+            for m in members {
+                match mine.iter().position(|r| *r == m.as_slice()) {
+                    Some(i) => {
+                        mine.swap_remove(i);
+                    }
+                    None => stranded.push(m),
+                }
+            }
+            if stranded.is_empty() {
+                continue;
+            }
+            let mut inv = script.key(&key);
+            inv.key(keys::queue(q));
+            for m in &stranded {
+                inv.arg(&m[..]);
+            }
+            let n: u64 = inv.invoke_async(&mut conn).await?;
+            moved += n;
+        }
+        Ok(moved)
     }
 
     /// Pushes back whatever is left in this process's working lists (jobs fetched but never started).

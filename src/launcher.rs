@@ -410,6 +410,7 @@ async fn manage(
                         "redis reachable again: fetching resumed"
                     );
                     backoff = Duration::from_millis(100);
+                    reconcile(&fetcher, &processor, &u).await;
                 }
                 u
             }
@@ -469,6 +470,27 @@ async fn manage(
                 break;
             }
         }
+    }
+}
+
+/// A fetch whose reply was lost during an outage may have left jobs in our working list that nobody
+/// runs: push back every entry that is neither running nor just fetched.
+async fn reconcile(fetcher: &Fetcher, processor: &Processor, fetched: &[fetch::UnitOfWork]) {
+    let running: Vec<Ack> = processor
+        .work
+        .snapshot()
+        .into_iter()
+        .map(|j| (j.queue, j.raw))
+        .chain(
+            fetched
+                .iter()
+                .map(|u| (u.queue.clone(), Arc::<[u8]>::from(&u.raw[..]))),
+        )
+        .collect();
+    match fetcher.reconcile(&running).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(count = n, "pushed back jobs stranded by a lost fetch reply"),
+        Err(e) => tracing::warn!(error = %e, "could not check the working list after an outage"),
     }
 }
 

@@ -156,8 +156,13 @@ impl Processor {
                 });
                 tracing::warn!(queue = %queue, error = %error, "undecodable job sent to the dead set");
                 let now = time::now();
-                let member =
-                    retry::undecodable_payload(&raw, &error.to_string(), now, self.time_format);
+                let member = match error {
+                    // Too large to decode safely: the error is appended as text, every byte kept.
+                    PayloadError::TooLarge { .. } => annotate_undecoded(&raw, &error.to_string()),
+                    _ => {
+                        retry::undecodable_payload(&raw, &error.to_string(), now, self.time_format)
+                    }
+                };
                 self.persist(|mut conn| {
                     let member = member.clone();
                     async move { retry::send_to_morgue(&mut conn, &member, now).await }
