@@ -49,7 +49,8 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
     let script = Script::new(ENQUEUE_LUA);
     let mut total = 0;
     loop {
-        let due: Vec<String> = redis::cmd("ZRANGE")
+        // Bytes, not strings: one member that is not UTF-8 must not stop the whole set from moving.
+        let due: Vec<Vec<u8>> = redis::cmd("ZRANGE")
             .arg(set)
             .arg("-inf")
             .arg(score(now))
@@ -66,7 +67,10 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
         let mut inv = script.prepare_invoke();
         inv.arg(set);
         for member in &due {
-            match requeued_payload(member, now, tf) {
+            let job = std::str::from_utf8(member)
+                .ok()
+                .and_then(|m| requeued_payload(m, now, tf));
+            match job {
                 Some((queue, payload)) => inv.arg(member).arg(queue).arg(payload),
                 None => {
                     tracing::warn!(
