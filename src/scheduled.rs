@@ -120,6 +120,26 @@ pub fn poll_interval(average: Duration, processes: u64, rng: &mut impl Rng) -> D
     Duration::from_secs_f64(secs)
 }
 
+/// The process count Ruby scales the poll interval by: members of `processes` whose heartbeat hash
+/// still has its `info` (`ProcessSet#cleanup` prunes the others before `scheduled.rb` counts them),
+/// at least 1. A process killed with SIGKILL stays in the set, and counting it would slow every
+/// poller down until something prunes it.
+pub async fn live_process_count(conn: &mut Conn) -> Result<u64> {
+    let ids: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
+        .arg(keys::PROCESSES)
+        .query_async(conn)
+        .await?;
+    if ids.is_empty() {
+        return Ok(1);
+    }
+    let mut pipe = redis::pipe();
+    for id in &ids {
+        pipe.cmd("HEXISTS").arg(id).arg("info");
+    }
+    let live: Vec<bool> = pipe.query_async(conn).await?;
+    Ok((live.iter().filter(|l| **l).count() as u64).max(1))
+}
+
 /// The poller loop: runs until the process goes quiet.
 pub async fn run(mut conn: Conn, average: Duration, tf: TimeFormat, mut shutdown: ShutdownSignal) {
     // Ruby waits 10–15 s before the first round; we scale that with the configured average so a short
@@ -149,11 +169,7 @@ pub async fn run(mut conn: Conn, average: Duration, tf: TimeFormat, mut shutdown
             tracing::info!("scheduled poller reaches redis again");
         }
         failing = !ok;
-        let processes: u64 = redis::cmd("SCARD")
-            .arg(keys::PROCESSES)
-            .query_async(&mut conn)
-            .await
-            .unwrap_or(1);
+        let processes = live_process_count(&mut conn).await.unwrap_or(1);
         let pause = poll_interval(average, processes, &mut rand::rng());
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
