@@ -59,8 +59,13 @@ pub enum Fate {
 /// The backoff before retry number `count` (0-based): `count**4 + 15 + rand(10) * (count + 1)`.
 pub fn backoff(count: i64, rng: &mut impl Rng) -> f64 {
     let c = count.max(0) as f64;
-    let jitter = f64::from(rng.random_range(0..10u32)) * (c + 1.0);
-    c.powi(4) + 15.0 + jitter
+    c.powi(4) + 15.0 + jitter(count, rng)
+}
+
+/// `rand(10) * (count + 1)`: Ruby adds it to every delay, a `sidekiq_retry_in` answer's included
+/// (`job_retry.rb delay_for`, all versions).
+fn jitter(count: i64, rng: &mut impl Rng) -> f64 {
+    f64::from(rng.random_range(0..10u32)) * (count.max(0) as f64 + 1.0)
 }
 
 /// `Base64(zlib(JSON.generate(lines)))`, the compressed form every Sidekiq reads as `error_backtrace`.
@@ -223,8 +228,9 @@ pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
             Plan::Discard
         };
     }
+    // A positive `sidekiq_retry_in` answer replaces `count**4 + 15`; zero falls back to it, as in Ruby.
     let delay = match f.error.action {
-        RetryAction::In(secs) => secs as f64,
+        RetryAction::In(secs) if secs > 0 => secs as f64 + jitter(count, rng),
         _ => backoff(count, rng),
     };
     Plan::Retry {
@@ -465,7 +471,15 @@ mod tests {
         let Plan::Retry { at, .. } = run(raw, JobError::msg("x").retry_in(300), None, 10.0) else {
             panic!()
         };
-        assert_eq!(at, 310.0);
+        // 300 + rand(10) * (count + 1), count 0.
+        assert!((310.0..=319.0).contains(&at) && at.fract() == 0.0, "{at}");
+        let Plan::Retry { at, .. } = run(raw, JobError::msg("x").retry_in(0), None, 10.0) else {
+            panic!()
+        };
+        assert!(
+            (25.0..=34.0).contains(&at),
+            "zero means the default backoff: {at}"
+        );
         assert!(matches!(
             run(raw, JobError::msg("x").kill(), None, 1.0),
             Plan::Dead { .. }

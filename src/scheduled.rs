@@ -49,7 +49,8 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
     let script = Script::new(ENQUEUE_LUA);
     let mut total = 0;
     loop {
-        let due: Vec<String> = redis::cmd("ZRANGE")
+        // Bytes, not strings: one member that is not UTF-8 must not stop the whole set from moving.
+        let due: Vec<Vec<u8>> = redis::cmd("ZRANGE")
             .arg(set)
             .arg("-inf")
             .arg(score(now))
@@ -66,7 +67,10 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
         let mut inv = script.prepare_invoke();
         inv.arg(set);
         for member in &due {
-            match requeued_payload(member, now, tf) {
+            let job = std::str::from_utf8(member)
+                .ok()
+                .and_then(|m| requeued_payload(m, now, tf));
+            match job {
                 Some((queue, payload)) => inv.arg(member).arg(queue).arg(payload),
                 None => {
                     tracing::warn!(
@@ -116,6 +120,26 @@ pub fn poll_interval(average: Duration, processes: u64, rng: &mut impl Rng) -> D
     Duration::from_secs_f64(secs)
 }
 
+/// The process count Ruby scales the poll interval by: members of `processes` whose heartbeat hash
+/// still has its `info` (`ProcessSet#cleanup` prunes the others before `scheduled.rb` counts them),
+/// at least 1. A process killed with SIGKILL stays in the set, and counting it would slow every
+/// poller down until something prunes it.
+pub async fn live_process_count(conn: &mut Conn) -> Result<u64> {
+    let ids: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
+        .arg(keys::PROCESSES)
+        .query_async(conn)
+        .await?;
+    if ids.is_empty() {
+        return Ok(1);
+    }
+    let mut pipe = redis::pipe();
+    for id in &ids {
+        pipe.cmd("HEXISTS").arg(id).arg("info");
+    }
+    let live: Vec<bool> = pipe.query_async(conn).await?;
+    Ok((live.iter().filter(|l| **l).count() as u64).max(1))
+}
+
 /// The poller loop: runs until the process goes quiet.
 pub async fn run(mut conn: Conn, average: Duration, tf: TimeFormat, mut shutdown: ShutdownSignal) {
     // Ruby waits 10–15 s before the first round; we scale that with the configured average so a short
@@ -145,11 +169,7 @@ pub async fn run(mut conn: Conn, average: Duration, tf: TimeFormat, mut shutdown
             tracing::info!("scheduled poller reaches redis again");
         }
         failing = !ok;
-        let processes: u64 = redis::cmd("SCARD")
-            .arg(keys::PROCESSES)
-            .query_async(&mut conn)
-            .await
-            .unwrap_or(1);
+        let processes = live_process_count(&mut conn).await.unwrap_or(1);
         let pause = poll_interval(average, processes, &mut rand::rng());
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
