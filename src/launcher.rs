@@ -286,6 +286,9 @@ impl Parts {
         drop(processor);
 
         let mut deadline: Option<Instant> = None;
+        // A quiet process's manager ends once its jobs are done, but the process lives on (beating, with
+        // `quiet` "true") until it is told to stop, as Sidekiq does.
+        let mut manager_done = false;
         loop {
             tokio::select! {
                 c = control_rx.recv() => match c {
@@ -294,13 +297,16 @@ impl Parts {
                         shutdown.advance(Phase::Quiet);
                     }
                     Some(Control::Stop) => {
-                        if deadline.is_some() {
+                        if shutdown.phase() >= Phase::Stopping {
                             tracing::info!("second stop: cancelling running jobs now (they will be pushed back)");
                             shutdown.advance(Phase::Cancelled);
                         } else {
                             tracing::info!(timeout = cfg.timeout.as_secs_f64(), "shutting down");
                             shutdown.advance(Phase::Stopping);
                             deadline = Some(Instant::now() + cfg.timeout);
+                        }
+                        if manager_done {
+                            break;
                         }
                     }
                     Some(Control::Dump) => {
@@ -316,7 +322,12 @@ impl Parts {
                     shutdown.advance(Phase::Cancelled);
                     deadline = None;
                 }
-                _ = &mut manager => break,
+                _ = &mut manager, if !manager_done => {
+                    if shutdown.phase() >= Phase::Stopping {
+                        break;
+                    }
+                    manager_done = true;
+                }
             }
         }
         // The manager has ended: every job task finished or was cancelled. Flush acks of jobs whose fate is
