@@ -112,9 +112,12 @@ impl Launcher {
 
     /// Runs until TERM/INT (or the Web UI's Stop) and the shutdown is done. OS signals are wired here.
     pub async fn run(self) -> Result<()> {
+        // Handlers go in before the process registers: a TSTP or TERM sent as soon as the process shows
+        // up in `processes` must not meet the default action (stop or kill the process).
+        let os_signals = OsSignals::install();
         let handle = self.start().await?;
         let control = handle.control.clone();
-        let signals = tokio::spawn(forward_os_signals(control));
+        let signals = tokio::spawn(forward_os_signals(os_signals, control));
         let result = handle.join().await;
         signals.abort();
         result
@@ -286,6 +289,9 @@ impl Parts {
         drop(processor);
 
         let mut deadline: Option<Instant> = None;
+        // A quiet process's manager ends once its jobs are done, but the process lives on (beating, with
+        // `quiet` "true") until it is told to stop, as Sidekiq does.
+        let mut manager_done = false;
         loop {
             tokio::select! {
                 c = control_rx.recv() => match c {
@@ -294,13 +300,16 @@ impl Parts {
                         shutdown.advance(Phase::Quiet);
                     }
                     Some(Control::Stop) => {
-                        if deadline.is_some() {
+                        if shutdown.phase() >= Phase::Stopping {
                             tracing::info!("second stop: cancelling running jobs now (they will be pushed back)");
                             shutdown.advance(Phase::Cancelled);
                         } else {
                             tracing::info!(timeout = cfg.timeout.as_secs_f64(), "shutting down");
                             shutdown.advance(Phase::Stopping);
                             deadline = Some(Instant::now() + cfg.timeout);
+                        }
+                        if manager_done {
+                            break;
                         }
                     }
                     Some(Control::Dump) => {
@@ -316,7 +325,12 @@ impl Parts {
                     shutdown.advance(Phase::Cancelled);
                     deadline = None;
                 }
-                _ = &mut manager => break,
+                _ = &mut manager, if !manager_done => {
+                    if shutdown.phase() >= Phase::Stopping {
+                        break;
+                    }
+                    manager_done = true;
+                }
             }
         }
         // The manager has ended: every job task finished or was cancelled. Flush acks of jobs whose fate is
@@ -623,26 +637,53 @@ async fn recovery_loop(
     }
 }
 
+/// The OS signals this process handles, installed once.
+struct OsSignals {
+    /// SIGTERM: stop.
+    term: tokio::signal::unix::Signal,
+    /// SIGINT: stop.
+    int: tokio::signal::unix::Signal,
+    /// SIGTSTP: quiet.
+    tstp: tokio::signal::unix::Signal,
+    /// SIGTTIN: log the running jobs.
+    ttin: tokio::signal::unix::Signal,
+}
+
+impl OsSignals {
+    /// Installs the handlers for TERM, INT, TSTP and TTIN; `None` (logged) if that fails.
+    fn install() -> Option<OsSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        const SIGTSTP: i32 = 20;
+        const SIGTTIN: i32 = 21;
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::from_raw(SIGTSTP)),
+            signal(SignalKind::from_raw(SIGTTIN)),
+        ) {
+            (Ok(term), Ok(int), Ok(tstp), Ok(ttin)) => Some(OsSignals {
+                term,
+                int,
+                tstp,
+                ttin,
+            }),
+            _ => {
+                tracing::error!("cannot install signal handlers");
+                None
+            }
+        }
+    }
+}
+
 /// Turns OS signals into controls: TSTP quiet, TERM/INT stop, TTIN dump.
-async fn forward_os_signals(control: mpsc::UnboundedSender<Control>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    const SIGTSTP: i32 = 20;
-    const SIGTTIN: i32 = 21;
-    let (Ok(mut term), Ok(mut int), Ok(mut tstp), Ok(mut ttin)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::from_raw(SIGTSTP)),
-        signal(SignalKind::from_raw(SIGTTIN)),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
+async fn forward_os_signals(signals: Option<OsSignals>, control: mpsc::UnboundedSender<Control>) {
+    let Some(mut s) = signals else { return };
     loop {
         let c = tokio::select! {
-            _ = term.recv() => Control::Stop,
-            _ = int.recv() => Control::Stop,
-            _ = tstp.recv() => Control::Quiet,
-            _ = ttin.recv() => Control::Dump,
+            _ = s.term.recv() => Control::Stop,
+            _ = s.int.recv() => Control::Stop,
+            _ = s.tstp.recv() => Control::Quiet,
+            _ = s.ttin.recv() => Control::Dump,
         };
         if control.send(c).is_err() {
             return;
