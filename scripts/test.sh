@@ -7,7 +7,7 @@
 #    ours and render the Sidekiq Web UI). ruby-activejob pulls in ruby-globalid.
 # 2. `cargo build --workspace`: the process-level tests run target/debug/oxidekiq, which
 #    `cargo test` alone does not build (it belongs to the `workers` crate). CARGO_TARGET_DIR is honoured.
-# 3. `cargo test --workspace`.
+# 3. `cargo test --workspace`, then the payload fuzz target for FUZZ_SECONDS (30 s; 0 skips it).
 #
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test fixtures`).
 set -euo pipefail
@@ -33,6 +33,18 @@ set +e
 cargo test --workspace "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+
+# The payload decoder's fuzz target, for a short bounded time (FUZZ_SECONDS=0 skips it locally).
+fuzz_seconds=${FUZZ_SECONDS:-30}
+fuzz_status=0
+if [ "$fuzz_seconds" != "0" ]; then
+  step "fuzzing the payload decoder for ${fuzz_seconds}s"
+  bash scripts/fuzz.sh "$fuzz_seconds" || fuzz_status=$?
+  if [ "$fuzz_status" -ne 0 ]; then
+    echo "FUZZ FAILED (exit $fuzz_status): see fuzz/artifacts/payload/"
+    [ "$status" -eq 0 ] && status=$fuzz_status
+  fi
+fi
 
 step "summary"
 passed=0 failed=0 ignored=0 suites=0

@@ -81,7 +81,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum RetryAction {
     /// Sidekiq's backoff: `count**4 + 15 + jitter` seconds.
     Default,
-    /// Retry in this many seconds (a positive Integer from `sidekiq_retry_in`).
+    /// Retry in this many seconds plus Sidekiq's jitter (a positive Integer from `sidekiq_retry_in`;
+    /// 0 means the default backoff, as in Ruby).
     In(u64),
     /// Drop the job: no retry, no dead set (`:discard`).
     Discard,
@@ -121,7 +122,7 @@ impl JobError {
         JobError::new("RuntimeError", message)
     }
 
-    /// Retry in `seconds` instead of Sidekiq's backoff.
+    /// Retry in `seconds` (plus Sidekiq's jitter, `rand(10) * (count + 1)`) instead of the default backoff.
     pub fn retry_in(mut self, seconds: u64) -> Self {
         self.action = RetryAction::In(seconds);
         self

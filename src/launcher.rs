@@ -131,10 +131,13 @@ impl Launcher {
         let conn = redis_conn::connect(&client).await?;
         let block = Duration::from_secs(1);
         let blocking = redis_conn::connect_blocking(&client, block).await?;
-        let time_format = if cfg.millisecond_timestamps == Some(true) {
-            TimeFormat::Millis
-        } else {
-            TimeFormat::Seconds
+        let time_format = match cfg.millisecond_timestamps {
+            Some(true) => TimeFormat::Millis,
+            Some(false) => TimeFormat::Seconds,
+            // Milliseconds only when every live Ruby process is Sidekiq 8 (they all read them).
+            None => crate::client::detect_time_format(&mut conn.clone())
+                .await
+                .unwrap_or(TimeFormat::Seconds),
         };
         let info = ProcessInfo::new(
             cfg.tag.clone(),

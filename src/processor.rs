@@ -188,15 +188,20 @@ impl Processor {
                     jid = %job.jid(),
                     queue = %queue,
                 );
-                self.clone().run(job, queue.clone()).instrument(span).await;
+                if !self.clone().run(job, queue.clone()).instrument(span).await {
+                    // Interrupted at the shutdown deadline: it stays in flight, unacknowledged, and the
+                    // launcher pushes it back to its queue.
+                    return;
+                }
                 self.work.remove(entry);
                 let _ = self.acks.send((queue, raw));
             }
         }
     }
 
-    /// The job span's body: run, then write the fate (retry wraps the chain from outside).
-    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>) {
+    /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
+    /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
+    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>) -> bool {
         let start = Instant::now();
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
@@ -206,10 +211,17 @@ impl Processor {
         let error = match result {
             Ok(()) => {
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
-                return;
+                return true;
             }
             Err(e) => e,
         };
+        if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
+            // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(elapsed = format_args!("{elapsed:.3}"), reason = %error.message,
+                "interrupted by shutdown: pushed back to its queue");
+            return false;
+        }
         let rescheduled = matches!(error.action, crate::RetryAction::Reschedule(_));
         if !rescheduled {
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -244,6 +256,7 @@ impl Processor {
                 tracing::info!(run_at = at, reason = %error.message, "rescheduled")
             }
         }
+        true
     }
 
     /// Finds and runs the worker through its chain.
