@@ -302,8 +302,9 @@ impl Fetcher {
             return Ok(());
         }
         let mut pipe = redis::pipe();
+        // -1: scan from the tail, where the oldest fetched jobs (the ones that finish first) are.
         for (queue, raw) in done {
-            pipe.lrem(format!("{}{}", self.working_prefix, queue), 1, &raw[..])
+            pipe.lrem(format!("{}{}", self.working_prefix, queue), -1, &raw[..])
                 .ignore();
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;

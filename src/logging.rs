@@ -106,7 +106,9 @@ pub fn init(verbose: bool) -> LogGuard {
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
         .buffered_lines_limit(64 * 1024)
-        .finish(std::io::stdout());
+        // Buffered: the writer thread flushes whenever its queue is empty, so a burst of lines costs one
+        // write instead of one per line (stdout alone is line-buffered).
+        .finish(std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout()));
     let level = if verbose {
         tracing::level_filters::LevelFilter::DEBUG
     } else {
