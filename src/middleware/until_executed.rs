@@ -141,7 +141,9 @@ pub async fn settle(conn: &Conn, job: &Job, finished: bool) {
         Ok(false) => {
             tracing::debug!(lock = %key, "unique lock already expired or taken by another job")
         }
-        Err(e) => tracing::warn!(lock = %key, error = %e, "cannot settle unique lock; it expires by its ttl"),
+        Err(e) => {
+            tracing::warn!(lock = %key, error = %e, "cannot settle unique lock; it expires by its ttl")
+        }
     }
 }
 
