@@ -136,7 +136,7 @@ impl NewJob {
     /// waiting for a retry or running, an identical push is refused ([`Client::push_unique`] answers
     /// `None`, [`Client::push`] an [`Error::LockNotAcquired`]). The lock is released when the job
     /// finishes, is discarded or dies, and expires `ttl` after its last renewal in any case (see
-    /// [`until_executed`](crate::middleware::until_executed)). Not for [`Client::push_bulk`].
+    /// [`crate::middleware::until_executed`]). Not for [`Client::push_bulk`].
     pub fn unique_for(mut self, ttl: Duration) -> Self {
         self.unique_for = Some(ttl);
         self
