@@ -17,12 +17,15 @@
 //! # Ok(()) }
 //! ```
 
+use std::time::Duration;
+
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
 use crate::job::new_jid;
 use crate::keys;
+use crate::middleware::until_executed;
 use crate::redis_conn::{self, Conn};
 use crate::retry::to_json;
 use crate::time::{self, TimeFormat, score};
@@ -56,6 +59,8 @@ pub struct NewJob {
     jid: Option<String>,
     /// Other options, written as is (`tags`, `backtrace`, `retry_queue`, `dead`, custom keys, ...).
     options: Map<String, Value>,
+    /// Until-executed uniqueness: the lock's TTL ([`NewJob::unique_for`]).
+    unique_for: Option<Duration>,
 }
 
 impl NewJob {
@@ -75,6 +80,7 @@ impl NewJob {
             at: None,
             jid: None,
             options: Map::new(),
+            unique_for: None,
         }
     }
 
@@ -126,6 +132,16 @@ impl NewJob {
         self
     }
 
+    /// Until-executed uniqueness: while a job of this class with these arguments is queued, scheduled,
+    /// waiting for a retry or running, an identical push is refused ([`Client::push_unique`] answers
+    /// `None`, [`Client::push`] an [`Error::LockNotAcquired`]). The lock is released when the job
+    /// finishes, is discarded or dies, and expires `ttl` after its last renewal in any case (see
+    /// [`crate::middleware::until_executed`]). Not for [`Client::push_bulk`].
+    pub fn unique_for(mut self, ttl: Duration) -> Self {
+        self.unique_for = Some(ttl);
+        self
+    }
+
     /// Checks what Ruby's `validate` checks.
     fn validate(&self) -> Result<()> {
         if self.class.is_empty() {
@@ -154,6 +170,16 @@ impl NewJob {
             ) {
                 m.insert(k.clone(), v.clone());
             }
+        }
+        if let Some(ttl) = self.unique_for {
+            m.insert(
+                until_executed::UNIQUE_KEY_FIELD.into(),
+                Value::String(until_executed::lock_key(&self.class, &self.args)),
+            );
+            m.insert(
+                until_executed::UNIQUE_TTL_FIELD.into(),
+                time::float_value(ttl.as_secs_f64()),
+            );
         }
         m.insert("args".into(), self.args.clone());
         m.insert("class".into(), Value::String(self.class.clone()));
@@ -220,13 +246,46 @@ impl Client {
         self.push(NewJob::new(class, args).run_at(at)).await
     }
 
-    /// Pushes one job; returns its jid.
+    /// Pushes one job; returns its jid. A [`NewJob::unique_for`] job whose duplicate is pending is
+    /// refused with [`Error::LockNotAcquired`].
     pub async fn push(&self, job: NewJob) -> Result<String> {
+        if job.unique_for.is_some() {
+            let class = job.class.clone();
+            return self.push_unique(job).await?.ok_or_else(|| {
+                Error::LockNotAcquired(format!(
+                    "a {class} job with the same arguments is already pending (unique_for)"
+                ))
+            });
+        }
         let jid = job.jid.clone().unwrap_or_else(new_jid);
         let mut out = self
             .push_many(&job, std::slice::from_ref(&jid), None)
             .await?;
         Ok(out.pop().unwrap_or(jid))
+    }
+
+    /// Pushes a job unless an identical [`NewJob::unique_for`] job is pending: `Some(jid)` if pushed,
+    /// `None` if refused. The lock is taken and the job pushed in one script (one round trip). A job
+    /// without `unique_for` is pushed as by [`Client::push`].
+    pub async fn push_unique(&self, job: NewJob) -> Result<Option<String>> {
+        let Some(ttl) = job.unique_for else {
+            let jid = job.jid.clone().unwrap_or_else(new_jid);
+            self.push_many(&job, std::slice::from_ref(&jid), None)
+                .await?;
+            return Ok(Some(jid));
+        };
+        job.validate()?;
+        let jid = job.jid.clone().unwrap_or_else(new_jid);
+        let tf = self.time_format().await?;
+        let now = time::now();
+        let payload = job.payload(&jid, now, tf);
+        let at = job.at.filter(|at| *at > now);
+        // A scheduled job is pending from now until it runs: its lock lives that long too.
+        let ttl = ttl + Duration::from_secs_f64(at.map_or(0.0, |at| at - now));
+        let key = until_executed::lock_key(&job.class, &job.args);
+        let pushed =
+            until_executed::push(&self.conn, &key, &jid, ttl, &job.queue, &payload, at).await?;
+        Ok(pushed.then_some(jid))
     }
 
     /// `Sidekiq::Client.push_bulk`: one job per element of `args`, all sharing `template`'s options;
@@ -252,6 +311,11 @@ impl Client {
         args: Option<&[Value]>,
     ) -> Result<Vec<String>> {
         job.validate()?;
+        if job.unique_for.is_some() {
+            return Err(Error::Config(
+                "unique_for jobs are pushed one by one with push_unique, not in bulk".into(),
+            ));
+        }
         let tf = self.time_format().await?;
         let now = time::now();
         let payloads: Vec<String> = jids

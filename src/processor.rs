@@ -18,7 +18,7 @@ use crate::config::UnknownClass;
 use crate::error::{JobError, JobResult, Result};
 use crate::fetch::UnitOfWork;
 use crate::job::{Job, PayloadError};
-use crate::middleware::Next;
+use crate::middleware::{Next, until_executed};
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
 use crate::retry::{self, Failure, Fate};
@@ -205,12 +205,15 @@ impl Processor {
         let start = Instant::now();
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
-        let result = self.invoke(&job, &queue, entry).await;
+        // A client-side until-executed lock is kept alive while the job runs, and settled by its fate.
+        let result =
+            until_executed::while_running(&self.conn, &job, self.invoke(&job, &queue, entry)).await;
         let elapsed = start.elapsed().as_secs_f64();
         self.stats.processed.fetch_add(1, Ordering::Relaxed);
         let error = match result {
             Ok(()) => {
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
+                until_executed::settle(&self.conn, &job, true).await;
                 return true;
             }
             Err(e) => e,
@@ -246,6 +249,12 @@ impl Processor {
                 async move { retry::apply(&mut conn, &job, &plan, now).await }
             })
             .await;
+        until_executed::settle(
+            &self.conn,
+            &job,
+            matches!(fate, Fate::Dead | Fate::Discarded),
+        )
+        .await;
         match fate {
             Fate::Retry { at, count } => {
                 tracing::debug!(retry_at = at, retry_count = count, "scheduled for retry")

@@ -24,6 +24,12 @@
 //! }
 //! ```
 
+pub(crate) mod job_lock;
+pub mod lock_key;
+pub mod sequential;
+pub mod unique;
+pub mod until_executed;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

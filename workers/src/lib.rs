@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use oxidekiq::error::JobResult;
+use oxidekiq::middleware::sequential::SequentialJob;
+use oxidekiq::middleware::unique::UniqueJob;
 use oxidekiq::{JobContext, JobError, Registry, Worker};
 use serde::Deserialize;
 
@@ -113,11 +115,99 @@ impl<'de> Deserialize<'de> for WelcomeArgs {
     }
 }
 
+/// The lock TTL of the two report jobs: short, so a crashed process blocks the others for at most
+/// 5 s; the lock is extended every `ttl / 3` while a report runs longer.
+pub const REPORT_LOCK_TTL: Duration = Duration::from_secs(5);
+
+/// Sleeps `seconds` (stopping early at the shutdown deadline), logging `report started` first and a
+/// line with `result` at the end.
+async fn report(ctx: &JobContext, seconds: f64) -> JobResult {
+    let pause = Duration::try_from_secs_f64(seconds).map_err(|e| {
+        JobError::new(
+            "ArgumentError",
+            format!("seconds must be a non-negative number, got {seconds}: {e}"),
+        )
+    })?;
+    tracing::info!(seconds, "report started");
+    let mut shutdown = ctx.shutdown();
+    tokio::select! {
+        _ = tokio::time::sleep(pause) => {}
+        _ = shutdown.cancelled() => return Err(JobError::msg("interrupted by shutdown")),
+    }
+    tracing::info!(seconds, result = "generated", "report finished");
+    Ok(())
+}
+
+/// A report that must not be generated twice at once: a duplicate arriving while one runs is skipped
+/// (logged as `skipped duplicate` with the holder's jid).
+///
+/// ```ruby
+/// class UniqueReportJob
+///   include Sidekiq::Worker
+///   def perform(seconds)
+///     sleep(seconds)
+///     logger.info "result"
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct UniqueReportJob;
+
+impl Worker for UniqueReportJob {
+    const CLASS: &'static str = "UniqueReportJob";
+    type Args = (f64,);
+
+    async fn perform(&self, ctx: &JobContext, (seconds,): Self::Args) -> JobResult {
+        report(ctx, seconds).await
+    }
+}
+
+/// A report whose runs must never overlap: each waits for the one before (up to 60 s, then the retry
+/// path), across every process.
+///
+/// ```ruby
+/// class SequentialReportJob
+///   include Sidekiq::Worker
+///   def perform(seconds)
+///     sleep(seconds)
+///     logger.info "result"
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct SequentialReportJob;
+
+impl Worker for SequentialReportJob {
+    const CLASS: &'static str = "SequentialReportJob";
+    type Args = (f64,);
+
+    async fn perform(&self, ctx: &JobContext, (seconds,): Self::Args) -> JobResult {
+        report(ctx, seconds).await
+    }
+}
+
 /// Every worker of this application.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
     r.register(HardWorker)
         .register(NoopJob)
-        .register(WelcomeEmailJob);
+        .register(WelcomeEmailJob)
+        .register_with(
+            UniqueReportJob,
+            vec![
+                UniqueJob::<UniqueReportJob>::new()
+                    .ttl(REPORT_LOCK_TTL)
+                    .into(),
+            ],
+        )
+        .register_with(
+            SequentialReportJob,
+            vec![
+                SequentialJob::<SequentialReportJob>::new()
+                    .ttl(REPORT_LOCK_TTL)
+                    .timeout(Duration::from_secs(60))
+                    .into(),
+            ],
+        );
     r
 }

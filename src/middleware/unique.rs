@@ -1,0 +1,203 @@
+//! Unique jobs (non-blocking): while one job holds the lock, a duplicate does not run.
+//!
+//! [`UniqueJob`] takes the job's lock with one `SET NX PX` before the worker runs. If it is free the job
+//! runs holding it: the lock is extended every `ttl / 3` while the job runs longer than its TTL and
+//! released (compare-and-delete on our own value) when the job ends, successfully or not. If another job
+//! holds it, [`OnConflict`] decides: by default the duplicate is **skipped**: acknowledged as done and
+//! logged with the lock key and the holder's jid:
+//!
+//! ```text
+//! 2026-11-21T20:02:30.411Z pid=4242 tid=2c8 class=UniqueReportJob jid=ecf8fc8053b3a18fd1a94b54 lock=lock:UniqueReportJob holder=0d5a34f6c1b2e3a4b5c6d7e8 INFO: skipped duplicate
+//! ```
+//!
+//! This is "until executed" *while running* (`lock: :while_executing` in sidekiq-unique-jobs terms): the
+//! lock covers the run, not the time in the queue. To refuse duplicates already at enqueue, push with
+//! [`NewJob::unique_for`](crate::client::NewJob::unique_for).
+//!
+//! A process that dies while holding a lock blocks its duplicates for at most the TTL (default 30 s).
+//! If the holder is the same jid (a run of this very job that crashed, now recovered), the job is not
+//! skipped: it is rescheduled for when that lock will have expired.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use oxidekiq::middleware::unique::{OnConflict, UniqueJob};
+//! use oxidekiq::{JobContext, Registry, Worker, error::JobResult};
+//!
+//! #[derive(Debug)]
+//! struct SyncCustomer;
+//!
+//! impl Worker for SyncCustomer {
+//!     const CLASS: &'static str = "SyncCustomerJob";
+//!     type Args = (u64,);
+//!     async fn perform(&self, _ctx: &JobContext, (_customer_id,): Self::Args) -> JobResult {
+//!         Ok(()) // call the Stripe API once
+//!     }
+//! }
+//!
+//! let mut registry = Registry::new();
+//! registry.register_with(
+//!     SyncCustomer,
+//!     vec![UniqueJob::<SyncCustomer>::new()
+//!         .key(|(customer_id,): &(u64,)| format!("stripe-{customer_id}"))
+//!         .ttl(Duration::from_secs(60))
+//!         .on_conflict(OnConflict::Reschedule(Duration::from_secs(30)))
+//!         .into()],
+//! );
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::job_lock::{self, Attempt};
+use super::lock_key::LockKey;
+use super::{BoxFuture, Next, ServerMiddleware};
+use crate::error::{JobError, JobResult};
+use crate::keys;
+use crate::worker::{JobContext, Worker};
+
+/// The `error_class` of a duplicate failed with [`OnConflict::Fail`].
+pub const DUPLICATE_ERROR_CLASS: &str = "Oxidekiq::DuplicateJob";
+
+/// What happens to a job whose lock someone else holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnConflict {
+    /// Do not run it; acknowledge it as done and log `skipped duplicate` with the key and the holder.
+    #[default]
+    Skip,
+    /// Put it back in the schedule set to try again after this delay (not counted as a failure).
+    Reschedule(Duration),
+    /// Fail it with [`DUPLICATE_ERROR_CLASS`] into the normal retry path (backoff, retry count, dead set).
+    Fail,
+}
+
+/// The unique-job middleware for worker `W`; see the [module documentation](self).
+pub struct UniqueJob<W: Worker> {
+    /// How the lock is named.
+    key: LockKey<W::Args>,
+    /// How long the lock lives without extension: bounds how long a crashed holder blocks duplicates.
+    ttl: Duration,
+    /// What a duplicate does.
+    on_conflict: OnConflict,
+    /// The worker whose arguments the key reads.
+    _worker: PhantomData<fn() -> W>,
+}
+
+impl<W: Worker> UniqueJob<W> {
+    /// Keyed by class name, TTL 30 s, duplicates skipped.
+    pub fn new() -> Self {
+        UniqueJob {
+            key: LockKey::Class,
+            ttl: Duration::from_secs(30),
+            on_conflict: OnConflict::Skip,
+            _worker: PhantomData,
+        }
+    }
+
+    /// One lock per distinct argument list: `<class>:<sha1 of the canonical args>`.
+    pub fn key_by_args(mut self) -> Self {
+        self.key = LockKey::ByArgs;
+        self
+    }
+
+    /// A lock named by the worker from its typed arguments (used as is, under `lock:`).
+    pub fn key(mut self, f: impl Fn(&W::Args) -> String + Send + Sync + 'static) -> Self {
+        self.key = LockKey::Custom(Arc::new(f));
+        self
+    }
+
+    /// Any [`LockKey`].
+    pub fn lock_key(mut self, key: LockKey<W::Args>) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// What a duplicate does (default [`OnConflict::Skip`]).
+    pub fn on_conflict(mut self, on_conflict: OnConflict) -> Self {
+        self.on_conflict = on_conflict;
+        self
+    }
+}
+
+impl<W: Worker> Default for UniqueJob<W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<W: Worker> fmt::Debug for UniqueJob<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UniqueJob")
+            .field("worker", &W::CLASS)
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("on_conflict", &self.on_conflict)
+            .finish()
+    }
+}
+
+impl<W: Worker> From<UniqueJob<W>> for Arc<dyn ServerMiddleware> {
+    fn from(m: UniqueJob<W>) -> Self {
+        Arc::new(m)
+    }
+}
+
+impl<W: Worker> ServerMiddleware for UniqueJob<W> {
+    fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
+        Box::pin(async move {
+            let Some(name) = self.key.resolve(ctx) else {
+                return next.run(ctx).await;
+            };
+            let key = keys::lock(&name);
+            let holder = match job_lock::try_acquire(&ctx.redis(), &key, ctx.jid(), self.ttl)
+                .await
+                .map_err(JobError::from)?
+            {
+                Attempt::Held(lock) => {
+                    let result = lock.hold_while(next.run(ctx)).await;
+                    lock.release().await;
+                    return result;
+                }
+                Attempt::Busy { holder } => holder,
+            };
+            let holder_shown = holder.as_deref().unwrap_or("unknown");
+            if holder.as_deref() == Some(ctx.jid()) {
+                // An earlier run of this same job died holding the lock; skipping would lose the job.
+                tracing::info!(lock = %key, "lock still held by an earlier run of this job: rescheduled");
+                return Err(JobError::reschedule(
+                    self.ttl.as_secs_f64(),
+                    format!("{key} still held by an earlier run of this job"),
+                ));
+            }
+            match self.on_conflict {
+                OnConflict::Skip => {
+                    tracing::info!(lock = %key, holder = %holder_shown, "skipped duplicate");
+                    Ok(())
+                }
+                OnConflict::Reschedule(delay) => Err(JobError::reschedule(
+                    delay.as_secs_f64(),
+                    format!("duplicate: {key} is held by {holder_shown}"),
+                )),
+                OnConflict::Fail => Err(JobError::new(
+                    DUPLICATE_ERROR_CLASS,
+                    format!("duplicate: {key} is held by {holder_shown}"),
+                )),
+            }
+        })
+    }
+}
+
+// The middleware must stay usable as a trait object in a chain.
+fn _obj_safe(_: Box<dyn ServerMiddleware>) {}
+fn _is_middleware<W: Worker>(m: UniqueJob<W>) -> Arc<dyn ServerMiddleware> {
+    m.into()
+}
