@@ -6,10 +6,15 @@
 //!
 //! Mirrors `logger.rb` (`Sidekiq::Logger::Formatters::Pretty` without colour): UTC time with
 //! milliseconds, `pid`, `tid`, the job's context (`class`, `jid` from the job span), the event's own
-//! fields, then `LEVEL: message`. Lines go through a non-blocking writer (a dedicated thread), so a job
-//! never waits on the terminal; it applies back-pressure instead of dropping lines.
+//! fields, then `LEVEL: message`. Lines are appended to a shared buffer that a background thread writes
+//! out every 20 ms, so a job never waits on the terminal and a busy process does not wake a writer
+//! thread per line; past 1 MiB the logging thread writes the buffer itself (back-pressure, no line is
+//! ever dropped).
 
 use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -17,8 +22,64 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Keeps the log writer thread alive; dropping it flushes what is buffered.
-pub type LogGuard = tracing_appender::non_blocking::WorkerGuard;
+/// Flushes what is buffered when dropped (at exit).
+#[derive(Debug)]
+pub struct LogGuard {
+    /// The shared buffer.
+    buffer: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        flush(&self.buffer);
+    }
+}
+
+/// Buffered bytes past which the logging thread writes them out itself.
+const FLUSH_AT: usize = 1 << 20;
+
+fn flush(buffer: &Mutex<Vec<u8>>) {
+    let bytes = match buffer.lock() {
+        Ok(mut b) => std::mem::replace(&mut *b, Vec::with_capacity(64 * 1024)),
+        Err(_) => return,
+    };
+    if !bytes.is_empty() {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(&bytes);
+        let _ = out.flush();
+    }
+}
+
+/// The writer tracing formats into: appends to the shared buffer.
+#[derive(Debug, Clone)]
+struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for SharedBuffer {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let full = match self.0.lock() {
+            Ok(mut b) => {
+                b.extend_from_slice(data);
+                b.len() > FLUSH_AT
+            }
+            Err(_) => false,
+        };
+        if full {
+            flush(&self.0);
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SharedBuffer {
+    type Writer = SharedBuffer;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
 
 /// Formats events as Sidekiq lines.
 #[derive(Debug, Default, Clone, Copy)]
@@ -49,16 +110,35 @@ impl Visit for Fields {
     }
 }
 
-fn thread_tid() -> String {
-    // Ruby's tid is `(Thread.object_id ^ pid).to_s(36)`; ours is the OS thread's id, likewise.
-    let name = format!("{:?}", std::thread::current().id());
-    let n: u64 = name
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap_or(0);
-    crate::processor::to_base36(n ^ u64::from(std::process::id()))
+fn pid() -> u32 {
+    static PID: OnceLock<u32> = OnceLock::new();
+    *PID.get_or_init(std::process::id)
+}
+
+thread_local! {
+    /// Ruby's tid is `(Thread.object_id ^ pid).to_s(36)`; ours is the OS thread's id, likewise.
+    static TID: String = {
+        let name = format!("{:?}", std::thread::current().id());
+        let n: u64 = name.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
+        crate::processor::to_base36(n ^ u64::from(pid()))
+    };
+    /// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen on this thread.
+    static SECOND: std::cell::RefCell<(i64, String)> = const { std::cell::RefCell::new((i64::MIN, String::new())) };
+}
+
+/// `2026-11-21T20:02:30.411Z`: the date part is formatted once per second per thread.
+fn write_time(w: &mut Writer<'_>) -> fmt::Result {
+    let now = chrono::Utc::now();
+    let secs = now.timestamp();
+    let millis = now.timestamp_subsec_millis();
+    SECOND.with(|cell| {
+        let mut c = cell.borrow_mut();
+        if c.0 != secs {
+            c.0 = secs;
+            c.1 = now.format("%Y-%m-%dT%H:%M:%S").to_string();
+        }
+        write!(w, "{}.{millis:03}Z", c.1)
+    })
 }
 
 impl<S, N> FormatEvent<S, N> for SidekiqFormat
@@ -72,13 +152,8 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ");
-        write!(
-            writer,
-            "{now} pid={} tid={}",
-            std::process::id(),
-            thread_tid()
-        )?;
+        write_time(&mut writer)?;
+        TID.with(|tid| write!(writer, " pid={} tid={tid}", pid()))?;
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
                 if let Some(fields) = span.extensions().get::<FormattedFields<N>>()
@@ -101,14 +176,21 @@ where
     }
 }
 
-/// Installs the Sidekiq-shaped logger on stdout; `verbose` turns on debug lines.
+/// Installs the Sidekiq-shaped logger on stdout; `verbose` turns on debug lines. Keep the guard alive
+/// until exit: dropping it writes out what is still buffered.
 pub fn init(verbose: bool) -> LogGuard {
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .buffered_lines_limit(64 * 1024)
-        // Buffered: the writer thread flushes whenever its queue is empty, so a burst of lines costs one
-        // write instead of one per line (stdout alone is line-buffered).
-        .finish(std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout()));
+    let buffer = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
+    let flusher = Arc::downgrade(&buffer);
+    // The flusher ends by itself once the guard and the subscriber's writer are gone.
+    let _ = std::thread::Builder::new()
+        .name("oxidekiq-log".into())
+        .spawn(move || {
+            while let Some(buffer) = flusher.upgrade() {
+                flush(&buffer);
+                drop(buffer);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
     let level = if verbose {
         tracing::level_filters::LevelFilter::DEBUG
     } else {
@@ -116,10 +198,10 @@ pub fn init(verbose: bool) -> LogGuard {
     };
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
-        .with_writer(writer)
+        .with_writer(SharedBuffer(buffer.clone()))
         .event_format(SidekiqFormat)
         .finish();
     // A second init (tests) keeps the first subscriber.
     let _ = tracing::subscriber::set_global_default(subscriber);
-    guard
+    LogGuard { buffer }
 }
