@@ -24,6 +24,10 @@
 //! }
 //! ```
 
+pub mod concurrency;
+mod limits;
+pub mod rate_limit;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
