@@ -35,9 +35,11 @@
 //! and does not use a retry, and the worker slot is free for other work.
 //!
 //! The reschedule delay cannot grow per job (a rescheduled payload is put back byte for byte, so it
-//! cannot carry an attempt counter); it is taken from the contention instead: a slot frees when a
-//! holder ends, and a running holder is on average half a lease from its next renewal horizon, so the
-//! delay is drawn from `reschedule_in ..= 2 × reschedule_in`, with `reschedule_in = lease / 2` unless set.
+//! cannot carry an attempt counter); it is taken from the limit instead: the job just saw every slot
+//! stay taken for `wait`, and a slot frees when a holder ends or, for a crashed holder, at most one lease
+//! later, so the delay is drawn from `reschedule_in ..= 2 × reschedule_in`, with `reschedule_in =
+//! lease / 2` unless set (15–30 s with the default lease). The random part spreads the rescheduled jobs
+//! so they do not all come back at once.
 //! Waiters are not served in order: whoever polls first after a release wins.
 //!
 //! # The local cap
@@ -101,9 +103,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < limit then
-  redis.call('ZADD', KEYS[1], string.format('%d', now + lease), ARGV[1])
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now + lease), ARGV[1])
   if redis.call('PTTL', KEYS[1]) < lease then
     redis.call('PEXPIRE', KEYS[1], lease)
   end
@@ -116,7 +118,7 @@ return 0
 const HOLDERS_LUA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))
 return redis.call('ZCARD', KEYS[1])
 "#;
 

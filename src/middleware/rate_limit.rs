@@ -5,7 +5,7 @@
 //! # Sliding window log, not a token bucket
 //!
 //! The starts of limit `name` are a sorted set `oxidekiq:rate:<name>` (see [`key`]): member = a fresh id
-//! per start (`<jid>:<random>`), score = the start time in epoch milliseconds **from Redis's clock**
+//! per start (`<jid>:<random>`), score = the start time in epoch microseconds **from Redis's clock**
 //! (`TIME` inside the script, so worker clocks never matter). One Lua script trims the starts older than
 //! the period, counts what is left and, if fewer than N, records this start; otherwise it answers how long
 //! until the oldest start leaves the window. The guarantee is the strong one: **in every window of one
@@ -68,29 +68,26 @@ use crate::error::{JobError, JobResult};
 use crate::redis_conn::Conn;
 use crate::worker::JobContext;
 
-/// KEYS[1] = the start log; ARGV = limit, period ms, start id. Trims starts at or before now - period,
-/// then records this start if fewer than `limit` remain. Returns 0 if granted, else the milliseconds
-/// (at least 1) until the oldest start leaves the window.
+/// KEYS[1] = the start log; ARGV = limit, period ms, start id. Scores are microseconds (whole
+/// milliseconds would let two starts 999.x ms apart count as a full period apart). Trims starts at or
+/// before now - period, then records this start if fewer than `limit` remain. Returns 0 if granted, else
+/// the milliseconds, rounded up and at least 1, until the oldest start leaves the window.
 const START_LUA: &str = r#"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - period))
+local period = tonumber(ARGV[2]) * 1000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - period))
 if redis.call('ZCARD', KEYS[1]) < limit then
-  redis.call('ZADD', KEYS[1], string.format('%d', now), ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], period)
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 0
 end
 local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if oldest[2] == nil then
-  return period
+  return tonumber(ARGV[2])
 end
-local left = tonumber(oldest[2]) + period - now
-if left < 1 then
-  left = 1
-end
-return left
+return math.floor((tonumber(oldest[2]) + period - now) / 1000) + 1
 "#;
 
 static START: LazyLock<Script> = LazyLock::new(|| Script::new(START_LUA));
