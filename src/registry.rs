@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::error::{JobError, JobResult};
+use crate::middleware::concurrency::LocalConcurrencyLimit;
 use crate::middleware::{BoxFuture, Chain, Handler, ServerMiddleware};
 use crate::worker::{JobContext, Worker, WorkerOptions};
 
@@ -99,10 +100,21 @@ impl Registry {
     }
 
     /// Builds every worker's chain; the registry is not changed afterwards.
+    ///
+    /// A worker with [`WorkerOptions::local_concurrency`] gets a [`LocalConcurrencyLimit`] of its own
+    /// first in its chain: a job waiting for the local cap holds no lock or limit slot taken further on.
     pub fn freeze(mut self) -> Arc<Registry> {
         let global = self.global.clone();
         for entry in self.workers.values_mut() {
-            let chain: Vec<_> = global.iter().chain(entry.own.iter()).cloned().collect();
+            let local = entry
+                .options
+                .local_concurrency
+                .map(|k| Arc::new(LocalConcurrencyLimit::new(k)) as Arc<dyn ServerMiddleware>);
+            let chain: Vec<_> = local
+                .into_iter()
+                .chain(global.iter().cloned())
+                .chain(entry.own.iter().cloned())
+                .collect();
             entry.chain = Arc::from(chain);
         }
         Arc::new(self)

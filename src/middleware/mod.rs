@@ -24,8 +24,11 @@
 //! }
 //! ```
 
+pub mod concurrency;
 pub(crate) mod job_lock;
+mod limits;
 pub mod lock_key;
+pub mod rate_limit;
 pub mod sequential;
 pub mod unique;
 pub mod until_executed;
