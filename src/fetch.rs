@@ -44,7 +44,10 @@ local out = {}
 local n = 0
 for i = 3, #ARGV do
   local q = ARGV[i]
-  local jobs = redis.call('RPOP', 'queue:' .. q, max - n)
+  -- ARGV[1] as given while nothing was taken (a Lua number would be printed with printf).
+  local count = ARGV[1]
+  if n > 0 then count = tostring(max - n) end
+  local jobs = redis.call('RPOP', 'queue:' .. q, count)
   if jobs then
     local wk = ARGV[2] .. q
     for s = 1, #jobs, 500 do
@@ -99,6 +102,16 @@ for i = 1, #ARGV do
   end
 end
 return n
+"#;
+
+/// Removes each (queue, job) pair of ARGV[2..] from working list ARGV[1]..queue, scanning from the tail,
+/// where the oldest fetched jobs (the ones that finish first) are.
+const ACK_LUA: &str = r#"
+local prefix = ARGV[1]
+for i = 2, #ARGV, 2 do
+  redis.call('LREM', prefix .. ARGV[i], -1, ARGV[i + 1])
+end
+return 0
 "#;
 
 /// Hash of per-payload recovery counts.
@@ -176,6 +189,8 @@ pub struct Fetcher {
     blocking: Conn,
     /// The batch script (EVALSHA, loaded again on NOSCRIPT).
     script: Script,
+    /// The ack script.
+    ack_script: Script,
     /// How long one blocking wait may last.
     block: Duration,
 }
@@ -197,6 +212,7 @@ impl Fetcher {
             conn,
             blocking,
             script: Script::new(FETCH_LUA),
+            ack_script: Script::new(ACK_LUA),
             block,
         }
     }
@@ -296,18 +312,18 @@ impl Fetcher {
             .collect())
     }
 
-    /// Acknowledges jobs whose fate is in Redis: one pipelined `LREM` per job (reliable fetch only).
+    /// Acknowledges jobs whose fate is in Redis: one script call removes each from its working list
+    /// (reliable fetch only; basic fetch has nothing to acknowledge).
     pub async fn ack(&self, done: &[(Arc<str>, Arc<[u8]>)]) -> Result<()> {
         if self.mode == FetchMode::Basic || done.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
-        // -1: scan from the tail, where the oldest fetched jobs (the ones that finish first) are.
+        let mut inv = self.ack_script.prepare_invoke();
+        inv.arg(&self.working_prefix);
         for (queue, raw) in done {
-            pipe.lrem(format!("{}{}", self.working_prefix, queue), -1, &raw[..])
-                .ignore();
+            inv.arg(&**queue).arg(&raw[..]);
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        inv.invoke_async::<()>(&mut self.conn.clone()).await?;
         Ok(())
     }
 

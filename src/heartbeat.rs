@@ -213,8 +213,9 @@ impl Heartbeat {
             hset_legacy.arg(&legacy_key);
             for j in &jobs {
                 let entry = work_entry(&j.queue, &j.raw, j.run_at);
-                hset.arg(&j.tid).arg(&entry);
-                hset_legacy.arg(&j.tid).arg(&entry);
+                let tid = j.tid();
+                hset.arg(&tid).arg(&entry);
+                hset_legacy.arg(&tid).arg(&entry);
             }
             pipe.add_command(hset).ignore();
             pipe.add_command(hset_legacy).ignore();

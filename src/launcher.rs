@@ -317,7 +317,7 @@ impl Parts {
                     }
                     Some(Control::Dump) => {
                         for j in work.snapshot() {
-                            tracing::info!(queue = %j.queue, tid = %j.tid, run_at = j.run_at,
+                            tracing::info!(queue = %j.queue, tid = %j.tid(), run_at = j.run_at,
                                 payload = %String::from_utf8_lossy(&j.raw), "running");
                         }
                     }
@@ -394,16 +394,51 @@ where
     Err(last.unwrap_or_else(|| crate::Error::Config("no attempt made".into())))
 }
 
-/// The fetch loop and its job tasks (`manager.rb` + `processor.rb`'s loop).
+/// When the last Redis outage began, shared by the fetch loops so an outage is logged once.
+type Outage = Arc<std::sync::Mutex<Option<Instant>>>;
+
+/// How many fetch loops run side by side: each holds the slots it fetches for, so together they never
+/// hold more fetched jobs than there are free slots, while their round trips overlap. Basic fetch keeps
+/// one (its `BRPOP`s would queue on one blocking connection anyway).
+fn fetch_loops(mode: FetchMode, concurrency: usize) -> usize {
+    match mode {
+        FetchMode::Basic => 1,
+        FetchMode::Reliable => (concurrency / 25).clamp(1, 4),
+    }
+}
+
+/// The fetch loops and their job tasks (`manager.rb` + `processor.rb`'s loop).
 async fn manage(
     fetcher: Arc<Fetcher>,
     processor: Arc<Processor>,
     concurrency: usize,
-    mut signal: ShutdownSignal,
+    signal: ShutdownSignal,
 ) {
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let outage: Outage = Arc::default();
+    let mut loops = JoinSet::new();
+    for _ in 0..fetch_loops(fetcher.mode(), concurrency) {
+        loops.spawn(fetch_loop(
+            fetcher.clone(),
+            processor.clone(),
+            slots.clone(),
+            outage.clone(),
+            signal.clone(),
+        ));
+    }
+    drop(processor);
+    while loops.join_next().await.is_some() {}
+}
+
+/// One fetch loop: take free slots, fetch that many jobs, run them; at the end wait for its jobs.
+async fn fetch_loop(
+    fetcher: Arc<Fetcher>,
+    processor: Arc<Processor>,
+    slots: Arc<Semaphore>,
+    outage: Outage,
+    mut signal: ShutdownSignal,
+) {
     let mut jobs = JoinSet::new();
-    let mut outage: Option<Instant> = None;
     let mut backoff = Duration::from_millis(100);
     loop {
         while jobs.try_join_next().is_some() {}
@@ -421,7 +456,8 @@ async fn manage(
         }
         let units = match fetcher.fetch(permits.len()).await {
             Ok(u) => {
-                if let Some(since) = outage.take() {
+                let ended = outage.lock().ok().and_then(|mut o| o.take());
+                if let Some(since) = ended {
                     tracing::info!(
                         after = format_args!("{:.1}s", since.elapsed().as_secs_f64()),
                         "redis reachable again: fetching resumed"
@@ -432,9 +468,11 @@ async fn manage(
                 u
             }
             Err(e) => {
-                if outage.is_none() {
+                if let Ok(mut o) = outage.lock()
+                    && o.is_none()
+                {
                     tracing::warn!(error = %e, "redis unavailable: fetch paused, retrying with backoff");
-                    outage = Some(Instant::now());
+                    *o = Some(Instant::now());
                 }
                 drop(permits);
                 let jitter = rand::random::<f64>() * 0.5 + 0.75;

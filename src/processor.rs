@@ -60,8 +60,15 @@ pub struct InFlight {
     pub raw: Arc<[u8]>,
     /// Epoch seconds when it started (`run_at` of the work hash).
     pub run_at: i64,
-    /// Thread-like id shown on the Busy page.
-    pub tid: String,
+    /// Sequence number of the entry; its base-36 form is the Busy page's thread id.
+    pub seq: u64,
+}
+
+impl InFlight {
+    /// The Busy-page thread id (Ruby's `tid` is base 36 too).
+    pub fn tid(&self) -> String {
+        to_base36(self.seq)
+    }
 }
 
 /// The jobs currently in flight, for the Busy page and the shutdown.
@@ -74,12 +81,18 @@ pub struct WorkTable {
 }
 
 impl WorkTable {
-    fn insert(&self, entry: InFlight) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
+    fn insert(&self, queue: Arc<str>, raw: Arc<[u8]>) -> u64 {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let entry = InFlight {
+            queue,
+            raw,
+            run_at: time::now() as i64,
+            seq,
+        };
         if let Ok(mut m) = self.map.lock() {
-            m.insert(id, entry);
+            m.insert(seq, entry);
         }
-        id
+        seq
     }
 
     fn remove(&self, id: u64) {
@@ -148,12 +161,7 @@ impl Processor {
         match Job::parse(unit.raw, self.max_payload_bytes) {
             Err((bytes, error)) => {
                 let raw: Arc<[u8]> = Arc::from(bytes);
-                let entry = self.work.insert(InFlight {
-                    queue: queue.clone(),
-                    raw: raw.clone(),
-                    run_at: time::now() as i64,
-                    tid: String::new(),
-                });
+                let entry = self.work.insert(queue.clone(), raw.clone());
                 tracing::warn!(queue = %queue, error = %error, "undecodable job sent to the dead set");
                 let now = time::now();
                 let member = match error {
@@ -176,12 +184,7 @@ impl Processor {
             Ok(job) => {
                 let job = Arc::new(job);
                 let raw: Arc<[u8]> = Arc::from(job.raw().as_bytes());
-                let entry = self.work.insert(InFlight {
-                    queue: queue.clone(),
-                    raw: raw.clone(),
-                    run_at: time::now() as i64,
-                    tid: tid_of(job.jid()),
-                });
+                let entry = self.work.insert(queue.clone(), raw.clone());
                 let span = tracing::info_span!(
                     "job",
                     class = %job.worker_class(),
@@ -360,12 +363,6 @@ pub fn annotate_undecoded(raw: &[u8], error: &str) -> Vec<u8> {
     out.extend_from_slice(&trimmed[..trimmed.len() - 1]);
     out.extend_from_slice(extra.as_bytes());
     out
-}
-
-/// A Busy-page thread id for a job: base 36, like Ruby's `tid`, derived from a counter.
-fn tid_of(_jid: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    to_base36(NEXT.fetch_add(1, Ordering::Relaxed) ^ u64::from(std::process::id()))
 }
 
 /// `Integer#to_s(36)`.
