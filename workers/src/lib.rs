@@ -186,6 +186,69 @@ impl Worker for SequentialReportJob {
     }
 }
 
+/// Benchmark probe: records how long the job waited between its `enqueued_at` and its start, in
+/// seconds, by `RPUSH bench:latency <seconds>` (float-second and integer-millisecond `enqueued_at`
+/// both read).
+///
+/// ```ruby
+/// class LatencyJob
+///   include Sidekiq::Worker
+///   def perform(*args)
+///     Sidekiq.redis { |r| r.rpush("bench:latency", Time.now.to_f - enqueued_at) }
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct LatencyJob;
+
+impl Worker for LatencyJob {
+    const CLASS: &'static str = "LatencyJob";
+    type Args = Vec<serde_json::Value>;
+
+    async fn perform(&self, ctx: &JobContext, _args: Self::Args) -> JobResult {
+        let started = oxidekiq::time::now();
+        let enqueued = ctx.job().to_map().ok().and_then(|m| {
+            m.get("enqueued_at")
+                .and_then(oxidekiq::job::timestamp_seconds)
+        });
+        if let Some(enqueued) = enqueued {
+            let mut c = ctx.redis();
+            redis::cmd("RPUSH")
+                .arg("bench:latency")
+                .arg(started - enqueued)
+                .query_async::<()>(&mut c)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Benchmark probe: a no-op behind a unique lock keyed by its arguments (so distinct jobs all run).
+#[derive(Debug, Default)]
+pub struct UniqueNoopJob;
+
+impl Worker for UniqueNoopJob {
+    const CLASS: &'static str = "UniqueNoopJob";
+    type Args = Vec<serde_json::Value>;
+
+    async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult {
+        Ok(())
+    }
+}
+
+/// Benchmark probe: a no-op behind a sequential lock keyed by its arguments.
+#[derive(Debug, Default)]
+pub struct SequentialNoopJob;
+
+impl Worker for SequentialNoopJob {
+    const CLASS: &'static str = "SequentialNoopJob";
+    type Args = Vec<serde_json::Value>;
+
+    async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult {
+        Ok(())
+    }
+}
+
 /// Every worker of this application.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
@@ -206,6 +269,19 @@ pub fn registry() -> Registry {
                 SequentialJob::<SequentialReportJob>::new()
                     .ttl(REPORT_LOCK_TTL)
                     .timeout(Duration::from_secs(60))
+                    .into(),
+            ],
+        )
+        .register(LatencyJob)
+        .register_with(
+            UniqueNoopJob,
+            vec![UniqueJob::<UniqueNoopJob>::new().key_by_args().into()],
+        )
+        .register_with(
+            SequentialNoopJob,
+            vec![
+                SequentialJob::<SequentialNoopJob>::new()
+                    .key_by_args()
                     .into(),
             ],
         );
