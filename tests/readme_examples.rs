@@ -1,0 +1,102 @@
+//! The README's code, compiled and run against a real Redis, so it cannot drift from the API.
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oxidekiq::client::{Client, NewJob};
+use oxidekiq::error::JobResult;
+use oxidekiq::middleware::concurrency::ConcurrencyLimit;
+use oxidekiq::middleware::rate_limit::RateLimit;
+use oxidekiq::middleware::sequential::SequentialJob;
+use oxidekiq::middleware::unique::{OnConflict, UniqueJob};
+use oxidekiq::{JobContext, JobError, Registry, Worker};
+
+#[derive(Debug)]
+struct ChargeJob;
+impl Worker for ChargeJob {
+    const CLASS: &'static str = "Billing::ChargeJob";
+    type Args = (u64, f64, String);
+    async fn perform(&self, _ctx: &JobContext, (_customer, amount, _currency): Self::Args) -> JobResult {
+        if amount <= 0.0 {
+            return Err(JobError::new("ArgumentError", "amount must be positive").kill());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct SyncJob;
+impl Worker for SyncJob {
+    const CLASS: &'static str = "SyncJob";
+    type Args = (u64,);
+    async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult {
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct ReportJob;
+impl Worker for ReportJob {
+    const CLASS: &'static str = "ReportJob";
+    type Args = (u64,);
+    async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_readme_registrations_build_a_registry() {
+    let mut registry = Registry::new();
+    registry.register_with(SyncJob, vec![UniqueJob::<SyncJob>::new().into()]);
+    registry.register_with(
+        ChargeJob,
+        vec![
+            UniqueJob::<ChargeJob>::new()
+                .key(|(customer, ..): &(u64, f64, String)| format!("stripe-{customer}"))
+                .on_conflict(OnConflict::Reschedule(Duration::from_secs(30)))
+                .into(),
+            Arc::new(ConcurrencyLimit::by_args(3, |(customer, ..): &(u64, f64, String)| {
+                format!("stripe-{customer}")
+            })),
+            Arc::new(RateLimit::new("payment-api", 100, Duration::from_secs(60))),
+        ],
+    );
+    registry.register_with(
+        ReportJob,
+        vec![SequentialJob::<ReportJob>::new().timeout(Duration::from_secs(120)).into()],
+    );
+    let frozen = registry.freeze();
+    assert_eq!(frozen.classes(), ["Billing::ChargeJob", "ReportJob", "SyncJob"]);
+    assert_eq!(frozen.get("Billing::ChargeJob").unwrap().chain.len(), 3);
+}
+
+#[tokio::test]
+async fn the_readme_client_calls_enqueue_what_they_say() {
+    let redis = support::RedisServer::start();
+    let client = Client::connect(&redis.url()).await.unwrap();
+    client.perform_async("HardWorker", ("bob", 5)).await.unwrap();
+    client.perform_in(60.0, "HardWorker", ("later", 1)).await.unwrap();
+    client
+        .push(NewJob::new("HardWorker", ("x", 1)).queue("critical").retry(3).tags(["a"]))
+        .await
+        .unwrap();
+    client
+        .perform_later("WelcomeEmailJob", "mailers", vec![serde_json::json!(42)])
+        .await
+        .unwrap();
+    let first = client
+        .push(NewJob::new("SyncJob", (42,)).unique_for(Duration::from_secs(600)))
+        .await;
+    let second = client
+        .push(NewJob::new("SyncJob", (42,)).unique_for(Duration::from_secs(600)))
+        .await;
+    assert!(first.is_ok());
+    assert!(second.is_err(), "a duplicate is refused while the first is queued");
+    let mut c = redis.conn();
+    let q: usize = redis::Commands::llen(&mut c, "queue:default").unwrap();
+    let critical: usize = redis::Commands::llen(&mut c, "queue:critical").unwrap();
+    let mailers: usize = redis::Commands::llen(&mut c, "queue:mailers").unwrap();
+    let scheduled: usize = redis::Commands::zcard(&mut c, "schedule").unwrap();
+    assert_eq!((q, critical, mailers, scheduled), (2, 1, 1, 1));
+}
