@@ -3,19 +3,23 @@
 //! Mirrors `fetch.rb` (PROTOCOL §3). Queue order is Sidekiq's: strict when no queue has a weight, else a
 //! weighted shuffle (`shuffle.uniq` over the list with each queue repeated `weight` times) on every fetch.
 //!
-//! **Reliable fetch** keeps the invariant "a fetched job is always somewhere in Redis": one Lua script moves
-//! up to the number of free slots from the queues into working lists owned by this process
-//! (`oxidekiq:working:<identity>:<queue>`), and a job leaves its working list only once its fate is in
-//! Redis (acks are batched `LREM`s of the exact bytes). When every queue is empty the fetcher blocks on
-//! `BLMOVE` (atomic too) on the first queue of the round, so an idle process costs Redis almost nothing and
-//! a new job starts at once. Working lists of processes whose liveness key expired are pushed back by
-//! [`recover_orphans`], with a count per payload so a job that kills every process it touches ends in the
-//! dead set instead of looping.
+//! **Reliable fetch** keeps the invariant "a fetched job is always somewhere in Redis". One Lua script
+//! moves up to the number of free slots from the queues into a working hash owned by this process
+//! (`oxidekiq:working:<identity>:<queue>`, field = an id unique in the process, value = the exact bytes),
+//! and a job leaves it only once its fate is in Redis: the ack is an `HDEL` of short ids, batched, so it
+//! costs Redis the same whatever the payload or the concurrency. When every queue is empty the fetcher
+//! blocks on `BLMOVE` into a landing list (`oxidekiq:landing:<identity>:<queue>`, atomic too), which the
+//! next batch script empties into the working hash first; an idle process costs Redis almost nothing and
+//! a new job starts at once. Working hashes and landing lists of processes whose liveness key expired are
+//! pushed back by [`recover_orphans`], with a count per payload so a job that kills every process it
+//! touches ends in the dead set instead of looping.
 //!
 //! **Basic fetch** is `BRPOP queue:a queue:b 2`: a killed process loses its in-flight jobs, as Sidekiq's
 //! open-source fetch does; acks are no-ops.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
@@ -27,35 +31,61 @@ use crate::keys;
 use crate::redis_conn::Conn;
 use crate::time::score;
 
-/// One fetched job: the queue it came from and its exact bytes.
+/// One fetched job: the queue it came from, its id in the working hash, and its exact bytes.
 #[derive(Debug, Clone)]
 pub struct UnitOfWork {
     /// Queue name, without `queue:`.
     pub queue: Arc<str>,
+    /// Field of the job in this process's working hash (0 with basic fetch).
+    pub id: u64,
     /// The payload exactly as stored.
     pub raw: Vec<u8>,
 }
 
-/// Moves up to ARGV[1] jobs from the queues ARGV[3..] into working lists named ARGV[2]..queue.
+/// A fetched job still held in Redis by this process: what an ack, a requeue or a reconcile needs.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// Queue name.
+    pub queue: Arc<str>,
+    /// Field in the working hash.
+    pub id: u64,
+    /// The exact bytes.
+    pub raw: Arc<[u8]>,
+}
+
+/// Moves up to ARGV[1] jobs from the queues ARGV[4 .. 3+ARGV[3]] into working hashes named
+/// ARGV[2]..queue, under the field ids that follow the queue names (one per job, in order); each
+/// queue's landing list (ARGV[2] with `working` → `landing`, ..queue) is emptied first.
 /// Returns a flat array: queue, job, queue, job, ...
 const FETCH_LUA: &str = r#"
 local max = tonumber(ARGV[1])
+local prefix = ARGV[2]
+local nq = tonumber(ARGV[3])
+local landing_prefix = string.gsub(prefix, '^oxidekiq:working:', 'oxidekiq:landing:')
 local out = {}
 local n = 0
-for i = 3, #ARGV do
+for i = 4, 3 + nq do
   local q = ARGV[i]
-  -- ARGV[1] as given while nothing was taken (a Lua number would be printed with printf).
-  local count = ARGV[1]
-  if n > 0 then count = tostring(max - n) end
-  local jobs = redis.call('RPOP', 'queue:' .. q, count)
-  if jobs then
-    local wk = ARGV[2] .. q
-    for s = 1, #jobs, 500 do
-      redis.call('LPUSH', wk, unpack(jobs, s, math.min(s + 499, #jobs)))
-    end
-    for _, j in ipairs(jobs) do
+  local jobs = {}
+  local landed = redis.call('RPOP', landing_prefix .. q, ARGV[1])
+  if landed then for _, j in ipairs(landed) do jobs[#jobs + 1] = j end end
+  if #jobs < max - n then
+    local count = tostring(max - n - #jobs)
+    if n == 0 and #jobs == 0 then count = ARGV[1] end
+    local popped = redis.call('RPOP', 'queue:' .. q, count)
+    if popped then for _, j in ipairs(popped) do jobs[#jobs + 1] = j end end
+  end
+  if #jobs > 0 then
+    local fields = {}
+    for j, job in ipairs(jobs) do
+      fields[#fields + 1] = ARGV[3 + nq + n + j]
+      fields[#fields + 1] = job
       out[#out + 1] = q
-      out[#out + 1] = j
+      out[#out + 1] = job
+    end
+    local wk = prefix .. q
+    for s = 1, #fields, 1000 do
+      redis.call('HSET', wk, unpack(fields, s, math.min(s + 999, #fields)))
     end
     n = n + #jobs
     if n >= max then break end
@@ -64,18 +94,27 @@ end
 return out
 "#;
 
-/// Pushes every job of working list KEYS[1] back to the tail of queue KEYS[2] (the end served next),
-/// counting recoveries per payload in hash KEYS[3]; a payload recovered more than ARGV[1] times goes to
-/// the dead set KEYS[4] (score ARGV[2], trimmed by ARGV[3] and ARGV[4]) instead. Returns {moved, killed}.
+/// Pushes every job held in KEYS[1] (a working hash or a landing list) back to the tail of queue
+/// KEYS[2] (the end served next), counting recoveries per payload in hash KEYS[3] when ARGV[1] >= 0; a
+/// payload recovered more than ARGV[1] times goes to the dead set KEYS[4] (score ARGV[2], trimmed by
+/// ARGV[3] and ARGV[4]) instead. Returns {moved, killed}.
 const RECOVER_LUA: &str = r#"
 local moved, killed = 0, 0
 local limit = tonumber(ARGV[1])
-while true do
-  local j = redis.call('RPOP', KEYS[1])
-  if not j then break end
-  local h = redis.sha1hex(j)
+local jobs
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  jobs = redis.call('HVALS', KEYS[1])
+else
+  jobs = redis.call('LRANGE', KEYS[1], 0, -1)
+end
+for i = #jobs, 1, -1 do
+  local j = jobs[i]
   local c = 1
-  if limit >= 0 then c = redis.call('HINCRBY', KEYS[3], h, 1) end
+  local h
+  if limit >= 0 then
+    h = redis.sha1hex(j)
+    c = redis.call('HINCRBY', KEYS[3], h, 1)
+  end
   if limit >= 0 and c > limit then
     redis.call('HDEL', KEYS[3], h)
     redis.call('ZADD', KEYS[4], ARGV[2], j)
@@ -87,31 +126,24 @@ while true do
     moved = moved + 1
   end
 end
+redis.call('DEL', KEYS[1])
 if limit >= 0 and (moved + killed) > 0 then redis.call('EXPIRE', KEYS[3], 604800) end
 return {moved, killed}
 "#;
 
-/// Pushes back the members ARGV of working list KEYS[1] to the served end of queue KEYS[2], each only if
-/// this call removed it from the working list. Returns how many moved.
-const RECONCILE_LUA: &str = r#"
+/// Pushes back the fields ARGV of working hash KEYS[1] to the served end of queue KEYS[2], each only if
+/// it is still there. Returns how many moved.
+const PUSH_BACK_LUA: &str = r#"
 local n = 0
 for i = 1, #ARGV do
-  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
-    redis.call('RPUSH', KEYS[2], ARGV[i])
+  local j = redis.call('HGET', KEYS[1], ARGV[i])
+  if j then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('RPUSH', KEYS[2], j)
     n = n + 1
   end
 end
 return n
-"#;
-
-/// Removes each (queue, job) pair of ARGV[2..] from working list ARGV[1]..queue, scanning from the tail,
-/// where the oldest fetched jobs (the ones that finish first) are.
-const ACK_LUA: &str = r#"
-local prefix = ARGV[1]
-for i = 2, #ARGV, 2 do
-  redis.call('LREM', prefix .. ARGV[i], -1, ARGV[i + 1])
-end
-return 0
 "#;
 
 /// Hash of per-payload recovery counts.
@@ -183,14 +215,16 @@ pub struct Fetcher {
     order: QueueOrder,
     /// `oxidekiq:working:<identity>:`.
     working_prefix: String,
+    /// Each queue's working hash and landing list.
+    keys: HashMap<Arc<str>, (String, String)>,
     /// Connection for the batch script, acks and requeues.
     conn: Conn,
     /// Dedicated connection for `BRPOP`/`BLMOVE`.
     blocking: Conn,
     /// The batch script (EVALSHA, loaded again on NOSCRIPT).
     script: Script,
-    /// The ack script.
-    ack_script: Script,
+    /// Last working-hash id handed out.
+    next_id: AtomicU64,
     /// How long one blocking wait may last.
     block: Duration,
 }
@@ -205,14 +239,30 @@ impl Fetcher {
         blocking: Conn,
         block: Duration,
     ) -> Self {
+        let order = QueueOrder::new(queues);
+        let working_prefix = keys::working_prefix(identity);
+        let keys = order
+            .names()
+            .iter()
+            .map(|q| {
+                (
+                    q.clone(),
+                    (
+                        format!("{working_prefix}{q}"),
+                        format!("{}{q}", keys::landing_prefix(identity)),
+                    ),
+                )
+            })
+            .collect();
         Fetcher {
             mode,
-            order: QueueOrder::new(queues),
-            working_prefix: keys::working_prefix(identity),
+            order,
+            working_prefix,
+            keys,
             conn,
             blocking,
             script: Script::new(FETCH_LUA),
-            ack_script: Script::new(ACK_LUA),
+            next_id: AtomicU64::new(0),
             block,
         }
     }
@@ -222,9 +272,16 @@ impl Fetcher {
         self.mode
     }
 
+    fn working_key(&self, queue: &str) -> String {
+        match self.keys.get(queue) {
+            Some((w, _)) => w.clone(),
+            None => format!("{}{queue}", self.working_prefix),
+        }
+    }
+
     /// Fetches up to `max` jobs; waits up to the block time when every queue is empty and then returns
-    /// what it has (possibly nothing). Never cancel this future: a fetched job would be stranded (in a
-    /// working list, recovered later; with basic fetch, lost).
+    /// what it has (possibly nothing). Never cancel this future: a fetched job would be stranded (in the
+    /// working hash, recovered later; with basic fetch, lost).
     pub async fn fetch(&self, max: usize) -> Result<Vec<UnitOfWork>> {
         let order = self.order.next();
         match self.mode {
@@ -234,35 +291,52 @@ impl Fetcher {
                 if !got.is_empty() {
                     return Ok(got);
                 }
-                self.fetch_blocking(&order).await
+                if self.wait_for_work(&order).await? {
+                    // The job waits in its landing list; the batch script takes it (and any others).
+                    return self.fetch_batch(&order, max).await;
+                }
+                Ok(Vec::new())
             }
         }
     }
 
     async fn fetch_batch(&self, order: &[Arc<str>], max: usize) -> Result<Vec<UnitOfWork>> {
+        let max = max.max(1);
+        let base = self.next_id.fetch_add(max as u64, Ordering::Relaxed) + 1;
         let mut inv = self.script.prepare_invoke();
-        inv.arg(max.max(1)).arg(&self.working_prefix);
+        inv.arg(max).arg(&self.working_prefix).arg(order.len());
         for q in order {
             inv.arg(&**q);
+        }
+        for id in base..base + max as u64 {
+            inv.arg(id);
         }
         let flat: Vec<Vec<u8>> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut out = Vec::with_capacity(flat.len() / 2);
         let mut it = flat.into_iter();
+        let mut id = base;
         while let (Some(q), Some(raw)) = (it.next(), it.next()) {
             let name = order
                 .iter()
                 .find(|n| n.as_bytes() == q.as_slice())
                 .cloned()
                 .unwrap_or_else(|| Arc::from(String::from_utf8_lossy(&q).as_ref()));
-            out.push(UnitOfWork { queue: name, raw });
+            out.push(UnitOfWork {
+                queue: name,
+                id,
+                raw,
+            });
+            id += 1;
         }
         Ok(out)
     }
 
-    async fn fetch_blocking(&self, order: &[Arc<str>]) -> Result<Vec<UnitOfWork>> {
+    /// Blocks until a job arrives on the first queue of the round (moving it into its landing list) or
+    /// the block time passes. True when a job landed.
+    async fn wait_for_work(&self, order: &[Arc<str>]) -> Result<bool> {
         let Some(first) = order.first() else {
             tokio::time::sleep(self.block).await;
-            return Ok(Vec::new());
+            return Ok(false);
         };
         // With several queues, block briefly on the first so the others are looked at again soon.
         let block = if order.len() == 1 {
@@ -270,21 +344,19 @@ impl Fetcher {
         } else {
             self.block.min(Duration::from_millis(50))
         };
+        let landing = match self.keys.get(first) {
+            Some((_, l)) => l.clone(),
+            None => return Ok(false),
+        };
         let raw: Option<Vec<u8>> = redis::cmd("BLMOVE")
             .arg(keys::queue(first))
-            .arg(format!("{}{}", self.working_prefix, first))
+            .arg(landing)
             .arg("RIGHT")
             .arg("LEFT")
             .arg(block.as_secs_f64())
             .query_async(&mut self.blocking.clone())
             .await?;
-        Ok(raw
-            .map(|raw| UnitOfWork {
-                queue: first.clone(),
-                raw,
-            })
-            .into_iter()
-            .collect())
+        Ok(raw.is_some())
     }
 
     async fn fetch_basic(&self, order: &[Arc<str>]) -> Result<Vec<UnitOfWork>> {
@@ -306,40 +378,51 @@ impl Fetcher {
                     .find(|n| ***n == *name)
                     .cloned()
                     .unwrap_or_else(|| Arc::from(name));
-                UnitOfWork { queue, raw }
+                UnitOfWork { queue, id: 0, raw }
             })
             .into_iter()
             .collect())
     }
 
-    /// Acknowledges jobs whose fate is in Redis: one script call removes each from its working list
+    /// Acknowledges jobs whose fate is in Redis: one `HDEL` of their ids per queue, pipelined
     /// (reliable fetch only; basic fetch has nothing to acknowledge).
-    pub async fn ack(&self, done: &[(Arc<str>, Arc<[u8]>)]) -> Result<()> {
+    pub async fn ack(&self, done: &[Held]) -> Result<()> {
         if self.mode == FetchMode::Basic || done.is_empty() {
             return Ok(());
         }
-        let mut inv = self.ack_script.prepare_invoke();
-        inv.arg(&self.working_prefix);
-        for (queue, raw) in done {
-            inv.arg(&**queue).arg(&raw[..]);
+        let mut by_queue: Vec<(&Arc<str>, redis::Cmd)> = Vec::new();
+        for h in done {
+            match by_queue.iter_mut().find(|(q, _)| **q == h.queue) {
+                Some((_, cmd)) => {
+                    cmd.arg(h.id);
+                }
+                None => {
+                    let mut cmd = redis::cmd("HDEL");
+                    cmd.arg(self.working_key(&h.queue)).arg(h.id);
+                    by_queue.push((&h.queue, cmd));
+                }
+            }
         }
-        inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+        let mut pipe = redis::pipe();
+        for (_, cmd) in by_queue {
+            pipe.add_command(cmd).ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
         Ok(())
     }
 
     /// Pushes unfinished jobs back to the end of their queue that is served next (`RPUSH`, as Sidekiq's
-    /// `bulk_requeue`), removing them from the working list in the same `MULTI`.
-    pub async fn requeue(&self, units: &[(Arc<str>, Arc<[u8]>)]) -> Result<()> {
+    /// `bulk_requeue`), removing them from the working hash in the same `MULTI`.
+    pub async fn requeue(&self, units: &[Held]) -> Result<()> {
         if units.is_empty() {
             return Ok(());
         }
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for (queue, raw) in units {
-            pipe.rpush(keys::queue(queue), &raw[..]).ignore();
+        for h in units {
+            pipe.rpush(keys::queue(&h.queue), &h.raw[..]).ignore();
             if self.mode == FetchMode::Reliable {
-                pipe.lrem(format!("{}{}", self.working_prefix, queue), 1, &raw[..])
-                    .ignore();
+                pipe.hdel(self.working_key(&h.queue), h.id).ignore();
             }
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
@@ -347,40 +430,29 @@ impl Fetcher {
     }
 
     /// After a failed fetch the batch script may have run without its reply reaching us: those jobs sit
-    /// in our working lists while nobody runs them. This pushes back every working-list entry that is not
-    /// in `running` (a job whose ack is still on its way may be pushed back too and run twice: at least
+    /// in our working hash while nobody runs them. This pushes back every entry whose id is not in
+    /// `running` (a job whose ack is still on its way may be pushed back too and run twice: at least
     /// once). Returns how many moved.
-    pub async fn reconcile(&self, running: &[(Arc<str>, Arc<[u8]>)]) -> Result<u64> {
+    pub async fn reconcile(&self, running: &[Held]) -> Result<u64> {
         if self.mode == FetchMode::Basic {
             return Ok(0);
         }
         let mut conn = self.conn.clone();
-        let script = Script::new(RECONCILE_LUA);
+        let script = Script::new(PUSH_BACK_LUA);
         let mut moved = 0;
-        for q in self.order.names() {
-            let key = format!("{}{}", self.working_prefix, q);
-            let members: Vec<Vec<u8>> = conn.lrange(&key, 0, -1).await?;
-            let mut mine: Vec<&[u8]> = running
-                .iter()
-                .filter(|(rq, _)| rq == q)
-                .map(|(_, raw)| &raw[..])
+        for (q, (working, _)) in &self.keys {
+            let ids: Vec<u64> = conn.hkeys(working).await?;
+            let stranded: Vec<u64> = ids
+                .into_iter()
+                .filter(|id| !running.iter().any(|h| h.queue == *q && h.id == *id))
                 .collect();
-            let mut stranded = Vec::new();
-            for m in members {
-                match mine.iter().position(|r| *r == m.as_slice()) {
-                    Some(i) => {
-                        mine.swap_remove(i);
-                    }
-                    None => stranded.push(m),
-                }
-            }
             if stranded.is_empty() {
                 continue;
             }
-            let mut inv = script.key(&key);
+            let mut inv = script.key(working);
             inv.key(keys::queue(q));
-            for m in &stranded {
-                inv.arg(&m[..]);
+            for id in &stranded {
+                inv.arg(id);
             }
             let n: u64 = inv.invoke_async(&mut conn).await?;
             moved += n;
@@ -388,26 +460,30 @@ impl Fetcher {
         Ok(moved)
     }
 
-    /// Pushes back whatever is left in this process's working lists (jobs fetched but never started).
-    /// Called last at shutdown; these are not counted as recoveries.
+    /// Pushes back whatever is left in this process's working hashes and landing lists (jobs fetched but
+    /// never started). Called last at shutdown; these are not counted as recoveries.
     pub async fn requeue_leftovers(&self) -> Result<u64> {
         if self.mode == FetchMode::Basic {
             return Ok(0);
         }
+        let mut conn = self.conn.clone();
+        let script = Script::new(RECOVER_LUA);
         let mut moved = 0;
-        for q in self.order.names().to_vec() {
-            let (m, _): (u64, u64) = Script::new(RECOVER_LUA)
-                .key(format!("{}{}", self.working_prefix, q))
-                .key(keys::queue(&q))
-                .key(RECOVERED)
-                .key(keys::DEAD)
-                .arg(-1)
-                .arg("0")
-                .arg("0")
-                .arg(0)
-                .invoke_async(&mut self.conn.clone())
-                .await?;
-            moved += m;
+        for (q, (working, landing)) in &self.keys {
+            for key in [working, landing] {
+                let (m, _): (u64, u64) = script
+                    .key(key)
+                    .key(keys::queue(q))
+                    .key(RECOVERED)
+                    .key(keys::DEAD)
+                    .arg(-1)
+                    .arg("0")
+                    .arg("0")
+                    .arg(0)
+                    .invoke_async(&mut conn)
+                    .await?;
+                moved += m;
+            }
         }
         Ok(moved)
     }
@@ -452,18 +528,20 @@ pub async fn recover_orphans(
     if got.is_none() {
         return Ok(None);
     }
-    let mut working: Vec<String> = Vec::new();
-    {
-        let mut iter: redis::AsyncIter<'_, String> = conn.scan_match(keys::WORKING_PATTERN).await?;
+    let mut held: Vec<String> = Vec::new();
+    for pattern in [keys::WORKING_PATTERN, keys::LANDING_PATTERN] {
+        let mut iter: redis::AsyncIter<'_, String> = conn.scan_match(pattern).await?;
         while let Some(item) = iter.next_item().await {
-            working.push(item?);
+            held.push(item?);
         }
     }
-    let prefix = "oxidekiq:working:";
     let mut total = Recovered::default();
     let script = Script::new(RECOVER_LUA);
-    for key in working {
-        let Some(rest) = key.strip_prefix(prefix) else {
+    for key in held {
+        let Some(rest) = key
+            .strip_prefix("oxidekiq:working:")
+            .or_else(|| key.strip_prefix("oxidekiq:landing:"))
+        else {
             continue;
         };
         // identity = host:pid:hex (three colon-separated parts); the queue name is the rest.

@@ -43,12 +43,21 @@ pub fn signals(identity: &str) -> String {
     format!("{identity}-signals")
 }
 
-/// The prefix of this process's working lists (reliable fetch); the queue name follows.
+/// The prefix of this process's working hashes (reliable fetch); the queue name follows.
 pub fn working_prefix(identity: &str) -> String {
     format!("oxidekiq:working:{identity}:")
 }
 
-/// The pattern that matches every process's working lists, for recovery.
+/// The prefix of this process's landing lists (where a blocking fetch puts a job before the batch script
+/// moves it into the working hash); the queue name follows.
+pub fn landing_prefix(identity: &str) -> String {
+    format!("oxidekiq:landing:{identity}:")
+}
+
+/// The pattern that matches every process's landing lists, for recovery.
+pub const LANDING_PATTERN: &str = "oxidekiq:landing:*";
+
+/// The pattern that matches every process's working hashes, for recovery.
 pub const WORKING_PATTERN: &str = "oxidekiq:working:*";
 
 /// The key guarding orphan recovery, so one process at a time does it.

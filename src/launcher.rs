@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::config::{Config, FetchMode};
 use crate::error::Result;
-use crate::fetch::{self, Fetcher};
+use crate::fetch::{self, Fetcher, Held};
 use crate::heartbeat::{Heartbeat, ProcessInfo};
 use crate::processor::{Ack, Processor, Stats, WorkTable};
 use crate::redis_conn::{self, Conn};
@@ -341,10 +341,7 @@ impl Parts {
         let _ = acker.await;
         let unfinished = work.drain();
         if !unfinished.is_empty() {
-            let units: Vec<Ack> = unfinished
-                .iter()
-                .map(|j| (j.queue.clone(), j.raw.clone()))
-                .collect();
+            let units: Vec<Ack> = unfinished.iter().map(|j| j.held()).collect();
             match with_retries(|| fetcher.requeue(&units)).await {
                 Ok(()) => tracing::info!(
                     count = units.len(),
@@ -488,7 +485,11 @@ async fn fetch_loop(
             // Fetched after the shutdown began: straight back to the queue, as Sidekiq does.
             let back: Vec<Ack> = units
                 .into_iter()
-                .map(|u| (u.queue, Arc::<[u8]>::from(u.raw)))
+                .map(|u| Held {
+                    queue: u.queue,
+                    id: u.id,
+                    raw: Arc::from(u.raw),
+                })
                 .collect();
             if let Err(e) = with_retries(|| fetcher.requeue(&back)).await {
                 tracing::error!(error = %e, "could not push back jobs fetched during shutdown; they stay in the working list");
@@ -534,13 +535,13 @@ async fn reconcile(fetcher: &Fetcher, processor: &Processor, fetched: &[fetch::U
     let running: Vec<Ack> = processor
         .work
         .snapshot()
-        .into_iter()
-        .map(|j| (j.queue, j.raw))
-        .chain(
-            fetched
-                .iter()
-                .map(|u| (u.queue.clone(), Arc::<[u8]>::from(&u.raw[..]))),
-        )
+        .iter()
+        .map(|j| j.held())
+        .chain(fetched.iter().map(|u| Held {
+            queue: u.queue.clone(),
+            id: u.id,
+            raw: Arc::from(&u.raw[..]),
+        }))
         .collect();
     match fetcher.reconcile(&running).await {
         Ok(0) => {}

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::config::UnknownClass;
 use crate::error::{JobError, JobResult, Result};
-use crate::fetch::UnitOfWork;
+use crate::fetch::{Held, UnitOfWork};
 use crate::job::{Job, PayloadError};
 use crate::middleware::{Next, until_executed};
 use crate::redis_conn::Conn;
@@ -58,6 +58,8 @@ pub struct InFlight {
     pub queue: Arc<str>,
     /// Its exact bytes, for the push-back at shutdown.
     pub raw: Arc<[u8]>,
+    /// Its field in the working hash.
+    pub id: u64,
     /// Epoch seconds when it started (`run_at` of the work hash).
     pub run_at: i64,
     /// Sequence number of the entry; its base-36 form is the Busy page's thread id.
@@ -65,6 +67,15 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// What a requeue needs.
+    pub fn held(&self) -> Held {
+        Held {
+            queue: self.queue.clone(),
+            id: self.id,
+            raw: self.raw.clone(),
+        }
+    }
+
     /// The Busy-page thread id (Ruby's `tid` is base 36 too).
     pub fn tid(&self) -> String {
         to_base36(self.seq)
@@ -81,11 +92,12 @@ pub struct WorkTable {
 }
 
 impl WorkTable {
-    fn insert(&self, queue: Arc<str>, raw: Arc<[u8]>) -> u64 {
+    fn insert(&self, queue: Arc<str>, id: u64, raw: Arc<[u8]>) -> u64 {
         let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let entry = InFlight {
             queue,
             raw,
+            id,
             run_at: time::now() as i64,
             seq,
         };
@@ -128,8 +140,8 @@ impl WorkTable {
     }
 }
 
-/// An acknowledgement waiting to be sent: queue and exact bytes.
-pub type Ack = (Arc<str>, Arc<[u8]>);
+/// An acknowledgement waiting to be sent.
+pub type Ack = Held;
 
 /// Everything a job's run needs, shared by all running jobs.
 #[derive(Debug)]
@@ -158,10 +170,11 @@ impl Processor {
     /// Runs one fetched job to its fate and queues its ack.
     pub async fn process(self: Arc<Self>, unit: UnitOfWork) {
         let queue = unit.queue;
+        let id = unit.id;
         match Job::parse(unit.raw, self.max_payload_bytes) {
             Err((bytes, error)) => {
                 let raw: Arc<[u8]> = Arc::from(bytes);
-                let entry = self.work.insert(queue.clone(), raw.clone());
+                let entry = self.work.insert(queue.clone(), id, raw.clone());
                 tracing::warn!(queue = %queue, error = %error, "undecodable job sent to the dead set");
                 let now = time::now();
                 let member = match error {
@@ -179,12 +192,12 @@ impl Processor {
                 self.stats.processed.fetch_add(1, Ordering::Relaxed);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 self.work.remove(entry);
-                let _ = self.acks.send((queue, raw));
+                let _ = self.acks.send(Held { queue, id, raw });
             }
             Ok(job) => {
                 let job = Arc::new(job);
                 let raw: Arc<[u8]> = Arc::from(job.raw().as_bytes());
-                let entry = self.work.insert(queue.clone(), raw.clone());
+                let entry = self.work.insert(queue.clone(), id, raw.clone());
                 let span = tracing::info_span!(
                     "job",
                     class = %job.worker_class(),
@@ -197,7 +210,7 @@ impl Processor {
                     return;
                 }
                 self.work.remove(entry);
-                let _ = self.acks.send((queue, raw));
+                let _ = self.acks.send(Held { queue, id, raw });
             }
         }
     }

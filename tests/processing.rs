@@ -180,7 +180,7 @@ async fn every_client_version_payload_reaches_its_worker_with_typed_args() {
     // Every job's fate is in Redis: the working lists are empty.
     let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
     for k in working {
-        assert_eq!(c.llen::<_, usize>(&k).unwrap(), 0, "{k}");
+        assert_eq!(c.hlen::<_, usize>(&k).unwrap(), 0, "{k}");
     }
 }
 
@@ -274,7 +274,7 @@ async fn concurrency_bounds_running_jobs_and_fetches_no_more_than_free_slots() {
     let handle = start(&redis.url(), &["default"], 3).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
-    let held: usize = working.iter().map(|k| c.llen::<_, usize>(k).unwrap()).sum();
+    let held: usize = working.iter().map(|k| c.hlen::<_, usize>(k).unwrap()).sum();
     assert!(held <= 3, "holds {held} fetched jobs with 3 slots");
     assert!(c.llen::<_, usize>("queue:default").unwrap() >= 9);
     wait_for("all jobs", Duration::from_secs(10), || {

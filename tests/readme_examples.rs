@@ -17,7 +17,11 @@ struct ChargeJob;
 impl Worker for ChargeJob {
     const CLASS: &'static str = "Billing::ChargeJob";
     type Args = (u64, f64, String);
-    async fn perform(&self, _ctx: &JobContext, (_customer, amount, _currency): Self::Args) -> JobResult {
+    async fn perform(
+        &self,
+        _ctx: &JobContext,
+        (_customer, amount, _currency): Self::Args,
+    ) -> JobResult {
         if amount <= 0.0 {
             return Err(JobError::new("ArgumentError", "amount must be positive").kill());
         }
@@ -56,18 +60,26 @@ fn the_readme_registrations_build_a_registry() {
                 .key(|(customer, ..): &(u64, f64, String)| format!("stripe-{customer}"))
                 .on_conflict(OnConflict::Reschedule(Duration::from_secs(30)))
                 .into(),
-            Arc::new(ConcurrencyLimit::by_args(3, |(customer, ..): &(u64, f64, String)| {
-                format!("stripe-{customer}")
-            })),
+            Arc::new(ConcurrencyLimit::by_args(
+                3,
+                |(customer, ..): &(u64, f64, String)| format!("stripe-{customer}"),
+            )),
             Arc::new(RateLimit::new("payment-api", 100, Duration::from_secs(60))),
         ],
     );
     registry.register_with(
         ReportJob,
-        vec![SequentialJob::<ReportJob>::new().timeout(Duration::from_secs(120)).into()],
+        vec![
+            SequentialJob::<ReportJob>::new()
+                .timeout(Duration::from_secs(120))
+                .into(),
+        ],
     );
     let frozen = registry.freeze();
-    assert_eq!(frozen.classes(), ["Billing::ChargeJob", "ReportJob", "SyncJob"]);
+    assert_eq!(
+        frozen.classes(),
+        ["Billing::ChargeJob", "ReportJob", "SyncJob"]
+    );
     assert_eq!(frozen.get("Billing::ChargeJob").unwrap().chain.len(), 3);
 }
 
@@ -75,10 +87,21 @@ fn the_readme_registrations_build_a_registry() {
 async fn the_readme_client_calls_enqueue_what_they_say() {
     let redis = support::RedisServer::start();
     let client = Client::connect(&redis.url()).await.unwrap();
-    client.perform_async("HardWorker", ("bob", 5)).await.unwrap();
-    client.perform_in(60.0, "HardWorker", ("later", 1)).await.unwrap();
     client
-        .push(NewJob::new("HardWorker", ("x", 1)).queue("critical").retry(3).tags(["a"]))
+        .perform_async("HardWorker", ("bob", 5))
+        .await
+        .unwrap();
+    client
+        .perform_in(60.0, "HardWorker", ("later", 1))
+        .await
+        .unwrap();
+    client
+        .push(
+            NewJob::new("HardWorker", ("x", 1))
+                .queue("critical")
+                .retry(3)
+                .tags(["a"]),
+        )
         .await
         .unwrap();
     client
@@ -92,7 +115,10 @@ async fn the_readme_client_calls_enqueue_what_they_say() {
         .push(NewJob::new("SyncJob", (42,)).unique_for(Duration::from_secs(600)))
         .await;
     assert!(first.is_ok());
-    assert!(second.is_err(), "a duplicate is refused while the first is queued");
+    assert!(
+        second.is_err(),
+        "a duplicate is refused while the first is queued"
+    );
     let mut c = redis.conn();
     let q: usize = redis::Commands::llen(&mut c, "queue:default").unwrap();
     let critical: usize = redis::Commands::llen(&mut c, "queue:critical").unwrap();

@@ -121,7 +121,7 @@ async fn killed_connections_and_a_stopped_redis_lose_no_job() {
     let in_retry: usize = c.zcard("retry").unwrap();
     assert!(done, "{unique} ran and {in_retry} in retry, of {n}");
     assert_eq!(c.llen::<_, usize>("queue:default").unwrap(), 0);
-    let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let working = working_keys(&mut c);
     assert!(working.is_empty(), "{working:?}");
     eprintln!("outage: {n} jobs, {total} runs of {unique} jobs, {in_retry} in the retry set");
 }
@@ -159,15 +159,24 @@ fn spawn_worker(url: &str) -> Child {
         .unwrap()
 }
 
+/// Every key where a process holds fetched jobs: working hashes and landing lists.
 fn working_keys(c: &mut redis::Connection) -> Vec<String> {
-    c.keys("oxidekiq:working:*").unwrap()
+    let mut keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    keys.extend(c.keys::<_, Vec<String>>("oxidekiq:landing:*").unwrap());
+    keys
+}
+
+/// Jobs held in one such key.
+fn held_in(c: &mut redis::Connection, key: &str) -> usize {
+    if key.starts_with("oxidekiq:landing:") {
+        c.llen(key).unwrap()
+    } else {
+        c.hlen(key).unwrap()
+    }
 }
 
 fn working_len(c: &mut redis::Connection) -> usize {
-    working_keys(c)
-        .iter()
-        .map(|k| c.llen::<_, usize>(k).unwrap())
-        .sum()
+    working_keys(c).iter().map(|k| held_in(c, k)).sum()
 }
 
 #[test]
@@ -189,7 +198,7 @@ fn sigkill_at_random_moments_loses_no_job_and_duplicates_only_what_was_in_flight
         let held: usize = working_keys(&mut c)
             .iter()
             .filter(|k| !existing.contains(k))
-            .map(|k| c.llen::<_, usize>(k).unwrap())
+            .map(|k| held_in(&mut c, k))
             .sum();
         in_flight_at_kills += held;
         eprintln!(
