@@ -85,11 +85,19 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SharedBuffer {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SidekiqFormat;
 
-/// Collects an event's message and its other fields as `key=value`.
+/// Collects an event's message and its other fields as `key=value`; reused per thread, so a log line
+/// allocates nothing once the buffers have grown.
 #[derive(Default)]
 struct Fields {
     message: String,
     rest: String,
+}
+
+impl Fields {
+    fn clear(&mut self) {
+        self.message.clear();
+        self.rest.clear();
+    }
 }
 
 impl Visit for Fields {
@@ -116,12 +124,15 @@ fn pid() -> u32 {
 }
 
 thread_local! {
-    /// Ruby's tid is `(Thread.object_id ^ pid).to_s(36)`; ours is the OS thread's id, likewise.
-    static TID: String = {
+    /// ` pid=<pid> tid=<tid>`: Ruby's tid is `(Thread.object_id ^ pid).to_s(36)`; ours is the OS
+    /// thread's id, likewise.
+    static PID_TID: String = {
         let name = format!("{:?}", std::thread::current().id());
         let n: u64 = name.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
-        crate::processor::to_base36(n ^ u64::from(pid()))
+        format!(" pid={} tid={}", pid(), crate::processor::to_base36(n ^ u64::from(pid())))
     };
+    /// This thread's reusable field buffers.
+    static FIELDS: std::cell::RefCell<Fields> = std::cell::RefCell::new(Fields::default());
     /// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen on this thread.
     static SECOND: std::cell::RefCell<(i64, String)> = const { std::cell::RefCell::new((i64::MIN, String::new())) };
 }
@@ -153,7 +164,7 @@ where
         event: &Event<'_>,
     ) -> fmt::Result {
         write_time(&mut writer)?;
-        TID.with(|tid| write!(writer, " pid={} tid={tid}", pid()))?;
+        PID_TID.with(|p| writer.write_str(p))?;
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
                 if let Some(fields) = span.extensions().get::<FormattedFields<N>>()
@@ -163,8 +174,6 @@ where
                 }
             }
         }
-        let mut f = Fields::default();
-        event.record(&mut f);
         let level = match *event.metadata().level() {
             Level::ERROR => "ERROR",
             Level::WARN => "WARN",
@@ -172,7 +181,23 @@ where
             Level::DEBUG => "DEBUG",
             Level::TRACE => "TRACE",
         };
-        writeln!(writer, "{} {level}: {}", f.rest, f.message)
+        FIELDS.with(|cell| {
+            // A log line written while formatting another (never in practice) gets fresh buffers.
+            let mut fresh = Fields::default();
+            let mut borrowed = cell.try_borrow_mut();
+            let f = match borrowed.as_deref_mut() {
+                Ok(f) => f,
+                Err(_) => &mut fresh,
+            };
+            f.clear();
+            event.record(f);
+            writer.write_str(&f.rest)?;
+            writer.write_char(' ')?;
+            writer.write_str(level)?;
+            writer.write_str(": ")?;
+            writer.write_str(&f.message)?;
+            writer.write_char('\n')
+        })
     }
 }
 

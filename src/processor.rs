@@ -234,6 +234,20 @@ impl Processor {
             }
             Err(e) => e,
         };
+        // The failure path is boxed: it is rare, and its state would otherwise make every job's task
+        // (copied in at spawn) larger.
+        Box::pin(self.fail(job, queue, entry, error, elapsed)).await
+    }
+
+    /// A failed run: write its fate (retry, dead, discard, reschedule) and say whether it has one.
+    async fn fail(
+        &self,
+        job: Arc<Job>,
+        queue: Arc<str>,
+        entry: Option<&crate::registry::Entry>,
+        error: JobError,
+        elapsed: f64,
+    ) -> bool {
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
             self.stats.failed.fetch_add(1, Ordering::Relaxed);

@@ -186,6 +186,25 @@ impl Worker for SequentialReportJob {
     }
 }
 
+/// An ActiveJob job that does nothing (for benchmarks: the cost of ActiveJob's wrapping):
+///
+/// ```ruby
+/// class NoopActiveJob < ApplicationJob
+///   def perform(*args); end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct NoopActiveJob;
+
+impl Worker for NoopActiveJob {
+    const CLASS: &'static str = "NoopActiveJob";
+    type Args = Vec<serde_json::Value>;
+
+    async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult {
+        Ok(())
+    }
+}
+
 /// Benchmark probe: records how long the job waited between its `enqueued_at` and its start, in
 /// seconds, by `RPUSH bench:latency <seconds>` (float-second and integer-millisecond `enqueued_at`
 /// both read).
@@ -273,6 +292,7 @@ pub fn registry() -> Registry {
             ],
         )
         .register(LatencyJob)
+        .register(NoopActiveJob)
         .register_with(
             UniqueNoopJob,
             vec![UniqueJob::<UniqueNoopJob>::new().key_by_args().into()],
