@@ -127,7 +127,7 @@ impl Launcher {
     pub async fn start(self) -> Result<Handle> {
         let cfg = self.config;
         let url = cfg.redis_url();
-        let client = redis_conn::client(&url)?;
+        let client = redis_conn::client_with_ca(&url, cfg.redis_ca_file().as_deref())?;
         let conn = redis_conn::connect(&client).await?;
         let block = Duration::from_secs(1);
         let blocking = redis_conn::connect_blocking(&client, block).await?;
