@@ -72,6 +72,10 @@ pub struct Cli {
     #[arg(long, value_name = "URL", env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
 
+    /// PEM CA bundle that a rediss:// server's certificate must chain to (default: the system's trust store)
+    #[arg(long, value_name = "PATH", env = "REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
     /// Print more verbose output (debug logging)
     #[arg(short = 'v', long)]
     pub verbose: bool,
@@ -145,6 +149,7 @@ impl fmt::Debug for Cli {
             .field("config", &self.config)
             .field("environment", &self.environment)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_ca_file", &self.redis_ca_file)
             .field("verbose", &self.verbose)
             .field("fetch", &self.fetch)
             .field("unknown_class", &self.unknown_class)
@@ -272,6 +277,9 @@ pub fn config_from(
     if let Some(url) = &cli.redis_url {
         config.redis_url = Some(url.clone());
     }
+    if let Some(path) = &cli.redis_ca_file {
+        config.redis_ca_file = Some(path.clone());
+    }
     if let Some(f) = cli.fetch {
         config.fetch = match f {
             FetchArg::Reliable => FetchMode::Reliable,
@@ -362,6 +370,13 @@ mod tests {
             .unwrap();
         assert!(arg.is_hide_env_values_set());
         assert_eq!(arg.get_env(), Some(std::ffi::OsStr::new("REDIS_URL")));
+    }
+
+    #[test]
+    fn the_redis_ca_file_flag_reaches_the_config() {
+        let cli = parse(&["--redis-ca-file", "certs/ca.pem"]);
+        let c = config_from(&cli, &no_env, Path::new("/nonexistent-dir")).unwrap();
+        assert_eq!(c.redis_ca_file, Some(PathBuf::from("certs/ca.pem")));
     }
 
     #[test]

@@ -28,7 +28,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use yaml_rust2::{Yaml, YamlLoader};
@@ -74,6 +74,9 @@ pub enum UnknownClass {
 pub struct Config {
     /// `redis://` or `rediss://` URL; `None` means `REDIS_URL` or `redis://127.0.0.1:6379`.
     pub redis_url: Option<String>,
+    /// PEM CA bundle a `rediss://` server's certificate must chain to, instead of the system's trust
+    /// store (`--redis-ca-file`); `None` means `REDIS_CA_FILE` or the system's trust store.
+    pub redis_ca_file: Option<PathBuf>,
     /// How many jobs run at once (`-c`).
     pub concurrency: usize,
     /// The queues to fetch from, in configured order (`-q`).
@@ -106,6 +109,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             redis_url: None,
+            redis_ca_file: None,
             concurrency: 10,
             queues: vec![QueueWeight {
                 name: "default".into(),
@@ -130,6 +134,7 @@ impl fmt::Debug for Config {
         // Written out by hand so the Redis password never reaches a log line.
         f.debug_struct("Config")
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_ca_file", &self.redis_ca_file)
             .field("concurrency", &self.concurrency)
             .field("queues", &self.queues)
             .field("timeout", &self.timeout)
@@ -153,6 +158,14 @@ impl Config {
             .clone()
             .or_else(|| std::env::var("REDIS_URL").ok())
             .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string())
+    }
+
+    /// The CA bundle for a `rediss://` server: the configured one, else `REDIS_CA_FILE`, else `None`
+    /// (the system's trust store).
+    pub fn redis_ca_file(&self) -> Option<PathBuf> {
+        self.redis_ca_file
+            .clone()
+            .or_else(|| std::env::var_os("REDIS_CA_FILE").map(PathBuf::from))
     }
 
     /// True when the queues are fetched in strict order (every weight is 0).

@@ -3,7 +3,8 @@
 //! Mirrors `launcher.rb` + `manager.rb`. Parts: the fetch loop (bounded by `-c`: it never holds more
 //! fetched jobs than it has free slots), the job tasks, the acker (batched acks), the heartbeat, the
 //! scheduled-set poller and orphan recovery. Control arrives from OS signals (TSTP quiet; TERM/INT stop;
-//! TTIN dump), from the Web UI through `<identity>-signals`, or from a [`Handle`] in tests.
+//! TTIN dump: class, jid, queue and start time of each running job, never its arguments), from the Web
+//! UI through `<identity>-signals`, or from a [`Handle`] in tests.
 //!
 //! Shutdown, in order: stop fetching (a job fetched after that is pushed back), give running jobs until the
 //! deadline (`-t`), then cancel them; flush acks of jobs whose fate is in Redis; push every unfinished job
@@ -21,6 +22,7 @@ use crate::config::{Config, FetchMode};
 use crate::error::Result;
 use crate::fetch::{self, Fetcher, Held};
 use crate::heartbeat::{Heartbeat, ProcessInfo};
+use crate::job::Job;
 use crate::processor::{Ack, Processor, Stats, WorkTable};
 use crate::redis_conn::{self, Conn};
 use crate::registry::Registry;
@@ -127,7 +129,7 @@ impl Launcher {
     pub async fn start(self) -> Result<Handle> {
         let cfg = self.config;
         let url = cfg.redis_url();
-        let client = redis_conn::client(&url)?;
+        let client = redis_conn::client_with_ca(&url, cfg.redis_ca_file().as_deref())?;
         let conn = redis_conn::connect(&client).await?;
         let block = Duration::from_secs(1);
         let blocking = redis_conn::connect_blocking(&client, block).await?;
@@ -316,9 +318,15 @@ impl Parts {
                         }
                     }
                     Some(Control::Dump) => {
+                        // Who is running, never the payload: arguments can hold personal data or
+                        // secrets, and TTIN output goes to the same logs as everything else.
                         for j in work.snapshot() {
+                            let job = std::str::from_utf8(&j.raw)
+                                .ok()
+                                .and_then(|s| Job::from_str(s).ok());
                             tracing::info!(queue = %j.queue, tid = %j.tid(), run_at = j.run_at,
-                                payload = %String::from_utf8_lossy(&j.raw), "running");
+                                class = job.as_ref().map_or("?", |job| job.worker_class()),
+                                jid = job.as_ref().map_or("?", |job| job.jid()), "running");
                         }
                     }
                     None => {}

@@ -31,7 +31,8 @@ pub struct RedisServer {
     dir: PathBuf,
 }
 
-fn free_port() -> u16 {
+/// A free TCP port on 127.0.0.1 other than 6379 (for a second listener, such as `--tls-port`).
+pub fn free_port() -> u16 {
     loop {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
@@ -44,6 +45,13 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Starts a server and waits until it answers PING.
     pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// As [`RedisServer::start`], with more `redis-server` arguments after the defaults (a TLS port
+    /// and its certificates, ACL users, ...). The plain port stays on; the server counts as ready
+    /// when it answers PING there, even with `NOAUTH` (an ACL setup whose `default` user is off).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
         for _attempt in 0..5 {
             let port = free_port();
             let dir =
@@ -62,6 +70,7 @@ impl RedisServer {
                     "--dir",
                     dir.to_str().unwrap(),
                 ])
+                .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -83,9 +92,12 @@ impl RedisServer {
             }
             if let Ok(client) = redis::Client::open(self.url())
                 && let Ok(mut c) = client.get_connection()
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
-                return true;
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return true,
+                    Err(e) if e.code() == Some("NOAUTH") => return true,
+                    Err(_) => {}
+                }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
