@@ -169,8 +169,8 @@ impl Job {
                 Ok(_) => return Err(PayloadError::Invalid("`class` is empty".into())),
                 Err(_) => {
                     return Err(PayloadError::Invalid(format!(
-                        "`class` is not a string: {}",
-                        truncate(c.get(), 80)
+                        "`class` is not a string (it is {})",
+                        json_kind(c.get())
                     )));
                 }
             },
@@ -183,8 +183,8 @@ impl Job {
             }
             Some(a) => {
                 return Err(PayloadError::Invalid(format!(
-                    "`args` is not an array: {}",
-                    truncate(a.get(), 80)
+                    "`args` is not an array (it is {})",
+                    json_kind(a.get())
                 )));
             }
         };
@@ -289,6 +289,18 @@ impl Fields {
             args: self.args,
             retry: self.retry,
         }
+    }
+}
+
+/// What kind of JSON value a raw value is, for error messages that must not echo job data.
+fn json_kind(raw: &str) -> &'static str {
+    match raw.as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
     }
 }
 

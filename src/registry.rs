@@ -30,15 +30,43 @@ impl<W: Worker> Handler for WorkerHandler<W> {
                 JobError::new(
                     "ArgumentError",
                     format!(
-                        "arguments do not fit {}'s type {}: {e}",
+                        "arguments do not fit {}'s type {}: {}",
                         W::CLASS,
-                        std::any::type_name::<W::Args>()
+                        std::any::type_name::<W::Args>(),
+                        redact_values(&e.to_string())
                     ),
                 )
             })?;
             self.0.perform(ctx, args).await
         })
     }
+}
+
+/// serde's message with the quoted values blanked (`invalid type: string "…", expected u64`): error
+/// messages are logged, and job arguments must not be.
+pub fn redact_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut open: Option<char> = None;
+    for ch in message.chars() {
+        match open {
+            Some(q) if ch == q => {
+                out.push('…');
+                out.push(ch);
+                open = None;
+            }
+            Some(_) => {}
+            None => {
+                out.push(ch);
+                if ch == '"' || ch == '`' {
+                    open = Some(ch);
+                }
+            }
+        }
+    }
+    if open.is_some() {
+        out.push('…');
+    }
+    out
 }
 
 /// One registered worker class.
@@ -52,6 +80,24 @@ pub struct Entry {
     pub chain: Chain,
     /// The worker's `sidekiq_options`.
     pub options: WorkerOptions,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quoted_values_are_blanked_in_argument_errors() {
+        let e = serde_json::from_str::<(u64,)>(r#"["SECRET"]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SECRET"));
+        let r = super::redact_values(&e);
+        assert!(!r.contains("SECRET"), "{r}");
+        assert!(r.contains("expected u64"), "{r}");
+        let e = serde_json::from_str::<(String,)>("[12345]")
+            .unwrap_err()
+            .to_string();
+        assert!(!super::redact_values(&e).contains("12345"));
+    }
 }
 
 /// Ruby class name → worker.
