@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The benchmark: oxidekiq side by side with Ruby Sidekiq 6.4 and rusty-sidekiq 0.15 on one private Redis.
+#
+#   bash bench/run.sh                                    # everything: 100 000 jobs, 3 rounds (~15 min on 2 CPUs)
+#   JOBS=10000 ROUNDS=1 SCENARIOS=drain,io bash bench/run.sh   # a quick look
+#
+# Scenarios (SCENARIOS, comma-separated; default all): drain, activejob, io, latency, locks, schedule, rss.
+# Sizes: JOBS (100000), ROUNDS (3), IO_JOBS and LOCK_JOBS (JOBS/5), SCHEDULE_JOBS (JOBS), LATENCY_RATE (5000),
+# LATENCY_SECS (10), RUN_TIMEOUT (600 s per drain); SYSTEMS (oxidekiq,ruby,rusty) limits who runs.
+# SKIP_SETUP=1 skips the package check, SKIP_BUILD=1 the builds.
+# Writes bench/results/results.md, results.json and drain.png; prints the table on stdout.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+if [ -z "${SKIP_SETUP:-}" ]; then
+  step "checking packages"
+  EXTRA_PACKAGES="${EXTRA_PACKAGES:-} gnuplot-nox" bash scripts/setup.sh >&2
+fi
+
+if [ -z "${SKIP_BUILD:-}" ]; then
+  step "building oxidekiq (release)"
+  cargo build --release -p oxidekiq-workers >&2
+  step "building rusty-sidekiq-bench (release)"
+  cargo build --release --manifest-path bench/rusty/Cargo.toml >&2
+fi
+export OXIDEKIQ_BIN="${OXIDEKIQ_BIN:-$root/target/release/oxidekiq}"
+export RUSTY_BIN="$root/bench/rusty/target/release/rusty-sidekiq-bench"
+for bin in "$OXIDEKIQ_BIN" "$RUSTY_BIN"; do
+  [ -x "$bin" ] || { echo "error: $bin is missing (run without SKIP_BUILD)" >&2; exit 1; }
+done
+
+# A thousand concurrent jobs means a thousand-odd Redis connections for the peers that hold one per worker.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/oxidekiq-bench.XXXXXX")"
+export WORK_DIR="$work"
+redis_pid=""
+cleanup() {
+  if [ -n "$redis_pid" ]; then
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+  fi
+  echo "bench: logs of the last round of each run in $work" >&2
+}
+trap cleanup EXIT
+
+# A free port that is not 6379 (the kernel picks it).
+port=6379
+while [ "$port" = 6379 ]; do
+  port="$(ruby -rsocket -e 's = TCPServer.new("127.0.0.1", 0); puts s.addr[1]; s.close')"
+done
+
+step "starting redis-server on 127.0.0.1:$port (no persistence)"
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+  --dir "$work" --logfile "$work/redis.log" &
+redis_pid=$!
+for _ in $(seq 1 200); do
+  redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.05
+done
+redis-cli -p "$port" ping >/dev/null
+
+export REDIS_URL="redis://127.0.0.1:$port/0"
+export BENCH_COMMAND="${BENCH_COMMAND:-$(env | grep -E '^(JOBS|ROUNDS|SCENARIOS|SYSTEMS|IO_JOBS|LOCK_JOBS|SCHEDULE_JOBS|LATENCY_RATE|LATENCY_SECS)=' | sort | tr '\n' ' ')bash bench/run.sh}"
+step "running the scenarios (progress on stderr, table on stdout)"
+ruby "$root/bench/driver.rb"
