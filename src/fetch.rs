@@ -460,32 +460,32 @@ impl Fetcher {
         Ok(moved)
     }
 
-    /// Pushes back whatever is left in this process's working hashes and landing lists (jobs fetched but
-    /// never started). Called last at shutdown; these are not counted as recoveries.
-    pub async fn requeue_leftovers(&self) -> Result<u64> {
+    /// Pushes back whatever this process holds in Redis but is not in `running`: its landing lists and
+    /// the working-hash entries of jobs fetched but never started. At shutdown this goes first, then the
+    /// running jobs (their own push-back), then a last sweep with nothing running. Not counted as
+    /// recoveries.
+    pub async fn requeue_leftovers(&self, running: &[Held]) -> Result<u64> {
         if self.mode == FetchMode::Basic {
             return Ok(0);
         }
         let mut conn = self.conn.clone();
         let script = Script::new(RECOVER_LUA);
         let mut moved = 0;
-        for (q, (working, landing)) in &self.keys {
-            for key in [working, landing] {
-                let (m, _): (u64, u64) = script
-                    .key(key)
-                    .key(keys::queue(q))
-                    .key(RECOVERED)
-                    .key(keys::DEAD)
-                    .arg(-1)
-                    .arg("0")
-                    .arg("0")
-                    .arg(0)
-                    .invoke_async(&mut conn)
-                    .await?;
-                moved += m;
-            }
+        for (q, (_, landing)) in &self.keys {
+            let (m, _): (u64, u64) = script
+                .key(landing)
+                .key(keys::queue(q))
+                .key(RECOVERED)
+                .key(keys::DEAD)
+                .arg(-1)
+                .arg("0")
+                .arg("0")
+                .arg(0)
+                .invoke_async(&mut conn)
+                .await?;
+            moved += m;
         }
-        Ok(moved)
+        Ok(moved + self.reconcile(running).await?)
     }
 }
 

@@ -347,22 +347,27 @@ impl Parts {
         // The manager has ended: every job task finished or was cancelled. Flush acks of jobs whose fate is
         // in Redis (the acker ends once every sender is gone), then push back what never finished.
         let _ = acker.await;
-        let unfinished = work.drain();
-        if !unfinished.is_empty() {
-            let units: Vec<Ack> = unfinished.iter().map(|j| j.held()).collect();
-            match with_retries(|| fetcher.requeue(&units)).await {
-                Ok(()) => tracing::info!(
-                    count = units.len(),
-                    "pushed unfinished jobs back to their queues"
-                ),
-                Err(e) => tracing::error!(error = %e, count = units.len(),
-                    "could not push unfinished jobs back; they stay in this process's working lists for recovery"),
-            }
-        }
-        match with_retries(|| fetcher.requeue_leftovers()).await {
+        // Jobs fetched but never started go back first, then the ones that were running: each RPUSH
+        // goes to the end served next, so the running (older) ones are served first, as before.
+        let unfinished: Vec<Ack> = work.drain().iter().map(|j| j.held()).collect();
+        match with_retries(|| fetcher.requeue_leftovers(&unfinished)).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(count = n, "pushed fetched but unstarted jobs back"),
             Err(e) => tracing::error!(error = %e, "could not empty this process's working lists"),
+        }
+        if !unfinished.is_empty() {
+            match with_retries(|| fetcher.requeue(&unfinished)).await {
+                Ok(()) => tracing::info!(
+                    count = unfinished.len(),
+                    "pushed unfinished jobs back to their queues"
+                ),
+                Err(e) => tracing::error!(error = %e, count = unfinished.len(),
+                    "could not push unfinished jobs back; they stay in this process's working lists for recovery"),
+            }
+        }
+        // Anything still held (nothing, unless a push-back above failed half way) goes back too.
+        if let Err(e) = with_retries(|| fetcher.requeue_leftovers(&[])).await {
+            tracing::error!(error = %e, "could not empty this process's working lists");
         }
         if cfg.fetch == FetchMode::Reliable {
             let mut c = conn.clone();
@@ -459,7 +464,18 @@ async fn fetch_loop(
         while let Ok(p) = slots.clone().try_acquire_owned() {
             permits.push(p);
         }
-        let units = match fetcher.fetch(permits.len()).await {
+        // A reliable fetch may be abandoned when the process goes quiet: whatever it moved is in this
+        // process's working hash or landing list, which the shutdown pushes back. A basic fetch may not
+        // (a BRPOPped job would be lost), so it runs to its end (at most the 1 s block).
+        let fetched = if fetcher.mode() == FetchMode::Reliable {
+            tokio::select! {
+                r = fetcher.fetch(permits.len()) => r,
+                _ = signal.quiet() => break,
+            }
+        } else {
+            fetcher.fetch(permits.len()).await
+        };
+        let units = match fetched {
             Ok(u) => {
                 let ended = outage.lock().ok().and_then(|mut o| o.take());
                 if let Some(since) = ended {
