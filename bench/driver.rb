@@ -130,8 +130,8 @@ end
 def enqueue_activejob(total)
   push_chunks(total) do |idx|
     Sidekiq::Client.push_bulk(
-      "class" => ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper, "wrapped" => WelcomeEmailJob,
-      "queue" => "default", "args" => idx.map { |i| [WelcomeEmailJob.new(i, { "locale" => "en" }).serialize] }
+      "class" => ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper, "wrapped" => NoopActiveJob,
+      "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i, { "locale" => "en" }).serialize] }
     )
   end
 end
@@ -257,7 +257,7 @@ def scenario_activejob
     aj = measure("ActiveJob no-op", system, c, :activejob, JOBS)
     plain = $rows.find { |r| r[:scenario] == "no-op drain" && r[:system] == system && r[:concurrency] == c && r[:median] }
     plain ||= measure("no-op baseline", system, c, :noop, JOBS) # when the drain scenario did not run
-    ratio("ActiveJob / plain no-op: #{SYSTEM_NAMES[system]} -c #{c}", aj, plain, "ActiveJob WelcomeEmailJob", "NoopJob")
+    ratio("ActiveJob / plain no-op: #{SYSTEM_NAMES[system]} -c #{c}", aj, plain, "ActiveJob NoopActiveJob", "NoopJob")
   end
 end
 

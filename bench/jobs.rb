@@ -31,6 +31,12 @@ class LatencyJob
   end
 end
 
+# The ActiveJob twin of the Rust NoopActiveJob: the cost of ActiveJob's wrapping, nothing else.
+class NoopActiveJob < ActiveJob::Base
+  queue_as :default
+  def perform(*args); end
+end
+
 # The ActiveJob twin of the Rust WelcomeEmailJob, on queue `default` for the benchmark.
 class WelcomeEmailJob < ActiveJob::Base
   queue_as :default
