@@ -147,7 +147,9 @@ ENQUEUE = {
 # ---------------------------------------------------------------------------------------------------
 # One drain
 
-def working_keys = $redis.keys("oxidekiq:working:*")
+# Where oxidekiq holds fetched, unacknowledged jobs: working hashes and landing lists.
+def working_keys = $redis.keys("oxidekiq:working:*") + $redis.keys("oxidekiq:landing:*")
+def held(key) = key.start_with?("oxidekiq:landing:") ? $redis.llen(key) : $redis.hlen(key)
 def failures = $redis.zcard("retry") + $redis.zcard("dead")
 
 # Enqueue `jobs` jobs, then time one cold-start drain by `system`. Returns a round's record.
@@ -180,7 +182,7 @@ def timed_drain(pid, system, jobs, label, t0, tail)
   acked = nil
   if system == :oxidekiq # also: every fetched job acknowledged (its working list emptied)
     loop do
-      break acked = now - t0 if working_keys.all? { |k| $redis.llen(k).zero? }
+      break acked = now - t0 if working_keys.all? { |k| held(k).zero? }
       raise "#{label}: in-flight jobs never acknowledged" if now - t0 > RUN_TIMEOUT
       sleep POLL
     end
