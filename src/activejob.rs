@@ -34,6 +34,7 @@
 //! [`job_data`] and [`wrap`] go the other way, for a Rust client enqueuing an ActiveJob job Ruby runs.
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 use serde_json::{Map, Number, Value};
 
 use crate::job::{hex, new_jid};
@@ -78,26 +79,11 @@ const RESERVED_KEYS: [&str; 5] = [
 /// assert_eq!(info.arguments, serde_json::json!([7, "pdf"]));
 /// ```
 pub fn unwrap(args_json: &str) -> Result<ActiveJobInfo, String> {
-    let args: Value = serde_json::from_str(args_json)
-        .map_err(|e| format!("activejob args are not valid JSON: {e}"))?;
-    let job_data = match args {
-        Value::Array(mut items) if items.len() == 1 => items.swap_remove(0),
-        Value::Array(items) => {
-            return Err(format!(
-                "activejob args must hold exactly one job_data hash, found {} elements",
-                items.len()
-            ));
-        }
-        other => {
-            return Err(format!(
-                "activejob args must be an array, found {}",
-                kind(&other)
-            ));
-        }
-    };
-    let job_data = match job_data {
-        Value::Object(map) => map,
-        other => return Err(format!("job_data must be a hash, found {}", kind(&other))),
+    // The four fields used are read straight from the text; the full decoder below runs only when this
+    // fast path does not apply, and gives the precise error.
+    let job_data = match job_data_fields(args_json) {
+        Some(map) => map,
+        None => job_data_map(args_json)?,
     };
     match job_data.get("job_class") {
         Some(Value::String(c)) if !c.is_empty() => {}
@@ -301,6 +287,65 @@ fn decode_hash(map: &Map<String, Value>, path: &str) -> Result<Value, String> {
     Ok(Value::Object(out))
 }
 
+/// `job_class`, `job_id`, `executions` and `arguments` of the single `job_data` hash, decoded without the
+/// rest of it; `None` when the text is not `[ {..} ]` as expected (the full decoder then says why).
+fn job_data_fields(args_json: &str) -> Option<Map<String, Value>> {
+    #[derive(serde::Deserialize)]
+    struct Fields<'a> {
+        #[serde(default, borrow)]
+        job_class: Option<&'a RawValue>,
+        #[serde(default, borrow)]
+        job_id: Option<&'a RawValue>,
+        #[serde(default, borrow)]
+        executions: Option<&'a RawValue>,
+        #[serde(default, borrow)]
+        arguments: Option<&'a RawValue>,
+    }
+    let items: Vec<&RawValue> = serde_json::from_str(args_json).ok()?;
+    let [data] = items.as_slice() else {
+        return None;
+    };
+    let fields: Fields<'_> = serde_json::from_str(data.get()).ok()?;
+    let mut map = Map::new();
+    for (name, raw) in [
+        ("job_class", fields.job_class),
+        ("job_id", fields.job_id),
+        ("executions", fields.executions),
+        ("arguments", fields.arguments),
+    ] {
+        if let Some(raw) = raw {
+            map.insert(name.to_string(), serde_json::from_str(raw.get()).ok()?);
+        }
+    }
+    Some(map)
+}
+
+/// The whole `job_data` hash, with an error that says what is wrong with the wrapper's `args`.
+fn job_data_map(args_json: &str) -> Result<Map<String, Value>, String> {
+    let args: Value = serde_json::from_str(args_json)
+        .map_err(|e| format!("activejob args are not valid JSON: {e}"))?;
+    let job_data = match args {
+        Value::Array(mut items) if items.len() == 1 => items.swap_remove(0),
+        Value::Array(items) => {
+            return Err(format!(
+                "activejob args must hold exactly one job_data hash, found {} elements",
+                items.len()
+            ));
+        }
+        other => {
+            return Err(format!(
+                "activejob args must be an array, found {}",
+                kind(&other)
+            ));
+        }
+    };
+    let job_data = match job_data {
+        Value::Object(map) => map,
+        other => return Err(format!("job_data must be a hash, found {}", kind(&other))),
+    };
+    Ok(job_data)
+}
+
 /// A JSON value's type, for error messages.
 fn kind(v: &Value) -> &'static str {
     match v {
@@ -425,6 +470,20 @@ fn epoch_seconds(now: DateTime<Utc>) -> Value {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_fast_path_reads_what_the_full_decoder_reads_and_defers_on_anything_odd() {
+        let args = r#"[{"job_class":"A","job_id":"x","provider_job_id":null,"arguments":[1,{"a":2,"_aj_symbol_keys":["a"]}],"executions":3,"locale":"en"}]"#;
+        let fast = super::job_data_fields(args).unwrap();
+        let full = super::job_data_map(args).unwrap();
+        for k in ["job_class", "job_id", "executions", "arguments"] {
+            assert_eq!(fast.get(k), full.get(k), "{k}");
+        }
+        assert!(super::job_data_fields("[1]").is_none());
+        assert!(super::job_data_fields("[{},{}]").is_none());
+        assert!(super::job_data_fields("{}").is_none());
+        assert!(super::unwrap("[1]").unwrap_err().contains("hash"));
+    }
+
     use super::*;
     use serde_json::json;
 
