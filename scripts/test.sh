@@ -56,7 +56,8 @@ while read -r line; do
     ignored=$((ignored + BASH_REMATCH[3]))
   fi
 done < <(grep '^test result:' "$log")
-echo "$suites test suites: $passed passed, $failed failed, $ignored ignored"
+echo "$suites test suites ($ignored tests ignored: child-process helpers run by other tests)"
+echo "summary: $passed passed, $failed failed"
 if [ "$status" -ne 0 ]; then
   grep -E '^test .* FAILED$' "$log" | sed 's/^/  /' || true
   grep -E '^error(\[|:)' "$log" | sed 's/^/  /' || true
