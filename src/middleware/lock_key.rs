@@ -30,6 +30,37 @@ use sha1::{Digest, Sha1};
 
 use crate::worker::JobContext;
 
+/// The builder methods every lock middleware shares (`key_by_args`, `key`, `lock_key`, `ttl`), for an
+/// `impl<W: Worker>` block of a struct with fields `key: LockKey<W::Args>` and `ttl: Duration`.
+macro_rules! lock_key_builders {
+    () => {
+        /// One lock per distinct argument list: `<class>:<sha1 of the canonical args>`.
+        pub fn key_by_args(mut self) -> Self {
+            self.key = $crate::middleware::lock_key::LockKey::ByArgs;
+            self
+        }
+
+        /// A lock named by the worker from its typed arguments (used as is, under `lock:`).
+        pub fn key(mut self, f: impl Fn(&W::Args) -> String + Send + Sync + 'static) -> Self {
+            self.key = $crate::middleware::lock_key::LockKey::Custom(::std::sync::Arc::new(f));
+            self
+        }
+
+        /// Any [`LockKey`](crate::middleware::lock_key::LockKey).
+        pub fn lock_key(mut self, key: $crate::middleware::lock_key::LockKey<W::Args>) -> Self {
+            self.key = key;
+            self
+        }
+
+        /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
+        pub fn ttl(mut self, ttl: ::std::time::Duration) -> Self {
+            self.ttl = ttl;
+            self
+        }
+    };
+}
+pub(crate) use lock_key_builders;
+
 /// The function of a [`LockKey::Custom`] key.
 pub type KeyFn<A> = Arc<dyn Fn(&A) -> String + Send + Sync>;
 

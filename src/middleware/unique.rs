@@ -97,29 +97,7 @@ impl<W: Worker> UniqueJob<W> {
         }
     }
 
-    /// One lock per distinct argument list: `<class>:<sha1 of the canonical args>`.
-    pub fn key_by_args(mut self) -> Self {
-        self.key = LockKey::ByArgs;
-        self
-    }
-
-    /// A lock named by the worker from its typed arguments (used as is, under `lock:`).
-    pub fn key(mut self, f: impl Fn(&W::Args) -> String + Send + Sync + 'static) -> Self {
-        self.key = LockKey::Custom(Arc::new(f));
-        self
-    }
-
-    /// Any [`LockKey`].
-    pub fn lock_key(mut self, key: LockKey<W::Args>) -> Self {
-        self.key = key;
-        self
-    }
-
-    /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
+    super::lock_key::lock_key_builders!();
 
     /// What a duplicate does (default [`OnConflict::Skip`]).
     pub fn on_conflict(mut self, on_conflict: OnConflict) -> Self {
