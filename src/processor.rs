@@ -230,8 +230,11 @@ impl Processor {
         let elapsed = start.elapsed().as_secs_f64();
         self.stats.processed.fetch_add(1, Ordering::Relaxed);
         // The one metrics hook (`Metrics::Middleware` wraps the job in Ruby): class, time, outcome.
-        self.metrics
-            .track(job.worker_class(), start.elapsed(), result.as_ref().err());
+        self.metrics.track(
+            job.wrapped().unwrap_or(job.class()),
+            start.elapsed(),
+            result.as_ref().err(),
+        );
         let error = match result {
             Ok(()) => {
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
