@@ -726,14 +726,11 @@ async fn live_metrics_tab_of_sidekiq_7_3_9_and_8_1_7_lists_the_rust_classes() {
             Some(ours(0.95)),
             "{version} p95: {hist:?} {slow_ms:?}"
         );
-        assert_eq!(
-            tab["histograms"]["FailJob"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap())
-                .sum::<u64>(),
-            0
+        // Failures are not timed: no histogram for a class that only failed.
+        let fail_hist = &tab["histograms"]["FailJob"];
+        assert!(
+            fail_hist.is_null() || fail_hist.as_array().unwrap().iter().all(|v| v == 0),
+            "{fail_hist}"
         );
     }
 }
