@@ -424,8 +424,9 @@ fn recorded_739_heartbeat() -> (String, Vec<(String, String)>) {
 }
 
 fn push(c: &mut redis::Connection, class: &str, args: Value) {
+    let now = oxidekiq::time::float_value(oxidekiq::time::now());
     let payload = json!({"retry": true, "queue": "default", "class": class, "args": args,
-        "jid": oxidekiq::job::new_jid(), "created_at": 1.5, "enqueued_at": 1.5});
+        "jid": oxidekiq::job::new_jid(), "created_at": now, "enqueued_at": now});
     let _: () = redis::pipe()
         .sadd("queues", "default")
         .lpush("queue:default", payload.to_string())
@@ -733,4 +734,102 @@ async fn live_metrics_tab_of_sidekiq_7_3_9_and_8_1_7_lists_the_rust_classes() {
             "{fail_hist}"
         );
     }
+}
+
+/// Local only (`fixtures/sidekiq-7-8/live_check.sh`): a real Sidekiq 7.3.9 server joins a fleet whose
+/// only Ruby process is 8.x; within one beat our new timestamps are float seconds that 7.3.9 reads as
+/// today; when it stops, they turn back to milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Sidekiq 7.3.9 sources (fixtures/sidekiq-7-8/live_check.sh)"]
+async fn live_a_real_7_3_9_server_joining_switches_timestamps_within_one_beat() {
+    let args = std::env::var("RUBY_739").expect("RUBY_739: run live_check.sh");
+    let sk78 = std::env::var("SK78").expect("SK78: run live_check.sh");
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    register_ruby(
+        &mut c,
+        "web-1:100:8a8a8a8a8a8a",
+        &ruby_info("8.1.7", "web-1:100:8a8a8a8a8a8a"),
+    );
+    let h = start(&redis.url()).await;
+    let id = h.identity().to_string();
+    one_full_beat(&mut c, &id).await;
+    push(&mut c, "FailJob", json!([]));
+    wait_for("a retry", || failed_at_of(&mut c, "FailJob").is_some()).await;
+    let before = failed_at_of(&mut c, "FailJob").unwrap();
+    assert!(before.parse::<u64>().is_ok(), "8.x fleet: {before}");
+
+    let dir = support::temp_dir("sidekiq739");
+    std::fs::write(
+        dir.join("jobs.rb"),
+        "class RubyOnlyJob\n  include Sidekiq::Job\n  def perform; end\nend\n",
+    )
+    .unwrap();
+    let bin = format!("{sk78}/sidekiq-7.3.9/bin/sidekiq");
+    let mut sargs: Vec<&str> = args.split_whitespace().collect();
+    sargs.extend([bin.as_str(), "-r", "./jobs.rb", "-q", "rubyonly", "-c", "2"]);
+    let mut ruby7 = support::LoggedProcess::spawn_in(
+        dir,
+        "sidekiq739",
+        std::path::Path::new("ruby"),
+        &sargs,
+        &[("REDIS_URL", redis.url().as_str())],
+    );
+    let ruby_version = |c: &mut redis::Connection| -> bool {
+        let ids: Vec<String> = c.smembers("processes").unwrap();
+        ids.iter().any(|i| {
+            c.hget::<_, _, Option<String>>(i, "info")
+                .unwrap()
+                .is_some_and(|s| s.contains("\"version\":\"7.3.9\""))
+        })
+    };
+    wait_for("the 7.3.9 server's heartbeat", || ruby_version(&mut c)).await;
+    one_full_beat(&mut c, &id).await;
+    let _: () = c.del("retry").unwrap();
+    push(&mut c, "FailJob", json!([]));
+    wait_for("a retry", || failed_at_of(&mut c, "FailJob").is_some()).await;
+    let during = failed_at_of(&mut c, "FailJob").unwrap();
+    assert!(during.contains('.'), "7.3.9 alive: {during}");
+    // What 7.3.9's own API and retry page make of it.
+    let script = r#"
+      require "sidekiq/api"; require "sidekiq/web"; require "rack/session/cookie"
+      Sidekiq.logger.level = Logger::WARN
+      Sidekiq.configure_client { |c| c.redis = {url: ENV.fetch("REDIS_URL")} }
+      r = Sidekiq::RetrySet.new.first
+      app = Rack::Builder.new { use Rack::Session::Cookie, secret: "x" * 64; run Sidekiq::Web }
+      page = Rack::MockRequest.new(app).get("/retries/#{r.score}-#{r.jid}")
+      # The years of the page's <time datetime="..."> tags ("Originally Failed", "Last Retry", ...).
+      years = page.body.scan(/datetime="(\d+)-/).flatten.uniq
+      puts [Time.at(r["failed_at"]).utc.year, page.status, years.join(",")].join(" ")
+    "#;
+    let out = std::process::Command::new("ruby")
+        .args(args.split_whitespace())
+        .args(["-rsidekiq", "-e", script])
+        .env("REDIS_URL", redis.url())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("7.3.9 reads our failed_at {during} as: {text}");
+    let year = Utc::now().format("%Y");
+    assert_eq!(
+        text.trim(),
+        format!("{year} 200 {year}"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    ruby7.signal("TERM");
+    assert!(
+        ruby7.wait_exit(Duration::from_secs(30)).is_some(),
+        "{}",
+        ruby7.log()
+    );
+    wait_for("7.3.9 gone", || !ruby_version(&mut c)).await;
+    one_full_beat(&mut c, &id).await;
+    let _: () = c.del("retry").unwrap();
+    push(&mut c, "FailJob", json!([]));
+    wait_for("a retry", || failed_at_of(&mut c, "FailJob").is_some()).await;
+    let after = failed_at_of(&mut c, "FailJob").unwrap();
+    assert!(after.parse::<u64>().is_ok(), "8.x fleet again: {after}");
+    h.stop().await.unwrap();
 }
