@@ -370,38 +370,9 @@ impl Client {
 /// Integer milliseconds when every live Ruby process reports Sidekiq ≥ 8 (`info.version`); oxidekiq
 /// processes are left out (they read both forms); no Ruby process means seconds.
 pub async fn detect_time_format(conn: &mut Conn) -> Result<TimeFormat> {
-    let ids: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::PROCESSES)
-        .query_async(conn)
-        .await?;
-    let mut ruby = 0;
-    for id in ids {
-        let info: Option<String> = redis::cmd("HGET")
-            .arg(&id)
-            .arg("info")
-            .query_async(conn)
-            .await?;
-        let Some(info) = info else { continue };
-        let v: Value = serde_json::from_str(&info).unwrap_or(Value::Null);
-        let version = v.get("version").and_then(Value::as_str).unwrap_or("");
-        if version.starts_with("oxidekiq") {
-            continue;
-        }
-        ruby += 1;
-        let major: u32 = version
-            .split('.')
-            .next()
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(0);
-        if major < 8 {
-            return Ok(TimeFormat::Seconds);
-        }
-    }
-    Ok(if ruby > 0 {
-        TimeFormat::Millis
-    } else {
-        TimeFormat::Seconds
-    })
+    // One rule for the client and the worker's heartbeat (`fleet.rs`): oxidekiq processes are not
+    // readers, and one Ruby reader older than 8.0 means float seconds.
+    Ok(crate::fleet::survey(conn).await?.time_format())
 }
 
 #[cfg(test)]

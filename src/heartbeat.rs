@@ -1,11 +1,14 @@
 //! The heartbeat that puts this process on the Web UI's Busy page, flushes stats and reads remote signals.
 //!
-//! Mirrors `launcher.rb` (PROTOCOL §6, §7.1). Every beat, in one `MULTI` as Sidekiq 6.4 does it: the stats
-//! counters (`INCRBY stat:processed n` and the daily key with its 5-year TTL), the in-progress jobs hash
-//! (written under both `<identity>:work` for Sidekiq ≥ 6.5 UIs and `<identity>:workers` for 6.4 UIs, TTL
-//! 60 s), `SADD processes`, the identity hash (`info` JSON that every 6.x–8.x UI renders, `busy`, `beat`,
-//! `quiet`, `rss`, `rtt_us`, `concurrency`), its 60 s TTL, and `RPOP <identity>-signals`, whose answer is
-//! acted on like the OS signal of that name.
+//! Mirrors `launcher.rb` (PROTOCOL §6, §7.1). Every beat first surveys the live processes' versions
+//! ([`crate::fleet`]: timestamp format, retry rules, which readers are alive), then writes in one `MULTI`:
+//! the stats counters (`INCRBY stat:processed n` and the daily key with its 5-year TTL; skipped when both
+//! counts are zero, as 7.x and 8.x do), the execution metrics of the jobs run since the last beat
+//! ([`crate::metrics`], the keys of the 7.x/8.x versions alive), the in-progress jobs hash
+//! (`<identity>:work` for Sidekiq ≥ 6.5, and `<identity>:workers` only while a 6.4 reader may be alive,
+//! TTL 60 s), `SADD processes`, the identity hash (`info` JSON that every 6.x–8.x UI renders, `busy`,
+//! `beat`, `quiet`, `rss`, `rtt_us`, `concurrency`), its 60 s TTL, and `RPOP <identity>-signals`, whose
+//! answer is acted on like the OS signal of that name.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +17,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::error::Result;
+use crate::fleet::{self, Fleet};
 use crate::keys;
+use crate::metrics::Metrics;
 use crate::processor::{Stats, WorkTable};
 use crate::redis_conn::Conn;
 use crate::time;
@@ -108,7 +113,10 @@ impl ProcessInfo {
             "capsules": {"default": {"concurrency": self.concurrency, "mode": mode, "weights": weights}},
             "labels": self.labels,
             "identity": self.identity,
-            "version": format!("oxidekiq/{}", env!("CARGO_PKG_VERSION")),
+            // A plain version, so tools that parse it (`Gem::Version.new`) can; the `oxidekiq` label and
+            // field say what runs it.
+            "version": env!("CARGO_PKG_VERSION"),
+            "oxidekiq": env!("CARGO_PKG_VERSION"),
             "embedded": false,
         })
         .to_string()
@@ -159,11 +167,22 @@ pub struct Heartbeat {
     stats: Arc<Stats>,
     /// In-flight jobs.
     work: Arc<WorkTable>,
+    /// Who else is alive, updated every beat.
+    fleet: Arc<Fleet>,
+    /// Execution metrics to flush.
+    metrics: Arc<Metrics>,
 }
 
 impl Heartbeat {
     /// A heartbeat for `info`.
-    pub fn new(info: ProcessInfo, conn: Conn, stats: Arc<Stats>, work: Arc<WorkTable>) -> Self {
+    pub fn new(
+        info: ProcessInfo,
+        conn: Conn,
+        stats: Arc<Stats>,
+        work: Arc<WorkTable>,
+        fleet: Arc<Fleet>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let info_json = info.info_json();
         Heartbeat {
             info,
@@ -171,7 +190,14 @@ impl Heartbeat {
             conn,
             stats,
             work,
+            fleet,
+            metrics,
         }
+    }
+
+    /// The fleet view this heartbeat keeps up to date.
+    pub fn fleet(&self) -> Arc<Fleet> {
+        self.fleet.clone()
     }
 
     /// A clone of the heartbeat's connection.
@@ -186,27 +212,26 @@ impl Heartbeat {
         let rtt_start = Instant::now();
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         let rtt_us = rtt_start.elapsed().as_micros() as u64;
+        // Re-decided on every beat: a 7.x process that joined since the last one turns our new
+        // timestamps back to float seconds from here on.
+        let survey = fleet::survey(&mut conn).await?;
+        self.fleet.update(survey);
 
         let (processed, failed) = self.stats.take();
+        let metrics = self.metrics.take();
         let jobs = self.work.snapshot();
         let now = time::now();
-        let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        let utc = chrono::Utc::now();
         let work_key = keys::work(id);
         let legacy_key = keys::workers_legacy(id);
 
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for (base, n) in [
-            (keys::STAT_PROCESSED, processed),
-            (keys::STAT_FAILED, failed),
-        ] {
-            let daily = keys::stat_daily(base, &date);
-            pipe.cmd("INCRBY").arg(base).arg(n).ignore();
-            pipe.cmd("INCRBY").arg(&daily).arg(n).ignore();
-            pipe.cmd("EXPIRE").arg(&daily).arg(STATS_TTL_SECS).ignore();
-        }
+        add_stats(&mut pipe, processed, failed, utc);
+        metrics.write(&mut pipe, utc, survey.metrics_formats());
         pipe.cmd("UNLINK").arg(&work_key).arg(&legacy_key).ignore();
         if !jobs.is_empty() {
+            let legacy = survey.writes_legacy_workers();
             let mut hset = redis::cmd("HSET");
             hset.arg(&work_key);
             let mut hset_legacy = redis::cmd("HSET");
@@ -218,9 +243,11 @@ impl Heartbeat {
                 hset_legacy.arg(&tid).arg(&entry);
             }
             pipe.add_command(hset).ignore();
-            pipe.add_command(hset_legacy).ignore();
             pipe.cmd("EXPIRE").arg(&work_key).arg(TTL_SECS).ignore();
-            pipe.cmd("EXPIRE").arg(&legacy_key).arg(TTL_SECS).ignore();
+            if legacy {
+                pipe.add_command(hset_legacy).ignore();
+                pipe.cmd("EXPIRE").arg(&legacy_key).arg(TTL_SECS).ignore();
+            }
         }
         pipe.cmd("SADD").arg(keys::PROCESSES).arg(id).ignore();
         pipe.cmd("HSET")
@@ -247,6 +274,7 @@ impl Heartbeat {
             Ok((signal,)) => Ok(signal),
             Err(e) => {
                 self.stats.restore(processed, failed);
+                self.metrics.restore(metrics);
                 Err(e.into())
             }
         }
@@ -257,20 +285,13 @@ impl Heartbeat {
     pub async fn clear(&self) -> Result<()> {
         let id = &self.info.identity;
         let (processed, failed) = self.stats.take();
-        let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        let metrics = self.metrics.take();
+        let utc = chrono::Utc::now();
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for (base, n) in [
-            (keys::STAT_PROCESSED, processed),
-            (keys::STAT_FAILED, failed),
-        ] {
-            if n > 0 {
-                let daily = keys::stat_daily(base, &date);
-                pipe.cmd("INCRBY").arg(base).arg(n).ignore();
-                pipe.cmd("INCRBY").arg(&daily).arg(n).ignore();
-                pipe.cmd("EXPIRE").arg(&daily).arg(STATS_TTL_SECS).ignore();
-            }
-        }
+        add_stats(&mut pipe, processed, failed, utc);
+        // As 8.x at exit (`tracking.rb@v8.1.7 config.on(:exit)`), with the formats of the last survey.
+        metrics.write(&mut pipe, utc, self.fleet.current().metrics_formats());
         pipe.cmd("SREM").arg(keys::PROCESSES).arg(id).ignore();
         pipe.cmd("UNLINK")
             .arg(keys::work(id))
@@ -279,9 +300,33 @@ impl Heartbeat {
         let mut conn = self.conn.clone();
         if let Err(e) = pipe.query_async::<()>(&mut conn).await {
             self.stats.restore(processed, failed);
+            self.metrics.restore(metrics);
             return Err(e.into());
         }
         Ok(())
+    }
+}
+
+/// `INCRBY stat:processed|failed n` and the daily keys with their 5-year TTL (`launcher.rb flush_stats`),
+/// nothing when both counts are zero (7.x and 8.x skip the write then).
+fn add_stats(
+    pipe: &mut redis::Pipeline,
+    processed: u64,
+    failed: u64,
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    if processed == 0 && failed == 0 {
+        return;
+    }
+    let date = now.format("%Y-%m-%d").to_string();
+    for (base, n) in [
+        (keys::STAT_PROCESSED, processed),
+        (keys::STAT_FAILED, failed),
+    ] {
+        let daily = keys::stat_daily(base, &date);
+        pipe.cmd("INCRBY").arg(base).arg(n).ignore();
+        pipe.cmd("INCRBY").arg(&daily).arg(n).ignore();
+        pipe.cmd("EXPIRE").arg(&daily).arg(STATS_TTL_SECS).ignore();
     }
 }
 
@@ -311,6 +356,10 @@ mod tests {
         assert_eq!(v["labels"], json!(["oxidekiq", "rust"]));
         assert_eq!(v["tag"], "myapp");
         assert_eq!(v["embedded"], false);
+        assert_eq!(
+            crate::fleet::parse_version(v["version"].as_str().unwrap()),
+            crate::fleet::parse_version(env!("CARGO_PKG_VERSION"))
+        );
         let parts: Vec<&str> = p.identity.split(':').collect();
         assert_eq!(parts.len(), 3);
         assert_eq!(parts[2].len(), 12);

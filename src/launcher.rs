@@ -21,8 +21,10 @@ use tokio::time::Instant;
 use crate::config::{Config, FetchMode};
 use crate::error::Result;
 use crate::fetch::{self, Fetcher, Held};
+use crate::fleet::Fleet;
 use crate::heartbeat::{Heartbeat, ProcessInfo};
 use crate::job::Job;
+use crate::metrics::Metrics;
 use crate::processor::{Ack, Processor, Stats, WorkTable};
 use crate::redis_conn::{self, Conn};
 use crate::registry::Registry;
@@ -133,14 +135,16 @@ impl Launcher {
         let conn = redis_conn::connect(&client).await?;
         let block = Duration::from_secs(1);
         let blocking = redis_conn::connect_blocking(&client, block).await?;
-        let time_format = match cfg.millisecond_timestamps {
-            Some(true) => TimeFormat::Millis,
-            Some(false) => TimeFormat::Seconds,
-            // Milliseconds only when every live Ruby process is Sidekiq 8 (they all read them).
-            None => crate::client::detect_time_format(&mut conn.clone())
-                .await
-                .unwrap_or(TimeFormat::Seconds),
-        };
+        // The timestamp format follows the fleet, re-decided on every beat (the first one below runs
+        // before any job), unless configured.
+        let fleet = Arc::new(Fleet::new(cfg.millisecond_timestamps.map(|ms| {
+            if ms {
+                TimeFormat::Millis
+            } else {
+                TimeFormat::Seconds
+            }
+        })));
+        let metrics = Arc::new(Metrics::default());
         let info = ProcessInfo::new(
             cfg.tag.clone(),
             cfg.labels.clone(),
@@ -173,9 +177,17 @@ impl Launcher {
             shutdown: signal.clone(),
             max_payload_bytes: cfg.max_payload_bytes,
             unknown_class: cfg.unknown_class,
-            time_format,
+            fleet: fleet.clone(),
+            metrics: metrics.clone(),
         });
-        let heartbeat = Arc::new(Heartbeat::new(info, conn.clone(), stats, work.clone()));
+        let heartbeat = Arc::new(Heartbeat::new(
+            info,
+            conn.clone(),
+            stats,
+            work.clone(),
+            fleet.clone(),
+            metrics,
+        ));
         let alive_ttl = (cfg.beat_interval * 3).max(Duration::from_secs(3));
 
         // Be visible and alive before the first fetch, so no recovery takes our working lists.
@@ -212,7 +224,7 @@ impl Launcher {
             control_tx: control_tx.clone(),
             control_rx,
             alive_ttl,
-            time_format,
+            fleet,
         };
         let task = tokio::spawn(parts.run());
         Ok(Handle {
@@ -238,7 +250,7 @@ struct Parts {
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
     alive_ttl: Duration,
-    time_format: TimeFormat,
+    fleet: Arc<Fleet>,
 }
 
 impl Parts {
@@ -256,7 +268,7 @@ impl Parts {
             control_tx,
             mut control_rx,
             alive_ttl,
-            time_format,
+            fleet,
         } = self;
         let signal = shutdown.signal();
         let mut background = JoinSet::new();
@@ -273,7 +285,7 @@ impl Parts {
         background.spawn(scheduled::run(
             conn.clone(),
             cfg.poll_interval_average,
-            time_format,
+            fleet,
             signal.clone(),
         ));
         if cfg.fetch == FetchMode::Reliable {

@@ -23,7 +23,7 @@ use crate::redis_conn::Conn;
 use crate::registry::Registry;
 use crate::retry::{self, Failure, Fate};
 use crate::shutdown::ShutdownSignal;
-use crate::time::{self, TimeFormat};
+use crate::time;
 use crate::worker::JobContext;
 
 /// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
@@ -162,8 +162,10 @@ pub struct Processor {
     pub max_payload_bytes: usize,
     /// What to do with unknown classes.
     pub unknown_class: UnknownClass,
-    /// How new timestamps are written.
-    pub time_format: TimeFormat,
+    /// The live fleet view: how new timestamps are written and which retry rules apply, now.
+    pub fleet: Arc<crate::fleet::Fleet>,
+    /// Execution metrics for the Web UI's Metrics tab, flushed by the heartbeat.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Processor {
@@ -181,7 +183,8 @@ impl Processor {
                     // Too large to decode safely: the error is appended as text, every byte kept.
                     PayloadError::TooLarge { .. } => annotate_undecoded(&raw, &error.to_string()),
                     _ => {
-                        retry::undecodable_payload(&raw, &error.to_string(), now, self.time_format)
+                        let tf = self.fleet.time_format();
+                        retry::undecodable_payload(&raw, &error.to_string(), now, tf)
                     }
                 };
                 self.persist(|mut conn| {
@@ -226,6 +229,12 @@ impl Processor {
             until_executed::while_running(&self.conn, &job, self.invoke(&job, &queue, entry)).await;
         let elapsed = start.elapsed().as_secs_f64();
         self.stats.processed.fetch_add(1, Ordering::Relaxed);
+        // The one metrics hook (`Metrics::Middleware` wraps the job in Ruby): class, time, outcome.
+        self.metrics.track(
+            job.wrapped().unwrap_or(job.class()),
+            start.elapsed(),
+            result.as_ref().err(),
+        );
         let error = match result {
             Ok(()) => {
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
@@ -269,7 +278,8 @@ impl Processor {
                 error: &error,
                 options: entry.map(|e| &e.options),
                 now,
-                time_format: self.time_format,
+                time_format: self.fleet.time_format(),
+                rules: self.fleet.retry_rules(),
             },
             &mut rand::rng(),
         );

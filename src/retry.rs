@@ -6,11 +6,15 @@
 //! fields Ruby adds: `queue` (from `retry_queue`), `error_message` (10 000 characters at most),
 //! `error_class`, `failed_at` or `retried_at`, `retry_count`, and `error_backtrace` when asked for.
 //!
-//! Choices where Sidekiq versions differ:
-//! - jitter is Sidekiq ≤ 7.3's `rand(10) * (count + 1)`;
-//! - `retry_for`, when present, is the only exhaustion test (Sidekiq 8.1's rule: a user who sets a time
-//!   budget means it), otherwise the count is;
-//! - `error_backtrace` is written in the strict Base64 form (Sidekiq 7.2.1+), which every version reads.
+//! Where Sidekiq versions differ, the rules of the version the fleet runs ([`RetryRules`], chosen from the
+//! live processes by [`crate::fleet`]):
+//! - jitter: `rand(10) * (count + 1)` before 8.0, `rand(10 * (count + 1))` from 8.0 (`job_retry.rb`);
+//! - `retry_for`: before 8.1 the count is checked first, then the time budget (`retry: 3, retry_for:
+//!   1.week` dies after 3 retries); from 8.1 a `retry_for` job is judged by time alone (#6880).
+//!
+//! Always: `error_backtrace` is written in the strict Base64 form (Sidekiq 7.2.1+), which every version
+//! reads, and not at all for an error without backtrace lines (Ruby would store a compressed `[]`, which
+//! the UI shows as an empty box).
 
 use std::io::Write;
 
@@ -56,16 +60,74 @@ pub enum Fate {
     },
 }
 
-/// The backoff before retry number `count` (0-based): `count**4 + 15 + rand(10) * (count + 1)`.
-pub fn backoff(count: i64, rng: &mut impl Rng) -> f64 {
+/// The backoff before retry number `count` (0-based): `count**4 + 15 + jitter`.
+pub fn backoff(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {
     let c = count.max(0) as f64;
-    c.powi(4) + 15.0 + jitter(count, rng)
+    c.powi(4) + 15.0 + jitter(count, rules, rng)
 }
 
-/// `rand(10) * (count + 1)`: Ruby adds it to every delay, a `sidekiq_retry_in` answer's included
-/// (`job_retry.rb delay_for`, all versions).
-fn jitter(count: i64, rng: &mut impl Rng) -> f64 {
-    f64::from(rng.random_range(0..10u32)) * (count.max(0) as f64 + 1.0)
+/// The Sidekiq version whose retry rules apply (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryRules {
+    /// 8.0+: jitter `rand(10 * (count + 1))`; before: `rand(10) * (count + 1)`.
+    pub jitter_8: bool,
+    /// 8.1+: a `retry_for` job is judged by its time budget alone; before: count first, then time.
+    pub retry_for_only: bool,
+}
+
+impl RetryRules {
+    /// The rules of Sidekiq `version` (`job_retry.rb@v7.3.9`, `@v8.0.0`, `@v8.1.0`).
+    pub fn for_version(version: (u32, u32, u32)) -> Self {
+        RetryRules {
+            jitter_8: version.0 >= 8,
+            retry_for_only: version >= (8, 1, 0),
+        }
+    }
+}
+
+impl Default for RetryRules {
+    /// The newest rules (8.1), for a fleet without Ruby processes.
+    fn default() -> Self {
+        RetryRules::for_version((8, 1, 0))
+    }
+}
+
+/// The jitter Ruby adds to every delay, a `sidekiq_retry_in` answer's included (`job_retry.rb
+/// process_retry`): `rand(10) * (count + 1)` before 8.0 (multiples of `count + 1` up to `9 * (count + 1)`),
+/// `rand(10 * (count + 1))` from 8.0 (any whole second below `10 * (count + 1)`).
+fn jitter(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {
+    let n = count.max(0).saturating_add(1);
+    if rules.jitter_8 {
+        rng.random_range(0..n.saturating_mul(10)) as f64
+    } else {
+        f64::from(rng.random_range(0..10u32)) * n as f64
+    }
+}
+
+/// Whether a job with `retry_count` now `count` has used up its retries (`job_retry.rb process_retry`):
+/// before 8.1 `count >= max`, then `failed_at + retry_for < now`; from 8.1 only the latter when
+/// `retry_for` is set, otherwise only the former.
+fn exhausted_by_rules(
+    rules: RetryRules,
+    msg: &Map<String, Value>,
+    count: i64,
+    max: i64,
+    now: f64,
+) -> bool {
+    let out_of_time = msg
+        .get("retry_for")
+        .and_then(Value::as_f64)
+        .map(|retry_for| {
+            let failed_at = msg
+                .get("failed_at")
+                .and_then(timestamp_seconds)
+                .unwrap_or(now);
+            failed_at + retry_for < now
+        });
+    match (rules.retry_for_only, out_of_time) {
+        (true, Some(t)) => t,
+        (_, t) => count >= max || t.unwrap_or(false),
+    }
 }
 
 /// `Base64(zlib(JSON.generate(lines)))`, the compressed form every Sidekiq reads as `error_backtrace`.
@@ -114,6 +176,8 @@ pub struct Failure<'a> {
     pub now: f64,
     /// How to write `failed_at`/`retried_at`.
     pub time_format: TimeFormat,
+    /// The retry rules of the version the fleet runs.
+    pub rules: RetryRules,
 }
 
 /// What to write: computed without Redis so tests can check every rule.
@@ -204,16 +268,7 @@ pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
 
     let exhausted = match f.error.action {
         RetryAction::Kill => true,
-        _ => match msg.get("retry_for").and_then(Value::as_f64) {
-            Some(retry_for) => {
-                let failed_at = msg
-                    .get("failed_at")
-                    .and_then(timestamp_seconds)
-                    .unwrap_or(f.now);
-                failed_at + retry_for < f.now
-            }
-            None => count >= max,
-        },
+        _ => exhausted_by_rules(f.rules, &msg, count, max, f.now),
     };
     let payload = to_json(&msg);
     if exhausted {
@@ -230,8 +285,8 @@ pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
     }
     // A positive `sidekiq_retry_in` answer replaces `count**4 + 15`; zero falls back to it, as in Ruby.
     let delay = match f.error.action {
-        RetryAction::In(secs) if secs > 0 => secs as f64 + jitter(count, rng),
-        _ => backoff(count, rng),
+        RetryAction::In(secs) if secs > 0 => secs as f64 + jitter(count, f.rules, rng),
+        _ => backoff(count, f.rules, rng),
     };
     Plan::Retry {
         payload,
@@ -252,7 +307,8 @@ fn backtrace_lines<'e>(
         Some(_) => 0,
         None => options.and_then(|o| o.backtrace).unwrap_or(0),
     };
-    if limit == 0 {
+    if limit == 0 || lines.is_empty() {
+        // No lines: nothing to store (Ruby would store a compressed `[]`).
         return None;
     }
     Some(&lines[..lines.len().min(limit)])
@@ -356,6 +412,7 @@ mod tests {
                 options: opts,
                 now,
                 time_format: TimeFormat::Seconds,
+                rules: RetryRules::default(),
             },
             &mut rng,
         )
@@ -403,8 +460,8 @@ mod tests {
         assert_eq!(m["retried_at"].to_string(), "100.0");
         assert_eq!(m["failed_at"].to_string(), "1.5");
         let Plan::Retry { at, .. } = p else { panic!() };
-        // 3**4 + 15 = 96, jitter 0..9*4
-        assert!((196.0..=232.0).contains(&at), "{at}");
+        // 3**4 + 15 = 96, jitter below 10*4 (8.x rules, the default)
+        assert!((196.0..=235.0).contains(&at), "{at}");
     }
 
     #[test]
@@ -538,5 +595,85 @@ mod tests {
             undecodable_payload(b"nope", "x", 1.0, TimeFormat::Seconds),
             b"nope"
         );
+    }
+
+    fn run_with(raw: &str, err: JobError, rules: RetryRules, now: f64, seed: u64) -> Plan {
+        let j = job(raw);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        plan(
+            &Failure {
+                job: &j,
+                queue: "default",
+                error: &err,
+                options: None,
+                now,
+                time_format: TimeFormat::Seconds,
+                rules,
+            },
+            &mut rng,
+        )
+    }
+
+    #[test]
+    fn retry_count_comes_first_before_8_1_and_retry_for_alone_from_8_1() {
+        // `retry: 3, retry_for: 1.week`, third retry failing an hour after the first failure.
+        let raw = r#"{"retry":3,"retry_for":604800,"args":[],"class":"A","retry_count":2,"failed_at":1000.0}"#;
+        let v7 = RetryRules::for_version((7, 3, 9));
+        let v80 = RetryRules::for_version((8, 0, 5));
+        let v81 = RetryRules::for_version((8, 1, 7));
+        assert!(matches!(
+            run_with(raw, JobError::msg("x"), v7, 4600.0, 1),
+            Plan::Dead { .. }
+        ));
+        assert!(matches!(
+            run_with(raw, JobError::msg("x"), v80, 4600.0, 1),
+            Plan::Dead { .. }
+        ));
+        assert!(matches!(
+            run_with(raw, JobError::msg("x"), v81, 4600.0, 1),
+            Plan::Retry { count: 3, .. }
+        ));
+        // Past the time budget every version gives up.
+        for r in [v7, v80, v81] {
+            assert!(matches!(
+                run_with(raw, JobError::msg("x"), r, 1000.0 + 604801.0, 1),
+                Plan::Dead { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn jitter_follows_the_version() {
+        let raw = r#"{"retry":true,"args":[],"class":"A","retry_count":2,"failed_at":1.0}"#;
+        // count 3 after this failure: 3**4 + 15 = 96, then jitter.
+        let jitters = |rules| -> Vec<i64> {
+            (0..400)
+                .map(
+                    |seed| match run_with(raw, JobError::msg("x"), rules, 0.0, seed) {
+                        Plan::Retry { at, .. } => at as i64 - 96,
+                        p => panic!("{p:?}"),
+                    },
+                )
+                .collect()
+        };
+        let v7 = jitters(RetryRules::for_version((7, 3, 9)));
+        assert!(
+            v7.iter().all(|j| j % 4 == 0 && (0..=36).contains(j)),
+            "{v7:?}"
+        );
+        let v8 = jitters(RetryRules::for_version((8, 0, 0)));
+        assert!(v8.iter().all(|j| (0..40).contains(j)), "{v8:?}");
+        assert!(v8.iter().any(|j| j % 4 != 0), "{v8:?}");
+    }
+
+    #[test]
+    fn an_error_without_backtrace_lines_stores_no_backtrace() {
+        let p = run(
+            r#"{"retry":true,"backtrace":true,"args":[],"class":"A"}"#,
+            JobError::msg("x").with_backtrace(vec![]),
+            None,
+            1.0,
+        );
+        assert!(payload_of(&p).get("error_backtrace").is_none());
     }
 }

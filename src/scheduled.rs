@@ -141,7 +141,12 @@ pub async fn live_process_count(conn: &mut Conn) -> Result<u64> {
 }
 
 /// The poller loop: runs until the process goes quiet.
-pub async fn run(mut conn: Conn, average: Duration, tf: TimeFormat, mut shutdown: ShutdownSignal) {
+pub async fn run(
+    mut conn: Conn,
+    average: Duration,
+    fleet: std::sync::Arc<crate::fleet::Fleet>,
+    mut shutdown: ShutdownSignal,
+) {
     // Ruby waits 10–15 s before the first round; we scale that with the configured average so a short
     // test interval also starts soon.
     let initial = average.as_secs_f64() * (2.0 + rand::rng().random::<f64>());
@@ -152,6 +157,8 @@ pub async fn run(mut conn: Conn, average: Duration, tf: TimeFormat, mut shutdown
     let mut failing = false;
     loop {
         let now = time::now();
+        // The fleet's format at this moment (re-decided on every heartbeat).
+        let tf = fleet.time_format();
         let mut ok = true;
         for set in [keys::RETRY, keys::SCHEDULE] {
             match enqueue_due(&mut conn, set, now, tf).await {

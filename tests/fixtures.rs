@@ -261,6 +261,8 @@ fn folders(root: &Path, out: &mut Vec<PathBuf>) {
         if path.is_dir() {
             if name == "shared" {
                 folders(&path, out);
+            } else if name == "sidekiq-7-8" {
+                // Metrics and retry recordings of Sidekiq 7.3.9/8.1.7: checked by tests/sidekiq_7_8.rs.
             } else if folder_kind(&name).is_some() {
                 out.push(path);
             } else {
