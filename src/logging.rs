@@ -131,6 +131,8 @@ thread_local! {
         let n: u64 = name.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
         format!(" pid={} tid={}", pid(), crate::processor::to_base36(n ^ u64::from(pid())))
     };
+    /// This thread's reusable line buffer (the line before escaping).
+    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
     /// This thread's reusable field buffers.
     static FIELDS: std::cell::RefCell<Fields> = std::cell::RefCell::new(Fields::default());
     /// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen on this thread.
@@ -160,9 +162,39 @@ where
     fn format_event(
         &self,
         ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
+        mut out: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
+        // The line is built whole, then written with its control characters escaped: queue names,
+        // classes, jids and error messages come from payloads and Redis, and escaping the finished
+        // line covers every field, span or event, in this one place.
+        LINE.with(|cell| {
+            let mut fresh = String::new();
+            let mut borrowed = cell.try_borrow_mut();
+            let line = match borrowed.as_deref_mut() {
+                Ok(l) => l,
+                Err(_) => &mut fresh,
+            };
+            line.clear();
+            self.format_line(ctx, Writer::new(line), event)?;
+            write_escaped(&mut out, line)?;
+            out.write_char('\n')
+        })
+    }
+}
+
+impl SidekiqFormat {
+    /// The line, unescaped and without its newline.
+    fn format_line<S, N>(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
         write_time(&mut writer)?;
         PID_TID.with(|p| writer.write_str(p))?;
         if let Some(scope) = ctx.event_scope() {
@@ -195,10 +227,49 @@ where
             writer.write_char(' ')?;
             writer.write_str(level)?;
             writer.write_str(": ")?;
-            writer.write_str(&f.message)?;
-            writer.write_char('\n')
+            writer.write_str(&f.message)
         })
     }
+}
+
+/// True for a character that must not reach a log line raw: C0 and C1 controls (newline, carriage
+/// return, the ESC of ANSI sequences, ...), DEL, the Unicode line and paragraph separators (some
+/// viewers break lines there) and the bidirectional overrides that reorder what a reader sees.
+pub fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}')
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// Writes `s` with every character of [`needs_escape`] written as an escape: `\n`, `\r`, `\t`, else
+/// `\u{..}` (as Rust's `escape_debug` does). Anything else, backslashes included, is written as is.
+pub fn write_escaped(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
+    // Most lines are printable ASCII: one scan, one write.
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return out.write_str(s);
+    }
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        if needs_escape(c) {
+            out.write_str(&s[start..i])?;
+            match c {
+                '\n' => out.write_str("\\n")?,
+                '\r' => out.write_str("\\r")?,
+                '\t' => out.write_str("\\t")?,
+                c => write!(out, "\\u{{{:x}}}", u32::from(c))?,
+            }
+            start = i + c.len_utf8();
+        }
+    }
+    out.write_str(&s[start..])
+}
+
+/// `s` with control characters escaped (see [`write_escaped`]), for text written outside the logger.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let _ = write_escaped(&mut out, s);
+    out
 }
 
 /// Installs the Sidekiq-shaped logger on stdout; `verbose` turns on debug lines. Keep the guard alive
