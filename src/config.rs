@@ -1682,6 +1682,102 @@ mod tests {
     }
 
     #[test]
+    fn an_alias_bomb_is_refused_before_it_expands_and_ordinary_aliases_pass() {
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for (prev, name) in ["a", "b", "c", "d", "e", "f", "g", "h"]
+            .iter()
+            .zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+        {
+            bomb.push_str(&format!(
+                "{name}: &{name} [{}]\n",
+                vec![format!("*{prev}"); 10].join(", ")
+            ));
+        }
+        let e = Config::default()
+            .apply_yaml_with_env(&bomb, Some("x"), &env_of(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("aliases"), "{e}");
+        let ok = "default: &default\n  concurrency: 3\nproduction:\n  <<: *default\nstaging:\n  <<: *default\n";
+        let mut c = Config::default();
+        c.apply_yaml_with_env(ok, Some("staging"), &env_of(&[]))
+            .unwrap();
+        assert_eq!(c.concurrency, 3);
+    }
+
+    #[test]
+    fn erb_values_never_appear_in_an_error() {
+        let secret = "redis://app:hunter2-pw@h:1/0";
+        for text in [
+            "concurrency: <%= ENV['U'] %>\n",
+            "timeout: <%= ENV['U'] %>\n",
+            "queues: [[a, <%= ENV['U'] %>]]\n",
+            "concurrency: x <%= ENV['U'] %> #y\n",
+            "verbose: <%= ENV['U'] %>\n",
+        ] {
+            let e = Config::default()
+                .apply_yaml_with_env(text, Some("x"), &env_of(&[("U", secret)]))
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains("hunter2"), "{text}: {e}");
+        }
+        // A short value (a number) is still shown.
+        let e = Config::default()
+            .apply_yaml_with_env(
+                "concurrency: <%= ENV['N'] %>\n",
+                Some("x"),
+                &env_of(&[("N", "0")]),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("concurrency: 0 is not"), "{e}");
+    }
+
+    #[test]
+    fn the_redis_url_comes_from_the_file_unless_redis_url_is_set() {
+        for text in [
+            ":redis:\n  :url: redis://h:1/2\n",
+            "redis: { url: 'redis://h:1/2' }\n",
+            "redis_url: redis://h:1/2\n",
+        ] {
+            let mut c = Config::default();
+            c.apply_yaml_with_env(text, Some("x"), &env_of(&[]))
+                .unwrap();
+            assert_eq!(c.redis_url.as_deref(), Some("redis://h:1/2"), "{text}");
+            let mut c = Config::default();
+            c.apply_yaml_with_env(text, Some("x"), &env_of(&[("REDIS_URL", "redis://e:3")]))
+                .unwrap();
+            assert_eq!(c.redis_url, None, "{text}");
+        }
+    }
+
+    #[test]
+    fn weights_and_concurrency_past_their_bounds_are_refused() {
+        for text in [
+            "concurrency: 10001\n",
+            "queues: [[a, 1001]]\n",
+            "queues: {a: 4294967295}\n",
+            "timeout: 86401\n",
+        ] {
+            let mut c = Config::default();
+            let e = c
+                .apply_yaml_with_env(text, Some("x"), &env_of(&[]))
+                .and_then(|()| c.validate())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("at most"), "{text}: {e}");
+        }
+        let mut c = Config::default();
+        c.apply_yaml_with_env(
+            "concurrency: 10000\nqueues: [[a, 1000], b]\ntimeout: 86400\n",
+            Some("x"),
+            &env_of(&[]),
+        )
+        .unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
     fn validate_rejects_zero_concurrency_and_timeout() {
         let c = Config {
             concurrency: 0,

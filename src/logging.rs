@@ -10,6 +10,12 @@
 //! out every 20 ms, so a job never waits on the terminal and a busy process does not wake a writer
 //! thread per line; past 1 MiB the logging thread writes the buffer itself (back-pressure, no line is
 //! ever dropped).
+//!
+//! Every line is escaped as a whole before it is written ([`write_escaped`]): a newline, a carriage
+//! return, an ANSI escape or a bidirectional override from a payload or from Redis (a class, a jid, a
+//! queue name, an error message, an ActiveJob wrapped class) is written as `\n`, `\u{1b}`, ..., so a
+//! crafted payload cannot print a fake line or recolour the terminal. Panic messages are logged
+//! through the same path, with any Redis URL in them redacted.
 
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
@@ -298,6 +304,57 @@ pub fn init(verbose: bool) -> LogGuard {
         .event_format(SidekiqFormat)
         .finish();
     // A second init (tests) keeps the first subscriber.
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+        install_panic_hook();
+    }
     LogGuard { buffer }
+}
+
+/// Routes panic messages through the logger instead of the default hook's raw `eprintln`: a panic
+/// message may quote a payload (escaped like every line) or a Redis URL (redacted). The previous
+/// hook still runs if this one is re-entered (a panic while logging a panic).
+fn install_panic_hook() {
+    thread_local! {
+        static IN_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if IN_HOOK.with(|h| h.replace(true)) {
+            previous(info);
+            return;
+        }
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(a panic without a message)");
+        let message = crate::redis_conn::redact_urls_in(message);
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let thread = std::thread::current();
+        tracing::error!(
+            thread = thread.name().unwrap_or("unnamed"),
+            location = %location,
+            "panicked: {message}"
+        );
+        IN_HOOK.with(|h| h.set(false));
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_is_kept() {
+        assert_eq!(escape("class=Hard jid=abc"), "class=Hard jid=abc");
+        assert_eq!(escape("a\nb\r\tc"), "a\\nb\\r\\tc");
+        assert_eq!(escape("\u{1b}[31mred"), "\\u{1b}[31mred");
+        assert_eq!(escape("x\u{7f}\u{85}y"), "x\\u{7f}\\u{85}y");
+        assert_eq!(escape("l\u{2028}r\u{202e}"), "l\\u{2028}r\\u{202e}");
+        assert_eq!(escape("héllo ☃ \\n"), "héllo ☃ \\n");
+    }
 }

@@ -230,7 +230,13 @@ fn connect_error(client: &redis::Client, e: redis::RedisError) -> Error {
     let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
     let server = server_name(client);
     if e.kind() == redis::ErrorKind::AuthenticationFailed {
-        let user = info.redis_settings().username().unwrap_or("default");
+        // A user part without a password may well be a password (see `redact_url`): not shown.
+        let settings = info.redis_settings();
+        let user = match (settings.username(), settings.password()) {
+            (Some(user), Some(_)) => user,
+            (Some(_), None) => "REDACTED",
+            (None, _) => "default",
+        };
         return Error::Config(format!(
             "redis at {server} refused the password of user `{user}` ({e}): check the user and \
              password in the Redis URL"
@@ -366,6 +372,28 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}{user}{}", redact_query(rest))
 }
 
+/// `text` with every word that may be a Redis URL (it holds `://` or `@`) passed through
+/// [`redact_url`]: for free text such as a panic message, where a URL could appear anywhere.
+pub fn redact_urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let word = &rest[..end];
+        if word.contains("://") || word.contains('@') {
+            out.push_str(&redact_url(word));
+        } else {
+            out.push_str(word);
+        }
+        let spaces = rest[end..]
+            .find(|c: char| !c.is_whitespace())
+            .map_or(rest.len(), |n| end + n);
+        out.push_str(&rest[end..spaces]);
+        rest = &rest[spaces..];
+    }
+    out
+}
+
 /// Where the first `?name=` or `&name=` with a name of [`SECRET_PARAMS`] starts.
 fn secret_param_start(s: &str) -> Option<usize> {
     s.char_indices()
@@ -474,6 +502,15 @@ mod tests {
             assert_eq!(got, shown, "{url}");
             assert!(!got.contains(pw) && !got.contains("s3cr@t"), "{got}");
         }
+    }
+
+    #[test]
+    fn urls_in_free_text_are_redacted_and_the_rest_is_kept() {
+        assert_eq!(
+            redact_urls_in("cannot use `redis://u:pw1234@h:1/0` now\n  (unix:///s?pass=pw1234)"),
+            "cannot use `redis://u:REDACTED@h:1/0` now\n  (unix:///s?pass=REDACTED"
+        );
+        assert_eq!(redact_urls_in("plain words"), "plain words");
     }
 
     #[test]

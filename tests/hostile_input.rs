@@ -75,13 +75,6 @@ impl AclRedis {
     fn url(&self) -> String {
         format!("redis://app:{PASSWORD}@127.0.0.1:{}/0", self.server.port)
     }
-
-    fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_connection()
-            .unwrap()
-    }
 }
 
 /// A directory removed on drop.
@@ -322,7 +315,9 @@ fn flags_and_files_past_their_bounds_are_refused_and_the_bounds_themselves_run()
 
 /// A YAML "billion laughs": 9 levels of 9 aliases, a few hundred bytes that expand to 9^9 strings.
 fn alias_bomb() -> String {
-    let mut text = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+    let mut text = String::from(
+        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
     let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
     for pair in names.windows(2) {
         let refs = vec![format!("*{}", pair[0]); 9].join(",");
@@ -349,7 +344,10 @@ fn an_alias_bomb_a_huge_file_and_deep_nesting_are_refused_with_a_clear_error() {
             &[("sidekiq.yml", file.as_bytes())],
         );
         assert_eq!(status.code(), Some(2), "{log}");
-        assert!(log.contains("configuration:") && log.contains(says), "{log}");
+        assert!(
+            log.contains("configuration:") && log.contains(says),
+            "{log}"
+        );
     }
 }
 
@@ -391,7 +389,10 @@ fn newlines_and_escapes_in_a_payload_cannot_forge_a_log_line() {
     }
     assert!(!log.contains('\u{1b}'), "a raw ESC:\n{log}");
     assert!(!log.contains('\r'), "a raw CR:\n{log}");
-    assert!(!log.contains('\u{2028}') && !log.contains('\u{202e}'), "{log}");
+    assert!(
+        !log.contains('\u{2028}') && !log.contains('\u{202e}'),
+        "{log}"
+    );
     for forged in ["forged-by-class", "forged-by-message", "forged-by-jid"] {
         let line = log
             .lines()
@@ -424,7 +425,12 @@ fn the_redis_url_is_read_from_sidekiq_yml_and_redis_url_wins_over_it() {
     }
     // REDIS_URL, then the flag, win over the file.
     let file = format!("redis_url: {dead}\n");
-    let log = run_started(&live, &["-C", "sidekiq.yml"], &[], &[("sidekiq.yml", file.as_bytes())]);
+    let log = run_started(
+        &live,
+        &["-C", "sidekiq.yml"],
+        &[],
+        &[("sidekiq.yml", file.as_bytes())],
+    );
     assert!(log.contains(&format!("redis={live}")), "{log}");
     let log = run_started(
         &dead,
@@ -486,6 +492,11 @@ fn help_shows_the_defaults_and_an_empty_redis_ca_file_means_unset() {
     assert!(line_of("--timeout").contains("[default: 25]"), "{help}");
 
     let redis = RedisServer::start();
-    let log = run_started(&redis.url(), &["-q", "default"], &[("REDIS_CA_FILE", "")], &[]);
+    let log = run_started(
+        &redis.url(),
+        &["-q", "default"],
+        &[("REDIS_CA_FILE", "")],
+        &[],
+    );
     assert!(log.contains("starting"), "{log}");
 }

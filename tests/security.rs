@@ -524,10 +524,7 @@ fn a_plain_url_to_a_tls_port_and_a_tls_url_to_a_plain_port_say_which_is_wrong() 
         "the error does not point at TLS:\n{log}"
     );
     // rediss:// to the plain port of the same server.
-    let tls_to_plain = format!(
-        "rediss://app:{PASSWORD}@127.0.0.1:{}/0",
-        redis._server.port
-    );
+    let tls_to_plain = format!("rediss://app:{PASSWORD}@127.0.0.1:{}/0", redis._server.port);
     let mut ox = Oxidekiq::start_with_env(
         &tls_to_plain,
         &["-q", "default"],
