@@ -216,9 +216,19 @@ async fn answers_in_plain_text(host: &str, port: u16) -> bool {
 /// `redis://host:port` or `rediss://host:port` (a socket's path for Unix sockets): the server a
 /// client talks to, without user or password.
 fn server_name(client: &redis::Client) -> String {
+    // An IPv6 address is written in brackets, as in a URL.
+    let host = |h: &str| {
+        if h.contains(':') {
+            format!("[{h}]")
+        } else {
+            h.to_string()
+        }
+    };
     match client.get_connection_info().addr() {
-        redis::ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}"),
-        redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
+        redis::ConnectionAddr::TcpTls { host: h, port, .. } => {
+            format!("rediss://{}:{port}", host(h))
+        }
+        redis::ConnectionAddr::Tcp(h, port) => format!("redis://{}:{port}", host(h)),
         other => format!("the socket {other}"),
     }
 }
