@@ -8,7 +8,12 @@
 //! Sidekiq 6.4 (`cli.rb@v6.4.1 setup_options`).
 //!
 //! The Redis URL can hold a password: `--help` never shows the `REDIS_URL` value, and neither
-//! [`Cli`]'s nor [`Config`]'s `Debug` shows the password.
+//! [`Cli`]'s nor [`Config`]'s `Debug` shows the password. The URL comes from `--redis-url`, else
+//! `REDIS_URL`, else the config file; an empty `REDIS_URL=` or `REDIS_CA_FILE=` counts as unset.
+//!
+//! `-c` and the queue weights of `-q` are bounded ([`config::MAX_CONCURRENCY`],
+//! [`config::MAX_QUEUE_WEIGHT`]), as are `-t` and the intervals ([`config::MAX_SECONDS`]): a value
+//! past the bound is a usage error naming it.
 
 use std::ffi::OsString;
 use std::fmt;

@@ -356,7 +356,7 @@ const SECRET_PARAMS: [&str; 7] = [
 ///   redis-rs reads it as a user name, but people write passwords there, so it is hidden too);
 /// - no scheme at all (`user:pw@host:port`, which redis-rs refuses, so it shows up in errors);
 /// - a password in the query: `redis+unix:///path?user=u&pass=pw`, `unix:///path?pass=pw`,
-///   `redis://host?password=pw` (see [`SECRET_PARAMS`]).
+///   `redis://host?password=pw`, and `passwd`, `pwd`, `secret`, `token`, `auth` likewise.
 ///
 /// The user part ends at the last `@` before the first secret query parameter, even for a password
 /// with an unencoded `/`, `?` or `#` in it (a URL that does not parse is shown in errors too): no `@`
