@@ -186,13 +186,24 @@ async fn connect_with(client: &redis::Client, cfg: ConnectionManagerConfig) -> R
         }
         std::future::pending::<()>().await
     };
-    tokio::select! {
-        result = attempt => result.map_err(|e| connect_error(client, e)),
-        () = probe => Err(Error::Config(format!(
+    let plain_port = || {
+        Error::Config(format!(
             "TLS connection to redis at {} failed: the server answers in plain text; is this a TLS \
              port? Use a redis:// URL for a plain-text port",
             server_name(client)
-        ))),
+        ))
+    };
+    tokio::select! {
+        result = attempt => match result {
+            Ok(conn) => Ok(conn),
+            // The probe may not have had its turn (a fast failure, or a probe slowed down by a
+            // loaded machine): ask once more before naming the error.
+            Err(e) if e.kind() != redis::ErrorKind::AuthenticationFailed
+                && rustls_error(&e).is_none_or(|t| !matches!(t, rustls::Error::InvalidCertificate(_)))
+                && answers_in_plain_text(&host, port).await => Err(plain_port()),
+            Err(e) => Err(connect_error(client, e)),
+        },
+        () = probe => Err(plain_port()),
     }
 }
 
