@@ -8,7 +8,12 @@
 //! Sidekiq 6.4 (`cli.rb@v6.4.1 setup_options`).
 //!
 //! The Redis URL can hold a password: `--help` never shows the `REDIS_URL` value, and neither
-//! [`Cli`]'s nor [`Config`]'s `Debug` shows the password.
+//! [`Cli`]'s nor [`Config`]'s `Debug` shows the password. The URL comes from `--redis-url`, else
+//! `REDIS_URL`, else the config file; an empty `REDIS_URL=` or `REDIS_CA_FILE=` counts as unset.
+//!
+//! `-c` and the queue weights of `-q` are bounded ([`config::MAX_CONCURRENCY`],
+//! [`config::MAX_QUEUE_WEIGHT`]), as are `-t` and the intervals ([`config::MAX_SECONDS`]): a value
+//! past the bound is a usage error naming it.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -48,11 +53,11 @@ pub struct Cli {
     #[arg(short = 'q', long = "queue", value_name = "QUEUE[,WEIGHT]", value_parser = queue_value)]
     pub queues: Vec<QueueWeight>,
 
-    /// How many jobs run at once
-    #[arg(short = 'c', long, value_name = "INT")]
+    /// How many jobs run at once, 1 to 10000 [default: 10, or RAILS_MAX_THREADS]
+    #[arg(short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
     pub concurrency: Option<usize>,
 
-    /// Seconds running jobs get to finish after TERM before they are pushed back
+    /// Seconds running jobs get to finish after TERM before they are pushed back, at most 86400 [default: 25]
     #[arg(short = 't', long, value_name = "SECONDS", value_parser = seconds_value)]
     pub timeout: Option<Duration>,
 
@@ -68,12 +73,12 @@ pub struct Cli {
     #[arg(short = 'e', long, value_name = "ENV")]
     pub environment: Option<String>,
 
-    /// Redis to use
+    /// Redis to use (default: the config file's redis_url, else redis://127.0.0.1:6379). Prefer REDIS_URL: a flag shows the password in `ps`
     #[arg(long, value_name = "URL", env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
 
     /// PEM CA bundle that a rediss:// server's certificate must chain to (default: the system's trust store)
-    #[arg(long, value_name = "PATH", env = "REDIS_CA_FILE")]
+    #[arg(long, value_name = "PATH", env = "REDIS_CA_FILE", value_parser = path_value)]
     pub redis_ca_file: Option<PathBuf>,
 
     /// Print more verbose output (debug logging)
@@ -167,11 +172,39 @@ fn queue_value(arg: &str) -> Result<QueueWeight, String> {
 }
 
 fn seconds_value(arg: &str) -> Result<Duration, String> {
-    arg.trim()
+    let secs = arg
+        .trim()
         .parse::<f64>()
         .ok()
-        .and_then(config::positive_duration)
-        .ok_or_else(|| "must be a number of seconds above 0".to_string())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .ok_or_else(|| "must be a number of seconds above 0".to_string())?;
+    if secs > config::MAX_SECONDS {
+        return Err(format!(
+            "must be at most {} seconds (one day)",
+            config::MAX_SECONDS
+        ));
+    }
+    config::positive_duration(secs).ok_or_else(|| "must be a number of seconds above 0".into())
+}
+
+fn concurrency_value(arg: &str) -> Result<usize, String> {
+    let n: usize = arg
+        .trim()
+        .parse()
+        .map_err(|_| "must be a whole number of at least 1".to_string())?;
+    match n {
+        0 => Err("must be at least 1".into()),
+        n if n > config::MAX_CONCURRENCY => Err(format!(
+            "must be at most {} (see the README's security section)",
+            config::MAX_CONCURRENCY
+        )),
+        n => Ok(n),
+    }
+}
+
+/// A path, where an empty value (`REDIS_CA_FILE=`) is accepted here and means "unset" later.
+fn path_value(arg: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(arg))
 }
 
 /// `oxidekiq <crate version>`, as `--version` prints it.
@@ -274,10 +307,15 @@ pub fn config_from(
     if cli.verbose {
         config.verbose = true;
     }
-    if let Some(url) = &cli.redis_url {
+    // Flag, then REDIS_URL (clap reads both into `redis_url`), then the file; empty means unset.
+    if let Some(url) = cli.redis_url.as_ref().filter(|u| !u.is_empty()) {
         config.redis_url = Some(url.clone());
     }
-    if let Some(path) = &cli.redis_ca_file {
+    if let Some(path) = cli
+        .redis_ca_file
+        .as_ref()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
         config.redis_ca_file = Some(path.clone());
     }
     if let Some(f) = cli.fetch {

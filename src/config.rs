@@ -20,13 +20,29 @@
 //!    `average_scheduled_poll_interval`. Any other key is ignored with a debug-level note, as Ruby ignores
 //!    options no code reads.
 //!
+//! 5. The Redis URL: `redis_url: URL` or Sidekiq's `:redis: { :url: URL }`. `--redis-url` and then
+//!    `REDIS_URL` win over the file; other `:redis:` keys are ignored with a warning naming them (put
+//!    the password, database and TLS in the URL). Values read through ERB are never echoed by an
+//!    error: a mistake such as `concurrency: <%= ENV["REDIS_URL"] %>` says which key is wrong, not
+//!    what the variable holds.
+//!
+//! # Limits
+//!
+//! What a flag or a file can make the process spend is bounded, with a clear error past the bound:
+//! concurrency at most [`MAX_CONCURRENCY`], a queue weight at most [`MAX_QUEUE_WEIGHT`], a number
+//! of seconds at most [`MAX_SECONDS`], a config file at most [`MAX_CONFIG_FILE_BYTES`] (before and
+//! after ERB), and its YAML at most [`MAX_YAML_NODES`] values once anchors and aliases are expanded
+//! and [`MAX_YAML_DEPTH`] levels deep (a few hundred bytes of nested aliases, a "YAML bomb", would
+//! otherwise expand to gigabytes). The expansion is counted on the parser's events, before any tree
+//! is built.
+//!
 //! Queue weights follow `cli.rb@v6.4.1 parse_queue`: a queue is listed `max(weight, 1)` times and any
 //! weight above 0 turns strict ordering off. So in `[[critical, 2], default]` the queue without a weight
 //! counts as weight 1 (critical is tried first two times in three); [`normalize_weights`] writes that
 //! down in [`QueueWeight::weight`], so that every weight is 0 (strict order) or every weight is at
 //! least 1 (weighted random). A queue given twice is an error, as in Ruby.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,6 +51,32 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::error::Error;
 use crate::redis_conn::redact_url;
+
+/// The most jobs one process may run at once. Each slot is a task, a working-list entry and a share
+/// of every fetch; Sidekiq advises 5 to 50 per process, and past a few thousand one process is better
+/// split in several. 10 000 is far beyond any real setting and still cheap.
+pub const MAX_CONCURRENCY: usize = 10_000;
+
+/// The largest queue weight. A weighted fetch lists each queue `weight` times and shuffles the list
+/// on every fetch (`fetch.rb`), so the cost of a fetch grows with the weights; 1 000 already gives a
+/// 1:1000 ratio, finer than any priority scheme needs (Sidekiq's docs use 1 to 7).
+pub const MAX_QUEUE_WEIGHT: u32 = 1_000;
+
+/// The most seconds a timeout or interval may be: one day. Larger values are typos, and far larger
+/// ones overflow when added to the clock.
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// The largest config file, before and after ERB: 1 MiB. A Rails app's `sidekiq.yml` is a few hundred
+/// bytes.
+pub const MAX_CONFIG_FILE_BYTES: usize = 1 << 20;
+
+/// The most values (scalars, lists, mappings) a config file's YAML may hold once anchors and aliases
+/// are expanded. A `sidekiq.yml` holds a few dozen; several environments sharing a `<<: *default`
+/// stay far below.
+pub const MAX_YAML_NODES: u64 = 10_000;
+
+/// The deepest nesting of lists and mappings in a config file (a `sidekiq.yml` nests 3 deep).
+pub const MAX_YAML_DEPTH: usize = 64;
 
 /// One queue to fetch from and its weight (`-q name,weight`; weight 0 means strict order).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,18 +196,26 @@ impl fmt::Debug for Config {
 impl Config {
     /// The Redis URL to use: the configured one, else `REDIS_URL`, else the local default.
     pub fn redis_url(&self) -> String {
+        // An empty value counts as unset, as with every variable read here.
         self.redis_url
             .clone()
-            .or_else(|| std::env::var("REDIS_URL").ok())
+            .filter(|u| !u.is_empty())
+            .or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()))
             .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string())
     }
 
     /// The CA bundle for a `rediss://` server: the configured one, else `REDIS_CA_FILE`, else `None`
     /// (the system's trust store).
     pub fn redis_ca_file(&self) -> Option<PathBuf> {
+        // `REDIS_CA_FILE=` (empty) means unset: the system's trust store.
         self.redis_ca_file
             .clone()
-            .or_else(|| std::env::var_os("REDIS_CA_FILE").map(PathBuf::from))
+            .filter(|p| !p.as_os_str().is_empty())
+            .or_else(|| {
+                std::env::var_os("REDIS_CA_FILE")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
     }
 
     /// True when the queues are fetched in strict order (every weight is 0).
@@ -224,10 +274,34 @@ impl Config {
                 "concurrency: 0 is not a valid value, it must be at least 1".into(),
             ));
         }
+        if self.concurrency > MAX_CONCURRENCY {
+            return Err(Error::Config(format!(
+                "concurrency: {} is too large, it must be at most {MAX_CONCURRENCY}",
+                self.concurrency
+            )));
+        }
         if self.timeout.is_zero() {
             return Err(Error::Config(
                 "timeout: 0 is not a valid value, it must be more than 0 seconds".into(),
             ));
+        }
+        for (what, d) in [
+            ("timeout", self.timeout),
+            ("beat interval", self.beat_interval),
+            ("poll interval", self.poll_interval_average),
+        ] {
+            if d.as_secs_f64() > MAX_SECONDS {
+                return Err(Error::Config(format!(
+                    "{what}: {} seconds is too long, it must be at most {MAX_SECONDS} (one day)",
+                    d.as_secs_f64()
+                )));
+            }
+        }
+        if let Some(q) = self.queues.iter().find(|q| q.weight > MAX_QUEUE_WEIGHT) {
+            return Err(Error::Config(format!(
+                "queue {}: weight {} is too large, it must be at most {MAX_QUEUE_WEIGHT}",
+                q.name, q.weight
+            )));
         }
         if self.queues.is_empty() {
             return Err(Error::Config("no queue to fetch from".into()));
@@ -305,9 +379,19 @@ pub(crate) fn parse_queue_spec(arg: &str) -> Result<QueueWeight, String> {
     }
     let weight = match weight {
         None => 0,
-        Some(w) => w.trim().parse::<u32>().map_err(|_| {
-            format!("queue `{arg}`: weight `{w}` is not a whole number of 0 or more")
-        })?,
+        Some(w) => match w.trim().parse::<u32>() {
+            Ok(w) if w <= MAX_QUEUE_WEIGHT => w,
+            Ok(_) => {
+                return Err(format!(
+                    "queue `{arg}`: weight `{w}` is too large, it must be at most {MAX_QUEUE_WEIGHT}"
+                ));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "queue `{arg}`: weight `{w}` is not a whole number of 0 or more"
+                ));
+            }
+        },
     };
     Ok(QueueWeight {
         name: name.to_string(),
@@ -366,6 +450,8 @@ pub(crate) struct FileOptions {
     pub(crate) verbose: Option<bool>,
     /// `average_scheduled_poll_interval`, seconds.
     pub(crate) poll_interval_average: Option<Duration>,
+    /// `redis_url`, or `url` in the `redis` mapping; `None` when `REDIS_URL` is set (it wins).
+    pub(crate) redis_url: Option<String>,
 }
 
 impl FileOptions {
@@ -375,8 +461,7 @@ impl FileOptions {
         environment: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<FileOptions, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        let text = read_bounded(path)?;
         FileOptions::parse(&text, environment, env).map_err(|e| match e {
             Error::Config(m) => Error::Config(format!("{}: {m}", path.display())),
             other => other,
@@ -389,8 +474,29 @@ impl FileOptions {
         environment: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<FileOptions, Error> {
-        let rendered = erb::render(text, env).map_err(Error::Config)?;
-        let docs = YamlLoader::load_from_str(&rendered)
+        if text.len() > MAX_CONFIG_FILE_BYTES {
+            return Err(too_large(text.len()));
+        }
+        let mut from_env = Vec::new();
+        let rendered = erb::render_collecting(text, env, &mut from_env).map_err(Error::Config)?;
+        FileOptions::parse_rendered(&rendered, environment, env)
+            .map_err(|e| hide_env_values(e, &from_env))
+    }
+
+    /// [`FileOptions::parse`] after ERB.
+    fn parse_rendered(
+        rendered: &str,
+        environment: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<FileOptions, Error> {
+        if rendered.len() > MAX_CONFIG_FILE_BYTES {
+            return Err(Error::Config(format!(
+                "{} once ERB is rendered; a config file may be at most {MAX_CONFIG_FILE_BYTES} bytes",
+                size_in_bytes(rendered.len())
+            )));
+        }
+        check_yaml_budget(rendered)?;
+        let docs = YamlLoader::load_from_str(rendered)
             .map_err(|e| Error::Config(format!("invalid YAML: {e}")))?;
         let root = match docs.into_iter().next() {
             None | Some(Yaml::Null) => return Ok(FileOptions::default()),
@@ -440,10 +546,36 @@ impl FileOptions {
                         return Err(Error::Config("verbose: must be true or false".to_string()));
                     }
                 },
+                "redis_url" => opts.redis_url = Some(redis_url("redis_url", &value)?),
+                "redis" => match value {
+                    Yaml::Hash(h) => {
+                        for (k, v) in symbolize(h) {
+                            match k.as_str() {
+                                "url" => opts.redis_url = Some(redis_url("redis: url", &v)?),
+                                _ => tracing::warn!(
+                                    key = %crate::logging::escape(&k),
+                                    "sidekiq.yml `redis:` key not used by oxidekiq (give the \
+                                     password, database and TLS in the URL); ignored"
+                                ),
+                            }
+                        }
+                    }
+                    Yaml::String(_) => opts.redis_url = Some(redis_url("redis", &value)?),
+                    _ => {
+                        return Err(Error::Config(
+                            "redis: must be a mapping such as `{ url: redis://host:6379/0 }`"
+                                .into(),
+                        ));
+                    }
+                },
                 // Sidekiq 6.4 drops it from the file too: strictness follows the weights.
                 "strict" => tracing::debug!("sidekiq.yml `strict` ignored, as Sidekiq 6.4 does"),
                 _ => tracing::debug!(key = %key, "sidekiq.yml key not used by oxidekiq; ignored"),
             }
+        }
+        if opts.redis_url.is_some() && env("REDIS_URL").is_some_and(|u| !u.is_empty()) {
+            tracing::debug!("sidekiq.yml Redis URL ignored: REDIS_URL is set and wins");
+            opts.redis_url = None;
         }
         Ok(opts)
     }
@@ -470,6 +602,9 @@ impl FileOptions {
         }
         if let Some(p) = self.poll_interval_average {
             config.poll_interval_average = p;
+        }
+        if let Some(u) = self.redis_url {
+            config.redis_url = Some(u);
         }
     }
 }
@@ -576,6 +711,9 @@ fn positive_int(key: &str, value: &Yaml) -> Result<usize, Error> {
         _ => None,
     };
     match n.and_then(|n| usize::try_from(n).ok()) {
+        Some(n) if n > MAX_CONCURRENCY && key == "concurrency" => Err(Error::Config(format!(
+            "{key}: {n} is too large, it must be at most {MAX_CONCURRENCY}"
+        ))),
         Some(n) if n >= 1 => Ok(n),
         _ => Err(Error::Config(format!(
             "{key}: {} is not a valid value, it must be a whole number of at least 1",
@@ -710,13 +848,159 @@ fn queue_weight(name: &Yaml, value: &Yaml) -> Result<u32, Error> {
         Yaml::String(s) => s.trim().parse::<u32>().ok(),
         _ => None,
     };
-    w.ok_or_else(|| {
-        Error::Config(format!(
+    match w {
+        Some(w) if w > MAX_QUEUE_WEIGHT => Err(Error::Config(format!(
+            "queues: weight {w} of queue {} is too large, it must be at most {MAX_QUEUE_WEIGHT}",
+            describe(name)
+        ))),
+        Some(w) => Ok(w),
+        None => Err(Error::Config(format!(
             "queues: weight {} of queue {} is not a whole number of 0 or more",
             describe(value),
             describe(name)
+        ))),
+    }
+}
+
+/// A Redis URL from the file: a string (never echoed in an error: it may hold a password).
+fn redis_url(key: &str, value: &Yaml) -> Result<String, Error> {
+    match value {
+        Yaml::String(s) if !s.trim().is_empty() => Ok(s.trim().to_string()),
+        _ => Err(Error::Config(format!(
+            "{key}: must be a Redis URL such as redis://host:6379/0"
+        ))),
+    }
+}
+
+/// Reads a config file of at most [`MAX_CONFIG_FILE_BYTES`], without reading more than that.
+fn read_bounded(path: &Path) -> Result<String, Error> {
+    use std::io::Read as _;
+    let cannot = |e: std::io::Error| Error::Config(format!("cannot read {}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() > MAX_CONFIG_FILE_BYTES {
+        let len = std::fs::metadata(path).map_or(bytes.len(), |m| {
+            usize::try_from(m.len()).unwrap_or(usize::MAX)
+        });
+        return Err(Error::Config(format!(
+            "{}: {}",
+            path.display(),
+            too_large(len)
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        Error::Config(format!(
+            "cannot read {}: the file is not UTF-8 text",
+            path.display()
         ))
     })
+}
+
+fn size_in_bytes(n: usize) -> String {
+    if n > MAX_CONFIG_FILE_BYTES {
+        format!("the file is over {MAX_CONFIG_FILE_BYTES} bytes ({n} bytes)")
+    } else {
+        format!("the file is {n} bytes")
+    }
+}
+
+fn too_large(len: usize) -> Error {
+    Error::Config(format!(
+        "{}; a config file may be at most {MAX_CONFIG_FILE_BYTES} bytes",
+        size_in_bytes(len)
+    ))
+}
+
+/// Counts what the YAML holds once anchors and aliases are expanded, and how deep it nests, on the
+/// parser's events, before any tree is built: past [`MAX_YAML_NODES`] or [`MAX_YAML_DEPTH`] it is an
+/// error, so an alias bomb fails after one linear pass over the text instead of expanding.
+fn check_yaml_budget(text: &str) -> Result<(), Error> {
+    use yaml_rust2::Event;
+    let mut parser = yaml_rust2::parser::Parser::new_from_str(text);
+    // Expanded size of each anchored node, by anchor id.
+    let mut anchored: HashMap<usize, u64> = HashMap::new();
+    // Open lists and mappings: (anchor id, expanded size so far, itself included).
+    let mut open: Vec<(usize, u64)> = Vec::new();
+    let mut total: u64 = 0;
+    loop {
+        let (event, _) = parser
+            .next_token()
+            .map_err(|e| Error::Config(format!("invalid YAML: {e}")))?;
+        let size = match event {
+            Event::StreamEnd => return Ok(()),
+            Event::Scalar(_, _, anchor, _) => {
+                if anchor > 0 {
+                    anchored.insert(anchor, 1);
+                }
+                1
+            }
+            // An alias of an unknown anchor is the loader's error to report.
+            Event::Alias(anchor) => anchored.get(&anchor).copied().unwrap_or(1),
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                if open.len() >= MAX_YAML_DEPTH {
+                    return Err(Error::Config(format!(
+                        "the YAML nests lists and mappings more than {MAX_YAML_DEPTH} levels deep"
+                    )));
+                }
+                open.push((anchor, 1));
+                total = total.saturating_add(1);
+                check_total(total)?;
+                continue;
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                let Some((anchor, size)) = open.pop() else {
+                    continue;
+                };
+                if anchor > 0 {
+                    anchored.insert(anchor, size);
+                }
+                if let Some(parent) = open.last_mut() {
+                    parent.1 = parent.1.saturating_add(size);
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        total = total.saturating_add(size);
+        check_total(total)?;
+        if let Some(parent) = open.last_mut() {
+            parent.1 = parent.1.saturating_add(size);
+        }
+    }
+}
+
+fn check_total(total: u64) -> Result<(), Error> {
+    if total > MAX_YAML_NODES {
+        return Err(Error::Config(format!(
+            "the YAML holds more than {MAX_YAML_NODES} values once its aliases (`*name`) are \
+             expanded; a config file this large is refused (an alias bomb?)"
+        )));
+    }
+    Ok(())
+}
+
+/// Hides, in a config error, every value ERB read from the environment (and every word of 4 or more
+/// characters in it, since YAML may show a part of a value): a variable may hold a secret, and a
+/// value in the wrong place (`concurrency: <%= ENV["REDIS_URL"] %>`) must not print it. Shorter
+/// values (`5`, `25`) stay, so a wrong number is still shown.
+fn hide_env_values(e: Error, from_env: &[String]) -> Error {
+    let Error::Config(mut message) = e else {
+        return e;
+    };
+    let mut hidden: Vec<&str> = Vec::new();
+    for value in from_env {
+        hidden.push(value.as_str());
+        hidden.extend(value.split(|c: char| c.is_whitespace() || ",[]{}#:\"'`&*!|>%@".contains(c)));
+    }
+    hidden.retain(|v| v.trim().chars().count() >= 4);
+    hidden.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    for v in hidden {
+        message = message.replace(v, "(value from ENV)");
+    }
+    Error::Config(message)
 }
 
 /// The ERB subset of a `sidekiq.yml`: `<%= %>` tags whose Ruby is an environment lookup.
@@ -758,6 +1042,15 @@ mod erb {
 
     /// Renders the template; errors start with `line N:`.
     pub(super) fn render(text: &str, env: Env<'_>) -> Result<String, String> {
+        render_collecting(text, env, &mut Vec::new())
+    }
+
+    /// [`render`], pushing every value a tag printed onto `printed` (to keep them out of errors).
+    pub(super) fn render_collecting(
+        text: &str,
+        env: Env<'_>,
+        printed: &mut Vec<String>,
+    ) -> Result<String, String> {
         let mut out = String::with_capacity(text.len());
         let mut rest = text;
         let mut line = 1usize;
@@ -795,6 +1088,7 @@ mod erb {
                 .and_then(output)
                 .map_err(|m| format!("line {tag_line}: {m} in `<%={}%>`", shorten(code)))?;
             out.push_str(&value);
+            printed.push(value);
         }
         out.push_str(rest);
         Ok(out)
@@ -1385,6 +1679,102 @@ mod tests {
         assert!(web_ui_routable("low-priority.v2:x_y"));
         assert!(!web_ui_routable("with space"));
         assert!(!web_ui_routable("a/b"));
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused_before_it_expands_and_ordinary_aliases_pass() {
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for (prev, name) in ["a", "b", "c", "d", "e", "f", "g", "h"]
+            .iter()
+            .zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+        {
+            bomb.push_str(&format!(
+                "{name}: &{name} [{}]\n",
+                vec![format!("*{prev}"); 10].join(", ")
+            ));
+        }
+        let e = Config::default()
+            .apply_yaml_with_env(&bomb, Some("x"), &env_of(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("aliases"), "{e}");
+        let ok = "default: &default\n  concurrency: 3\nproduction:\n  <<: *default\nstaging:\n  <<: *default\n";
+        let mut c = Config::default();
+        c.apply_yaml_with_env(ok, Some("staging"), &env_of(&[]))
+            .unwrap();
+        assert_eq!(c.concurrency, 3);
+    }
+
+    #[test]
+    fn erb_values_never_appear_in_an_error() {
+        let secret = "redis://app:hunter2-pw@h:1/0";
+        for text in [
+            "concurrency: <%= ENV['U'] %>\n",
+            "timeout: <%= ENV['U'] %>\n",
+            "queues: [[a, <%= ENV['U'] %>]]\n",
+            "concurrency: x <%= ENV['U'] %> #y\n",
+            "verbose: <%= ENV['U'] %>\n",
+        ] {
+            let e = Config::default()
+                .apply_yaml_with_env(text, Some("x"), &env_of(&[("U", secret)]))
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains("hunter2"), "{text}: {e}");
+        }
+        // A short value (a number) is still shown.
+        let e = Config::default()
+            .apply_yaml_with_env(
+                "concurrency: <%= ENV['N'] %>\n",
+                Some("x"),
+                &env_of(&[("N", "0")]),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("concurrency: 0 is not"), "{e}");
+    }
+
+    #[test]
+    fn the_redis_url_comes_from_the_file_unless_redis_url_is_set() {
+        for text in [
+            ":redis:\n  :url: redis://h:1/2\n",
+            "redis: { url: 'redis://h:1/2' }\n",
+            "redis_url: redis://h:1/2\n",
+        ] {
+            let mut c = Config::default();
+            c.apply_yaml_with_env(text, Some("x"), &env_of(&[]))
+                .unwrap();
+            assert_eq!(c.redis_url.as_deref(), Some("redis://h:1/2"), "{text}");
+            let mut c = Config::default();
+            c.apply_yaml_with_env(text, Some("x"), &env_of(&[("REDIS_URL", "redis://e:3")]))
+                .unwrap();
+            assert_eq!(c.redis_url, None, "{text}");
+        }
+    }
+
+    #[test]
+    fn weights_and_concurrency_past_their_bounds_are_refused() {
+        for text in [
+            "concurrency: 10001\n",
+            "queues: [[a, 1001]]\n",
+            "queues: {a: 4294967295}\n",
+            "timeout: 86401\n",
+        ] {
+            let mut c = Config::default();
+            let e = c
+                .apply_yaml_with_env(text, Some("x"), &env_of(&[]))
+                .and_then(|()| c.validate())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("at most"), "{text}: {e}");
+        }
+        let mut c = Config::default();
+        c.apply_yaml_with_env(
+            "concurrency: 10000\nqueues: [[a, 1000], b]\ntimeout: 86400\n",
+            Some("x"),
+            &env_of(&[]),
+        )
+        .unwrap();
+        c.validate().unwrap();
     }
 
     #[test]

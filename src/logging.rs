@@ -10,6 +10,12 @@
 //! out every 20 ms, so a job never waits on the terminal and a busy process does not wake a writer
 //! thread per line; past 1 MiB the logging thread writes the buffer itself (back-pressure, no line is
 //! ever dropped).
+//!
+//! Every line is escaped as a whole before it is written ([`write_escaped`]): a newline, a carriage
+//! return, an ANSI escape or a bidirectional override from a payload or from Redis (a class, a jid, a
+//! queue name, an error message, an ActiveJob wrapped class) is written as `\n`, `\u{1b}`, ..., so a
+//! crafted payload cannot print a fake line or recolour the terminal. Panic messages are logged
+//! through the same path, with any Redis URL in them redacted.
 
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
@@ -131,6 +137,8 @@ thread_local! {
         let n: u64 = name.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
         format!(" pid={} tid={}", pid(), crate::processor::to_base36(n ^ u64::from(pid())))
     };
+    /// This thread's reusable line buffer (the line before escaping).
+    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
     /// This thread's reusable field buffers.
     static FIELDS: std::cell::RefCell<Fields> = std::cell::RefCell::new(Fields::default());
     /// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen on this thread.
@@ -160,9 +168,39 @@ where
     fn format_event(
         &self,
         ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
+        mut out: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
+        // The line is built whole, then written with its control characters escaped: queue names,
+        // classes, jids and error messages come from payloads and Redis, and escaping the finished
+        // line covers every field, span or event, in this one place.
+        LINE.with(|cell| {
+            let mut fresh = String::new();
+            let mut borrowed = cell.try_borrow_mut();
+            let line = match borrowed.as_deref_mut() {
+                Ok(l) => l,
+                Err(_) => &mut fresh,
+            };
+            line.clear();
+            self.format_line(ctx, Writer::new(line), event)?;
+            write_escaped(&mut out, line)?;
+            out.write_char('\n')
+        })
+    }
+}
+
+impl SidekiqFormat {
+    /// The line, unescaped and without its newline.
+    fn format_line<S, N>(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
         write_time(&mut writer)?;
         PID_TID.with(|p| writer.write_str(p))?;
         if let Some(scope) = ctx.event_scope() {
@@ -195,10 +233,49 @@ where
             writer.write_char(' ')?;
             writer.write_str(level)?;
             writer.write_str(": ")?;
-            writer.write_str(&f.message)?;
-            writer.write_char('\n')
+            writer.write_str(&f.message)
         })
     }
+}
+
+/// True for a character that must not reach a log line raw: C0 and C1 controls (newline, carriage
+/// return, the ESC of ANSI sequences, ...), DEL, the Unicode line and paragraph separators (some
+/// viewers break lines there) and the bidirectional overrides that reorder what a reader sees.
+pub fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}')
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// Writes `s` with every character of [`needs_escape`] written as an escape: `\n`, `\r`, `\t`, else
+/// `\u{..}` (as Rust's `escape_debug` does). Anything else, backslashes included, is written as is.
+pub fn write_escaped(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
+    // Most lines are printable ASCII: one scan, one write.
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return out.write_str(s);
+    }
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        if needs_escape(c) {
+            out.write_str(&s[start..i])?;
+            match c {
+                '\n' => out.write_str("\\n")?,
+                '\r' => out.write_str("\\r")?,
+                '\t' => out.write_str("\\t")?,
+                c => write!(out, "\\u{{{:x}}}", u32::from(c))?,
+            }
+            start = i + c.len_utf8();
+        }
+    }
+    out.write_str(&s[start..])
+}
+
+/// `s` with control characters escaped (see [`write_escaped`]), for text written outside the logger.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let _ = write_escaped(&mut out, s);
+    out
 }
 
 /// Installs the Sidekiq-shaped logger on stdout; `verbose` turns on debug lines. Keep the guard alive
@@ -227,6 +304,57 @@ pub fn init(verbose: bool) -> LogGuard {
         .event_format(SidekiqFormat)
         .finish();
     // A second init (tests) keeps the first subscriber.
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+        install_panic_hook();
+    }
     LogGuard { buffer }
+}
+
+/// Routes panic messages through the logger instead of the default hook's raw `eprintln`: a panic
+/// message may quote a payload (escaped like every line) or a Redis URL (redacted). The previous
+/// hook still runs if this one is re-entered (a panic while logging a panic).
+fn install_panic_hook() {
+    thread_local! {
+        static IN_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if IN_HOOK.with(|h| h.replace(true)) {
+            previous(info);
+            return;
+        }
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(a panic without a message)");
+        let message = crate::redis_conn::redact_urls_in(message);
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let thread = std::thread::current();
+        tracing::error!(
+            thread = thread.name().unwrap_or("unnamed"),
+            location = %location,
+            "panicked: {message}"
+        );
+        IN_HOOK.with(|h| h.set(false));
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_is_kept() {
+        assert_eq!(escape("class=Hard jid=abc"), "class=Hard jid=abc");
+        assert_eq!(escape("a\nb\r\tc"), "a\\nb\\r\\tc");
+        assert_eq!(escape("\u{1b}[31mred"), "\\u{1b}[31mred");
+        assert_eq!(escape("x\u{7f}\u{85}y"), "x\\u{7f}\\u{85}y");
+        assert_eq!(escape("l\u{2028}r\u{202e}"), "l\\u{2028}r\\u{202e}");
+        assert_eq!(escape("héllo ☃ \\n"), "héllo ☃ \\n");
+    }
 }

@@ -53,6 +53,15 @@ pub fn client_with_ca(url: &str, ca_file: Option<&Path>) -> Result<redis::Client
         Error::Config(format!("invalid Redis URL {}: {detail}", redact_url(url)))
     };
     let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(invalid)?;
+    if let redis::ConnectionAddr::TcpTls {
+        insecure: true,
+        host,
+        port,
+        ..
+    } = info.addr()
+    {
+        warn_insecure_once(host, *port);
+    }
     let Some(path) = ca_file else {
         return redis::Client::open(info).map_err(invalid);
     };
@@ -94,6 +103,20 @@ pub fn client_with_ca(url: &str, ca_file: Option<&Path>) -> Result<redis::Client
     })
 }
 
+/// Says once per process that `#insecure` turned certificate checks off: the connection is encrypted
+/// but not authenticated, so anyone on the path can read the password.
+fn warn_insecure_once(host: &str, port: u16) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            server = %format_args!("{host}:{port}"),
+            "rediss://...#insecure: the server's certificate and host name are NOT checked; anyone \
+             on the network path can pose as the server and read the password. Give the CA with \
+             --redis-ca-file instead"
+        );
+    });
+}
+
 /// Makes `ring` rustls's process-wide crypto provider, once, before the first TLS connection.
 ///
 /// rustls needs one chosen before a TLS config is built, and the `#insecure` mode reads the process
@@ -130,45 +153,176 @@ fn config(response_timeout: Option<Duration>) -> ConnectionManagerConfig {
 ///
 /// Credentials refused and a TLS handshake that fails (an untrusted certificate, most often) come back
 /// as [`Error::Config`] naming the server and the user, never the password: retrying will not help.
+/// Other failures stay [`Error::Redis`] (callers classify them) with a message naming the server.
 pub async fn connect(client: &redis::Client) -> Result<Conn> {
-    ConnectionManager::new_with_config(client.clone(), config(Some(RESPONSE_TIMEOUT)))
-        .await
-        .map_err(|e| connect_error(client, e))
+    connect_with(client, config(Some(RESPONSE_TIMEOUT))).await
 }
 
 /// A connection for blocking commands that block at most `block`; errors as with [`connect`].
 pub async fn connect_blocking(client: &redis::Client, block: Duration) -> Result<Conn> {
     let timeout = block + Duration::from_secs(5);
-    ConnectionManager::new_with_config(client.clone(), config(Some(timeout)))
-        .await
-        .map_err(|e| connect_error(client, e))
+    connect_with(client, config(Some(timeout))).await
+}
+
+/// How long a `rediss://` connection may take before the port is asked, in plain text, whether it is
+/// a plain Redis port (see [`answers_in_plain_text`]).
+const TLS_PROBE_AFTER: Duration = Duration::from_secs(2);
+
+async fn connect_with(client: &redis::Client, cfg: ConnectionManagerConfig) -> Result<Conn> {
+    let attempt = ConnectionManager::new_with_config(client.clone(), cfg);
+    let info = client.get_connection_info();
+    let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr() else {
+        return attempt.await.map_err(|e| connect_error(client, e));
+    };
+    // A plain Redis port does not answer a TLS ClientHello (it waits for the end of a line that never
+    // comes), so the attempt would only fail after every retry has timed out. Asking the port in
+    // plain text tells that case apart in a couple of seconds; a TLS port never answers `PING\r\n`
+    // with a RESP reply, so a slow TLS server is never mistaken for a plain one.
+    let (host, port) = (host.clone(), *port);
+    let probe = async {
+        tokio::time::sleep(TLS_PROBE_AFTER).await;
+        if answers_in_plain_text(&host, port).await {
+            return;
+        }
+        std::future::pending::<()>().await
+    };
+    let plain_port = || {
+        Error::Config(format!(
+            "TLS connection to redis at {} failed: the server answers in plain text; is this a TLS \
+             port? Use a redis:// URL for a plain-text port",
+            server_name(client)
+        ))
+    };
+    tokio::select! {
+        result = attempt => match result {
+            Ok(conn) => Ok(conn),
+            // The probe may not have had its turn (a fast failure, or a probe slowed down by a
+            // loaded machine): ask once more before naming the error.
+            Err(e) if e.kind() != redis::ErrorKind::AuthenticationFailed
+                && rustls_error(&e).is_none_or(|t| !matches!(t, rustls::Error::InvalidCertificate(_)))
+                && answers_in_plain_text(&host, port).await => Err(plain_port()),
+            Err(e) => Err(connect_error(client, e)),
+        },
+        () = probe => Err(plain_port()),
+    }
+}
+
+/// True when `host:port` answers `PING` with a RESP reply (`+PONG`, `-NOAUTH ...`): a plain-text
+/// Redis port. Sends nothing secret.
+async fn answers_in_plain_text(host: &str, port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        stream.write_all(b"PING\r\n").await.ok()?;
+        let mut first = [0u8; 1];
+        let n = stream.read(&mut first).await.ok()?;
+        Some(n == 1 && matches!(first[0], b'+' | b'-'))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), probe).await,
+        Ok(Some(true))
+    )
+}
+
+/// `redis://host:port` or `rediss://host:port` (a socket's path for Unix sockets): the server a
+/// client talks to, without user or password.
+fn server_name(client: &redis::Client) -> String {
+    // An IPv6 address is written in brackets, as in a URL.
+    let host = |h: &str| {
+        if h.contains(':') {
+            format!("[{h}]")
+        } else {
+            h.to_string()
+        }
+    };
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::TcpTls { host: h, port, .. } => {
+            format!("rediss://{}:{port}", host(h))
+        }
+        redis::ConnectionAddr::Tcp(h, port) => format!("redis://{}:{port}", host(h)),
+        other => format!("the socket {other}"),
+    }
 }
 
 /// Says what to fix when a first connection fails for a reason retrying cannot cure; other errors
-/// (refused, timed out) stay [`Error::Redis`], which callers can classify.
+/// (refused, timed out) stay [`Error::Redis`], which callers can classify, with the server named.
 fn connect_error(client: &redis::Client, e: redis::RedisError) -> Error {
     let info = client.get_connection_info();
     let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
-    let server = format!("{}://{}", if tls { "rediss" } else { "redis" }, info.addr());
+    let server = server_name(client);
     if e.kind() == redis::ErrorKind::AuthenticationFailed {
-        let user = info.redis_settings().username().unwrap_or("default");
+        // A user part without a password may well be a password (see `redact_url`): not shown.
+        let settings = info.redis_settings();
+        let user = match (settings.username(), settings.password()) {
+            (Some(user), Some(_)) => user,
+            (Some(_), None) => "REDACTED",
+            (None, _) => "default",
+        };
         return Error::Config(format!(
             "redis at {server} refused the password of user `{user}` ({e}): check the user and \
              password in the Redis URL"
         ));
     }
     if let Some(tls_error) = rustls_error(&e) {
-        let hint = if matches!(tls_error, rustls::Error::InvalidCertificate(_)) {
-            ": the server's certificate is not trusted; give the CA that signed it with \
-             --redis-ca-file or REDIS_CA_FILE"
-        } else {
-            ""
+        let hint = match tls_error {
+            rustls::Error::InvalidCertificate(_) => {
+                ": the server's certificate is not trusted; give the CA that signed it with \
+                 --redis-ca-file or REDIS_CA_FILE"
+            }
+            // What a plain-text Redis sends back (an error line) is no TLS record.
+            rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+                ": the server did not answer in TLS; is this a TLS port? Use a redis:// URL for a \
+                 plain-text port"
+            }
+            _ => "",
         };
         return Error::Config(format!(
             "TLS connection to redis at {server} failed: {tls_error}{hint}"
         ));
     }
-    Error::Redis(e)
+    if let Some(io) = io_error(&e) {
+        use std::io::ErrorKind as K;
+        // A TLS port closes a connection that does not start with a handshake.
+        let hint = if !tls
+            && matches!(
+                io.kind(),
+                K::ConnectionReset | K::UnexpectedEof | K::ConnectionAborted | K::BrokenPipe
+            ) {
+            " (the server closed the connection: if this port serves TLS, use a rediss:// URL)"
+        } else {
+            ""
+        };
+        // Same I/O kind, so `is_connection_refusal`, `is_timeout` and the like still classify it.
+        let named = std::io::Error::new(
+            io.kind(),
+            format!("cannot connect to redis at {server}: {io}{hint}"),
+        );
+        return Error::Redis(redis::RedisError::from(named));
+    }
+    Error::Redis(redis::RedisError::from((
+        e.kind(),
+        "cannot connect to redis",
+        format!("{server}: {e}"),
+    )))
+}
+
+/// The I/O error behind a redis error, looking through the `Arc` redis-rs keeps it in.
+fn io_error(e: &redis::RedisError) -> Option<&std::io::Error> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        if let Some(shared) = err.downcast_ref::<Shared>() {
+            let inner: &(dyn std::error::Error + 'static) = shared.as_ref();
+            if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+                return Some(io);
+            }
+        }
+        next = err.source();
+    }
+    None
 }
 
 /// The rustls error behind a connection error, if there is one. It travels inside an I/O error, which
@@ -200,27 +354,110 @@ fn rustls_error(e: &redis::RedisError) -> Option<&rustls::Error> {
     None
 }
 
-/// The URL with any password replaced by `REDACTED`, for logs and errors.
+/// Query parameters whose value is a secret: redis-rs reads `pass` for `redis+unix://` and `unix://`
+/// URLs; `password` and the others are what people write by analogy, and hiding them costs nothing.
+const SECRET_PARAMS: [&str; 7] = [
+    "pass", "password", "passwd", "pwd", "secret", "token", "auth",
+];
+
+/// The URL with every password in it replaced by `REDACTED`, for logs and errors. One function for
+/// every form a Redis URL takes:
 ///
-/// Everything before the last `@` counts as the user part, even a password with an unencoded `/`, `?`
-/// or `#` in it (a URL that does not parse is shown in errors too): no `@` ever appears in the host,
-/// path, query or fragment of a Redis URL, so the rule never hides more than the password.
+/// - `redis://user:pw@host:port/db`, `rediss://...`, and a user part alone (`redis://pw@host`:
+///   redis-rs reads it as a user name, but people write passwords there, so it is hidden too);
+/// - no scheme at all (`user:pw@host:port`, which redis-rs refuses, so it shows up in errors);
+/// - a password in the query: `redis+unix:///path?user=u&pass=pw`, `unix:///path?pass=pw`,
+///   `redis://host?password=pw`, and `passwd`, `pwd`, `secret`, `token`, `auth` likewise.
+///
+/// The user part ends at the last `@` before the first secret query parameter, even for a password
+/// with an unencoded `/`, `?` or `#` in it (a URL that does not parse is shown in errors too): no `@`
+/// ever appears in the host or path of a Redis URL, so the rule never hides more than the password,
+/// and an `@` inside a query password stays inside the hidden value.
 pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => (&url[..i + 3], &url[i + 3..]),
+        None => ("", url),
     };
-    let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.rfind('@') else {
-        return url.to_string();
+    let user_part_ends_before = secret_param_start(rest).unwrap_or(rest.len());
+    let (user, rest) = match rest[..user_part_ends_before].rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let shown = match userinfo.find(':') {
+                Some(c) => format!("{}:REDACTED@", &userinfo[..c]),
+                None => "REDACTED@".to_string(),
+            };
+            (shown, &rest[at + 1..])
+        }
+        None => (String::new(), rest),
     };
-    let userinfo = &rest[..at];
-    let shown = match userinfo.find(':') {
-        Some(c) => format!("{}:REDACTED", &userinfo[..c]),
-        // `redis://secret@host`: redis-rs reads a lone user part as a user name, but people write
-        // passwords there; a user name is not worth the risk.
-        None => "REDACTED".to_string(),
+    format!("{scheme}{user}{}", redact_query(rest))
+}
+
+/// `text` with every word that may be a Redis URL (it holds `://` or `@`) passed through
+/// [`redact_url`]: for free text such as a panic message, where a URL could appear anywhere.
+pub fn redact_urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let word = &rest[..end];
+        if word.contains("://") || word.contains('@') {
+            out.push_str(&redact_url(word));
+        } else {
+            out.push_str(word);
+        }
+        let spaces = rest[end..]
+            .find(|c: char| !c.is_whitespace())
+            .map_or(rest.len(), |n| end + n);
+        out.push_str(&rest[end..spaces]);
+        rest = &rest[spaces..];
+    }
+    out
+}
+
+/// Where the first `?name=` or `&name=` with a name of [`SECRET_PARAMS`] starts.
+fn secret_param_start(s: &str) -> Option<usize> {
+    s.char_indices()
+        .filter(|(_, c)| matches!(c, '?' | '&'))
+        .map(|(i, _)| i)
+        .find(|&i| {
+            let after = &s[i + 1..];
+            after
+                .split_once('=')
+                .is_some_and(|(key, _)| is_secret_param(key))
+        })
+}
+
+fn is_secret_param(key: &str) -> bool {
+    SECRET_PARAMS
+        .iter()
+        .any(|s| key.trim().eq_ignore_ascii_case(s))
+}
+
+/// `host/path?a=1&pass=pw#insecure` with the values of [`SECRET_PARAMS`] hidden. A secret value runs
+/// to the next `&` or the end, `#` included (a password may hold one), except a final `#insecure`.
+fn redact_query(rest: &str) -> String {
+    let Some(q) = rest.find('?') else {
+        return rest.to_string();
     };
-    format!("{}://{shown}{}", &url[..scheme_end], &rest[at..])
+    let mut out = rest[..=q].to_string();
+    for (i, param) in rest[q + 1..].split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        let key = param.split('=').next().unwrap_or("");
+        let secret = param.contains('=') && is_secret_param(key);
+        if secret {
+            out.push_str(key);
+            out.push_str("=REDACTED");
+            if param.ends_with("#insecure") {
+                out.push_str("#insecure");
+            }
+        } else {
+            out.push_str(param);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -239,6 +476,62 @@ mod tests {
             redact_url("rediss://app:s3cret@h:6380/0#insecure"),
             "rediss://app:REDACTED@h:6380/0#insecure"
         );
+    }
+
+    #[test]
+    fn every_url_form_hides_its_password() {
+        let pw = "s3cr3t-Pw";
+        for (url, shown) in [
+            (
+                "redis+unix:///run/redis.sock?user=u&pass=s3cr3t-Pw",
+                "redis+unix:///run/redis.sock?user=u&pass=REDACTED",
+            ),
+            (
+                "redis+unix:///run/redis.sock?pass=s3cr3t-Pw&db=2",
+                "redis+unix:///run/redis.sock?pass=REDACTED&db=2",
+            ),
+            (
+                "unix:///run/redis.sock?pass=s3cr3t-Pw",
+                "unix:///run/redis.sock?pass=REDACTED",
+            ),
+            ("app:s3cr3t-Pw@h:6379", "app:REDACTED@h:6379"),
+            ("s3cr3t-Pw@h:6379", "REDACTED@h:6379"),
+            (
+                "redis://h:6379/0?password=s3cr3t-Pw",
+                "redis://h:6379/0?password=REDACTED",
+            ),
+            (
+                "redis://h:6379/0?Password=s3cr3t-Pw#insecure",
+                "redis://h:6379/0?Password=REDACTED#insecure",
+            ),
+            ("redis://s3cr3t-Pw@h", "redis://REDACTED@h"),
+            (
+                "rediss://u:s3cr3t-Pw@h?pass=s3cr3t-Pw",
+                "rediss://u:REDACTED@h?pass=REDACTED",
+            ),
+            // An `@` inside a query password stays inside the hidden value.
+            (
+                "redis+unix:///s.sock?pass=s3cr@t-Pw",
+                "redis+unix:///s.sock?pass=REDACTED",
+            ),
+            (
+                "redis://h?password=a@s3cr3t-Pw",
+                "redis://h?password=REDACTED",
+            ),
+        ] {
+            let got = redact_url(url);
+            assert_eq!(got, shown, "{url}");
+            assert!(!got.contains(pw) && !got.contains("s3cr@t"), "{got}");
+        }
+    }
+
+    #[test]
+    fn urls_in_free_text_are_redacted_and_the_rest_is_kept() {
+        assert_eq!(
+            redact_urls_in("cannot use `redis://u:pw1234@h:1/0` now\n  (unix:///s?pass=pw1234)"),
+            "cannot use `redis://u:REDACTED@h:1/0` now\n  (unix:///s?pass=REDACTED"
+        );
+        assert_eq!(redact_urls_in("plain words"), "plain words");
     }
 
     #[test]

@@ -365,10 +365,45 @@ fn the_same_queue_flag_twice_is_an_error() {
 }
 
 #[test]
-fn zero_concurrency_flag_is_an_error() {
+fn zero_or_too_much_concurrency_is_an_error_from_a_flag_the_file_or_the_environment() {
+    for c in ["0", "10001", "100000000"] {
+        let e = parse_args(args(&["-c", c])).unwrap_err().to_string();
+        assert!(e.contains("--concurrency"), "{e}");
+    }
     let dir = TempDir::new();
-    let e = load_in(dir.path(), &["-c", "0"], &[]).unwrap_err();
-    assert!(e.to_string().contains("concurrency"), "{e}");
+    let e = load_in(dir.path(), &[], &[("RAILS_MAX_THREADS", "10001")]).unwrap_err();
+    assert!(e.to_string().contains("at most 10000"), "{e}");
+    std::fs::write(dir.path().join("big.yml"), "concurrency: 10001\n").unwrap();
+    let e = load_in(dir.path(), &["-C", "big.yml"], &[]).unwrap_err();
+    assert!(e.to_string().contains("at most 10000"), "{e}");
+    assert_eq!(
+        load_in(dir.path(), &["-c", "10000"], &[])
+            .unwrap()
+            .concurrency,
+        10000
+    );
+}
+
+#[test]
+fn the_redis_url_flag_wins_over_the_file() {
+    let dir = TempDir::new();
+    std::fs::write(
+        dir.path().join("s.yml"),
+        ":redis:\n  :url: redis://file:1/0\n",
+    )
+    .unwrap();
+    let from_file = load_in(dir.path(), &["-C", "s.yml"], &[]).unwrap();
+    // Unless REDIS_URL is set in this test process (clap reads it for `--redis-url`).
+    if std::env::var_os("REDIS_URL").is_none() {
+        assert_eq!(from_file.redis_url.as_deref(), Some("redis://file:1/0"));
+    }
+    let flagged = load_in(
+        dir.path(),
+        &["-C", "s.yml", "--redis-url", "redis://flag:2/0"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(flagged.redis_url.as_deref(), Some("redis://flag:2/0"));
 }
 
 #[test]

@@ -504,3 +504,57 @@ async fn an_unreachable_tls_server_is_named_without_the_password() {
         .to_string();
     assert!(!error.contains(PASSWORD), "{error}");
 }
+
+#[test]
+fn a_plain_url_to_a_tls_port_and_a_tls_url_to_a_plain_port_say_which_is_wrong() {
+    let certs = Certs::make();
+    let redis = TlsRedis::start(&certs);
+    // redis:// to the TLS port: the server closes the connection; the error says to try rediss://.
+    let plain_to_tls = format!("redis://app:{PASSWORD}@127.0.0.1:{}/0", redis.tls_port);
+    let mut ox = Oxidekiq::start(&plain_to_tls, &["-q", "default", "-v"]);
+    let status = ox
+        .wait_exit(Duration::from_secs(90))
+        .expect("oxidekiq kept running against a TLS port");
+    assert!(!status.success());
+    let log = ox.log();
+    assert!(!log.contains(PASSWORD), "{log}");
+    assert!(
+        log.contains(&format!("redis://127.0.0.1:{}", redis.tls_port))
+            && log.contains("use a rediss:// URL"),
+        "the error does not point at TLS:\n{log}"
+    );
+    // rediss:// to the plain port of the same server.
+    let tls_to_plain = format!("rediss://app:{PASSWORD}@127.0.0.1:{}/0", redis._server.port);
+    let mut ox = Oxidekiq::start_with_env(
+        &tls_to_plain,
+        &["-q", "default"],
+        &[("REDIS_CA_FILE", certs.ca().to_str().unwrap())],
+    );
+    let status = ox
+        .wait_exit(Duration::from_secs(90))
+        .expect("oxidekiq kept running against a plain port");
+    assert!(!status.success());
+    let log = ox.log();
+    assert!(!log.contains(PASSWORD), "{log}");
+    assert!(log.contains("is this a TLS port?"), "{log}");
+}
+
+#[test]
+fn an_insecure_tls_url_is_warned_about_once_at_start() {
+    let certs = Certs::make();
+    let redis = TlsRedis::start(&certs);
+    let mut ox = Oxidekiq::start(&redis.url("#insecure"), &["-q", "default"]);
+    assert!(
+        ox.wait_for_log("starting", Duration::from_secs(60)),
+        "oxidekiq did not start over #insecure TLS"
+    );
+    ox.signal("TERM");
+    assert!(ox.wait_exit(Duration::from_secs(30)).is_some());
+    let log = ox.log();
+    assert!(!log.contains(PASSWORD), "{log}");
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN:") && l.contains("NOT checked"))
+        .count();
+    assert_eq!(warnings, 1, "{log}");
+}
