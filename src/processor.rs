@@ -350,29 +350,38 @@ impl Processor {
                 "panic while decoding a job: it stays in the working list for recovery");
             return;
         };
-        let done = if run.is_fate_written() {
-            tracing::error!(queue = %queue, panic = %message,
-                "panic after the job's fate was written: acknowledged");
-            true
-        } else {
-            tracing::error!(queue = %queue, panic = %message, "job panicked: failing it");
-            let error = JobError::new(crate::error::PANIC, format!("panicked: {message}"));
-            let retried = catch_unwind(async {
-                let job = Job::parse(raw.to_vec(), usize::MAX).ok()?;
-                let entry = self.registry.get(job.worker_class());
-                Some(
-                    self.fail(Arc::new(job), queue.clone(), entry, error, 0.0, None, run)
-                        .await,
-                )
-            })
-            .await;
+        // Decoded again (it was before the panic, unless the panic came from the undecodable path) for
+        // the retry path and the log line's class and jid.
+        let job = Job::parse(raw.to_vec(), self.max_payload_bytes)
+            .ok()
+            .map(Arc::new);
+        let span = match &job {
+            Some(j) => {
+                tracing::error_span!("job", class = %j.worker_class(), jid = %j.jid(), queue = %queue)
+            }
+            None => tracing::error_span!("job", queue = %queue),
+        };
+        let done = async {
+            if run.is_fate_written() {
+                tracing::error!(panic = %message, "panic after the job's fate was written: acknowledged");
+                return true;
+            }
+            tracing::error!(panic = %message, "job panicked: failing it");
+            let retried = match job {
+                Some(job) => {
+                    let error = JobError::new(crate::error::PANIC, format!("panicked: {message}"));
+                    let entry = self.registry.get(job.worker_class());
+                    let failing = self.fail(job, queue.clone(), entry, error, 0.0, None, run);
+                    catch_unwind(failing).await.ok()
+                }
+                None => None,
+            };
             match retried {
-                Ok(Some(has_fate)) => has_fate,
+                Some(has_fate) => has_fate,
                 // The retry path panicked after writing the fate: nothing more to write.
-                Err(_) if run.is_fate_written() => true,
-                Ok(None) | Err(_) => {
-                    let text =
-                        format!("panicked: {message} (and again while writing its retry entry)");
+                None if run.is_fate_written() => true,
+                None => {
+                    let text = format!("panicked: {message} (and its retry entry could not be written)");
                     let member = annotate_error(&raw, crate::error::PANIC, &text);
                     let now = time::now();
                     self.persist(|mut conn| {
@@ -380,10 +389,13 @@ impl Processor {
                         async move { retry::send_to_morgue(&mut conn, &member, now).await }
                     })
                     .await;
+                    tracing::error!("sent to the dead set");
                     true
                 }
             }
-        };
+        }
+        .instrument(span)
+        .await;
         if done {
             self.work.remove(entry);
             let _ = self.acks.send(Held { queue, id, raw });
