@@ -187,14 +187,16 @@ fn done_jids(log: &str) -> Vec<String> {
 }
 
 /// Accounts for every jid after a stop: each is either done (exactly once) or back in the queue
-/// (exactly once, byte for byte), never both and never neither. `done` may hold jids run more than
-/// once; that is a failure here, where no job has side effects before its only cancellation point.
+/// (exactly once, byte for byte), never neither. Both (it ran, and was pushed back) is allowed for at
+/// most `max_both` jobs: a job cancelled at the deadline after its side effect (the README's "when a job
+/// can run twice"), which can only be one that was in flight, so at most the concurrency.
 #[track_caller]
 fn account_for_every_job(
     what: &str,
     payloads: &[(String, String)],
     done: &[String],
     queued: &[String],
+    max_both: usize,
 ) {
     let mut done_set = HashSet::new();
     for j in done {
@@ -213,11 +215,14 @@ fn account_for_every_job(
             queued_set.insert(*jid),
             "{what}: {jid} is in the queue twice"
         );
-        assert!(
-            !done_set.contains(jid),
-            "{what}: {jid} both ran and was pushed back"
-        );
     }
+    let both: Vec<&&str> = queued_set.intersection(&done_set).collect();
+    assert!(
+        both.len() <= max_both,
+        "{what}: {} jobs both ran and were pushed back (at most {max_both} may), e.g. {:?}",
+        both.len(),
+        both.first()
+    );
     let lost: Vec<&str> = payloads
         .iter()
         .map(|(j, _)| j.as_str())
@@ -760,7 +765,10 @@ async fn nothing_is_lost_when_stop_arrives_at_random_moments_mid_drain() {
         let what = format!("round {round} (stop after {wait} ms, timeout {timeout:?})");
         let pairs: Vec<(String, String)> =
             jids.iter().cloned().zip(payloads.iter().cloned()).collect();
-        account_for_every_job(&what, &pairs, &done, &queued);
+        // With time to finish (3 s for jobs of at most 20 ms) nothing is cancelled after its side
+        // effect: no job may both run and be pushed back. Cancelled at once: at most the in-flight ones.
+        let max_both = if timeout.is_zero() { 20 } else { 0 };
+        account_for_every_job(&what, &pairs, &done, &queued, max_both);
         assert_eq!(
             c.zcard::<_, usize>("retry").unwrap(),
             0,
@@ -805,7 +813,8 @@ fn term_at_random_moments_leaves_every_unrun_payload_byte_identical_in_the_queue
         // and the queue length would let a job run and also pushed back hide a lost one.)
         let queued: Vec<String> = c.lrange("queue:rust", 0, -1).unwrap();
         let done = done_jids(&ox.log());
-        account_for_every_job("binary TERM", &pairs, &done, &queued);
+        // -t 2 for jobs of at most 20 ms: none is cancelled, so none may both run and be pushed back.
+        account_for_every_job("binary TERM", &pairs, &done, &queued, 0);
         let processed: i64 = c
             .get::<_, Option<i64>>("stat:processed")
             .unwrap()
