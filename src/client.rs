@@ -155,6 +155,14 @@ impl NewJob {
         {
             return Err(Error::Config("tags must be an array".into()));
         }
+        // The server fails a job whose `unique_ttl` is out of this range: refuse it at the push.
+        if let Some(ttl) = self.unique_for
+            && !(0.001..=until_executed::MAX_UNIQUE_TTL_SECS).contains(&ttl.as_secs_f64())
+        {
+            return Err(Error::Config(format!(
+                "unique_for must be from 1 ms to 10 years, got {ttl:?}"
+            )));
+        }
         Ok(())
     }
 
@@ -399,6 +407,24 @@ mod tests {
         assert_eq!(
             s,
             r#"{"retry":true,"queue":"default","args":[],"class":"X","jid":"j","created_at":1795291648000}"#
+        );
+    }
+
+    #[test]
+    fn a_unique_ttl_the_server_would_refuse_is_refused_at_the_push() {
+        for ttl in [
+            Duration::ZERO,
+            Duration::MAX,
+            Duration::from_secs(400_000_000),
+        ] {
+            let job = NewJob::new("A", (1,)).unique_for(ttl);
+            assert!(job.validate().is_err(), "{ttl:?}");
+        }
+        assert!(
+            NewJob::new("A", (1,))
+                .unique_for(Duration::from_secs(600))
+                .validate()
+                .is_ok()
         );
     }
 

@@ -75,6 +75,14 @@ impl From<std::io::Error> for Error {
 /// Result alias of the runtime.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `error_class` of a job whose payload holds a field the runtime cannot use (a `unique_ttl` out of
+/// range, ...): a job failure like any other, so the job is kept in the retry set, then the dead set.
+pub const INVALID_PAYLOAD: &str = "Oxidekiq::InvalidPayload";
+
+/// `error_class` of a job whose run panicked (in the worker, a middleware or oxidekiq itself): a job
+/// failure like a raised exception, with the panic's message as `error_message`.
+pub const PANIC: &str = "Oxidekiq::Panic";
+
 /// What the retry machinery does with a failed job (Sidekiq's `sidekiq_retry_in` answers, plus
 /// `Reschedule`, which is not a failure at all).
 #[derive(Debug, Clone, Copy, PartialEq)]

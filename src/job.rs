@@ -7,6 +7,7 @@
 //! does not know. Numbers beyond 64 bits survive because `serde_json` runs with `arbitrary_precision`.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -104,8 +105,9 @@ struct Header<'a> {
 /// A decoded job: the original bytes and its dispatch fields.
 #[derive(Debug, Clone)]
 pub struct Job {
-    /// The exact string Ruby stored; acks, requeues and removals use it as is.
-    raw: String,
+    /// The exact string Ruby stored; acks, requeues and removals use it as is. Shared, so the in-flight
+    /// table and the panic recovery hold the same bytes without a copy.
+    raw: Arc<str>,
     /// `class`, as written.
     class: String,
     /// `wrapped`, when it is a string (ActiveJob's real class).
@@ -136,7 +138,7 @@ impl Job {
             }
         };
         match Self::decode(&raw) {
-            Ok(fields) => Ok(fields.into_job(raw)),
+            Ok(fields) => Ok(fields.into_job(Arc::from(raw))),
             Err(e) => Err((raw.into_bytes(), e)),
         }
     }
@@ -144,7 +146,7 @@ impl Job {
     /// Decodes from a string (the bytes must already be UTF-8).
     #[allow(clippy::should_implement_trait)] // a fallible constructor with its own error type, not parsing
     pub fn from_str(raw: &str) -> Result<Job, PayloadError> {
-        Self::decode(raw).map(|f| f.into_job(raw.to_string()))
+        Self::decode(raw).map(|f| f.into_job(Arc::from(raw)))
     }
 
     fn decode(raw: &str) -> Result<Fields, PayloadError> {
@@ -191,14 +193,7 @@ impl Job {
         let wrapped = header
             .wrapped
             .and_then(|w| serde_json::from_str::<String>(w.get()).ok());
-        let retry = header.retry.map(|r| match r.get() {
-            "false" | "null" => RetrySetting::Disabled,
-            "true" => RetrySetting::Default,
-            other => match other.parse::<i64>() {
-                Ok(n) => RetrySetting::Count(n),
-                Err(_) => RetrySetting::Default,
-            },
-        });
+        let retry = header.retry.map(|r| retry_setting(r.get()));
         Ok(Fields {
             class,
             wrapped,
@@ -216,7 +211,12 @@ impl Job {
 
     /// Consumes the job, giving back its original bytes.
     pub fn into_raw(self) -> String {
-        self.raw
+        self.raw.to_string()
+    }
+
+    /// The original bytes, shared (no copy).
+    pub fn shared_raw(&self) -> Arc<[u8]> {
+        Arc::from(self.raw.clone())
     }
 
     /// The `class` field as written (for ActiveJob jobs, the wrapper's name).
@@ -279,7 +279,7 @@ struct Fields {
 }
 
 impl Fields {
-    fn into_job(self, raw: String) -> Job {
+    fn into_job(self, raw: Arc<str>) -> Job {
         Job {
             raw,
             class: self.class,
@@ -291,6 +291,85 @@ impl Fields {
         }
     }
 }
+
+/// `retry_attempts_from`: an Integer is a count, `false`/`null` disable, anything else is the default.
+/// An Integer beyond 64 bits is Ruby's Bignum: it saturates (a huge positive count never exhausts in
+/// practice, a huge negative one exhausts at once), so the payload can neither overflow nor be misread
+/// as the default.
+fn retry_setting(text: &str) -> RetrySetting {
+    match text {
+        "false" | "null" => RetrySetting::Disabled,
+        "true" => RetrySetting::Default,
+        other => match other.parse::<i64>() {
+            Ok(n) => RetrySetting::Count(n),
+            Err(_) if is_integer_literal(other) => RetrySetting::Count(if other.starts_with('-') {
+                i64::MIN
+            } else {
+                i64::MAX
+            }),
+            Err(_) => RetrySetting::Default,
+        },
+    }
+}
+
+/// True for a JSON integer literal (an optional `-`, then digits only).
+fn is_integer_literal(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A payload number that must be a count: an Integer saturated to `i64` (Ruby's Bignum), a Float
+/// truncated toward zero (saturating, `Infinity` included); `None` for anything that is not a number.
+/// Never panics and never overflows, whatever the payload holds.
+pub fn saturating_count(v: &Value) -> Option<i64> {
+    let Value::Number(n) = v else { return None };
+    if let Some(i) = n.as_i64() {
+        return Some(i);
+    }
+    if n.as_u64().is_some() {
+        return Some(i64::MAX);
+    }
+    let text = n.to_string();
+    if is_integer_literal(&text) {
+        return Some(if text.starts_with('-') {
+            i64::MIN
+        } else {
+            i64::MAX
+        });
+    }
+    // `f64 as i64` saturates and maps NaN to 0 (JSON has no NaN). The text is parsed here rather than
+    // with `as_f64`, which answers `None` for a float beyond f64 (`1e400`): that is infinity, saturated.
+    text.parse::<f64>().ok().map(|f| f.trunc() as i64)
+}
+
+/// A payload number of seconds that must be a duration: finite, and within `min..=max`. The error
+/// says what was wrong without echoing more than the number itself.
+pub fn checked_seconds(field: &str, v: &Value, min: f64, max: f64) -> Result<f64, String> {
+    let Value::Number(n) = v else {
+        return Err(format!(
+            "`{field}` must be a number of seconds, found {}",
+            json_kind(&v.to_string())
+        ));
+    };
+    match n.as_f64() {
+        Some(s) if s.is_finite() && s >= min && s <= max => Ok(s),
+        _ => Err(format!(
+            "`{field}` is {}: it must be a number of seconds from {min} to {max}",
+            truncate(&n.to_string(), 40)
+        )),
+    }
+}
+
+/// A payload timestamp (`failed_at`, `enqueued_at`, `created_at`, `at`) as finite epoch seconds
+/// within years 1970..=9999 (what Ruby's `Time.at` and every Sidekiq reader handle); `None` when absent,
+/// not a number, infinite, negative or beyond that range. Callers use `now` in its place, as Sidekiq
+/// does for a missing timestamp.
+pub fn valid_timestamp(v: &Value) -> Option<f64> {
+    timestamp_seconds(v).filter(|t| t.is_finite() && (0.0..=MAX_TIMESTAMP).contains(t))
+}
+
+/// 9999-12-31T23:59:59Z in epoch seconds: the latest timestamp a payload may carry.
+pub const MAX_TIMESTAMP: f64 = 253_402_300_799.0;
 
 /// What kind of JSON value a raw value is, for error messages that must not echo job data.
 fn json_kind(raw: &str) -> &'static str {
@@ -359,6 +438,16 @@ mod tests {
         assert_eq!(p("0"), Some(RetrySetting::Count(0)));
         assert_eq!(p("3"), Some(RetrySetting::Count(3)));
         assert_eq!(p("\"5\""), Some(RetrySetting::Default));
+        // Ruby's Bignum counts saturate; a Float is not an Integer (the default).
+        assert_eq!(
+            p("99999999999999999999"),
+            Some(RetrySetting::Count(i64::MAX))
+        );
+        assert_eq!(
+            p("-99999999999999999999"),
+            Some(RetrySetting::Count(i64::MIN))
+        );
+        assert_eq!(p("3.0"), Some(RetrySetting::Default));
         assert_eq!(
             Job::from_str(r#"{"class":"A","args":[]}"#).unwrap().retry(),
             None
@@ -373,6 +462,27 @@ mod tests {
         assert!((timestamp_seconds(&v).unwrap() - 1795291260.878).abs() < 1e-6);
         let v: Value = serde_json::from_str("1795291260").unwrap();
         assert_eq!(timestamp_seconds(&v), Some(1795291260.0));
+    }
+
+    #[test]
+    fn payload_numbers_are_read_without_overflow() {
+        let v = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+        assert_eq!(saturating_count(&v("7")), Some(7));
+        assert_eq!(saturating_count(&v("18446744073709551615")), Some(i64::MAX));
+        assert_eq!(
+            saturating_count(&v("-99999999999999999999")),
+            Some(i64::MIN)
+        );
+        assert_eq!(saturating_count(&v("1e400")), Some(i64::MAX));
+        assert_eq!(saturating_count(&v("2.9")), Some(2));
+        assert_eq!(saturating_count(&v("\"3\"")), None);
+        assert!(checked_seconds("t", &v("1e300"), 0.001, 10.0).is_err());
+        assert!(checked_seconds("t", &v("-1"), 0.001, 10.0).is_err());
+        assert!(checked_seconds("t", &v("1e400"), 0.001, 10.0).is_err());
+        assert_eq!(checked_seconds("t", &v("2.5"), 0.001, 10.0), Ok(2.5));
+        assert_eq!(valid_timestamp(&v("1e400")), None);
+        assert_eq!(valid_timestamp(&v("-3.5")), None);
+        assert_eq!(valid_timestamp(&v("1795291260.5")), Some(1795291260.5));
     }
 
     #[test]

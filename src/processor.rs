@@ -6,7 +6,7 @@
 //! until it succeeds the job stays in the in-flight table, which the shutdown pushes back.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -169,14 +169,27 @@ pub struct Processor {
 }
 
 impl Processor {
-    /// Runs one fetched job to its fate and queues its ack.
+    /// Runs one fetched job to its fate and queues its ack. A panic anywhere on the way (the worker, a
+    /// middleware, oxidekiq's own code) is caught here and becomes the job's failure
+    /// ([`Processor::after_panic`]): the job never stays stranded in the working hash and the Busy page.
     pub async fn process(self: Arc<Self>, unit: UnitOfWork) {
+        let (queue, id) = (unit.queue.clone(), unit.id);
+        let run = RunState::default();
+        if let Err(panic) = catch_unwind(self.clone().process_unit(unit, &run)).await {
+            self.after_panic(queue, id, &run, panic_message(panic.as_ref()))
+                .await;
+        }
+    }
+
+    /// [`Processor::process`] without the panic guard; `run` records what a panic recovery needs.
+    async fn process_unit(self: Arc<Self>, unit: UnitOfWork, run: &RunState) {
         let queue = unit.queue;
         let id = unit.id;
         match Job::parse(unit.raw, self.max_payload_bytes) {
             Err((bytes, error)) => {
                 let raw: Arc<[u8]> = Arc::from(bytes);
                 let entry = self.work.insert(queue.clone(), id, raw.clone());
+                run.entered(entry, &raw);
                 tracing::warn!(queue = %queue, error = %error, "undecodable job sent to the dead set");
                 let now = time::now();
                 let member = match error {
@@ -192,6 +205,7 @@ impl Processor {
                     async move { retry::send_to_morgue(&mut conn, &member, now).await }
                 })
                 .await;
+                run.fate_written();
                 self.stats.processed.fetch_add(1, Ordering::Relaxed);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 self.work.remove(entry);
@@ -199,15 +213,21 @@ impl Processor {
             }
             Ok(job) => {
                 let job = Arc::new(job);
-                let raw: Arc<[u8]> = Arc::from(job.raw().as_bytes());
+                let raw: Arc<[u8]> = job.shared_raw();
                 let entry = self.work.insert(queue.clone(), id, raw.clone());
+                run.entered(entry, &raw);
                 let span = tracing::info_span!(
                     "job",
                     class = %job.worker_class(),
                     jid = %job.jid(),
                     queue = %queue,
                 );
-                if !self.clone().run(job, queue.clone()).instrument(span).await {
+                if !self
+                    .clone()
+                    .run(job, queue.clone(), run)
+                    .instrument(span)
+                    .await
+                {
                     // Interrupted at the shutdown deadline: it stays in flight, unacknowledged, and the
                     // launcher pushes it back to its queue.
                     return;
@@ -220,13 +240,21 @@ impl Processor {
 
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
-    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>) -> bool {
+    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
         let start = Instant::now();
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
-        // A client-side until-executed lock is kept alive while the job runs, and settled by its fate.
-        let result =
-            until_executed::while_running(&self.conn, &job, self.invoke(&job, &queue, entry)).await;
+        // A client-side until-executed lock is taken over by this run, kept alive while the job runs,
+        // and settled by its fate. Invalid lock fields in the payload fail the job before it runs.
+        let (lock, result) = match until_executed::claim(&self.conn, &job).await {
+            Ok(lock) => {
+                let invoked = self.invoke(&job, &queue, entry);
+                let result =
+                    until_executed::while_running(&self.conn, lock.as_ref(), invoked).await;
+                (lock, result)
+            }
+            Err(e) => (None, Err(e)),
+        };
         let elapsed = start.elapsed().as_secs_f64();
         self.stats.processed.fetch_add(1, Ordering::Relaxed);
         // The one metrics hook (`Metrics::Middleware` wraps the job in Ruby): class, time, outcome.
@@ -237,18 +265,21 @@ impl Processor {
         );
         let error = match result {
             Ok(()) => {
+                // Done: from here a panic must not turn the job into a failure (it would run twice).
+                state.fate_written();
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
-                until_executed::settle(&self.conn, &job, true).await;
+                until_executed::settle(&self.conn, lock.as_ref(), true).await;
                 return true;
             }
             Err(e) => e,
         };
         // The failure path is boxed: it is rare, and its state would otherwise make every job's task
         // (copied in at spawn) larger.
-        Box::pin(self.fail(job, queue, entry, error, elapsed)).await
+        Box::pin(self.fail(job, queue, entry, error, elapsed, lock, state)).await
     }
 
     /// A failed run: write its fate (retry, dead, discard, reschedule) and say whether it has one.
+    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the list
     async fn fail(
         &self,
         job: Arc<Job>,
@@ -256,6 +287,8 @@ impl Processor {
         entry: Option<&crate::registry::Entry>,
         error: JobError,
         elapsed: f64,
+        lock: Option<until_executed::RunLock>,
+        state: &RunState,
     ) -> bool {
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
@@ -289,9 +322,10 @@ impl Processor {
                 async move { retry::apply(&mut conn, &job, &plan, now).await }
             })
             .await;
+        state.fate_written();
         until_executed::settle(
             &self.conn,
-            &job,
+            lock.as_ref(),
             matches!(fate, Fate::Dead | Fate::Discarded),
         )
         .await;
@@ -306,6 +340,76 @@ impl Processor {
             }
         }
         true
+    }
+
+    /// A run panicked. Whatever state it was in, the job ends with a fate, as a raised exception would:
+    ///
+    /// - the fate was already written (the job was done, or its retry/dead entry is in Redis): the panic
+    ///   came after it, so the job is only acknowledged (failing it now would run it twice);
+    /// - otherwise it fails through the ordinary retry path with `error_class` `Oxidekiq::Panic` and the
+    ///   panic's message, Sidekiq's backoff included;
+    /// - if that path panics too (a bug in the retry path itself), the payload goes to the dead set with
+    ///   the error appended to its original bytes, so it is kept for a human to look at.
+    ///
+    /// A panic before the job entered the in-flight table (while decoding its bytes, which the fuzz target
+    /// covers) leaves it in the working hash, unacknowledged: the next recovery pushes it back, and a job
+    /// recovered too often goes to the dead set.
+    async fn after_panic(&self, queue: Arc<str>, id: u64, run: &RunState, message: String) {
+        let Some((entry, raw)) = run.held() else {
+            tracing::error!(queue = %queue, panic = %message,
+                "panic while decoding a job: it stays in the working list for recovery");
+            return;
+        };
+        // Decoded again (it was before the panic, unless the panic came from the undecodable path) for
+        // the retry path and the log line's class and jid.
+        let job = Job::parse(raw.to_vec(), self.max_payload_bytes)
+            .ok()
+            .map(Arc::new);
+        let span = match &job {
+            Some(j) => {
+                tracing::error_span!("job", class = %j.worker_class(), jid = %j.jid(), queue = %queue)
+            }
+            None => tracing::error_span!("job", queue = %queue),
+        };
+        let done = async {
+            if run.is_fate_written() {
+                tracing::error!(panic = %message, "panic after the job's fate was written: acknowledged");
+                return true;
+            }
+            tracing::error!(panic = %message, "job panicked: failing it");
+            let retried = match job {
+                Some(job) => {
+                    let error = JobError::new(crate::error::PANIC, format!("panicked: {message}"));
+                    let entry = self.registry.get(job.worker_class());
+                    let failing = self.fail(job, queue.clone(), entry, error, 0.0, None, run);
+                    catch_unwind(failing).await.ok()
+                }
+                None => None,
+            };
+            match retried {
+                Some(has_fate) => has_fate,
+                // The retry path panicked after writing the fate: nothing more to write.
+                None if run.is_fate_written() => true,
+                None => {
+                    let text = format!("panicked: {message} (and its retry entry could not be written)");
+                    let member = annotate_error(&raw, crate::error::PANIC, &text);
+                    let now = time::now();
+                    self.persist(|mut conn| {
+                        let member = member.clone();
+                        async move { retry::send_to_morgue(&mut conn, &member, now).await }
+                    })
+                    .await;
+                    tracing::error!("sent to the dead set");
+                    true
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        if done {
+            self.work.remove(entry);
+            let _ = self.acks.send(Held { queue, id, raw });
+        }
     }
 
     /// Finds and runs the worker through its chain.
@@ -385,15 +489,89 @@ impl Processor {
     }
 }
 
+/// What a job's run needs to leave behind for [`Processor::after_panic`]: its in-flight entry and bytes
+/// once it has them, and whether its fate is already in Redis.
+#[derive(Debug, Default)]
+struct RunState {
+    /// The in-flight table entry and the job's bytes, set once the job is in the table.
+    held: Mutex<Option<(u64, Arc<[u8]>)>>,
+    /// Set once the job's fate (done, or its retry/dead/schedule entry) is written.
+    fate_written: AtomicBool,
+}
+
+impl RunState {
+    fn entered(&self, entry: u64, raw: &Arc<[u8]>) {
+        if let Ok(mut h) = self.held.lock() {
+            *h = Some((entry, raw.clone()));
+        }
+    }
+
+    fn held(&self) -> Option<(u64, Arc<[u8]>)> {
+        // A poisoned lock still holds the value: a panic cannot happen while it is held.
+        match self.held.lock() {
+            Ok(h) => h.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn fate_written(&self) {
+        self.fate_written.store(true, Ordering::Release);
+    }
+
+    fn is_fate_written(&self) -> bool {
+        self.fate_written.load(Ordering::Acquire)
+    }
+}
+
+/// Polls `fut`, turning a panic inside it into `Err` with the panic's payload.
+///
+/// Why here and not `JoinError::is_panic` on the task: the task is spawned by the launcher, which knows
+/// nothing of the job; catching in the processor keeps the job, its in-flight entry and whether its
+/// fate was written, so the failure is written like any other. Why not `futures`' `catch_unwind`: these
+/// dozen lines (pin on the stack, `poll_fn`, no `unsafe`, no allocation) are all of it.
+/// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
+/// state it shares ([`RunState`], the in-flight table) is only read under locks a panic cannot poison
+/// mid-update.
+async fn catch_unwind<F: std::future::Future>(
+    fut: F,
+) -> std::result::Result<F::Output, Box<dyn std::any::Any + Send>> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await
+}
+
+/// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-text payload".to_string()
+    }
+}
+
 /// Appends `error_class`/`error_message` to a payload that looks like a JSON object, without decoding
 /// it (Ruby's `JSON.parse` keeps the last of duplicate keys, so these win); anything else stays as is.
 pub fn annotate_undecoded(raw: &[u8], error: &str) -> Vec<u8> {
+    annotate_error(raw, crate::error::INVALID_PAYLOAD, error)
+}
+
+/// [`annotate_undecoded`] with any error class.
+fn annotate_error(raw: &[u8], class: &str, error: &str) -> Vec<u8> {
     let trimmed = raw.trim_ascii();
     if trimmed.len() < 3 || trimmed[0] != b'{' || trimmed[trimmed.len() - 1] != b'}' {
         return raw.to_vec();
     }
     let extra = format!(
-        ",\"error_class\":\"Oxidekiq::InvalidPayload\",\"error_message\":{}}}",
+        ",\"error_class\":{},\"error_message\":{}}}",
+        serde_json::Value::String(class.to_string()),
         serde_json::Value::String(error.to_string())
     );
     let mut out = Vec::with_capacity(trimmed.len() + extra.len());

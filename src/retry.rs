@@ -24,7 +24,7 @@ use redis::AsyncCommands;
 use serde_json::{Map, Value};
 
 use crate::error::{JobError, Result, RetryAction};
-use crate::job::{Job, RetrySetting, timestamp_seconds};
+use crate::job::{Job, MAX_TIMESTAMP, RetrySetting, saturating_count, valid_timestamp};
 use crate::keys;
 use crate::redis_conn::Conn;
 use crate::time::{TimeFormat, score};
@@ -117,10 +117,12 @@ fn exhausted_by_rules(
     let out_of_time = msg
         .get("retry_for")
         .and_then(Value::as_f64)
+        // An infinite `retry_for` (a float text beyond f64) is no time budget at all: the count decides.
+        .filter(|s| s.is_finite())
         .map(|retry_for| {
             let failed_at = msg
                 .get("failed_at")
-                .and_then(timestamp_seconds)
+                .and_then(valid_timestamp)
                 .unwrap_or(now);
             failed_at + retry_for < now
         });
@@ -209,7 +211,11 @@ pub enum Plan {
 /// Decides what Ruby's `JobRetry` would write for this failure.
 pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
     match f.error.action {
-        RetryAction::Reschedule(secs) => return Plan::Reschedule { at: f.now + secs },
+        RetryAction::Reschedule(secs) => {
+            return Plan::Reschedule {
+                at: bounded_at(f.now, secs),
+            };
+        }
         RetryAction::Discard => return Plan::Discard,
         _ => {}
     }
@@ -248,10 +254,12 @@ pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
     );
     msg.insert("error_class".into(), Value::String(f.error.class.clone()));
     let now_v = f.time_format.value(f.now);
-    let count = match msg.get("retry_count").and_then(Value::as_i64) {
+    // The payload's count is not trusted: a number beyond i64 (or near its end) saturates instead of
+    // overflowing, and exhausts the retries as Ruby's Bignum arithmetic would.
+    let count = match msg.get("retry_count").and_then(saturating_count) {
         Some(c) => {
             msg.insert("retried_at".into(), now_v);
-            c + 1
+            c.saturating_add(1)
         }
         None => {
             msg.insert("failed_at".into(), now_v);
@@ -290,9 +298,17 @@ pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
     };
     Plan::Retry {
         payload,
-        at: f.now + delay,
+        at: bounded_at(f.now, delay),
         count,
     }
+}
+
+/// `now + delay` as a score Redis accepts and Ruby's `Time.at` reads: a delay that is not a finite,
+/// non-negative number (a worker's `reschedule(f64::NAN)`, a backoff from a huge `retry_count`) is cut
+/// to 0 or to the year 9999, never left as `inf`/`NaN`, which `ZADD` refuses forever.
+fn bounded_at(now: f64, delay: f64) -> f64 {
+    let delay = if delay.is_nan() { 0.0 } else { delay.max(0.0) };
+    (now + delay).min(MAX_TIMESTAMP.max(now))
 }
 
 /// The lines to store, or `None` when the `backtrace` option does not ask for them.
@@ -573,12 +589,49 @@ mod tests {
         let back = decompress_backtrace(&m["error_backtrace"]).unwrap();
         assert_eq!(back, lines[..3].to_vec());
         // Sidekiq 7.3.9 wrote this one (line-wrapped Base64); we read it too.
-        let fixture = include_str!(
-            "../../shared/fixtures/sidekiq-7.3.9-server/retry_after_first_failure.json"
-        );
+        let fixture =
+            include_str!("../fixtures/shared/sidekiq-7.3.9-server/retry_after_first_failure.json");
         let m: Map<String, Value> = serde_json::from_str(fixture.trim()).unwrap();
         let lines = decompress_backtrace(&m["error_backtrace"]).unwrap();
         assert!(!lines.is_empty() && lines.len() <= 5, "{lines:?}");
+    }
+
+    #[test]
+    fn payload_numbers_at_their_limits_neither_overflow_nor_stall_the_score() {
+        // A count at the end of i64 (or beyond it) exhausts the retries, as Ruby's Bignum would.
+        for count in [
+            "9223372036854775807",
+            "9223372036854775806",
+            "1e400",
+            "123456789012345678901234567890",
+        ] {
+            let raw = format!(r#"{{"retry":true,"args":[],"class":"A","retry_count":{count}}}"#);
+            let p = run(&raw, JobError::msg("x"), None, 1.0);
+            assert!(matches!(p, Plan::Dead { .. }), "{count}: {p:?}");
+        }
+        // With a retry limit at the end of i64 too, the job is retried at a finite score Redis accepts.
+        let raw = r#"{"retry":99999999999999999999999,"args":[],"class":"A","retry_count":4000000000000000000}"#;
+        let Plan::Retry { at, count, .. } = run(raw, JobError::msg("x"), None, 1.0) else {
+            panic!()
+        };
+        assert_eq!(count, 4_000_000_000_000_000_001);
+        assert_eq!(at, MAX_TIMESTAMP);
+        // An infinite `retry_for` or `failed_at` is no time budget: the count decides.
+        let raw = r#"{"retry":3,"retry_for":1e400,"failed_at":-1e400,"args":[],"class":"A","retry_count":0}"#;
+        assert!(matches!(
+            run(raw, JobError::msg("x"), None, 1e9),
+            Plan::Retry { count: 1, .. }
+        ));
+        // A reschedule by NaN or infinity seconds still gets a score Redis accepts.
+        let raw = r#"{"args":[],"class":"A"}"#;
+        for (secs, want) in [
+            (f64::NAN, 10.0),
+            (f64::INFINITY, MAX_TIMESTAMP),
+            (-5.0, 10.0),
+        ] {
+            let p = run(raw, JobError::reschedule(secs, "r"), None, 10.0);
+            assert_eq!(p, Plan::Reschedule { at: want }, "{secs}");
+        }
     }
 
     #[test]

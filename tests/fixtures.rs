@@ -611,17 +611,33 @@ fn every_recorded_payload_parses_as_ruby_wrote_it_and_round_trips_byte_for_byte(
 
 #[test]
 fn the_shared_fixture_set_parses_and_the_repository_copy_matches_it() {
+    let copy = manifest_dir().join("fixtures").join("shared");
+    // The repository's copy is what every other test reads: it must hold the whole shared set
+    // (three client versions and a server recording), and parse as Ruby wrote it.
+    let copied = check_root(&copy);
+    for folder in [
+        "sidekiq-6.4.1",
+        "sidekiq-7.3.9",
+        "sidekiq-7.3.9-server",
+        "sidekiq-8.1.7",
+    ] {
+        assert!(
+            copied.get(folder).is_some_and(|files| !files.is_empty()),
+            "fixtures/shared/{folder} is missing or empty: {copied:?}"
+        );
+    }
+    // Beside the repository (the project's machines), the original set: the copy must match it file
+    // for file. A standalone checkout has no original; the copy was checked above.
     let shared = shared_root();
     if !shared.is_dir() {
         eprintln!(
-            "{} is absent (only the repository is here); fixtures/shared/ is its copy, checked by the other test",
+            "{} is absent (a standalone checkout): checked the repository's copy only",
             shared.display()
         );
         return;
     }
     let seen = check_root(&shared);
     assert!(seen.len() >= 4, "{seen:?}");
-    let copy = manifest_dir().join("fixtures").join("shared");
     for (folder, files) in &seen {
         for file in files {
             let original = read(&shared.join(folder).join(file));

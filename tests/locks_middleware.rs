@@ -689,3 +689,99 @@ async fn an_until_executed_lock_is_kept_during_retries_and_released_when_the_job
     assert!(client.push_unique(dying()).await.unwrap().is_some());
     assert!(client.push_unique(discarded()).await.unwrap().is_some());
 }
+
+/// Numbers its runs (`runs`), records each start in `started` as its run number, then waits until
+/// the key `finish:<run>` exists and records the end in `finished`.
+#[derive(Debug)]
+struct TwoRuns;
+impl Worker for TwoRuns {
+    const CLASS: &'static str = "TwoRunsJob";
+    type Args = (u64,);
+    async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
+        let mut c = ctx.redis();
+        let n: i64 = redis::AsyncCommands::incr(&mut c, "runs", 1).await?;
+        let _: () = redis::AsyncCommands::rpush(&mut c, "started", n).await?;
+        while !redis::AsyncCommands::exists::<_, bool>(&mut c, format!("finish:{n}")).await? {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _: () = redis::AsyncCommands::rpush(&mut c, "finished", n).await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_run_of_an_until_executed_job_cannot_release_the_lock_of_a_newer_run() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let client = Client::connect(&redis.url()).await.unwrap();
+    let job = || NewJob::new("TwoRunsJob", (7,)).unique_for(Duration::from_secs(60));
+    let key = until_executed::lock_key("TwoRunsJob", &json!([7]));
+    let jid = client.push_unique(job()).await.unwrap().expect("pushed");
+    let payload: String = c.lindex("queue:default", 0).unwrap();
+    assert_eq!(
+        c.get::<_, String>(&key).unwrap(),
+        jid,
+        "the push holds the lock by jid"
+    );
+
+    let mut r = Registry::new();
+    r.register(TwoRuns);
+    let h = launch(&redis.url(), 2, r).await;
+    wait_for("run 1", Duration::from_secs(10), || {
+        c.llen::<_, usize>("started").unwrap() == 1
+    })
+    .await;
+    let first: String = c.get(&key).unwrap();
+    // The same payload again, as the recovery of a process presumed dead pushes it back while that
+    // process still runs it: a second run of the same jid takes the lock over with its own token.
+    let _: () = c.lpush("queue:default", &payload).unwrap();
+    wait_for("run 2", Duration::from_secs(10), || {
+        c.llen::<_, usize>("started").unwrap() == 2
+    })
+    .await;
+    let second: String = c.get(&key).unwrap();
+
+    // Run 1 (the stale one) ends first: it must not free the lock run 2 holds.
+    let _: () = c.set("finish:1", 1).unwrap();
+    wait_for("run 1's end", Duration::from_secs(10), || {
+        c.llen::<_, usize>("finished").unwrap() == 1
+    })
+    .await;
+    // Its fate is settled right after the worker returns; wait for its ack to be sure it was.
+    wait_for("run 1's ack", Duration::from_secs(10), || {
+        let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+        keys.iter()
+            .map(|k| c.hlen::<_, usize>(k).unwrap())
+            .sum::<usize>()
+            == 1
+    })
+    .await;
+    assert_eq!(
+        c.get::<_, Option<String>>(&key).unwrap().as_deref(),
+        Some(second.as_str()),
+        "the stale run released the newer run's lock"
+    );
+    // Each run held the lock as `<token>:<jid>`, a token of its own.
+    for value in [&first, &second] {
+        let (token, holder) = value.split_once(':').expect("<token>:<jid>");
+        assert_eq!(holder, jid);
+        assert_eq!(token.len(), 32, "{value}");
+    }
+    assert_ne!(
+        second, first,
+        "run 2 holds the lock with a token of its own"
+    );
+    assert_eq!(
+        client.push_unique(job()).await.unwrap(),
+        None,
+        "refused while run 2 runs"
+    );
+
+    let _: () = c.set("finish:2", 1).unwrap();
+    wait_for("run 2's release", Duration::from_secs(10), || {
+        !c.exists::<_, bool>(&key).unwrap()
+    })
+    .await;
+    h.stop().await.unwrap();
+    assert!(client.push_unique(job()).await.unwrap().is_some());
+}

@@ -75,12 +75,39 @@ impl Worker for Sleepy {
     }
 }
 
+/// Counts itself as running (`running`, `max_running`), then waits until the key `go` exists: no run
+/// can end before the test says so.
+#[derive(Debug)]
+struct Gated;
+impl Worker for Gated {
+    const CLASS: &'static str = "GatedJob";
+    type Args = NoArgs;
+    async fn perform(&self, ctx: &JobContext, _: NoArgs) -> JobResult {
+        let mut c = ctx.redis();
+        let n: i64 = redis::AsyncCommands::incr(&mut c, "running", 1).await?;
+        let _: () = redis::Script::new(
+            "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end",
+        )
+        .key("max_running")
+        .arg(n)
+        .invoke_async(&mut c)
+        .await?;
+        while !redis::AsyncCommands::exists::<_, bool>(&mut c, "go").await? {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _: i64 = redis::AsyncCommands::decr(&mut c, "running", 1).await?;
+        let _: () = redis::AsyncCommands::rpush(&mut c, "finished", ctx.jid()).await?;
+        Ok(())
+    }
+}
+
 fn registry() -> Registry {
     let mut r = Registry::new();
     r.register(HardWorker)
         .register(ChargeJob)
         .register(Failing)
-        .register(Sleepy);
+        .register(Sleepy)
+        .register(Gated);
     r
 }
 
@@ -121,7 +148,8 @@ async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 fn fixture(path: &str) -> String {
-    let p = format!("{}/../shared/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
+    // The repository's verbatim copy of the shared set: a standalone checkout has no ../shared.
+    let p = format!("{}/fixtures/shared/{path}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&p)
         .unwrap_or_else(|e| panic!("{p}: {e}"))
         .trim_end_matches('\n')
@@ -268,16 +296,24 @@ async fn concurrency_bounds_running_jobs_and_fetches_no_more_than_free_slots() {
     let mut c = redis.conn();
     for i in 0..12 {
         let _: () = c
-            .lpush("queue:default", format!(r#"{{"class":"SleepyJob","args":[300],"jid":"j{i}","queue":"default","retry":true}}"#))
+            .lpush("queue:default", format!(r#"{{"class":"GatedJob","args":[],"jid":"j{i}","queue":"default","retry":true}}"#))
             .unwrap();
     }
     let handle = start(&redis.url(), &["default"], 3).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Every slot busy, and no job can end before `go`: the process has fetched what it runs.
+    wait_for("3 jobs running", Duration::from_secs(10), || {
+        c.get::<_, Option<i64>>("running").unwrap() == Some(3)
+    })
+    .await;
+    // Give a fetch loop that ignored its free slots the time to fetch more (it polls every few ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
     let held: usize = working.iter().map(|k| c.hlen::<_, usize>(k).unwrap()).sum();
-    assert!(held <= 3, "holds {held} fetched jobs with 3 slots");
-    assert!(c.llen::<_, usize>("queue:default").unwrap() >= 9);
-    wait_for("all jobs", Duration::from_secs(10), || {
+    assert_eq!(held, 3, "3 slots: exactly the 3 running jobs are fetched");
+    assert_eq!(c.llen::<_, usize>("queue:default").unwrap(), 9);
+    assert_eq!(c.get::<_, i64>("running").unwrap(), 3);
+    let _: () = c.set("go", 1).unwrap();
+    wait_for("all jobs", Duration::from_secs(20), || {
         c.llen::<_, usize>("finished").unwrap() == 12
     })
     .await;

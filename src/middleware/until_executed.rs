@@ -8,12 +8,15 @@
 //!   the job only if that `SET` succeeded, so "check, then push" cannot race with another client. The
 //!   payload carries the key (`unique_key`) and the TTL in seconds (`unique_ttl`) for the server side. A
 //!   scheduled job's TTL counts from its run time, not from the push.
-//! - **Run** ([`while_running`]): the processor extends the lock every `ttl / 3` while the job runs.
-//! - **Fate** ([`settle`]): done, discarded or dead → compare-and-delete on the jid; back to the retry
-//!   or schedule set → the TTL is renewed (the job is still pending).
+//! - **Run** ([`claim`], [`while_running`]): the run takes the lock over with a value of its own,
+//!   `<token>:<jid>` (a fresh token per run, see [`RunLock`]), then extends it every `ttl / 3` while the
+//!   job runs. A `unique_ttl` that is not a sane number of seconds fails the job
+//!   (`Oxidekiq::InvalidPayload`) before it runs.
+//! - **Fate** ([`settle`]): done, discarded or dead → compare-and-delete on the run's value; back to the
+//!   retry or schedule set → the TTL is renewed (the job is still pending).
 //!
-//! Every step compares the stored jid before it deletes or extends, so a job never frees a lock a later
-//! job took. A lock never outlives its job by more than its TTL: a process that dies mid-job, or a
+//! Every step compares the stored value before it deletes or extends, so a job never frees a lock a later
+//! job took, and a stale run of a job never frees the lock of a newer run of the same job. A lock never outlives its job by more than its TTL: a process that dies mid-job, or a
 //! payload deleted by hand, leaves a key that simply expires. Choose a TTL longer than the job waits in
 //! its queue plus its longest retry wait; past it, a duplicate is accepted.
 //!
@@ -36,8 +39,8 @@ use serde_json::Value;
 
 use super::job_lock::{self, ttl_ms};
 use super::lock_key::args_digest;
-use crate::error::Result;
-use crate::job::Job;
+use crate::error::{INVALID_PAYLOAD, JobError, Result};
+use crate::job::{Job, checked_seconds};
 use crate::keys;
 use crate::lock;
 use crate::redis_conn::Conn;
@@ -100,46 +103,128 @@ pub(crate) async fn push(
     Ok(pushed == 1)
 }
 
-/// The until-executed lock of a job: its key and TTL, when the payload has them.
-pub fn unique_lock(job: &Job) -> Option<(String, Duration)> {
+/// The longest `unique_ttl` accepted from a payload: 10 years. A larger value (or one that is not a
+/// finite, positive number) is a corrupt payload, not a TTL: the job fails with an error instead of the
+/// duration arithmetic overflowing.
+pub const MAX_UNIQUE_TTL_SECS: f64 = 10.0 * 365.0 * 24.0 * 3600.0;
+
+/// The until-executed lock of a job: its key and TTL, when the payload has them. The TTL is validated
+/// (the payload is never trusted): an error names what is wrong, and the job fails with it. An absent
+/// `unique_ttl` is the 30 s default.
+pub fn unique_lock(job: &Job) -> std::result::Result<Option<(String, Duration)>, JobError> {
     // Cheap test first: most payloads have no lock, and parsing the whole payload costs more.
     if !job.raw().contains(UNIQUE_KEY_FIELD) {
-        return None;
+        return Ok(None);
     }
-    let map = job.to_map().ok()?;
-    let key = map.get(UNIQUE_KEY_FIELD)?.as_str()?.to_string();
-    let ttl = map
-        .get(UNIQUE_TTL_FIELD)
-        .and_then(Value::as_f64)
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(Duration::from_secs(30), Duration::from_secs_f64);
-    Some((key, ttl))
+    let Ok(map) = job.to_map() else {
+        return Ok(None);
+    };
+    let Some(key) = map.get(UNIQUE_KEY_FIELD).and_then(Value::as_str) else {
+        return Ok(None);
+    };
+    let ttl = match map.get(UNIQUE_TTL_FIELD) {
+        None => Duration::from_secs(30),
+        Some(v) => {
+            let secs = checked_seconds(UNIQUE_TTL_FIELD, v, 0.001, MAX_UNIQUE_TTL_SECS)
+                .map_err(|m| JobError::new(INVALID_PAYLOAD, m))?;
+            // In range, so the conversion cannot fail; the default covers the impossible case.
+            Duration::try_from_secs_f64(secs).unwrap_or(Duration::from_secs(30))
+        }
+    };
+    Ok(Some((key.to_string(), ttl)))
 }
 
-/// Runs `fut` (the job) while extending its until-executed lock, if it has one.
-pub async fn while_running<F: Future>(conn: &Conn, job: &Job, fut: F) -> F::Output {
-    match unique_lock(job) {
-        Some((key, ttl)) => job_lock::keep_alive_while(conn, &key, job.jid(), ttl, fut).await,
+/// Hands the lock from the push (or from an earlier run of the same job) to this run: if `KEYS[1]` holds
+/// the jid `ARGV[1]` itself (set at push) or a `<token>:<jid>` of an earlier run, or nothing (it
+/// expired), it becomes `ARGV[2]` (`<token>:<jid>`) with `PX ARGV[3]`; returns 1. Another job's value
+/// is left alone; returns 0.
+const CLAIM_SCRIPT: &str = r"
+local v = redis.call('GET', KEYS[1])
+local suffix = ':' .. ARGV[1]
+if v == false or v == ARGV[1] or (#v > #suffix and string.sub(v, -#suffix) == suffix) then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// The claim script, sent by SHA1 with the body as fallback on `NOSCRIPT`.
+static CLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAIM_SCRIPT));
+
+/// The until-executed lock as one run of a job holds it: `<token>:<jid>`, a fresh token per run.
+///
+/// The jid alone would not do: the same jid runs more than once (a retry; a job recovered from a process
+/// presumed dead while that process still runs it). With the jid as the value, a stale run finishing
+/// late would release the lock a newer run of the same job holds, and a duplicate push would then be
+/// accepted while the job still runs. With a token per run, each run extends and releases only its
+/// own value; the newest run takes the lock over from older ones ([`claim`]).
+#[derive(Debug, Clone)]
+pub struct RunLock {
+    /// The full Redis key.
+    key: String,
+    /// This run's value, `<token>:<jid>`.
+    value: String,
+    /// The TTL from the payload.
+    ttl: Duration,
+}
+
+impl RunLock {
+    /// This run's value in Redis, `<token>:<jid>`.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+/// At the start of a run: validates the job's lock fields and takes the lock over for this run. `Ok(None)`
+/// when the job has no lock, when another job holds it (this job still runs: it was already pushed), or
+/// when Redis cannot be reached (logged; the lock then expires by its TTL). `Err` when the payload's lock
+/// fields are invalid: the job fails with that error.
+pub async fn claim(conn: &Conn, job: &Job) -> std::result::Result<Option<RunLock>, JobError> {
+    let Some((key, ttl)) = unique_lock(job)? else {
+        return Ok(None);
+    };
+    let bytes: [u8; 16] = rand::random();
+    let value = format!("{}:{}", crate::job::hex(&bytes), job.jid());
+    let mut inv = CLAIM.prepare_invoke();
+    inv.key(&key).arg(job.jid()).arg(&value).arg(ttl_ms(ttl));
+    match inv.invoke_async::<i64>(&mut conn.clone()).await {
+        Ok(1) => Ok(Some(RunLock { key, value, ttl })),
+        Ok(_) => {
+            tracing::debug!(lock = %key, "unique lock held by another job: this run leaves it alone");
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::warn!(lock = %key, error = %e, "cannot claim unique lock; it expires by its ttl");
+            Ok(None)
+        }
+    }
+}
+
+/// Runs `fut` (the job) while extending this run's until-executed lock, if it holds one.
+pub async fn while_running<F: Future>(conn: &Conn, lock: Option<&RunLock>, fut: F) -> F::Output {
+    match lock {
+        Some(l) => job_lock::keep_alive_while(conn, &l.key, &l.value, l.ttl, fut).await,
         None => fut.await,
     }
 }
 
-/// After the job's fate is in Redis: `finished` (done, discarded, dead) releases its lock; otherwise
-/// (retry, reschedule) renews its TTL. Errors are logged: the key then expires by its TTL.
-pub async fn settle(conn: &Conn, job: &Job, finished: bool) {
-    let Some((key, ttl)) = unique_lock(job) else {
+/// After the job's fate is in Redis: `finished` (done, discarded, dead) releases this run's lock;
+/// otherwise (retry, reschedule) renews its TTL. Both compare this run's value, so a stale run never
+/// touches a newer run's lock. Errors are logged: the key then expires by its TTL.
+pub async fn settle(conn: &Conn, lock: Option<&RunLock>, finished: bool) {
+    let Some(RunLock { key, value, ttl }) = lock else {
         return;
     };
     let mut c = conn.clone();
     let outcome = if finished {
-        lock::release(&mut c, &key, job.jid()).await
+        lock::release(&mut c, key, value).await
     } else {
-        lock::extend(&mut c, &key, job.jid(), ttl).await
+        lock::extend(&mut c, key, value, *ttl).await
     };
     match outcome {
         Ok(true) => tracing::debug!(lock = %key, released = finished, "unique lock settled"),
         Ok(false) => {
-            tracing::debug!(lock = %key, "unique lock already expired or taken by another job")
+            tracing::debug!(lock = %key, "unique lock already expired or taken by another run")
         }
         Err(e) => {
             tracing::warn!(lock = %key, error = %e, "cannot settle unique lock; it expires by its ttl")
@@ -167,10 +252,32 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            unique_lock(&j),
+            unique_lock(&j).unwrap(),
             Some(("lock:unique:X:ab".into(), Duration::from_millis(1500)))
         );
         let plain = Job::from_str(r#"{"class":"X","args":["unique_key"],"jid":"j1"}"#).unwrap();
-        assert_eq!(unique_lock(&plain), None);
+        assert_eq!(unique_lock(&plain).unwrap(), None);
+    }
+
+    #[test]
+    fn a_ttl_that_is_not_a_sane_number_of_seconds_is_an_error_not_a_panic() {
+        for ttl in [
+            "1e300",
+            "1e400",
+            "-1e400",
+            "-5",
+            "0",
+            "\"10\"",
+            "null",
+            "315360001",
+        ] {
+            let j = Job::from_str(&format!(
+                r#"{{"class":"X","args":[],"jid":"j1","unique_key":"k","unique_ttl":{ttl}}}"#
+            ))
+            .unwrap();
+            let e = unique_lock(&j).unwrap_err();
+            assert_eq!(e.class, INVALID_PAYLOAD, "{ttl}");
+            assert!(e.message.contains("unique_ttl"), "{ttl}: {}", e.message);
+        }
     }
 }
