@@ -221,14 +221,20 @@ impl Heartbeat {
     }
 
     /// Appends the serving registrations and oxidekiq's own run counters (`oxidekiq:ran|<minute>`).
+    /// A quiet (or stopping) process fetches no more: it leaves the serving keys instead.
     fn add_migration(
         &self,
         pipe: &mut redis::Pipeline,
         now: f64,
         metrics: &crate::metrics::Snapshot,
+        serving: bool,
     ) {
         let ttl = self.serving_ttl.as_secs_f64();
         for key in &self.serving_keys {
+            if !serving {
+                pipe.cmd("ZREM").arg(key).arg(&self.info.identity).ignore();
+                continue;
+            }
             pipe.cmd("ZADD")
                 .arg(key)
                 .arg(time::score(now + ttl))
@@ -303,7 +309,7 @@ impl Heartbeat {
         pipe.atomic();
         add_stats(&mut pipe, processed, failed, utc);
         metrics.write(&mut pipe, utc, survey.metrics_formats());
-        self.add_migration(&mut pipe, now, &metrics);
+        self.add_migration(&mut pipe, now, &metrics, !quiet);
         pipe.cmd("UNLINK").arg(&work_key).arg(&legacy_key).ignore();
         if !jobs.is_empty() {
             let legacy = survey.writes_legacy_workers();
@@ -367,11 +373,8 @@ impl Heartbeat {
         add_stats(&mut pipe, processed, failed, utc);
         // As 8.x at exit (`tracking.rb@v8.1.7 config.on(:exit)`), with the formats of the last survey.
         metrics.write(&mut pipe, utc, self.fleet.current().metrics_formats());
-        self.add_migration(&mut pipe, time::now(), &metrics);
         // Leaving: no Ruby client routes to us from here on (the last server's ZREM deletes the key).
-        for key in &self.serving_keys {
-            pipe.cmd("ZREM").arg(key).arg(id).ignore();
-        }
+        self.add_migration(&mut pipe, time::now(), &metrics, false);
         pipe.cmd("SREM").arg(keys::PROCESSES).arg(id).ignore();
         pipe.cmd("UNLINK")
             .arg(keys::work(id))

@@ -179,7 +179,7 @@ pub async fn report(
             .iter()
             .any(|((_, c), ids)| c == class && !ids.is_empty());
         match (registered, serving) {
-            (_, true) => "yes, live".into(),
+            (_, true) => "live".into(),
             (true, false) => "yes".into(),
             (false, false) => "no".into(),
         }
