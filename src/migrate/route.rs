@@ -164,6 +164,7 @@ pub async fn route(conn: &mut Conn, class: &str, percent: u8, settle: Duration) 
     let mut total: BTreeMap<String, u64> = move_back(conn, class).await?;
     if !settle.is_zero() {
         tokio::time::sleep(settle).await;
+        recover_dead(conn, &mut out).await;
         for (q, n) in move_back(conn, class).await? {
             *total.entry(q).or_insert(0) += n;
         }
@@ -186,6 +187,24 @@ pub async fn route(conn: &mut Conn, class: &str, percent: u8, settle: Duration) 
         }
     );
     Ok(out)
+}
+
+/// Pushes back to their queues the jobs that oxidekiq processes held when they died (their liveness
+/// key expired: 3 beats), so the move back takes them too.
+async fn recover_dead(conn: &mut Conn, out: &mut String) {
+    match crate::fetch::recover_orphans(conn, "oxidekiq-route", crate::time::now()).await {
+        Ok(Some(r)) if r.requeued > 0 => {
+            let _ = writeln!(
+                out,
+                "recovered {} job(s) held by oxidekiq processes that died",
+                r.requeued
+            );
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let _ = writeln!(out, "warning: cannot recover jobs of dead processes: {e}");
+        }
+    }
 }
 
 /// Live oxidekiq processes by (`_rust` queue, class), read from the serving keys.
