@@ -431,3 +431,119 @@ fn handoff_pushes_unknown_classes_and_flagged_jobs_to_ruby_unchanged() {
     );
     assert_no_name_error(&mut c);
 }
+
+#[test]
+fn roll_back_moves_a_long_queue_in_order_and_leaves_other_classes() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut c = redis.conn();
+    // 2 500 HardWorker jobs among 500 of another class, as Ruby's client pushes them (LPUSH).
+    ruby(
+        r#"
+        3000.times do |i|
+          klass = (i % 6 == 5) ? "Other" : "HardWorker"
+          Sidekiq::Client.push("class" => klass, "args" => ["n#{i}", i], "queue" => "default_rust")
+        end
+        "#,
+        &url,
+    );
+    let before = lrange(&mut c, "queue:default_rust");
+    let (code, out) = oxidekiq(&url, &["route", "HardWorker", "0", "--settle", "0"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("moved 2500 "), "{out}");
+    let back = lrange(&mut c, "queue:default");
+    let left = lrange(&mut c, "queue:default_rust");
+    let is_hard = |j: &Vec<u8>| String::from_utf8_lossy(j).contains("\"class\":\"HardWorker\"");
+    assert_eq!(back.len(), 2500);
+    assert_eq!(left.len(), 500);
+    assert!(left.iter().all(|j| !is_hard(j)));
+    // Byte for byte and in order: Ruby's BRPOP (the tail) serves the oldest first, as it would have.
+    let mut served: Vec<&Vec<u8>> = back.iter().collect();
+    served.reverse();
+    let oldest_first: Vec<&Vec<u8>> = before.iter().rev().filter(|j| is_hard(j)).collect();
+    assert_eq!(served, oldest_first);
+    let members: Vec<String> = redis::cmd("SMEMBERS").arg("queues").query(&mut c).unwrap();
+    assert!(
+        members.contains(&"default".to_string()),
+        "the UI sees the queue"
+    );
+}
+
+#[test]
+fn routes_tells_rust_and_ruby_runs_apart_with_sidekiq_7_metrics() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut c = redis.conn();
+    // A live Sidekiq 7.3.9 process (its recorded heartbeat info): oxidekiq writes the 7.x metrics keys.
+    let info = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/shared/sidekiq-7.3.9-server/heartbeat_info.json"
+    ))
+    .unwrap();
+    let id: String = serde_json::from_str::<serde_json::Value>(&info).unwrap()["identity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg("processes")
+        .arg(&id)
+        .ignore()
+        .cmd("HSET")
+        .arg(&id)
+        .arg("info")
+        .arg(info.trim())
+        .arg("busy")
+        .arg(0)
+        .arg("beat")
+        .arg(oxidekiq::time::now())
+        .arg("quiet")
+        .arg("false")
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    let ox = Oxidekiq::start(&url, &["-q", "default_rust", "--beat-interval", "0.5"]);
+    assert!(wait_until(Duration::from_secs(30), || exists(
+        &mut c,
+        "oxidekiq:serving:default_rust|HardWorker"
+    )));
+    route(&url, "HardWorker", 50);
+    ruby(
+        r#"
+        6.times { |i| Sidekiq::Client.push("class" => "HardWorker", "args" => ["ok", 0], "queue" => "default_rust") }
+        2.times { |i| Sidekiq::Client.push("class" => "HardWorker", "args" => ["bad", -1], "queue" => "default_rust", "retry" => false) }
+        "#,
+        &url,
+    );
+    let row = |out: &str| -> Vec<String> {
+        out.lines()
+            .find(|l| l.starts_with("HardWorker "))
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let mut out = String::new();
+    let flushed = wait_until(Duration::from_secs(30), || {
+        out = oxidekiq(&url, &["routes"]).1;
+        row(&out).get(3..5) == Some(&["8".to_string(), "2".to_string()][..])
+    });
+    assert!(flushed, "8 run in Rust, 2 failed:\n{out}\n{}", ox.log());
+    // What Sidekiq 7.3.9's ExecutionTracker flush adds for 5 jobs it ran, 1 failing, into the same
+    // minute hash oxidekiq wrote (`tracking.rb@v7.3.9`).
+    let minute = format!("j|{}", chrono::Utc::now().format("%Y%m%d|%-H:%-M"));
+    let _: () = redis::pipe()
+        .cmd("HINCRBY")
+        .arg(&minute)
+        .arg("HardWorker|p")
+        .arg(5)
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(&minute)
+        .arg("HardWorker|f")
+        .arg(1)
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    let (_, out) = oxidekiq(&url, &["routes"]);
+    assert_eq!(row(&out)[1..], ["50%", "1", "8", "2", "5", "1"], "{out}");
+    assert!(out.contains("Sidekiq 7.x execution metrics"), "{out}");
+}

@@ -39,6 +39,9 @@ redis.call('LREM', KEYS[1], -1, ARGV[1])
 return 1
 "#;
 
+/// Jobs read per `LRANGE` while rolling back.
+const MOVE_CHUNK: i64 = 1000;
+
 /// Sets a class's share (0–100).
 pub async fn set_share(conn: &mut Conn, class: &str, percent: u8) -> Result<()> {
     if percent > 100 {
@@ -92,31 +95,44 @@ pub async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<String, 
         let Some(base) = rq.strip_suffix(keys::RUST_QUEUE_SUFFIX) else {
             continue;
         };
-        let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
-            .arg(keys::queue(&rq))
-            .arg(0)
-            .arg(-1)
-            .query_async(conn)
-            .await?;
-        // Head first: the oldest job is pushed last, so it is the next one Ruby serves.
-        for raw in items {
-            let ours = Job::parse(raw.clone(), usize::MAX)
-                .map(|j| j.worker_class() == class)
-                .unwrap_or(false);
-            if !ours {
-                continue;
-            }
-            let n: u64 = script
-                .key(keys::queue(&rq))
-                .key(keys::queue(base))
-                .key(keys::QUEUES)
-                .arg(&raw)
-                .arg(base)
-                .invoke_async(conn)
+        // In chunks from the head (newest first; each is appended at the end Ruby's BRPOP reads, so the
+        // oldest ends up served first), so a long queue is never read whole: a moved job
+        // leaves the list, so the next chunk starts that many places earlier. Jobs pushed meanwhile
+        // shift it the other way, which at worst reads a job twice (the script skips what is gone).
+        let mut start: i64 = 0;
+        loop {
+            let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
+                .arg(keys::queue(&rq))
+                .arg(start)
+                .arg(start + MOVE_CHUNK - 1)
+                .query_async(conn)
                 .await?;
-            if n > 0 {
-                *moved.entry(base.to_string()).or_insert(0) += n;
+            let read = items.len() as i64;
+            let mut moved_here: i64 = 0;
+            for raw in items {
+                let ours = Job::parse(raw.clone(), usize::MAX)
+                    .map(|j| j.worker_class() == class)
+                    .unwrap_or(false);
+                if !ours {
+                    continue;
+                }
+                let n: u64 = script
+                    .key(keys::queue(&rq))
+                    .key(keys::queue(base))
+                    .key(keys::QUEUES)
+                    .arg(&raw)
+                    .arg(base)
+                    .invoke_async(conn)
+                    .await?;
+                if n > 0 {
+                    moved_here += 1;
+                    *moved.entry(base.to_string()).or_insert(0) += n;
+                }
             }
+            if read < MOVE_CHUNK {
+                break;
+            }
+            start += read - moved_here;
         }
     }
     Ok(moved)
