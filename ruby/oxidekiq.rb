@@ -18,6 +18,10 @@
 # (a retry of a job Rust ran) goes back to "<queue>" once the share is 0 or no oxidekiq serves it.
 # Any Redis error leaves the job where Ruby would send it.
 #
+# push_bulk (and ActiveJob's perform_all_later) on Sidekiq 6.4-7.3 pushes a whole batch to the queue of
+# its first job (client.rb atomic_push reads payloads.first["queue"]), so bulk jobs follow the decision
+# made for the first one: the share holds across batches, not within one. 8.x groups by queue.
+#
 # Works with the client middleware API of Sidekiq 6.4 through 8.x:
 # `call(job_class_or_string, job, queue, redis_pool)`, yielding to push (client.rb in each version).
 
