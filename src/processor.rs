@@ -223,12 +223,12 @@ impl Processor {
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
     async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>) -> bool {
-        let entry = self.registry.get(job.worker_class());
-        if let Some(handed) = crate::migrate::handoff::divert(&self, &job, entry).await {
+        if let Some(handed) = crate::migrate::handoff::divert(&self, &job).await {
             return handed;
         }
         let start = Instant::now();
         tracing::info!("start");
+        let entry = self.registry.get(job.worker_class());
         // A client-side until-executed lock is kept alive while the job runs, and settled by its fate.
         let result =
             until_executed::while_running(&self.conn, &job, self.invoke(&job, &queue, entry)).await;

@@ -147,6 +147,15 @@ impl Contract {
         }
     }
 
+    /// The key as it appears in payload text, quoted (a cheap first test).
+    fn quoted_key(self) -> &'static str {
+        match self {
+            Contract::UniqueJobsLock => "\"lock_digest\"",
+            Contract::ProBatch => "\"bid\"",
+            Contract::EnterpriseUnique => "\"unique_for\"",
+        }
+    }
+
     /// What goes wrong when oxidekiq runs such a job.
     pub fn consequence(self) -> &'static str {
         match self {
@@ -170,10 +179,7 @@ impl Contract {
     /// job), then a real look at the top-level keys.
     pub fn found_in(job: &Job) -> Vec<Contract> {
         let raw = job.raw();
-        if !Contract::ALL
-            .iter()
-            .any(|c| raw.contains(&format!("\"{}\"", c.key())))
-        {
+        if !Contract::ALL.iter().any(|c| raw.contains(c.quoted_key())) {
             return Vec::new();
         }
         let Ok(map) = job.to_map() else {

@@ -81,9 +81,9 @@ impl Handoff {
 /// The processor's hand-off step: `None` when the job runs here; `Some(true)` when it was pushed to
 /// the hand-off queue (acknowledge it); `Some(false)` when the process was cancelled before the push
 /// reached Redis (leave it in flight: the shutdown pushes it back).
-pub async fn divert(p: &Processor, job: &Job, entry: Option<&Entry>) -> Option<bool> {
+pub async fn divert(p: &Processor, job: &Job) -> Option<bool> {
     let h = p.handoff.as_ref()?;
-    let reason = h.reason(job, entry)?;
+    let reason = h.reason(job, p.registry.get(job.worker_class()))?;
     let class = job.worker_class();
     let mut delay = Duration::from_millis(50);
     loop {
