@@ -35,17 +35,64 @@ module Oxidekiq
   # Payload keys of Ruby-side contracts oxidekiq cannot honour (src/migrate/check.rs Contract).
   CONTRACT_KEYS = %w[lock_digest bid unique_for].freeze
 
-  class Router
-    # Sidekiq 7+/8 set this on middleware that responds to it; unused here.
-    attr_accessor :config
-
-    def initialize(refresh: REFRESH)
+  # The route table and liveness answers of one Redis pool, shared by every Router instance: Sidekiq
+  # builds a new middleware instance for every push (middleware/chain.rb `retrieve` -> `make_new`, 6.4
+  # through 8.x), so the cache lives here, once per process and pool.
+  class Cache
+    def initialize(refresh)
       @refresh = refresh.to_f
       @mutex = Mutex.new
       @routes = {}
       @routes_at = nil
       @live = {}
     end
+
+    def routes(redis_pool)
+      @mutex.synchronize do
+        if @routes_at.nil? || now - @routes_at >= @refresh
+          # Stamped first: on a Redis error the old table is kept for another period, not retried per job.
+          @routes_at = now
+          @live = {}
+          raw = redis_pool.with { |conn| conn.call("HGETALL", ROUTES_KEY) }
+          # redis-rb 4 (Sidekiq 6.x) and RESP2 answer a flat array; redis-client on RESP3 a Hash.
+          raw = Hash[*raw] if raw.is_a?(Array)
+          @routes = raw.each_with_object({}) { |(k, v), h| h[k.to_s] = v.to_i.clamp(0, 100) }
+        end
+        @routes
+      end
+    end
+
+    def live?(redis_pool, target, klass)
+      key = "#{SERVING_PREFIX}#{target}|#{klass}"
+      @mutex.synchronize do
+        hit = @live[key]
+        return hit[0] if hit && now - hit[1] < @refresh
+        # Stamped first, as above: an error answers "not live" until the next period.
+        @live[key] = [false, now]
+        alive = redis_pool.with { |conn| conn.call("EXISTS", key) }.to_i > 0
+        @live[key] = [alive, now]
+        alive
+      end
+    end
+
+    private
+
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+  end
+
+  @caches = {}
+  @caches_mutex = Mutex.new
+
+  # The cache of one Redis pool (Sidekiq's client uses one pool per process unless sharded).
+  def self.cache(redis_pool, refresh = REFRESH)
+    @caches_mutex.synchronize { @caches[redis_pool.object_id] ||= Cache.new(refresh) }
+  end
+
+  class Router
+    # Sidekiq 7+/8 set this on middleware that responds to it; unused here.
+    attr_accessor :config
 
     def call(_job_class, job, _queue, redis_pool)
       route(job, redis_pool) if job.is_a?(Hash)
@@ -59,61 +106,32 @@ module Oxidekiq
       queue = job["queue"].to_s
       return if queue.empty?
       klass = (job["wrapped"] || job["class"]).to_s
-      share = routes(redis_pool)[klass]
+      cache = Oxidekiq.cache(redis_pool)
+      share = cache.routes(redis_pool)[klass]
       return unless share
 
       if queue.end_with?(RUST_SUFFIX)
         base = queue.delete_suffix(RUST_SUFFIX)
         return if base.empty?
-        job["queue"] = base unless share > 0 && live?(redis_pool, queue, klass)
+        job["queue"] = base unless share > 0 && cache.live?(redis_pool, queue, klass)
         return
       end
       return unless share > 0
       return if CONTRACT_KEYS.any? { |k| !job[k].nil? }
       return unless rand(100) < share
       target = queue + RUST_SUFFIX
-      job["queue"] = target if live?(redis_pool, target, klass)
+      job["queue"] = target if cache.live?(redis_pool, target, klass)
     rescue => e
-      warn_once(e)
+      Oxidekiq.warn_once(e)
     end
+  end
 
-    private
+  @warned = false
 
-    def now
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    end
-
-    def routes(redis_pool)
-      @mutex.synchronize do
-        if @routes_at.nil? || now - @routes_at >= @refresh
-          # Stamped first: on a Redis error the old table is kept for another period, not retried per job.
-          @routes_at = now
-          raw = redis_pool.with { |conn| conn.call("HGETALL", ROUTES_KEY) }
-          # redis-rb 4 (Sidekiq 6.x) and RESP2 answer a flat array; redis-client on RESP3 a Hash.
-          raw = Hash[*raw] if raw.is_a?(Array)
-          @routes = raw.each_with_object({}) { |(k, v), h| h[k.to_s] = v.to_i.clamp(0, 100) }
-          @live = {}
-        end
-        @routes
-      end
-    end
-
-    def live?(redis_pool, target, klass)
-      key = "#{SERVING_PREFIX}#{target}|#{klass}"
-      @mutex.synchronize do
-        hit = @live[key]
-        return hit[0] if hit && now - hit[1] < @refresh
-        alive = redis_pool.with { |conn| conn.call("EXISTS", key) }.to_i > 0
-        @live[key] = [alive, now]
-        alive
-      end
-    end
-
-    def warn_once(error)
-      return if @warned
-      @warned = true
-      msg = "oxidekiq router: #{error.class}: #{error.message}; jobs stay on Ruby queues"
-      defined?(Sidekiq.logger) && Sidekiq.logger ? Sidekiq.logger.warn(msg) : warn(msg)
-    end
+  def self.warn_once(error)
+    return if @warned
+    @warned = true
+    msg = "oxidekiq router: #{error.class}: #{error.message}; jobs stay on Ruby queues"
+    defined?(Sidekiq.logger) && Sidekiq.logger ? Sidekiq.logger.warn(msg) : warn(msg)
   end
 end

@@ -102,6 +102,16 @@ fn lrange(c: &mut redis::Connection, key: &str) -> Vec<Vec<u8>> {
         .unwrap()
 }
 
+/// How many `HGETALL` calls Redis has served (only the router's table reads, in these tests).
+fn route_table_reads(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hgetall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 fn exists(c: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() > 0
 }
@@ -198,7 +208,15 @@ fn walkthrough_check_canary_full_route_and_roll_back_with_real_ruby_sidekiq() {
     // 2. Canary: 10%. A loose bound: Binomial(300, 0.1) has mean 30 and sd 5.2.
     let out = route(&url, "HardWorker", 10);
     assert!(out.contains("default_rust"), "{out}");
+    let reads_before = route_table_reads(&mut c);
     all.extend(enqueue(&url, 300, 0));
+    // The router reads the table once per cache period, not per job (Sidekiq makes a new middleware
+    // instance for every push: the cache must outlive it).
+    let reads = route_table_reads(&mut c) - reads_before;
+    assert!(
+        (1..=20).contains(&reads),
+        "300 pushes read the route table {reads} times"
+    );
     let (ruby1, rust1) = wait_all_ran_once(&mut c, &ox, &all);
     let canary = rust1 - rust0;
     eprintln!("canary at 10%: {canary} of 300 ran in Rust");
