@@ -112,6 +112,18 @@ pub struct Cli {
     /// Timestamp format written to Redis: seconds (Sidekiq ≤7), milliseconds (Sidekiq 8), or auto (follow the live processes)
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub timestamps: Option<TimestampsArg>,
+
+    /// Push a job whose class has no Rust worker (or that carries a Ruby-side contract) unchanged to QUEUE, which Ruby serves
+    #[arg(long, value_name = "QUEUE")]
+    pub handoff: Option<String>,
+
+    /// With --handoff: run this class's jobs in Rust even when they carry a Ruby-side contract; repeat for several
+    #[arg(long = "run-flagged", value_name = "CLASS")]
+    pub run_flagged: Vec<String>,
+
+    /// Migration commands (check, route, routes, report); without one, oxidekiq runs the workers
+    #[command(subcommand)]
+    pub command: Option<crate::migrate::Command>,
 }
 
 /// `--fetch` values.
@@ -163,6 +175,9 @@ impl fmt::Debug for Cli {
             .field("beat_interval", &self.beat_interval)
             .field("poll_interval", &self.poll_interval)
             .field("timestamps", &self.timestamps)
+            .field("handoff", &self.handoff)
+            .field("run_flagged", &self.run_flagged)
+            .field("command", &self.command)
             .finish()
     }
 }
@@ -346,9 +361,31 @@ pub fn config_from(
             TimestampsArg::Auto => None,
         };
     }
+    if let Some(q) = &cli.handoff {
+        if !config::web_ui_routable(q) {
+            return Err(Error::Config(format!(
+                "--handoff: `{q}` is not a queue name Sidekiq can serve"
+            )));
+        }
+        config.handoff = Some(q.clone());
+    }
+    if !cli.run_flagged.is_empty() {
+        config.run_flagged = cli.run_flagged.clone();
+    }
 
     config.validate()?;
     Ok(config)
+}
+
+/// As [`load`], also giving the migration subcommand, if one was given (`oxidekiq [flags] check`).
+pub fn load_command<I, T>(args: I) -> Result<(Config, Option<crate::migrate::Command>), Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = parse_args(args).unwrap_or_else(|e| e.exit());
+    let config = config_from(&cli, &process_env, Path::new("."))?;
+    Ok((config, cli.command))
 }
 
 #[cfg(test)]

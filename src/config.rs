@@ -145,6 +145,11 @@ pub struct Config {
     /// Write Sidekiq 8 integer-millisecond timestamps instead of float seconds; `None` = detect
     /// from the live processes' `info.version`.
     pub millisecond_timestamps: Option<bool>,
+    /// `--handoff QUEUE`: a job of a class with no Rust worker (or carrying a Ruby-side contract, see
+    /// [`crate::migrate::handoff`]) is pushed unchanged to this queue, which Ruby serves.
+    pub handoff: Option<String>,
+    /// `--run-flagged CLASS`: classes whose jobs run in Rust even when they carry a Ruby-side contract.
+    pub run_flagged: Vec<String>,
 }
 
 impl Default for Config {
@@ -167,6 +172,8 @@ impl Default for Config {
             beat_interval: Duration::from_secs(5),
             poll_interval_average: Duration::from_secs(5),
             millisecond_timestamps: None,
+            handoff: None,
+            run_flagged: Vec::new(),
         }
     }
 }
@@ -189,6 +196,8 @@ impl fmt::Debug for Config {
             .field("beat_interval", &self.beat_interval)
             .field("poll_interval_average", &self.poll_interval_average)
             .field("millisecond_timestamps", &self.millisecond_timestamps)
+            .field("handoff", &self.handoff)
+            .field("run_flagged", &self.run_flagged)
             .finish()
     }
 }

@@ -171,6 +171,13 @@ pub struct Heartbeat {
     fleet: Arc<Fleet>,
     /// Execution metrics to flush.
     metrics: Arc<Metrics>,
+    /// The registered worker classes (for oxidekiq's own run counters).
+    classes: Vec<String>,
+    /// [`keys::serving`] of every (`_rust` queue fetched, registered class): what the Ruby routing
+    /// middleware asks before sending a job to Rust.
+    serving_keys: Vec<String>,
+    /// How long a serving registration outlives the last beat.
+    serving_ttl: Duration,
 }
 
 impl Heartbeat {
@@ -192,6 +199,79 @@ impl Heartbeat {
             work,
             fleet,
             metrics,
+            classes: Vec::new(),
+            serving_keys: Vec::new(),
+            serving_ttl: Duration::from_secs(TTL_SECS as u64),
+        }
+    }
+
+    /// Registers `classes` as served by this process on each of its `_rust` queues, for `ttl` past each
+    /// beat (a few beats: once every serving process is gone, Ruby clients stop routing within it).
+    pub fn serving(mut self, classes: &[&str], ttl: Duration) -> Self {
+        self.classes = classes.iter().map(|c| c.to_string()).collect();
+        self.serving_keys = self
+            .info
+            .queues
+            .iter()
+            .filter(|(q, _)| q.ends_with(keys::RUST_QUEUE_SUFFIX))
+            .flat_map(|(q, _)| classes.iter().map(move |c| keys::serving(q, c)))
+            .collect();
+        self.serving_ttl = ttl;
+        self
+    }
+
+    /// Appends the serving registrations and oxidekiq's own run counters (`oxidekiq:ran|<minute>`).
+    /// A quiet (or stopping) process fetches no more: it leaves the serving keys instead.
+    fn add_migration(
+        &self,
+        pipe: &mut redis::Pipeline,
+        now: f64,
+        metrics: &crate::metrics::Snapshot,
+        serving: bool,
+    ) {
+        let ttl = self.serving_ttl.as_secs_f64();
+        for key in &self.serving_keys {
+            if !serving {
+                pipe.cmd("ZREM").arg(key).arg(&self.info.identity).ignore();
+                continue;
+            }
+            pipe.cmd("ZADD")
+                .arg(key)
+                .arg(time::score(now + ttl))
+                .arg(&self.info.identity)
+                .ignore();
+            pipe.cmd("ZREMRANGEBYSCORE")
+                .arg(key)
+                .arg("-inf")
+                .arg(time::score(now))
+                .ignore();
+            pipe.cmd("PEXPIRE")
+                .arg(key)
+                .arg(self.serving_ttl.as_millis().max(1) as u64)
+                .ignore();
+        }
+        let minute = keys::ran(&crate::migrate::route::ran_minute(chrono::Utc::now()));
+        let mut any = false;
+        for class in &self.classes {
+            let Some(c) = metrics.get(class) else {
+                continue;
+            };
+            any = true;
+            pipe.cmd("HINCRBY")
+                .arg(&minute)
+                .arg(format!("{class}|p"))
+                .arg(c.processed)
+                .ignore();
+            if c.failed > 0 {
+                pipe.cmd("HINCRBY")
+                    .arg(&minute)
+                    .arg(format!("{class}|f"))
+                    .arg(c.failed)
+                    .ignore();
+            }
+        }
+        if any {
+            pipe.cmd("EXPIRE").arg(&minute).arg(2 * 3600).ignore();
         }
     }
 
@@ -229,6 +309,7 @@ impl Heartbeat {
         pipe.atomic();
         add_stats(&mut pipe, processed, failed, utc);
         metrics.write(&mut pipe, utc, survey.metrics_formats());
+        self.add_migration(&mut pipe, now, &metrics, !quiet);
         pipe.cmd("UNLINK").arg(&work_key).arg(&legacy_key).ignore();
         if !jobs.is_empty() {
             let legacy = survey.writes_legacy_workers();
@@ -292,6 +373,8 @@ impl Heartbeat {
         add_stats(&mut pipe, processed, failed, utc);
         // As 8.x at exit (`tracking.rb@v8.1.7 config.on(:exit)`), with the formats of the last survey.
         metrics.write(&mut pipe, utc, self.fleet.current().metrics_formats());
+        // Leaving: no Ruby client routes to us from here on (the last server's ZREM deletes the key).
+        self.add_migration(&mut pipe, time::now(), &metrics, false);
         pipe.cmd("SREM").arg(keys::PROCESSES).arg(id).ignore();
         pipe.cmd("UNLINK")
             .arg(keys::work(id))

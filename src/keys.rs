@@ -68,6 +68,40 @@ pub fn lock(key: &str) -> String {
     format!("lock:{key}")
 }
 
+// ---- Migrating a worker from Ruby (issue 14): routes, live registrations, own counters, hand-off ----
+// Read by ruby/oxidekiq.rb too: a name changed here must change there.
+
+/// `HASH` class → share in percent (0–100) of its new jobs the Ruby middleware sends to `<queue>_rust`.
+pub const ROUTES: &str = "oxidekiq:routes";
+
+/// The suffix of the queue a routed job goes to: `<queue>_rust`.
+pub const RUST_QUEUE_SUFFIX: &str = "_rust";
+
+/// The queue oxidekiq serves for jobs routed away from `queue`: `<queue>_rust`.
+pub fn rust_queue(queue: &str) -> String {
+    format!("{queue}{RUST_QUEUE_SUFFIX}")
+}
+
+/// `ZSET` identity → expiry epoch seconds of the live oxidekiq processes that fetch from `rust_queue`
+/// with a worker registered for `class`; refreshed by each beat with a TTL of a few beats, so the key
+/// is gone within that TTL once the last of them dies. Ruby only asks `EXISTS`.
+pub fn serving(rust_queue: &str, class: &str) -> String {
+    format!("oxidekiq:serving:{rust_queue}|{class}")
+}
+
+/// The pattern matching every [`serving`] key.
+pub const SERVING_PATTERN: &str = "oxidekiq:serving:*";
+
+/// `HASH` of the jobs oxidekiq ran in one UTC minute (`%Y%m%d|%H:%M`): fields `<Class>|p` (run) and
+/// `<Class>|f` (failed), 2 h TTL; Sidekiq's own metrics count Ruby and Rust together, this tells them
+/// apart (and is all there is on 6.4, which records no execution metrics).
+pub fn ran(minute: &str) -> String {
+    format!("oxidekiq:ran|{minute}")
+}
+
+/// `HASH` class → jobs handed off to Ruby (`--handoff`), never expires.
+pub const HANDOFF: &str = "oxidekiq:handoff";
+
 #[cfg(test)]
 mod tests {
     use super::*;

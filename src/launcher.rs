@@ -179,16 +179,20 @@ impl Launcher {
             unknown_class: cfg.unknown_class,
             fleet: fleet.clone(),
             metrics: metrics.clone(),
+            handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
         });
-        let heartbeat = Arc::new(Heartbeat::new(
-            info,
-            conn.clone(),
-            stats,
-            work.clone(),
-            fleet.clone(),
-            metrics,
-        ));
         let alive_ttl = (cfg.beat_interval * 3).max(Duration::from_secs(3));
+        let heartbeat = Arc::new(
+            Heartbeat::new(
+                info,
+                conn.clone(),
+                stats,
+                work.clone(),
+                fleet.clone(),
+                metrics,
+            )
+            .serving(&processor.registry.classes(), alive_ttl),
+        );
 
         // Be visible and alive before the first fetch, so no recovery takes our working lists.
         {

@@ -26,6 +26,7 @@ pub mod lock;
 pub mod logging;
 pub mod metrics;
 pub mod middleware;
+pub mod migrate;
 pub mod processor;
 pub mod redis_conn;
 pub mod registry;

@@ -166,6 +166,8 @@ pub struct Processor {
     pub fleet: Arc<crate::fleet::Fleet>,
     /// Execution metrics for the Web UI's Metrics tab, flushed by the heartbeat.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// `--handoff QUEUE`: jobs oxidekiq should not run go to a queue Ruby serves.
+    pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
 }
 
 impl Processor {
@@ -241,6 +243,13 @@ impl Processor {
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
     async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
+        if let Some(handed) = crate::migrate::handoff::divert(&self, &job).await {
+            if handed {
+                // Its fate is the hand-off queue: a shutdown must not push it back as well.
+                state.fate_written();
+            }
+            return handed;
+        }
         let start = Instant::now();
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());

@@ -80,6 +80,8 @@ pub struct Entry {
     pub chain: Chain,
     /// The worker's `sidekiq_options`.
     pub options: WorkerOptions,
+    /// Decodes a payload's arguments as the worker's `Args` without running it (`oxidekiq check`).
+    pub check_args: crate::migrate::check::ArgsCheck,
 }
 
 #[cfg(test)]
@@ -134,6 +136,7 @@ impl Registry {
                 own: middleware,
                 chain: Arc::from(Vec::new()),
                 options,
+                check_args: crate::migrate::check::check_args::<W::Args>,
             },
         );
         self

@@ -1,7 +1,8 @@
-//! The `oxidekiq` binary: parses the command line and runs this application's workers.
+//! The `oxidekiq` binary: parses the command line and runs this application's workers, or one of the
+//! migration subcommands (`check`, `route`, `routes`, `report`) with the same flags and config.
 
 fn main() -> std::process::ExitCode {
-    let config = match oxidekiq::cli::load(std::env::args()) {
+    let (config, command) = match oxidekiq::cli::load_command(std::env::args()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("oxidekiq: {e}");
@@ -19,6 +20,24 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    if let Some(command) = command {
+        let registry = oxidekiq_workers::registry();
+        return match runtime.block_on(oxidekiq::migrate::run(command, &config, &registry)) {
+            Ok((out, ok)) => {
+                print!("{out}");
+                if ok {
+                    std::process::ExitCode::SUCCESS
+                } else {
+                    std::process::ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("oxidekiq: {e}");
+                std::process::ExitCode::from(1)
+            }
+        };
+    }
+    runtime.block_on(oxidekiq::migrate::handoff::warn_if_unserved(&config));
     let launcher = oxidekiq::launcher::Launcher::new(config, oxidekiq_workers::registry());
     match runtime.block_on(launcher.run()) {
         Ok(()) => std::process::ExitCode::SUCCESS,

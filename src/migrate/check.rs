@@ -1,0 +1,420 @@
+//! `oxidekiq check`: does what Rails really enqueues fit each Rust worker's `Args` type?
+//!
+//! Samples payloads of every registered class from the queues (every name in `queues`, plus the
+//! configured ones), the `retry`, `schedule` and `dead` sets, reading with `LRANGE`/`ZRANGE` only, so
+//! nothing is taken. Each sampled payload is decoded as the worker would decode it (ActiveJob
+//! arguments unwrapped first, as the processor does) and a failure is reported by its field path and
+//! the JSON type found there, never by value: check output ends up in CI logs and tickets.
+//!
+//! It also flags payloads carrying a Ruby-side contract oxidekiq cannot honour ([`Contract`]): the
+//! job would run, but the contract's bookkeeping (lock release, batch callbacks) lives in a Ruby
+//! server middleware that Rust does not run.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::job::Job;
+use crate::keys;
+use crate::redis_conn::Conn;
+use crate::registry::{Registry, redact_values};
+
+/// Decodes a payload's `args` as one worker's `Args` type; the registry keeps one per class.
+pub type ArgsCheck = fn(&Job) -> std::result::Result<(), Mismatch>;
+
+/// Why a payload's arguments do not fit: where, what JSON type is there, and serde's message with
+/// every quoted value blanked.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mismatch {
+    /// The field path inside `args` (`[1]`, `[2].locale`; for ActiveJob, inside `arguments`).
+    pub path: String,
+    /// The JSON type found at that path (`string`, `number`, `missing`, `array of 3`, …).
+    pub found: String,
+    /// What serde expected, values blanked.
+    pub message: String,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: JSON {} ({})", self.path, self.found, self.message)
+    }
+}
+
+/// The JSON type of a value, never its content.
+pub fn json_type(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(_) => "boolean".into(),
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer".into(),
+        Value::Number(_) => "number".into(),
+        Value::String(_) => "string".into(),
+        Value::Array(a) => format!("array of {}", a.len()),
+        Value::Object(_) => "object".into(),
+    }
+}
+
+/// Decodes `job`'s arguments as `A`, exactly as the worker would receive them.
+pub fn check_args<A: DeserializeOwned>(job: &Job) -> std::result::Result<(), Mismatch> {
+    let (root, prefix) = if job.is_activejob() {
+        match crate::activejob::unwrap(job.args_json()) {
+            Ok(info) => (info.arguments, "arguments"),
+            Err(msg) => {
+                return Err(Mismatch {
+                    path: "args[0]".into(),
+                    found: "ActiveJob job_data".into(),
+                    message: redact_values(&msg),
+                });
+            }
+        }
+    } else {
+        match serde_json::from_str::<Value>(job.args_json()) {
+            Ok(v) => (v, "args"),
+            Err(e) => {
+                return Err(Mismatch {
+                    path: "args".into(),
+                    found: "invalid JSON".into(),
+                    message: redact_values(&e.to_string()),
+                });
+            }
+        }
+    };
+    match serde_path_to_error::deserialize::<_, A>(&root) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let path = e.path().clone();
+            let found = match at_path(&root, &path) {
+                Some(v) => json_type(v),
+                None => "missing".into(),
+            };
+            let shown = path.to_string();
+            let path = if shown == "." {
+                prefix.to_string()
+            } else {
+                format!("{prefix}{shown}")
+            };
+            Err(Mismatch {
+                path,
+                found,
+                message: redact_values(&e.into_inner().to_string()),
+            })
+        }
+    }
+}
+
+/// The value at a serde path, if there is one.
+fn at_path<'v>(root: &'v Value, path: &serde_path_to_error::Path) -> Option<&'v Value> {
+    use serde_path_to_error::Segment;
+    let mut v = root;
+    for seg in path.iter() {
+        v = match seg {
+            Segment::Seq { index } => v.get(*index)?,
+            Segment::Map { key } => v.get(key.as_str())?,
+            Segment::Enum { .. } | Segment::Unknown => v,
+        };
+    }
+    Some(v)
+}
+
+/// A Ruby-side contract in a payload that a job run by oxidekiq would break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Contract {
+    /// `lock_digest`: sidekiq-unique-jobs (PROTOCOL §11.1).
+    UniqueJobsLock,
+    /// `bid`: a Sidekiq Pro batch (PROTOCOL §1.2).
+    ProBatch,
+    /// `unique_for`: Sidekiq Enterprise unique jobs (PROTOCOL §11.3).
+    EnterpriseUnique,
+}
+
+impl Contract {
+    /// Every contract, in report order.
+    pub const ALL: [Contract; 3] = [
+        Contract::UniqueJobsLock,
+        Contract::ProBatch,
+        Contract::EnterpriseUnique,
+    ];
+
+    /// The payload key that carries it.
+    pub fn key(self) -> &'static str {
+        match self {
+            Contract::UniqueJobsLock => "lock_digest",
+            Contract::ProBatch => "bid",
+            Contract::EnterpriseUnique => "unique_for",
+        }
+    }
+
+    /// The key as it appears in payload text, quoted (a cheap first test).
+    fn quoted_key(self) -> &'static str {
+        match self {
+            Contract::UniqueJobsLock => "\"lock_digest\"",
+            Contract::ProBatch => "\"bid\"",
+            Contract::EnterpriseUnique => "\"unique_for\"",
+        }
+    }
+
+    /// What goes wrong when oxidekiq runs such a job.
+    pub fn consequence(self) -> &'static str {
+        match self {
+            Contract::UniqueJobsLock => {
+                "sidekiq-unique-jobs lock: its Ruby server middleware unlocks the digest when the job \
+                 ends; run in Rust the lock stays, so identical jobs are rejected until it expires \
+                 (never, without lock_ttl)"
+            }
+            Contract::ProBatch => {
+                "Sidekiq Pro batch: only Pro's server middleware reports a job's success or failure to \
+                 its batch; run in Rust the batch never completes and its callbacks never fire"
+            }
+            Contract::EnterpriseUnique => {
+                "Sidekiq Enterprise unique job: Enterprise releases the lock when the job succeeds; run \
+                 in Rust it is held until unique_for expires, and identical jobs are dropped meanwhile"
+            }
+        }
+    }
+
+    /// The contracts `raw` carries: a substring test first (the hot path of the hand-off sees every
+    /// job), then a real look at the top-level keys.
+    pub fn found_in(job: &Job) -> Vec<Contract> {
+        let raw = job.raw();
+        if !Contract::ALL.iter().any(|c| raw.contains(c.quoted_key())) {
+            return Vec::new();
+        }
+        let Ok(map) = job.to_map() else {
+            return Vec::new();
+        };
+        Contract::ALL
+            .into_iter()
+            .filter(|c| map.get(c.key()).is_some_and(|v| !v.is_null()))
+            .collect()
+    }
+}
+
+/// What was found for one class.
+#[derive(Debug, Default, Clone)]
+pub struct ClassReport {
+    /// Payloads decoded.
+    pub sampled: usize,
+    /// Payloads that fit.
+    pub decoded: usize,
+    /// Distinct mismatches with how often each was seen and where (first source).
+    pub failures: BTreeMap<Mismatch, (usize, String)>,
+    /// Payloads carrying each contract.
+    pub contracts: BTreeMap<Contract, usize>,
+}
+
+impl ClassReport {
+    /// Payloads that did not fit.
+    pub fn failed(&self) -> usize {
+        self.sampled - self.decoded
+    }
+}
+
+/// The whole check.
+#[derive(Debug, Default, Clone)]
+pub struct CheckReport {
+    /// By registered class (every one, sampled or not).
+    pub classes: BTreeMap<String, ClassReport>,
+    /// Payloads read, of every class.
+    pub scanned: usize,
+    /// Where they were read from.
+    pub sources: Vec<String>,
+}
+
+impl CheckReport {
+    /// True when any sampled payload did not fit.
+    pub fn any_failed(&self) -> bool {
+        self.classes.values().any(|c| c.failed() > 0)
+    }
+
+    /// The printed report.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "oxidekiq check: {} payloads read from {}",
+            self.scanned,
+            self.sources.join(", ")
+        );
+        let _ = writeln!(
+            out,
+            "{:<40} {:>8} {:>8} {:>8}",
+            "CLASS", "SAMPLED", "DECODED", "FAILED"
+        );
+        for (class, c) in &self.classes {
+            let _ = writeln!(
+                out,
+                "{:<40} {:>8} {:>8} {:>8}",
+                class,
+                c.sampled,
+                c.decoded,
+                c.failed()
+            );
+            for (m, (n, source)) in c.failures.iter().take(3) {
+                let _ = writeln!(out, "    does not fit ({n}x, first in {source}): {m}");
+            }
+            if c.failures.len() > 3 {
+                let _ = writeln!(out, "    … {} more kinds of mismatch", c.failures.len() - 3);
+            }
+            for (contract, n) in &c.contracts {
+                let _ = writeln!(
+                    out,
+                    "    flagged: {n} job(s) of {class} carry `{}`: {}",
+                    contract.key(),
+                    contract.consequence()
+                );
+            }
+        }
+        if self.classes.values().any(|c| !c.contracts.is_empty()) {
+            let _ = writeln!(
+                out,
+                "flagged jobs are handed off to Ruby by `--handoff QUEUE` (unless `--run-flagged CLASS`)"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{}",
+            if self.any_failed() {
+                "FAILED: some payloads do not fit their worker's Args type"
+            } else {
+                "OK: every sampled payload fits its worker's Args type"
+            }
+        );
+        out
+    }
+}
+
+/// How much to read.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Payloads decoded per class at most.
+    pub sample: usize,
+    /// Payloads read per queue or set at most.
+    pub scan: usize,
+}
+
+const CHUNK: usize = 500;
+
+/// Runs the check against Redis.
+pub async fn run(
+    conn: &mut Conn,
+    config: &Config,
+    registry: &Registry,
+    limits: Limits,
+) -> Result<CheckReport> {
+    let mut report = CheckReport::default();
+    for class in registry.classes() {
+        report
+            .classes
+            .insert(class.to_string(), ClassReport::default());
+    }
+    let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys::QUEUES)
+        .query_async(conn)
+        .await?;
+    for q in &config.queues {
+        if !queues.contains(&q.name) {
+            queues.push(q.name.clone());
+        }
+    }
+    queues.sort();
+    let mut sources: Vec<(String, bool)> = queues.iter().map(|q| (keys::queue(q), true)).collect();
+    for set in [keys::RETRY, keys::SCHEDULE, keys::DEAD] {
+        sources.push((set.to_string(), false));
+    }
+    for (key, is_list) in sources {
+        report.sources.push(key.clone());
+        let mut start = 0usize;
+        while start < limits.scan {
+            if report.classes.values().all(|c| c.sampled >= limits.sample) {
+                break;
+            }
+            let stop = (start + CHUNK).min(limits.scan) - 1;
+            let cmd = if is_list { "LRANGE" } else { "ZRANGE" };
+            let items: Vec<Vec<u8>> = redis::cmd(cmd)
+                .arg(&key)
+                .arg(start)
+                .arg(stop)
+                .query_async(conn)
+                .await?;
+            let n = items.len();
+            for raw in items {
+                report.scanned += 1;
+                let Ok(job) = Job::parse(raw, config.max_payload_bytes) else {
+                    continue;
+                };
+                let Some(entry) = registry.get(job.worker_class()) else {
+                    continue;
+                };
+                let Some(c) = report.classes.get_mut(job.worker_class()) else {
+                    continue;
+                };
+                if c.sampled >= limits.sample {
+                    continue;
+                }
+                c.sampled += 1;
+                match (entry.check_args)(&job) {
+                    Ok(()) => c.decoded += 1,
+                    Err(m) => {
+                        c.failures.entry(m).or_insert_with(|| (0, key.clone())).0 += 1;
+                    }
+                }
+                for contract in Contract::found_in(&job) {
+                    *c.contracts.entry(contract).or_default() += 1;
+                }
+            }
+            if n < CHUNK {
+                break;
+            }
+            start += CHUNK;
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(args: &str) -> Job {
+        Job::from_str(&format!(r#"{{"class":"X","args":{args},"jid":"j"}}"#)).unwrap()
+    }
+
+    #[test]
+    fn a_mismatch_names_the_path_and_type_never_the_value() {
+        let e = check_args::<(String, i64)>(&job(r#"["bob","SECRET"]"#)).unwrap_err();
+        assert_eq!(e.path, "args[1]");
+        assert_eq!(e.found, "string");
+        assert!(!e.to_string().contains("SECRET"), "{e}");
+        assert!(check_args::<(String, i64)>(&job(r#"["bob",5]"#)).is_ok());
+        let e = check_args::<(String, i64)>(&job(r#"["bob"]"#)).unwrap_err();
+        assert_eq!((e.path.as_str(), e.found.as_str()), ("args", "array of 1"));
+    }
+
+    #[test]
+    fn nested_fields_have_their_path() {
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Opts {
+            locale: String,
+        }
+        let e = check_args::<(u64, Opts)>(&job(r#"[1,{"locale":12345}]"#)).unwrap_err();
+        assert_eq!(e.path, "args[1].locale");
+        assert_eq!(e.found, "integer");
+        assert!(!e.to_string().contains("12345"), "{e}");
+    }
+
+    #[test]
+    fn contracts_are_found_by_key_not_by_text() {
+        let j =
+            Job::from_str(r#"{"class":"X","args":["bid"],"lock_digest":"uniquejobs:1"}"#).unwrap();
+        assert_eq!(Contract::found_in(&j), vec![Contract::UniqueJobsLock]);
+        let j = Job::from_str(r#"{"class":"X","args":[],"bid":"b1","unique_for":60}"#).unwrap();
+        assert_eq!(
+            Contract::found_in(&j),
+            vec![Contract::ProBatch, Contract::EnterpriseUnique]
+        );
+    }
+}

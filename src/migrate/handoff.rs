@@ -1,0 +1,180 @@
+//! `--handoff QUEUE`: on a queue shared with Ruby, a job oxidekiq should not run goes to a queue Ruby
+//! serves, unchanged, instead of through the retry set as a `NameError`.
+//!
+//! Two kinds of job are handed off: those of a class with no Rust worker, and those carrying a
+//! Ruby-side contract ([`Contract`]) unless the class was opted in with `--run-flagged CLASS`. The
+//! hand-off is one `MULTI` (`SADD queues`, `LPUSH queue:<QUEUE> <exact bytes>`, a per-class count in
+//! [`keys::HANDOFF`]) written before the job is acknowledged: a crash in between runs it twice at
+//! worst (Ruby and, after recovery, the hand-off again), never loses it. Each class is logged once.
+//! Without `--handoff`, unknown classes keep Sidekiq's path (the retry set).
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::job::Job;
+use crate::keys;
+use crate::migrate::check::Contract;
+use crate::processor::Processor;
+use crate::registry::Entry;
+use crate::shutdown::Phase;
+
+/// The hand-off settings and which classes were already logged.
+#[derive(Debug)]
+pub struct Handoff {
+    /// The queue Ruby serves.
+    pub queue: String,
+    /// Classes whose flagged jobs still run in Rust.
+    pub run_flagged: HashSet<String>,
+    /// Classes logged once already.
+    logged: Mutex<HashSet<String>>,
+}
+
+impl Handoff {
+    /// The hand-off a config asks for, if any.
+    pub fn from_config(config: &Config) -> Option<std::sync::Arc<Handoff>> {
+        let queue = config.handoff.clone()?;
+        Some(std::sync::Arc::new(Handoff {
+            queue,
+            run_flagged: config.run_flagged.iter().cloned().collect(),
+            logged: Mutex::new(HashSet::new()),
+        }))
+    }
+
+    /// Why `job` should go to Ruby, if it should.
+    pub fn reason(&self, job: &Job, entry: Option<&Entry>) -> Option<String> {
+        if entry.is_none() {
+            return Some("no Rust worker is registered for it".into());
+        }
+        if self.run_flagged.contains(job.worker_class()) {
+            return None;
+        }
+        let found = Contract::found_in(job);
+        let first = found.first()?;
+        Some(format!(
+            "it carries `{}` ({}); pass --run-flagged {} to run such jobs in Rust",
+            first.key(),
+            first.consequence(),
+            job.worker_class()
+        ))
+    }
+
+    fn log_once(&self, class: &str, reason: &str) {
+        let first = self
+            .logged
+            .lock()
+            .map(|mut s| s.insert(class.to_string()))
+            .unwrap_or(false);
+        if first {
+            tracing::warn!(
+                class,
+                queue = %self.queue,
+                "handing off jobs of {class} to queue {} unchanged: {reason} (logged once per class; counted in {})",
+                self.queue,
+                keys::HANDOFF
+            );
+        }
+    }
+}
+
+/// The processor's hand-off step: `None` when the job runs here; `Some(true)` when it was pushed to
+/// the hand-off queue (acknowledge it); `Some(false)` when the process was cancelled before the push
+/// reached Redis (leave it in flight: the shutdown pushes it back).
+pub async fn divert(p: &Processor, job: &Job) -> Option<bool> {
+    let h = p.handoff.as_ref()?;
+    let reason = h.reason(job, p.registry.get(job.worker_class()))?;
+    let class = job.worker_class();
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let mut conn = p.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("SADD")
+            .arg(keys::QUEUES)
+            .arg(&h.queue)
+            .ignore()
+            .cmd("LPUSH")
+            .arg(keys::queue(&h.queue))
+            .arg(job.raw())
+            .ignore()
+            .cmd("HINCRBY")
+            .arg(keys::HANDOFF)
+            .arg(class)
+            .arg(1)
+            .ignore();
+        match pipe.query_async::<()>(&mut conn).await {
+            Ok(()) => {
+                h.log_once(class, &reason);
+                return Some(true);
+            }
+            Err(e) => {
+                if p.shutdown.phase() >= Phase::Cancelled {
+                    return Some(false);
+                }
+                tracing::warn!(error = %e, class, "cannot hand the job off yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// At start: warns when no live Ruby process serves the hand-off queue (its jobs would wait there).
+pub async fn warn_if_unserved(config: &Config) {
+    let Some(queue) = &config.handoff else {
+        return;
+    };
+    let served = async {
+        let client = crate::redis_conn::client_with_ca(
+            &config.redis_url(),
+            config.redis_ca_file().as_deref(),
+        )?;
+        let mut conn = crate::redis_conn::connect(&client).await?;
+        live_ruby_serves(&mut conn, queue).await
+    }
+    .await;
+    match served {
+        Ok(true) => {
+            tracing::info!(queue = %queue, "hand-off queue is served by a live Ruby process")
+        }
+        Ok(false) => tracing::warn!(
+            queue = %queue,
+            "--handoff {queue}: no live Sidekiq process serves this queue; handed-off jobs wait there until one does"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot check who serves the hand-off queue"),
+    }
+}
+
+/// True when a live process that is not oxidekiq lists `queue` in its `info` (PROTOCOL §6.3).
+pub async fn live_ruby_serves(
+    conn: &mut crate::redis_conn::Conn,
+    queue: &str,
+) -> crate::error::Result<bool> {
+    let ids: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys::PROCESSES)
+        .query_async(conn)
+        .await?;
+    for id in ids {
+        let info: Option<String> = redis::cmd("HGET")
+            .arg(&id)
+            .arg("info")
+            .query_async(conn)
+            .await?;
+        let Some(info) = info.and_then(|i| serde_json::from_str::<serde_json::Value>(&i).ok())
+        else {
+            continue;
+        };
+        if info.get("oxidekiq").is_some() {
+            continue;
+        }
+        let listed = info
+            .get("queues")
+            .and_then(|q| q.as_array())
+            .is_some_and(|qs| qs.iter().any(|q| q.as_str() == Some(queue)));
+        if listed {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

@@ -1,0 +1,118 @@
+//! Migrating a worker from Ruby to Rust, one class at a time, without a deploy per step and without
+//! stranding a job (README "Migrating a worker").
+//!
+//! - [`check`]: `oxidekiq check` decodes a sample of real payloads with each Rust worker's `Args`.
+//! - [`route`]: `oxidekiq route CLASS PERCENT` / `oxidekiq routes`, the canary read by
+//!   `ruby/oxidekiq.rb`, and the one-command roll back.
+//! - [`handoff`]: `--handoff QUEUE`, unknown classes and Ruby-side contracts go back to Ruby.
+//! - [`report`]: `oxidekiq report`, the hottest classes by execution time.
+//!
+//! The subcommands share the binary's flags and config (Redis URL, `-C`, `-q`): `oxidekiq -q default
+//! check`.
+
+pub mod check;
+pub mod handoff;
+pub mod report;
+pub mod route;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::Subcommand;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::redis_conn::{self, Conn};
+use crate::registry::Registry;
+
+/// The migration subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Decode a sample of real payloads of every registered class with its worker's Args type, without taking them
+    Check {
+        /// Payloads decoded per class at most
+        #[arg(long, value_name = "N", default_value_t = 300)]
+        sample: usize,
+        /// Payloads read per queue or set at most
+        #[arg(long, value_name = "N", default_value_t = 100_000)]
+        scan_limit: usize,
+    },
+    /// Send PERCENT (0-100) of CLASS's new jobs to <queue>_rust; 0 stops at once and moves its waiting jobs back
+    Route {
+        /// The Ruby class name (for ActiveJob: the job class)
+        class: String,
+        /// Share of new jobs, 0 to 100
+        #[arg(value_parser = clap::value_parser!(u8).range(0..=100))]
+        percent: u8,
+        /// Seconds to wait before the roll back's second pass (the Ruby clients' cache window)
+        #[arg(long, value_name = "SECONDS", default_value_t = route::RUBY_REFRESH_SECS + 2.0, hide = true)]
+        settle: f64,
+    },
+    /// List the routes: share, live oxidekiq processes serving each, jobs run in Rust and in Ruby over the last hour
+    Routes {
+        /// Report as of this RFC 3339 time instead of now (tests)
+        #[arg(long, value_name = "TIME", hide = true)]
+        at: Option<String>,
+    },
+    /// The hottest classes by total execution time over the last hour, to choose what to migrate next
+    Report {
+        /// Classes shown at most
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        limit: usize,
+        /// Sidekiq 6.x (no metrics): jobs sampled per queue
+        #[arg(long, value_name = "N", default_value_t = 300)]
+        sample: usize,
+        /// Report as of this RFC 3339 time instead of now (tests)
+        #[arg(long, value_name = "TIME", hide = true)]
+        at: Option<String>,
+    },
+}
+
+fn parse_at(at: &Option<String>) -> Result<DateTime<Utc>> {
+    match at {
+        None => Ok(Utc::now()),
+        Some(s) => DateTime::parse_from_rfc3339(s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| Error::Config(format!("--at `{s}`: {e}"))),
+    }
+}
+
+async fn connect(config: &Config) -> Result<Conn> {
+    let client =
+        redis_conn::client_with_ca(&config.redis_url(), config.redis_ca_file().as_deref())?;
+    redis_conn::connect(&client).await
+}
+
+/// Runs a subcommand; returns what to print and whether it succeeded (the exit status).
+pub async fn run(command: Command, config: &Config, registry: &Registry) -> Result<(String, bool)> {
+    let mut conn = connect(config).await?;
+    match command {
+        Command::Check { sample, scan_limit } => {
+            let r = check::run(
+                &mut conn,
+                config,
+                registry,
+                check::Limits {
+                    sample: sample.max(1),
+                    scan: scan_limit.max(1),
+                },
+            )
+            .await?;
+            Ok((r.render(), !r.any_failed()))
+        }
+        Command::Route {
+            class,
+            percent,
+            settle,
+        } => {
+            let settle = Duration::try_from_secs_f64(settle.max(0.0)).unwrap_or(Duration::ZERO);
+            let out = route::route(&mut conn, &class, percent, settle).await?;
+            Ok((out, true))
+        }
+        Command::Routes { at } => Ok((route::list(&mut conn, parse_at(&at)?).await?, true)),
+        Command::Report { limit, sample, at } => Ok((
+            report::report(&mut conn, registry, parse_at(&at)?, limit, sample.max(1)).await?,
+            true,
+        )),
+    }
+}

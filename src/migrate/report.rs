@@ -1,0 +1,331 @@
+//! `oxidekiq report`: the hottest classes by total execution time over the last hour, the list a team
+//! reads to choose what to migrate next.
+//!
+//! Reads what Sidekiq 7.x/8.x's `Metrics::Query#top_jobs` reads (`metrics/query.rb@v7.3.9`,
+//! `@v8.1.7`): the per-minute hashes `j|%Y%m%d|%-H:%-M` (7.x) or `j|%y%m%d|%-H:%M` (8.x) with fields
+//! `<Class>|ms`, `|p`, `|f`, and, for p50/p95, the per-minute histograms (`metrics/shared.rb`:
+//! `<Class>-%d-%H:%-M` in 7.x, `h|<Class>-%-d-%-H:%-M` in 8.x; 26 unsigned 16-bit counters read
+//! with a plain `GET`, counter `i` at bytes `2i..2i+2`, big-endian, as `BITFIELD GET u16 #i` reads).
+//! Sidekiq 6.x records no execution metrics: then the report counts the jobs waiting in a sample of
+//! each queue instead, and says so.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::Result;
+use crate::job::Job;
+use crate::keys;
+use crate::metrics::{BUCKET_BOUNDS_MS, BUCKETS};
+use crate::redis_conn::Conn;
+use crate::registry::Registry;
+
+/// One class's totals over the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Jobs run (`|p`).
+    pub processed: u64,
+    /// Jobs failed (`|f`).
+    pub failed: u64,
+    /// Milliseconds of the successful ones (`|ms`).
+    pub ms: u64,
+    /// Successful jobs per histogram bucket.
+    pub histogram: [u64; BUCKETS],
+}
+
+impl Totals {
+    /// The upper bound (ms, exclusive) of the bucket holding the `q`-quantile job; `None` for the
+    /// last, open-ended bucket or an empty histogram.
+    pub fn quantile_bound(&self, q: f64) -> Option<Option<u64>> {
+        let total: u64 = self.histogram.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.histogram.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(BUCKET_BOUNDS_MS.get(i).copied());
+            }
+        }
+        Some(None)
+    }
+}
+
+/// Both versions' metrics over a window: class → totals.
+#[derive(Debug, Clone, Default)]
+pub struct SidekiqMetrics {
+    /// From the 7.x keys.
+    pub v7: BTreeMap<String, Totals>,
+    /// From the 8.x keys.
+    pub v8: BTreeMap<String, Totals>,
+}
+
+/// 7.x minute hash key (`query.rb@v7.3.9`: `"j|#{time.strftime("%Y%m%d")}|#{time.hour}:#{time.min}"`).
+pub fn v7_minute_key(t: DateTime<Utc>) -> String {
+    format!("j|{}", t.format("%Y%m%d|%-H:%-M"))
+}
+
+/// 8.x minute hash key (`query.rb@v8.1.7` `ROLLUPS[:minutely]`: `"j|%y%m%d|%-H:%M"`).
+pub fn v8_minute_key(t: DateTime<Utc>) -> String {
+    format!("j|{}", t.format("%y%m%d|%-H:%M"))
+}
+
+/// 7.x histogram key (`shared.rb@v7.3.9`: `"#{klass}-#{now.strftime("%d-%H:%-M")}"`).
+pub fn v7_histogram_key(class: &str, t: DateTime<Utc>) -> String {
+    format!("{class}-{}", t.format("%d-%H:%-M"))
+}
+
+/// 8.x histogram key (`shared.rb@v8.1.7`: `"h|#{klass}-#{now.strftime("%-d-%-H:%-M")}"`).
+pub fn v8_histogram_key(class: &str, t: DateTime<Utc>) -> String {
+    format!("h|{class}-{}", t.format("%-d-%-H:%-M"))
+}
+
+/// Decodes a histogram string: 26 big-endian u16 counters (missing bytes are zero).
+pub fn decode_histogram(bytes: &[u8]) -> [u64; BUCKETS] {
+    let mut out = [0u64; BUCKETS];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let hi = bytes.get(2 * i).copied().unwrap_or(0) as u64;
+        let lo = bytes.get(2 * i + 1).copied().unwrap_or(0) as u64;
+        *slot = (hi << 8) | lo;
+    }
+    out
+}
+
+/// Reads both versions' metrics for the `minutes` minutes up to `now`.
+pub async fn read_metrics(
+    conn: &mut Conn,
+    now: DateTime<Utc>,
+    minutes: i64,
+) -> Result<SidekiqMetrics> {
+    let times: Vec<DateTime<Utc>> = (0..minutes)
+        .map(|m| now - chrono::Duration::minutes(m))
+        .collect();
+    let mut out = SidekiqMetrics::default();
+    for v8 in [false, true] {
+        let mut pipe = redis::pipe();
+        for t in &times {
+            pipe.cmd("HGETALL").arg(if v8 {
+                v8_minute_key(*t)
+            } else {
+                v7_minute_key(*t)
+            });
+        }
+        let hashes: Vec<BTreeMap<String, u64>> = pipe.query_async(conn).await?;
+        let mut totals: BTreeMap<String, Totals> = BTreeMap::new();
+        for h in &hashes {
+            for (field, n) in h {
+                let Some((class, metric)) = field.rsplit_once('|') else {
+                    continue;
+                };
+                let e = totals.entry(class.to_string()).or_default();
+                match metric {
+                    "p" => e.processed += n,
+                    "f" => e.failed += n,
+                    "ms" => e.ms += n,
+                    _ => {}
+                }
+            }
+        }
+        for (class, e) in totals.iter_mut() {
+            let mut pipe = redis::pipe();
+            for t in &times {
+                pipe.cmd("GET").arg(if v8 {
+                    v8_histogram_key(class, *t)
+                } else {
+                    v7_histogram_key(class, *t)
+                });
+            }
+            let hists: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await?;
+            for h in hists.into_iter().flatten() {
+                for (a, b) in e.histogram.iter_mut().zip(decode_histogram(&h)) {
+                    *a += b;
+                }
+            }
+        }
+        if v8 {
+            out.v8 = totals;
+        } else {
+            out.v7 = totals;
+        }
+    }
+    Ok(out)
+}
+
+fn bound(b: Option<Option<u64>>) -> String {
+    match b {
+        None => "-".into(),
+        Some(Some(ms)) => format!("<{ms}ms"),
+        Some(None) => format!(">={}ms", BUCKET_BOUNDS_MS[BUCKET_BOUNDS_MS.len() - 1]),
+    }
+}
+
+/// The report, as printed.
+pub async fn report(
+    conn: &mut Conn,
+    registry: &Registry,
+    now: DateTime<Utc>,
+    limit: usize,
+    sample: usize,
+) -> Result<String> {
+    let shares = super::route::shares(conn).await?;
+    let live = super::route::serving(conn).await?;
+    let metrics = read_metrics(conn, now, 60).await?;
+    let rust_of = |class: &str| -> String {
+        let registered = registry.get(class).is_some();
+        let serving = live
+            .iter()
+            .any(|((_, c), ids)| c == class && !ids.is_empty());
+        match (registered, serving) {
+            (_, true) => "live".into(),
+            (true, false) => "yes".into(),
+            (false, false) => "no".into(),
+        }
+    };
+    let share_of = |class: &str| -> String {
+        shares
+            .get(class)
+            .map(|s| format!("{s}%"))
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut out = String::new();
+    // When both formats hold data (oxidekiq writes both while no 7.x/8.x Ruby process is alive), the
+    // busier one is the one the fleet's Ruby processes write.
+    let sum = |m: &BTreeMap<String, Totals>| m.values().map(|t| t.processed).sum::<u64>();
+    let (chosen, version) = if sum(&metrics.v8) >= sum(&metrics.v7) && sum(&metrics.v8) > 0 {
+        (&metrics.v8, "8.x")
+    } else if sum(&metrics.v7) > 0 {
+        (&metrics.v7, "7.x")
+    } else {
+        return sample_queues(conn, registry, &shares, &rust_of, sample, limit).await;
+    };
+    let _ = writeln!(
+        out,
+        "hottest classes by total execution time, last hour to {} (Sidekiq {version} execution metrics)",
+        now.format("%Y-%m-%d %H:%M UTC")
+    );
+    let _ = writeln!(
+        out,
+        "{:<40} {:>8} {:>10} {:>9} {:>9} {:>10} {:>6}",
+        "CLASS", "JOBS", "TOTAL S", "P50", "P95", "RUST", "ROUTE"
+    );
+    let mut rows: Vec<(&String, &Totals)> = chosen.iter().collect();
+    rows.sort_by(|a, b| {
+        b.1.ms
+            .cmp(&a.1.ms)
+            .then(b.1.processed.cmp(&a.1.processed))
+            .then(a.0.cmp(b.0))
+    });
+    for (class, t) in rows.into_iter().take(limit) {
+        let _ = writeln!(
+            out,
+            "{:<40} {:>8} {:>10.3} {:>9} {:>9} {:>10} {:>6}",
+            class,
+            t.processed,
+            t.ms as f64 / 1000.0,
+            bound(t.quantile_bound(0.5)),
+            bound(t.quantile_bound(0.95)),
+            rust_of(class),
+            share_of(class)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "p50/p95: upper bound of Sidekiq's histogram bucket (successful jobs only); TOTAL S: successful jobs"
+    );
+    Ok(out)
+}
+
+/// Sidekiq 6.x: no execution metrics; classes by jobs waiting in a sample of every queue.
+async fn sample_queues(
+    conn: &mut Conn,
+    _registry: &Registry,
+    shares: &BTreeMap<String, u8>,
+    rust_of: &dyn Fn(&str) -> String,
+    sample: usize,
+    limit: usize,
+) -> Result<String> {
+    let queues: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys::QUEUES)
+        .query_async(conn)
+        .await?;
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut read = 0usize;
+    for q in &queues {
+        let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(keys::queue(q))
+            .arg(0)
+            .arg(sample.saturating_sub(1))
+            .query_async(conn)
+            .await?;
+        for raw in items {
+            read += 1;
+            if let Ok(job) = Job::parse(raw, usize::MAX) {
+                *counts.entry(job.worker_class().to_string()).or_default() += 1;
+            }
+        }
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "no Sidekiq 7.x/8.x execution metrics in the last hour (Sidekiq 6.x records none): classes by \
+         jobs waiting in a sample of up to {sample} per queue ({read} jobs in {} queues); no times",
+        queues.len()
+    );
+    let _ = writeln!(
+        out,
+        "{:<40} {:>8} {:>10} {:>9} {:>9} {:>10} {:>6}",
+        "CLASS", "JOBS", "TOTAL S", "P50", "P95", "RUST", "ROUTE"
+    );
+    let mut rows: Vec<(String, u64)> = counts.into_iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (class, n) in rows.into_iter().take(limit) {
+        let share = shares
+            .get(&class)
+            .map(|s| format!("{s}%"))
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:<40} {:>8} {:>10} {:>9} {:>9} {:>10} {:>6}",
+            class,
+            n,
+            "-",
+            "-",
+            "-",
+            rust_of(&class),
+            share
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn keys_follow_each_versions_query() {
+        let t = Utc.with_ymd_and_hms(2026, 11, 3, 8, 4, 30).unwrap();
+        assert_eq!(v7_minute_key(t), "j|20261103|8:4");
+        assert_eq!(v8_minute_key(t), "j|261103|8:04");
+        assert_eq!(v7_histogram_key("A", t), "A-03-08:4");
+        assert_eq!(v8_histogram_key("A", t), "h|A-3-8:4");
+    }
+
+    #[test]
+    fn quantiles_come_from_bucket_bounds() {
+        let mut t = Totals::default();
+        assert_eq!(t.quantile_bound(0.5), None);
+        t.histogram[0] = 90;
+        t.histogram[5] = 10;
+        assert_eq!(t.quantile_bound(0.5), Some(Some(20)));
+        assert_eq!(t.quantile_bound(0.95), Some(Some(150)));
+        t.histogram[25] = 1000;
+        assert_eq!(t.quantile_bound(0.95), Some(None));
+        let h = decode_histogram(&[0, 3, 1, 0]);
+        assert_eq!((h[0], h[1], h[2]), (3, 256, 0));
+    }
+}
