@@ -118,9 +118,12 @@ impl RedisServer {
     }
 
     /// An async connection manager (what the library uses).
-    pub async fn async_conn(&self) -> redis::aio::ConnectionManager {
+    pub async fn async_conn(&self) -> oxidekiq::redis_conn::Conn {
         let client = redis::Client::open(self.url()).unwrap();
-        redis::aio::ConnectionManager::new(client).await.unwrap()
+        redis::aio::ConnectionManager::new(client)
+            .await
+            .unwrap()
+            .into()
     }
 
     /// The process id of the server (to SIGSTOP it in outage tests).
