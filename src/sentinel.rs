@@ -26,8 +26,10 @@
 //! (an atomic load) and reconnects to the new master when it moved. Any connection whose command
 //! fails the way a failover makes it fail (`READONLY` from a demoted master, `UNBLOCKED` for a
 //! blocking command cut by the demotion, `MASTERDOWN`, a refused, dropped or timed-out connection)
-//! asks the sentinels again (at most every [`LOOKUP_EVERY`]); if they name another server, the
-//! generation moves, and every connection follows at its next command. This is what redis-client
+//! asks the sentinels again (at most every [`LOOKUP_EVERY`]), and a watcher asks them every
+//! [`WATCH_EVERY`] anyway (after a `SENTINEL FAILOVER` the old master goes on taking writes until
+//! the sentinels demote it, so no error would tell); if they name another server, the generation
+//! moves, and every connection follows at its next command. This is what redis-client
 //! does for Sidekiq 7 (`SentinelConfig`: re-resolve on connection and `READONLY` errors).
 //!
 //! The failed command itself returns its error: the callers already retry (the fetch loop with
@@ -63,6 +65,12 @@ pub const DEFAULT_PORT: u16 = 26379;
 
 /// At most one sentinel lookup per this long, per process.
 pub const LOOKUP_EVERY: Duration = Duration::from_millis(250);
+
+/// How often the sentinels are asked, errors or not. A `SENTINEL FAILOVER` promotes the replica
+/// first and demotes the old master only when the sentinels next look at it (up to ~10 s later):
+/// until then the old master still takes writes, which its resync then throws away. Asking every
+/// second keeps that window short without waiting for an error.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// How long one lookup may take before it counts as failed.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -192,7 +200,8 @@ impl fmt::Debug for Master {
 }
 
 impl Master {
-    /// Asks the sentinels for `cfg`'s master; `url` gives the master's credentials, database and
+    /// Asks the sentinels for `cfg`'s master (and goes on asking every [`WATCH_EVERY`] while the
+    /// returned `Arc` lives); `url` gives the master's credentials, database and
     /// TLS mode, and its host is the master's name unless `cfg` names it.
     pub async fn discover(cfg: &SentinelConfig, url: &str) -> Result<Arc<Master>> {
         let redacted = crate::redis_conn::redact_url(url);
@@ -270,7 +279,18 @@ impl Master {
             *c = (1, client);
         }
         tracing::info!(master = %master.name, addr = %master.addr(), "redis master found through sentinel");
-        Ok(Arc::new(master))
+        let master = Arc::new(master);
+        let watched = Arc::downgrade(&master);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH_EVERY).await;
+                let Some(master) = watched.upgrade() else {
+                    return;
+                };
+                master.recheck().await;
+            }
+        });
+        Ok(master)
     }
 
     /// The master's name.
