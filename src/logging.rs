@@ -499,6 +499,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn json_lines_carry_the_job_context_and_escape_what_they_hold() {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(SharedBuffer(buffer.clone()))
+            .fmt_fields(JsonFields)
+            .event_format(JsonFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("job", class = %"Evil\nINFO: forged\u{1b}[31m", jid = %"abc", queue = %"q");
+            let _in = span.enter();
+            tracing::info!(elapsed = format_args!("{:.3}", 0.0071), "done");
+            tracing::warn!(count = 3, "line\ntwo");
+        });
+        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let done = &lines[0];
+        assert_eq!(done["class"], "Evil\nINFO: forged\u{1b}[31m");
+        assert_eq!(done["jid"], "abc");
+        assert_eq!(done["queue"], "q");
+        assert_eq!(done["elapsed"], 0.007);
+        assert_eq!(done["level"], "INFO");
+        assert_eq!(done["message"], "done");
+        assert!(done["pid"].is_u64() && done["tid"].is_string() && done["time"].is_string());
+        assert_eq!(lines[1]["message"], "line\ntwo");
+        assert_eq!(lines[1]["count"], 3);
+        let keys: Vec<&str> = done
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "time", "pid", "tid", "level", "class", "jid", "queue", "elapsed", "message"
+            ]
+        );
+    }
+
+    #[test]
     fn control_characters_are_escaped_and_the_rest_is_kept() {
         assert_eq!(escape("class=Hard jid=abc"), "class=Hard jid=abc");
         assert_eq!(escape("a\nb\r\tc"), "a\\nb\\r\\tc");

@@ -340,13 +340,20 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    fn handles(&self, class: &str, queue: &str) -> JobHandles {
+    /// Runs `f` on the handles of (class, queue): under the cache's read lock when they exist,
+    /// else after making them (a class's first job from a queue).
+    fn with_handles(&self, class: &str, queue: &str, f: impl Fn(&JobHandles)) {
         if let Ok(cache) = self.cache.read()
             && let Some(by_queue) = cache.get(class)
             && let Some((_, h)) = by_queue.iter().find(|(q, _)| &**q == queue)
         {
-            return h.clone();
+            f(h);
+            return;
         }
+        f(&self.make_handles(class, queue));
+    }
+
+    fn make_handles(&self, class: &str, queue: &str) -> JobHandles {
         let labels = ClassQueue {
             class: class.to_string(),
             queue: queue.to_string(),
@@ -372,14 +379,17 @@ impl Metrics {
 
     /// A job ran: counts it, and its failure unless it was rescheduled by a limit.
     pub fn job_ran(&self, class: &str, queue: &str, took: Duration, error: Option<&JobError>) {
-        let h = self.handles(class, queue);
-        h.processed.inc();
         let rescheduled =
             error.is_some_and(|e| matches!(e.action, crate::RetryAction::Reschedule(_)));
-        if error.is_some() && !rescheduled {
-            h.failed.inc();
-        }
-        h.duration.observe(took.as_secs_f64());
+        let failed = error.is_some() && !rescheduled;
+        let secs = took.as_secs_f64();
+        self.with_handles(class, queue, |h| {
+            h.processed.inc();
+            if failed {
+                h.failed.inc();
+            }
+            h.duration.observe(secs);
+        });
     }
 
     /// A failed job's fate reached Redis.
@@ -414,6 +424,11 @@ impl Metrics {
         if reconnects {
             self.redis_reconnects.inc();
         }
+    }
+
+    /// A connection was replaced by a new one (a Sentinel master switch).
+    pub fn reconnected(&self) {
+        self.redis_reconnects.inc();
     }
 
     /// The connections moved to a new master.

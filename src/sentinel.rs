@@ -255,29 +255,22 @@ impl Master {
         if let Some(mode) = tls {
             node = node.set_tls_mode(mode);
         }
+        let mut sentinel = sentinel;
+        let client = lookup(&mut sentinel, &name, &node).await.map_err(|e| {
+            Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no master from the sentinels",
+                format!("master `{name}` via {:?}: {e}", cfg.sentinels),
+            )))
+        })?;
         let master = Master {
             name,
             sentinel: tokio::sync::Mutex::new(sentinel),
             node,
-            // Replaced below by the first lookup.
-            current: RwLock::new((
-                0,
-                redis::Client::open("redis://127.0.0.1:1").map_err(Error::Redis)?,
-            )),
-            generation: AtomicU64::new(0),
+            current: RwLock::new((1, client)),
+            generation: AtomicU64::new(1),
             last_lookup: Mutex::new(None),
         };
-        let client = master.ask().await.map_err(|e| {
-            Error::Redis(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "no master from the sentinels",
-                format!("master `{}` via {:?}: {e}", master.name, cfg.sentinels),
-            )))
-        })?;
-        master.generation.store(1, Ordering::SeqCst);
-        if let Ok(mut c) = master.current.write() {
-            *c = (1, client);
-        }
         tracing::info!(master = %master.name, addr = %master.addr(), "redis master found through sentinel");
         let master = Arc::new(master);
         let watched = Arc::downgrade(&master);
@@ -318,21 +311,10 @@ impl Master {
         }
     }
 
-    /// One lookup through the sentinels, bounded in time.
+    /// One lookup through the sentinels.
     async fn ask(&self) -> RedisResult<redis::Client> {
         let mut sentinel = self.sentinel.lock().await;
-        match tokio::time::timeout(
-            LOOKUP_TIMEOUT,
-            sentinel.async_master_for(&self.name, Some(&self.node)),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "sentinel lookup timed out",
-            ))),
-        }
+        lookup(&mut sentinel, &self.name, &self.node).await
     }
 
     /// Asks the sentinels again (unless another lookup ran within [`LOOKUP_EVERY`] or is running);
@@ -367,6 +349,21 @@ impl Master {
         crate::prom::metrics().master_switched();
         tracing::warn!(master = %self.name, from = %old, to = %new,
             "redis master moved (sentinel failover): reconnecting every connection");
+    }
+}
+
+/// The master named `name`, as the sentinels say and its `ROLE` confirms, within [`LOOKUP_TIMEOUT`].
+async fn lookup(
+    sentinel: &mut Sentinel,
+    name: &str,
+    node: &SentinelNodeConnectionInfo,
+) -> RedisResult<redis::Client> {
+    match tokio::time::timeout(LOOKUP_TIMEOUT, sentinel.async_master_for(name, Some(node))).await {
+        Ok(r) => r,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "sentinel lookup timed out",
+        ))),
     }
 }
 
@@ -463,7 +460,7 @@ impl Follower {
             .map(|mut c| c.replace((generation, m.clone())).is_some())
             .unwrap_or(false);
         if replaced {
-            crate::prom::metrics().redis_error(true);
+            crate::prom::metrics().reconnected();
         }
         Ok(m)
     }
