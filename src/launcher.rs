@@ -190,6 +190,8 @@ impl Launcher {
         ));
         let alive_ttl = (cfg.beat_interval * 3).max(Duration::from_secs(3));
 
+        // Listening first: a taken address ends the start before the process shows up in Redis.
+        let http = crate::http::start_if(&cfg, &conn, &work, &signal).await?;
         // Be visible and alive before the first fetch, so no recovery takes our working lists.
         {
             let mut c = conn.clone();
@@ -211,7 +213,6 @@ impl Launcher {
             "oxidekiq {} starting", env!("CARGO_PKG_VERSION")
         );
 
-        let http = crate::http::start_if(&cfg, &conn, &work, &signal).await?;
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let parts = Parts {
             http,

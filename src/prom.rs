@@ -40,6 +40,17 @@ const DURATION_BOUNDS: [f64; 14] = [
 /// Upper bounds of the fetch batch-size histogram (jobs per fetch round).
 const BATCH_BOUNDS: [f64; 9] = [0.0, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0];
 
+/// At most this many classes get series of their own; the jobs of any further class are counted
+/// under [`OTHER_CLASS`]. Class names come from payloads, so a stream of made-up classes must not
+/// grow the process (or the Prometheus server) without bound.
+pub const MAX_CLASSES: usize = 1000;
+
+/// A class name longer than this is counted under [`OTHER_CLASS`] too.
+pub const MAX_CLASS_LEN: usize = 200;
+
+/// The `class` label of jobs past [`MAX_CLASSES`] or [`MAX_CLASS_LEN`].
+pub const OTHER_CLASS: &str = "(other)";
+
 /// Label set `{class, queue}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClassQueue {
@@ -350,7 +361,28 @@ impl Metrics {
             f(h);
             return;
         }
-        f(&self.make_handles(class, queue));
+        let label = self.class_label(class);
+        if label != class
+            && let Ok(cache) = self.cache.read()
+            && let Some(by_queue) = cache.get(label)
+            && let Some((_, h)) = by_queue.iter().find(|(q, _)| &**q == queue)
+        {
+            f(h);
+            return;
+        }
+        f(&self.make_handles(label, queue));
+    }
+
+    /// `class` itself, or [`OTHER_CLASS`] once [`MAX_CLASSES`] classes have series, or for a name
+    /// longer than [`MAX_CLASS_LEN`].
+    fn class_label<'a>(&self, class: &'a str) -> &'a str {
+        if class.len() > MAX_CLASS_LEN {
+            return OTHER_CLASS;
+        }
+        match self.cache.read() {
+            Ok(c) if c.contains_key(class) || c.len() < MAX_CLASSES => class,
+            _ => OTHER_CLASS,
+        }
     }
 
     fn make_handles(&self, class: &str, queue: &str) -> JobHandles {
@@ -402,7 +434,7 @@ impl Metrics {
         };
         family
             .get_or_create(&ClassLabel {
-                class: class.to_string(),
+                class: self.class_label(class).to_string(),
             })
             .inc();
     }
@@ -510,6 +542,25 @@ pub fn metrics() -> &'static Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn made_up_classes_beyond_the_bound_share_one_series() {
+        let m = Metrics::new();
+        for i in 0..MAX_CLASSES + 50 {
+            m.job_ran(&format!("C{i}"), "q", Duration::from_millis(1), None);
+        }
+        m.job_ran(&"L".repeat(MAX_CLASS_LEN + 1), "q", Duration::ZERO, None);
+        m.fate(&format!("C{}", MAX_CLASSES + 10), &Fate::Dead);
+        let text = m.encode(&Gauges::default()).unwrap();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("oxidekiq_jobs_processed_total{"))
+            .count();
+        assert_eq!(series, MAX_CLASSES + 1, "{series}");
+        assert!(text.contains("oxidekiq_jobs_processed_total{class=\"(other)\",queue=\"q\"} 51"));
+        assert!(text.contains("oxidekiq_jobs_dead_total{class=\"(other)\"} 1"));
+        assert!(text.contains("oxidekiq_jobs_processed_total{class=\"C0\",queue=\"q\"} 1"));
+    }
 
     #[test]
     fn counts_and_histograms_are_written_in_the_text_format() {
