@@ -117,7 +117,7 @@ impl RedisServer {
             .unwrap()
     }
 
-    /// An async connection manager (what the library uses).
+    /// An async connection, as the library holds one (a connection manager behind `Conn`).
     pub async fn async_conn(&self) -> oxidekiq::redis_conn::Conn {
         let client = redis::Client::open(self.url()).unwrap();
         redis::aio::ConnectionManager::new(client)
