@@ -11,6 +11,10 @@
 //! [`Cli`]'s nor [`Config`]'s `Debug` shows the password. The URL comes from `--redis-url`, else
 //! `REDIS_URL`, else the config file; an empty `REDIS_URL=` or `REDIS_CA_FILE=` counts as unset.
 //!
+//! Sentinel: `--sentinel HOST:PORT` (repeatable) replaces the file's `:redis: :sentinels:` whole;
+//! `--sentinel-master NAME` and `REDIS_SENTINEL_PASSWORD` apply to either, and the Redis URL still gives
+//! the master's password and database (see [`crate::sentinel`]).
+//!
 //! `-c` and the queue weights of `-q` are bounded ([`config::MAX_CONCURRENCY`],
 //! [`config::MAX_QUEUE_WEIGHT`]), as are `-t` and the intervals ([`config::MAX_SECONDS`]): a value
 //! past the bound is a usage error naming it.
