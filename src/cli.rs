@@ -137,7 +137,7 @@ pub struct Cli {
     #[arg(long, value_name = "NAME")]
     pub sentinel_master: Option<String>,
 
-    /// Password of the sentinels themselves (the master's is in the Redis URL)
+    /// Password of the sentinels themselves (the master's is in the Redis URL). Prefer REDIS_SENTINEL_PASSWORD: a flag shows in `ps`
     #[arg(
         long,
         value_name = "PASSWORD",

@@ -146,11 +146,15 @@ fn a_failover_mid_drain_loses_no_acknowledged_job_and_the_drain_goes_on() {
     let first = enqueue(&a, "first");
     let mut jids = first.clone();
 
-    // redis-rb's form: the URL's host is the master's name.
+    // redis-rb's form: the URL's host is the master's name. The first sentinel named is down (nothing
+    // listens there): every lookup goes on to the next.
+    let down = format!("127.0.0.1:{}", support::free_port());
     let sentinel_addr = format!("127.0.0.1:{}", sentinel.port);
     let mut ox = support::Oxidekiq::start(
         "redis://mymaster",
         &[
+            "--sentinel",
+            &down,
             "--sentinel",
             &sentinel_addr,
             "-c",
