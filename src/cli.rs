@@ -11,6 +11,10 @@
 //! [`Cli`]'s nor [`Config`]'s `Debug` shows the password. The URL comes from `--redis-url`, else
 //! `REDIS_URL`, else the config file; an empty `REDIS_URL=` or `REDIS_CA_FILE=` counts as unset.
 //!
+//! Sentinel: `--sentinel HOST:PORT` (repeatable) replaces the file's `:redis: :sentinels:` whole;
+//! `--sentinel-master NAME` and `REDIS_SENTINEL_PASSWORD` apply to either, and the Redis URL still gives
+//! the master's password and database (see [`crate::sentinel`]).
+//!
 //! `-c` and the queue weights of `-q` are bounded ([`config::MAX_CONCURRENCY`],
 //! [`config::MAX_QUEUE_WEIGHT`]), as are `-t` and the intervals ([`config::MAX_SECONDS`]): a value
 //! past the bound is a usage error naming it.
@@ -38,7 +42,11 @@ Examples:
   oxidekiq -C config/oxidekiq.yml -e production
       settings from a sidekiq.yml-style file and its production section; flags still override it
   oxidekiq --redis-url redis://redis.internal:6379/0 -q rust --fetch basic -g billing
-      plain BRPOP fetch as Sidekiq does it, tagged `billing` on the Busy page";
+      plain BRPOP fetch as Sidekiq does it, tagged `billing` on the Busy page
+  oxidekiq -q rust --http 0.0.0.0:9394 --log-format json
+      Prometheus metrics at /metrics, probes at /health and /ready, JSON log lines
+  oxidekiq -q rust --sentinel s1:26379 --sentinel s2:26379 --sentinel-master mymaster
+      the Redis master named by Sentinel, followed across failovers";
 
 /// The parsed command line; [`config_from`] turns it into a [`Config`].
 #[derive(Parser, Clone)]
@@ -124,6 +132,43 @@ pub struct Cli {
     /// Migration commands (check, route, routes, report); without one, oxidekiq runs the workers
     #[command(subcommand)]
     pub command: Option<crate::migrate::Command>,
+    /// Serve GET /metrics (Prometheus), /health and /ready on this address, e.g. 127.0.0.1:9394 [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+
+    /// Log line format: text (Sidekiq's line) or json (one object per line)
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<LogFormatArg>,
+
+    /// A Redis Sentinel, HOST:PORT (port 26379 by default); repeat for several (replaces the file's sentinels)
+    #[arg(long = "sentinel", value_name = "HOST:PORT", value_parser = sentinel_value)]
+    pub sentinels: Vec<crate::sentinel::SentinelNode>,
+
+    /// Name of the master the sentinels monitor [default: the host of the Redis URL, as redis-rb reads it]
+    #[arg(long, value_name = "NAME")]
+    pub sentinel_master: Option<String>,
+
+    /// Password of the sentinels themselves (the master's is in the Redis URL). Prefer REDIS_SENTINEL_PASSWORD: a flag shows in `ps`
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "REDIS_SENTINEL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub sentinel_password: Option<String>,
+}
+
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormatArg {
+    /// Sidekiq's line.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn sentinel_value(arg: &str) -> Result<crate::sentinel::SentinelNode, String> {
+    crate::sentinel::SentinelNode::parse(arg)
 }
 
 /// `--fetch` values.
@@ -178,6 +223,14 @@ impl fmt::Debug for Cli {
             .field("handoff", &self.handoff)
             .field("run_flagged", &self.run_flagged)
             .field("command", &self.command)
+            .field("http", &self.http)
+            .field("log_format", &self.log_format)
+            .field("sentinels", &self.sentinels)
+            .field("sentinel_master", &self.sentinel_master)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "REDACTED"),
+            )
             .finish()
     }
 }
@@ -373,6 +426,33 @@ pub fn config_from(
         config.run_flagged = cli.run_flagged.clone();
     }
 
+    if let Some(addr) = &cli.http {
+        config.http = Some(addr.clone());
+    }
+    if let Some(f) = cli.log_format {
+        config.log_format = match f {
+            LogFormatArg::Text => crate::logging::LogFormat::Text,
+            LogFormatArg::Json => crate::logging::LogFormat::Json,
+        };
+    }
+    // `--sentinel` replaces the file's sentinels whole; the master name and password add to either.
+    if !cli.sentinels.is_empty() {
+        let s = config.sentinel.get_or_insert_with(Default::default);
+        s.sentinels = cli.sentinels.clone();
+    }
+    if let Some(s) = config.sentinel.as_mut() {
+        if let Some(name) = &cli.sentinel_master {
+            s.master = Some(name.clone());
+        }
+        if let Some(pw) = cli.sentinel_password.as_ref().filter(|p| !p.is_empty()) {
+            s.password = Some(pw.clone());
+        }
+    } else if cli.sentinel_master.is_some() {
+        return Err(Error::Config(
+            "--sentinel-master needs at least one --sentinel HOST:PORT".into(),
+        ));
+    }
+
     config.validate()?;
     Ok(config)
 }
@@ -452,6 +532,36 @@ mod tests {
         let cli = parse(&["--redis-ca-file", "certs/ca.pem"]);
         let c = config_from(&cli, &no_env, Path::new("/nonexistent-dir")).unwrap();
         assert_eq!(c.redis_ca_file, Some(PathBuf::from("certs/ca.pem")));
+    }
+
+    #[test]
+    fn ops_flags_reach_the_config() {
+        let cli = parse(&[
+            "--http",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--sentinel",
+            "s1:26380",
+            "--sentinel",
+            "s2",
+            "--sentinel-master",
+            "mymaster",
+        ]);
+        let c = config_from(&cli, &no_env, Path::new("/nonexistent-dir")).unwrap();
+        assert_eq!(c.http.as_deref(), Some("127.0.0.1:0"));
+        assert_eq!(c.log_format, crate::logging::LogFormat::Json);
+        let s = c.sentinel.unwrap();
+        assert_eq!(s.master.as_deref(), Some("mymaster"));
+        assert_eq!(
+            s.sentinels
+                .iter()
+                .map(|n| (n.host.as_str(), n.port))
+                .collect::<Vec<_>>(),
+            vec![("s1", 26380), ("s2", 26379)]
+        );
+        let lone = parse(&["--sentinel-master", "mymaster"]);
+        assert!(config_from(&lone, &no_env, Path::new("/nonexistent-dir")).is_err());
     }
 
     #[test]

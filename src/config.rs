@@ -150,6 +150,12 @@ pub struct Config {
     pub handoff: Option<String>,
     /// `--run-flagged CLASS`: classes whose jobs run in Rust even when they carry a Ruby-side contract.
     pub run_flagged: Vec<String>,
+    /// Address of the `/metrics`, `/health`, `/ready` endpoint (`--http`); `None`: off.
+    pub http: Option<String>,
+    /// Log line format (`--log-format`).
+    pub log_format: crate::logging::LogFormat,
+    /// Redis through Sentinel (`--sentinel`, `:redis: { :sentinels: ... }`); `None`: the URL's server.
+    pub sentinel: Option<crate::sentinel::SentinelConfig>,
 }
 
 impl Default for Config {
@@ -174,6 +180,9 @@ impl Default for Config {
             millisecond_timestamps: None,
             handoff: None,
             run_flagged: Vec::new(),
+            http: None,
+            log_format: crate::logging::LogFormat::Text,
+            sentinel: None,
         }
     }
 }
@@ -198,6 +207,9 @@ impl fmt::Debug for Config {
             .field("millisecond_timestamps", &self.millisecond_timestamps)
             .field("handoff", &self.handoff)
             .field("run_flagged", &self.run_flagged)
+            .field("http", &self.http)
+            .field("log_format", &self.log_format)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }
@@ -461,6 +473,8 @@ pub(crate) struct FileOptions {
     pub(crate) poll_interval_average: Option<Duration>,
     /// `redis_url`, or `url` in the `redis` mapping; `None` when `REDIS_URL` is set (it wins).
     pub(crate) redis_url: Option<String>,
+    /// `sentinels`, `name`, `role`, `sentinel_username`, `sentinel_password` of the `redis` mapping.
+    pub(crate) sentinel: Option<crate::sentinel::SentinelConfig>,
 }
 
 impl FileOptions {
@@ -558,15 +572,50 @@ impl FileOptions {
                 "redis_url" => opts.redis_url = Some(redis_url("redis_url", &value)?),
                 "redis" => match value {
                     Yaml::Hash(h) => {
+                        let mut sentinel = crate::sentinel::SentinelConfig::default();
+                        let mut sentinel_keys = false;
                         for (k, v) in symbolize(h) {
                             match k.as_str() {
                                 "url" => opts.redis_url = Some(redis_url("redis: url", &v)?),
+                                "sentinels" => {
+                                    sentinel.sentinels = sentinels(&v)?;
+                                    sentinel_keys = true;
+                                }
+                                "name" | "master_name" => {
+                                    sentinel.master = Some(scalar("redis: name", &v)?);
+                                }
+                                "role" => {
+                                    let role = scalar("redis: role", &v)?;
+                                    if role.trim_start_matches(':') != "master" {
+                                        return Err(Error::Config(format!(
+                                            "redis: role: {}: oxidekiq writes, so only `master` \
+                                             is supported",
+                                            crate::logging::escape(&role)
+                                        )));
+                                    }
+                                }
+                                "sentinel_username" => {
+                                    sentinel.username =
+                                        Some(scalar("redis: sentinel_username", &v)?)
+                                }
+                                "sentinel_password" => {
+                                    sentinel.password =
+                                        Some(secret("redis: sentinel_password", &v)?)
+                                }
                                 _ => tracing::warn!(
                                     key = %crate::logging::escape(&k),
                                     "sidekiq.yml `redis:` key not used by oxidekiq (give the \
                                      password, database and TLS in the URL); ignored"
                                 ),
                             }
+                        }
+                        if sentinel_keys {
+                            opts.sentinel = Some(sentinel);
+                        } else if sentinel.master.is_some() {
+                            return Err(Error::Config(
+                                "redis: name: needs `sentinels:` (a list of { host:, port: })"
+                                    .into(),
+                            ));
                         }
                     }
                     Yaml::String(_) => opts.redis_url = Some(redis_url("redis", &value)?),
@@ -615,6 +664,80 @@ impl FileOptions {
         if let Some(u) = self.redis_url {
             config.redis_url = Some(u);
         }
+        if let Some(s) = self.sentinel {
+            config.sentinel = Some(s);
+        }
+    }
+}
+
+/// `sentinels:` as redis-rb and redis-client take it: a list of `{ host:, port: }` mappings
+/// (`password:`/`username:` optional, port 26379 by default), or of `host:port` / `redis://` strings.
+fn sentinels(value: &Yaml) -> Result<Vec<crate::sentinel::SentinelNode>, Error> {
+    let bad = |why: &str| Error::Config(format!("redis: sentinels: {why}"));
+    let Yaml::Array(items) = value else {
+        return Err(bad("must be a list such as [{ host: s1, port: 26379 }]"));
+    };
+    if items.is_empty() {
+        return Err(bad("the list is empty"));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let node = match item {
+            Yaml::String(s) => crate::sentinel::SentinelNode::parse(s).map_err(|e| bad(&e))?,
+            Yaml::Hash(h) => {
+                let mut node = crate::sentinel::SentinelNode {
+                    host: String::new(),
+                    port: crate::sentinel::DEFAULT_PORT,
+                    username: None,
+                    password: None,
+                };
+                for (k, v) in symbolize(h.clone()) {
+                    match (k.as_str(), &v) {
+                        ("host", _) => node.host = scalar("redis: sentinels: host", &v)?,
+                        ("port", Yaml::Integer(p)) => {
+                            node.port = u16::try_from(*p)
+                                .ok()
+                                .filter(|p| *p > 0)
+                                .ok_or_else(|| bad("port must be 1 to 65535"))?
+                        }
+                        ("port", Yaml::String(p)) => {
+                            node.port = p
+                                .trim()
+                                .parse()
+                                .ok()
+                                .filter(|p| *p > 0)
+                                .ok_or_else(|| bad("port must be 1 to 65535"))?
+                        }
+                        ("port", _) => return Err(bad("port must be 1 to 65535")),
+                        ("username", _) => {
+                            node.username = Some(scalar("redis: sentinels: username", &v)?)
+                        }
+                        ("password", _) => {
+                            node.password = Some(secret("redis: sentinels: password", &v)?)
+                        }
+                        _ => tracing::warn!(
+                            key = %crate::logging::escape(&k),
+                            "sidekiq.yml sentinel key not used by oxidekiq; ignored"
+                        ),
+                    }
+                }
+                if node.host.trim().is_empty() {
+                    return Err(bad("each entry needs a host"));
+                }
+                node
+            }
+            _ => return Err(bad("each entry must be { host:, port: } or \"host:port\"")),
+        };
+        out.push(node);
+    }
+    Ok(out)
+}
+
+/// A secret from the file: a non-empty string, never echoed in an error.
+fn secret(key: &str, value: &Yaml) -> Result<String, Error> {
+    match value {
+        Yaml::String(s) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(Error::Config(format!("{key}: must be a non-empty string"))),
     }
 }
 
@@ -1740,6 +1863,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("concurrency: 0 is not"), "{e}");
+    }
+
+    #[test]
+    fn sentinels_are_read_in_the_forms_sidekiq_users_write() {
+        for text in [
+            ":redis:\n  :url: redis://mymaster\n  :sentinels:\n    - { :host: s1, :port: 26380 }\n    - { host: s2 }\n  :role: master\n",
+            "redis:\n  name: mymaster\n  sentinels: [\"s1:26380\", \"redis://s2\"]\n",
+        ] {
+            let mut c = Config::default();
+            c.apply_yaml_with_env(text, Some("x"), &env_of(&[]))
+                .unwrap();
+            let s = c.sentinel.clone().unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(
+                s.sentinels
+                    .iter()
+                    .map(|n| (n.host.as_str(), n.port))
+                    .collect::<Vec<_>>(),
+                vec![("s1", 26380), ("s2", 26379)],
+                "{text}"
+            );
+            if text.contains("name:") {
+                assert_eq!(s.master.as_deref(), Some("mymaster"));
+            } else {
+                assert_eq!(c.redis_url.as_deref(), Some("redis://mymaster"));
+            }
+        }
+        for bad in [
+            "redis: { sentinels: [{ host: s1 }], role: replica }\n",
+            "redis: { sentinels: [] }\n",
+            "redis: { sentinels: [{ port: 1 }] }\n",
+            "redis: { name: mymaster }\n",
+        ] {
+            let mut c = Config::default();
+            assert!(
+                c.apply_yaml_with_env(bad, Some("x"), &env_of(&[])).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

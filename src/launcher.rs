@@ -131,10 +131,10 @@ impl Launcher {
     pub async fn start(self) -> Result<Handle> {
         let cfg = self.config;
         let url = cfg.redis_url();
-        let client = redis_conn::client_with_ca(&url, cfg.redis_ca_file().as_deref())?;
-        let conn = redis_conn::connect(&client).await?;
+        let target = redis_conn::Target::from_config(&cfg).await?;
+        let conn = target.connect().await?;
         let block = Duration::from_secs(1);
-        let blocking = redis_conn::connect_blocking(&client, block).await?;
+        let blocking = target.connect_blocking(block).await?;
         // The timestamp format follows the fleet, re-decided on every beat (the first one below runs
         // before any job), unless configured.
         let fleet = Arc::new(Fleet::new(cfg.millisecond_timestamps.map(|ms| {
@@ -194,6 +194,8 @@ impl Launcher {
             .serving(&processor.registry.classes(), alive_ttl),
         );
 
+        // Listening first: a taken address ends the start before the process shows up in Redis.
+        let http = crate::http::start_if(&cfg, &conn, &work, &signal).await?;
         // Be visible and alive before the first fetch, so no recovery takes our working lists.
         {
             let mut c = conn.clone();
@@ -201,6 +203,7 @@ impl Launcher {
                 fetch::mark_alive(&mut c, &identity, alive_ttl).await?;
             }
             heartbeat.beat(false).await?;
+            crate::prom::metrics().beat();
             if cfg.fetch == FetchMode::Reliable {
                 recover(&mut c, &identity).await;
             }
@@ -209,13 +212,14 @@ impl Launcher {
             identity = %identity,
             concurrency = cfg.concurrency,
             queues = %cfg.queues.iter().map(|q| q.name.as_str()).collect::<Vec<_>>().join(","),
-            redis = %redis_conn::redact_url(&url),
+            redis = %target.describe(&url),
             fetch = ?cfg.fetch,
             "oxidekiq {} starting", env!("CARGO_PKG_VERSION")
         );
 
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let parts = Parts {
+            http,
             cfg,
             conn,
             identity: identity.clone(),
@@ -242,6 +246,8 @@ impl Launcher {
 
 /// Everything the running launcher owns.
 struct Parts {
+    /// The `--http` endpoint, served until the launcher ends.
+    http: Option<crate::http::Server>,
     cfg: Config,
     conn: Conn,
     identity: String,
@@ -260,6 +266,7 @@ struct Parts {
 impl Parts {
     async fn run(self) -> Result<()> {
         let Parts {
+            http,
             cfg,
             conn,
             identity,
@@ -368,15 +375,21 @@ impl Parts {
         let unfinished: Vec<Ack> = work.drain().iter().map(|j| j.held()).collect();
         match with_retries(|| fetcher.requeue_leftovers(&unfinished)).await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(count = n, "pushed fetched but unstarted jobs back"),
+            Ok(n) => {
+                crate::prom::metrics().pushed_back(n as usize);
+                tracing::info!(count = n, "pushed fetched but unstarted jobs back")
+            }
             Err(e) => tracing::error!(error = %e, "could not empty this process's working lists"),
         }
         if !unfinished.is_empty() {
             match with_retries(|| fetcher.requeue(&unfinished)).await {
-                Ok(()) => tracing::info!(
-                    count = unfinished.len(),
-                    "pushed unfinished jobs back to their queues"
-                ),
+                Ok(()) => {
+                    crate::prom::metrics().pushed_back(unfinished.len());
+                    tracing::info!(
+                        count = unfinished.len(),
+                        "pushed unfinished jobs back to their queues"
+                    )
+                }
                 Err(e) => tracing::error!(error = %e, count = unfinished.len(),
                     "could not push unfinished jobs back; they stay in this process's working lists for recovery"),
             }
@@ -396,6 +409,7 @@ impl Parts {
         if let Err(e) = with_retries(|| heartbeat.clear()).await {
             tracing::warn!(error = %e, "could not leave the process set; the entry expires in 60 s");
         }
+        drop(http);
         tracing::info!("Bye!");
         Ok(())
     }
@@ -493,6 +507,7 @@ async fn fetch_loop(
         };
         let units = match fetched {
             Ok(u) => {
+                crate::prom::metrics().fetched(u.len());
                 let ended = outage.lock().ok().and_then(|mut o| o.take());
                 if let Some(since) = ended {
                     tracing::info!(
@@ -677,6 +692,9 @@ async fn heartbeat_loop(
                     tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
                 }
             }
+        }
+        if ok {
+            crate::prom::metrics().beat();
         }
         if ok && failing {
             tracing::info!("heartbeat reaches redis again");

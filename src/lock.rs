@@ -210,6 +210,7 @@ impl RedisLock {
             .arg(ttl_ms(self.opts.ttl))
             .query_async(&mut conn)
             .await?;
+        crate::prom::metrics().lock_attempt(set.is_some());
         Ok(set.map(|_| LockGuard {
             conn,
             key: self.key.clone(),
@@ -372,12 +373,14 @@ async fn keep(
             Ok(false) => {
                 tracing::warn!(key = %key, "lock lost: the key expired or holds another token");
                 lost.store(true, Ordering::SeqCst);
+                crate::prom::metrics().lock_lost();
                 return;
             }
             Err(e) => {
                 if last_extended.elapsed() >= ttl {
                     tracing::warn!(key = %key, error = %e, "lock lost: could not extend it for a whole ttl");
                     lost.store(true, Ordering::SeqCst);
+                    crate::prom::metrics().lock_lost();
                     return;
                 }
                 tracing::warn!(key = %key, error = %e, "lock extension failed, will retry");

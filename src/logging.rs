@@ -16,6 +16,17 @@
 //! queue name, an error message, an ActiveJob wrapped class) is written as `\n`, `\u{1b}`, ..., so a
 //! crafted payload cannot print a fake line or recolour the terminal. Panic messages are logged
 //! through the same path, with any Redis URL in them redacted.
+//!
+//! `--log-format json` ([`LogFormat::Json`], [`JsonFormat`]) writes one JSON object per line instead,
+//! for log shippers, with the same fields: `time`, `pid`, `tid`, `level`, `message`, the job's
+//! `class`, `jid`, `queue`, then the event's own fields (`elapsed` as a number):
+//!
+//! ```text
+//! {"time":"2026-11-21T20:02:30.411Z","pid":4242,"tid":"2c8","level":"INFO","class":"HardWorker","jid":"ecf8fc8053b3a18fd1a94b54","queue":"default","elapsed":0.007,"message":"done"}
+//! ```
+//!
+//! serde_json does the escaping there: a control character in a value is written `\n`, `\u001b`, so
+//! a payload cannot break a line in this format either.
 
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
@@ -85,6 +96,16 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SharedBuffer {
     fn make_writer(&'a self) -> Self::Writer {
         self.clone()
     }
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Sidekiq's line (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Formats events as Sidekiq lines.
@@ -281,6 +302,11 @@ pub fn escape(s: &str) -> String {
 /// Installs the Sidekiq-shaped logger on stdout; `verbose` turns on debug lines. Keep the guard alive
 /// until exit: dropping it writes out what is still buffered.
 pub fn init(verbose: bool) -> LogGuard {
+    init_with(verbose, LogFormat::Text)
+}
+
+/// As [`init`], in the given format.
+pub fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
     let buffer = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
     let flusher = Arc::downgrade(&buffer);
     // The flusher ends by itself once the guard and the subscriber's writer are gone.
@@ -298,13 +324,22 @@ pub fn init(verbose: bool) -> LogGuard {
     } else {
         tracing::level_filters::LevelFilter::INFO
     };
-    let subscriber = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_max_level(level)
-        .with_writer(SharedBuffer(buffer.clone()))
-        .event_format(SidekiqFormat)
-        .finish();
+        .with_writer(SharedBuffer(buffer.clone()));
     // A second init (tests) keeps the first subscriber.
-    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+    let installed = match format {
+        LogFormat::Text => {
+            tracing::subscriber::set_global_default(builder.event_format(SidekiqFormat).finish())
+        }
+        LogFormat::Json => tracing::subscriber::set_global_default(
+            builder
+                .fmt_fields(JsonFields)
+                .event_format(JsonFormat)
+                .finish(),
+        ),
+    };
+    if installed.is_ok() {
         install_panic_hook();
     }
     LogGuard { buffer }
@@ -344,9 +379,168 @@ fn install_panic_hook() {
     }));
 }
 
+/// Formats a span's fields as one JSON object (kept in the span's `FormattedFields`), so
+/// [`JsonFormat`] can merge the job's context into each line without parsing `key=value` text.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JsonFields;
+
+/// Collects fields into a JSON map: strings and numbers as themselves, anything else as its
+/// `Debug` text; `elapsed` (written as `"0.007"`) as a number.
+struct JsonVisitor<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl Visit for JsonVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(
+            field.name().into(),
+            serde_json::Number::from_f64(value).map_or(serde_json::Value::Null, Into::into),
+        );
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let text = format!("{value:?}");
+        let v = if field.name() == "elapsed" {
+            text.parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map_or_else(|| text.clone().into(), Into::into)
+        } else {
+            text.into()
+        };
+        self.0.insert(field.name().into(), v);
+    }
+}
+
+impl<'w> FormatFields<'w> for JsonFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: Writer<'w>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut map = serde_json::Map::new();
+        fields.record(&mut JsonVisitor(&mut map));
+        let text = serde_json::to_string(&map).map_err(|_| fmt::Error)?;
+        writer.write_str(&text)
+    }
+
+    fn add_fields(
+        &self,
+        current: &'w mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> fmt::Result {
+        let mut map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&current.fields).unwrap_or_default();
+        fields.record(&mut JsonVisitor(&mut map));
+        current.fields = serde_json::to_string(&map).map_err(|_| fmt::Error)?;
+        Ok(())
+    }
+}
+
+/// Formats events as JSON lines (see the module docs).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JsonFormat;
+
+impl<S> FormatEvent<S, JsonFields> for JsonFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, JsonFields>,
+        mut out: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        use serde_json::Value;
+        let mut line = serde_json::Map::new();
+        let now = chrono::Utc::now();
+        line.insert(
+            "time".into(),
+            now.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string().into(),
+        );
+        line.insert("pid".into(), pid().into());
+        let tid = PID_TID.with(|p| {
+            p.rsplit_once("tid=")
+                .map_or_else(String::new, |(_, t)| t.to_string())
+        });
+        line.insert("tid".into(), tid.into());
+        line.insert("level".into(), event.metadata().level().as_str().into());
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                if let Some(fields) = span.extensions().get::<FormattedFields<JsonFields>>()
+                    && let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&fields.fields)
+                {
+                    line.extend(map);
+                }
+            }
+        }
+        let mut own = serde_json::Map::new();
+        event.record(&mut JsonVisitor(&mut own));
+        let message = own.remove("message").unwrap_or_else(|| "".into());
+        line.extend(own);
+        line.insert("message".into(), message);
+        let text = serde_json::to_string(&line).map_err(|_| fmt::Error)?;
+        out.write_str(&text)?;
+        out.write_char('\n')
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_lines_carry_the_job_context_and_escape_what_they_hold() {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(SharedBuffer(buffer.clone()))
+            .fmt_fields(JsonFields)
+            .event_format(JsonFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("job", class = %"Evil\nINFO: forged\u{1b}[31m", jid = %"abc", queue = %"q");
+            let _in = span.enter();
+            tracing::info!(elapsed = format_args!("{:.3}", 0.0071), "done");
+            tracing::warn!(count = 3, "line\ntwo");
+        });
+        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let done = &lines[0];
+        assert_eq!(done["class"], "Evil\nINFO: forged\u{1b}[31m");
+        assert_eq!(done["jid"], "abc");
+        assert_eq!(done["queue"], "q");
+        assert_eq!(done["elapsed"], 0.007);
+        assert_eq!(done["level"], "INFO");
+        assert_eq!(done["message"], "done");
+        assert!(done["pid"].is_u64() && done["tid"].is_string() && done["time"].is_string());
+        assert_eq!(lines[1]["message"], "line\ntwo");
+        assert_eq!(lines[1]["count"], 3);
+        let keys: Vec<&str> = done
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "time", "pid", "tid", "level", "class", "jid", "queue", "elapsed", "message"
+            ]
+        );
+    }
 
     #[test]
     fn control_characters_are_escaped_and_the_rest_is_kept() {

@@ -272,6 +272,12 @@ impl Processor {
             start.elapsed(),
             result.as_ref().err(),
         );
+        crate::prom::metrics().job_ran(
+            job.wrapped().unwrap_or(job.class()),
+            &queue,
+            start.elapsed(),
+            result.as_ref().err(),
+        );
         let error = match result {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
@@ -338,6 +344,7 @@ impl Processor {
             matches!(fate, Fate::Dead | Fate::Discarded),
         )
         .await;
+        crate::prom::metrics().fate(job.wrapped().unwrap_or(job.class()), &fate);
         match fate {
             Fate::Retry { at, count } => {
                 tracing::debug!(retry_at = at, retry_count = count, "scheduled for retry")

@@ -26,7 +26,153 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::error::{Error, Result};
 
 /// The handle every part of oxidekiq talks to Redis through; cheap to clone.
-pub type Conn = ConnectionManager;
+///
+/// A [`ConnectionManager`] to the configured server, or, with Sentinel, a
+/// [`crate::sentinel::Follower`] that moves to the new master after a failover. Either way it is a
+/// [`redis::aio::ConnectionLike`], so every command and pipeline works on it as on a manager, and
+/// each failed command is counted for `/metrics` on the way out.
+#[derive(Clone)]
+pub struct Conn {
+    inner: ConnInner,
+}
+
+#[derive(Clone)]
+enum ConnInner {
+    Direct(ConnectionManager),
+    Sentinel(std::sync::Arc<crate::sentinel::Follower>),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            ConnInner::Direct(_) => f.write_str("Conn(direct)"),
+            ConnInner::Sentinel(s) => write!(f, "Conn({s:?})"),
+        }
+    }
+}
+
+impl From<ConnectionManager> for Conn {
+    fn from(m: ConnectionManager) -> Self {
+        Conn {
+            inner: ConnInner::Direct(m),
+        }
+    }
+}
+
+/// Counts a failed command for `/metrics`; a lost connection also counts as a reconnect (the
+/// manager reconnects after it).
+pub(crate) fn count_error(e: &redis::RedisError) {
+    let reconnects = e.is_connection_dropped() || e.is_io_error() || e.is_connection_refusal();
+    crate::prom::metrics().redis_error(reconnects);
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match &mut self.inner {
+            ConnInner::Direct(m) => Box::pin(async move {
+                let r = m.req_packed_command(cmd).await;
+                if let Err(e) = &r {
+                    count_error(e);
+                }
+                r
+            }),
+            ConnInner::Sentinel(f) => Box::pin(f.command(cmd)),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match &mut self.inner {
+            ConnInner::Direct(m) => Box::pin(async move {
+                let r = m.req_packed_commands(pipeline, offset, count).await;
+                if let Err(e) = &r {
+                    count_error(e);
+                }
+                r
+            }),
+            ConnInner::Sentinel(f) => Box::pin(f.pipeline(pipeline, offset, count)),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.inner {
+            ConnInner::Direct(m) => m.get_db(),
+            ConnInner::Sentinel(f) => f.db(),
+        }
+    }
+}
+
+/// Where the process's connections go: the URL's server, or the master Sentinel names.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// The server of the Redis URL.
+    Url(Box<redis::Client>),
+    /// The master the sentinels name, followed across failovers.
+    Sentinel(std::sync::Arc<crate::sentinel::Master>),
+}
+
+impl Target {
+    /// The target `config` describes (with Sentinel, the master is looked up now).
+    pub async fn from_config(config: &crate::config::Config) -> Result<Target> {
+        let url = config.redis_url();
+        match &config.sentinel {
+            None => Ok(Target::Url(Box::new(client_with_ca(
+                &url,
+                config.redis_ca_file().as_deref(),
+            )?))),
+            Some(s) => {
+                if config.redis_ca_file().is_some() {
+                    return Err(Error::Config(
+                        "a Redis CA file is not supported with Sentinel yet: the masters' \
+                         certificates are checked against the system's trust store"
+                            .into(),
+                    ));
+                }
+                install_crypto_provider();
+                Ok(Target::Sentinel(
+                    crate::sentinel::Master::discover(s, &url).await?,
+                ))
+            }
+        }
+    }
+
+    /// The shared connection (see [`connect`]).
+    pub async fn connect(&self) -> Result<Conn> {
+        self.connect_with(config(Some(RESPONSE_TIMEOUT))).await
+    }
+
+    /// A connection for blocking commands that block at most `block` (see [`connect_blocking`]).
+    pub async fn connect_blocking(&self, block: Duration) -> Result<Conn> {
+        self.connect_with(config(Some(block + Duration::from_secs(5))))
+            .await
+    }
+
+    async fn connect_with(&self, cfg: ConnectionManagerConfig) -> Result<Conn> {
+        match self {
+            Target::Url(client) => connect_with(client, cfg).await,
+            Target::Sentinel(master) => Ok(Conn {
+                inner: ConnInner::Sentinel(std::sync::Arc::new(
+                    crate::sentinel::Follower::connect(master.clone(), cfg).await?,
+                )),
+            }),
+        }
+    }
+
+    /// The server for logs, without the password.
+    pub fn describe(&self, url: &str) -> String {
+        match self {
+            Target::Url(_) => redact_url(url),
+            Target::Sentinel(m) => format!("sentinel master {} at {}", m.name(), m.addr()),
+        }
+    }
+}
 
 /// Response timeout of the shared connection: a command that takes longer means Redis is in trouble.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -169,7 +315,11 @@ pub async fn connect_blocking(client: &redis::Client, block: Duration) -> Result
 const TLS_PROBE_AFTER: Duration = Duration::from_secs(2);
 
 async fn connect_with(client: &redis::Client, cfg: ConnectionManagerConfig) -> Result<Conn> {
-    let attempt = ConnectionManager::new_with_config(client.clone(), cfg);
+    let attempt = async {
+        ConnectionManager::new_with_config(client.clone(), cfg)
+            .await
+            .map(Conn::from)
+    };
     let info = client.get_connection_info();
     let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr() else {
         return attempt.await.map_err(|e| connect_error(client, e));

@@ -86,6 +86,7 @@ pub(crate) async fn try_acquire(
         .arg(full_key)
         .query_async(&mut c)
         .await?;
+    crate::prom::metrics().lock_attempt(set.is_some());
     Ok(match set {
         Some(_) => Attempt::Held(HeldLock {
             conn: c,
@@ -175,6 +176,7 @@ pub(crate) async fn keep_alive_while<F: Future>(
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(lock = %key, "lock lost while the job runs: it expired or changed hands");
+                    crate::prom::metrics().lock_lost();
                     return;
                 }
                 Err(e) => tracing::warn!(lock = %key, error = %e, "cannot extend lock; retrying"),

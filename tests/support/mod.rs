@@ -117,10 +117,13 @@ impl RedisServer {
             .unwrap()
     }
 
-    /// An async connection manager (what the library uses).
-    pub async fn async_conn(&self) -> redis::aio::ConnectionManager {
+    /// An async connection, as the library holds one (a connection manager behind `Conn`).
+    pub async fn async_conn(&self) -> oxidekiq::redis_conn::Conn {
         let client = redis::Client::open(self.url()).unwrap();
-        redis::aio::ConnectionManager::new(client).await.unwrap()
+        redis::aio::ConnectionManager::new(client)
+            .await
+            .unwrap()
+            .into()
     }
 
     /// The process id of the server (to SIGSTOP it in outage tests).

@@ -9,7 +9,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let _log = oxidekiq::logging::init(config.verbose);
+    let _log = oxidekiq::logging::init_with(config.verbose, config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
