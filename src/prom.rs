@@ -175,6 +175,7 @@ pub struct Metrics {
     dead: Family<ClassLabel, Counter>,
     discarded: Family<ClassLabel, Counter>,
     rescheduled: Family<ClassLabel, Counter>,
+    handed_off: Family<ClassLabel, Counter>,
     pushed_back: Counter,
     fetches: Counter,
     fetch_batch: AtomicHistogram,
@@ -225,6 +226,7 @@ impl Metrics {
             dead,
             discarded,
             rescheduled,
+            handed_off: Family::default(),
             pushed_back: Counter::default(),
             fetches: Counter::default(),
             fetch_batch: AtomicHistogram::new(&BATCH_BOUNDS),
@@ -275,6 +277,11 @@ impl Metrics {
             "jobs_rescheduled",
             "Jobs put back in the schedule set by a limit (rate, concurrency, lock)",
             m.rescheduled.clone(),
+        );
+        r.register(
+            "jobs_handed_off",
+            "Jobs pushed unchanged to the --handoff queue (no Rust worker, or a Ruby-side contract)",
+            m.handed_off.clone(),
         );
         r.register(
             "jobs_pushed_back",
@@ -439,6 +446,15 @@ impl Metrics {
             .inc();
     }
 
+    /// A job was pushed unchanged to the `--handoff` queue.
+    pub fn handed_off(&self, class: &str) {
+        self.handed_off
+            .get_or_create(&ClassLabel {
+                class: self.class_label(class).to_string(),
+            })
+            .inc();
+    }
+
     /// A fetch round brought back `jobs` jobs.
     pub fn fetched(&self, jobs: usize) {
         self.fetches.inc();
@@ -560,6 +576,18 @@ mod tests {
         assert!(text.contains("oxidekiq_jobs_processed_total{class=\"(other)\",queue=\"q\"} 51"));
         assert!(text.contains("oxidekiq_jobs_dead_total{class=\"(other)\"} 1"));
         assert!(text.contains("oxidekiq_jobs_processed_total{class=\"C0\",queue=\"q\"} 1"));
+    }
+
+    #[test]
+    fn hand_offs_are_counted_by_class() {
+        let m = Metrics::new();
+        m.handed_off("Legacy::Mailer");
+        m.handed_off("Legacy::Mailer");
+        let text = m.encode(&Gauges::default()).unwrap();
+        assert!(
+            text.contains("oxidekiq_jobs_handed_off_total{class=\"Legacy::Mailer\"} 2"),
+            "{text}"
+        );
     }
 
     #[test]

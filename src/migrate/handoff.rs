@@ -105,6 +105,7 @@ pub async fn divert(p: &Processor, job: &Job) -> Option<bool> {
             .ignore();
         match pipe.query_async::<()>(&mut conn).await {
             Ok(()) => {
+                crate::prom::metrics().handed_off(class);
                 h.log_once(class, &reason);
                 return Some(true);
             }
