@@ -204,20 +204,21 @@ impl Processor {
                     jid = %job.jid(),
                     queue = %queue,
                 );
-                if !self.clone().run(job, queue.clone()).instrument(span).await {
+                let fated = Fated::new(entry, Held { queue, id, raw });
+                let queue = fated.held.queue.clone();
+                if !self.clone().run(job, queue, &fated).instrument(span).await {
                     // Interrupted at the shutdown deadline: it stays in flight, unacknowledged, and the
                     // launcher pushes it back to its queue.
                     return;
                 }
-                self.work.remove(entry);
-                let _ = self.acks.send(Held { queue, id, raw });
+                fated.settle(&self);
             }
         }
     }
 
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
-    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>) -> bool {
+    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, fated: &Fated) -> bool {
         let start = Instant::now();
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
@@ -229,6 +230,7 @@ impl Processor {
         let error = match result {
             Ok(()) => {
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
+                fated.settle(&self);
                 until_executed::settle(&self.conn, &job, true).await;
                 return true;
             }
@@ -236,7 +238,7 @@ impl Processor {
         };
         // The failure path is boxed: it is rare, and its state would otherwise make every job's task
         // (copied in at spawn) larger.
-        Box::pin(self.fail(job, queue, entry, error, elapsed)).await
+        Box::pin(self.fail(job, queue, entry, error, elapsed, fated)).await
     }
 
     /// A failed run: write its fate (retry, dead, discard, reschedule) and say whether it has one.
@@ -247,6 +249,7 @@ impl Processor {
         entry: Option<&crate::registry::Entry>,
         error: JobError,
         elapsed: f64,
+        fated: &Fated,
     ) -> bool {
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
@@ -279,6 +282,7 @@ impl Processor {
                 async move { retry::apply(&mut conn, &job, &plan, now).await }
             })
             .await;
+        fated.settle(self);
         until_executed::settle(
             &self.conn,
             &job,
@@ -371,6 +375,36 @@ impl Processor {
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
             }
+        }
+    }
+}
+
+/// A job whose fate is written (done, or its failure in Redis) leaves the in-flight table and is queued
+/// for acknowledgement at once, before any further await: a shutdown cancellation after that point
+/// (issue 11, item 7) must not push it back to its queue as well. Idempotent.
+#[derive(Debug)]
+struct Fated {
+    /// Its in-flight table entry.
+    entry: u64,
+    /// What the ack needs.
+    held: Held,
+    /// Set once settled.
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl Fated {
+    fn new(entry: u64, held: Held) -> Self {
+        Fated {
+            entry,
+            held,
+            done: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn settle(&self, p: &Processor) {
+        if !self.done.swap(true, Ordering::Relaxed) {
+            p.work.remove(self.entry);
+            let _ = p.acks.send(self.held.clone());
         }
     }
 }
