@@ -626,6 +626,8 @@ impl Fetcher {
                 if !got.is_empty() {
                     return Ok(got);
                 }
+                // A queue the batch found broken is not waited on.
+                let order = self.usable(order);
                 if self.wait_for_work(&order).await? {
                     // The job waits in its landing list; the batch script takes it (and any others).
                     return self.fetch_batch(&order, max).await;
