@@ -72,7 +72,23 @@ pub struct Handle {
     signal: ShutdownSignal,
 }
 
+/// A cloneable sender of controls to a running launcher (for a caller that also waits on its handle).
+#[derive(Debug, Clone)]
+pub struct Controls(mpsc::UnboundedSender<Control>);
+
+impl Controls {
+    /// Sends a control.
+    pub fn send(&self, c: Control) {
+        let _ = self.0.send(c);
+    }
+}
+
 impl Handle {
+    /// A sender of controls that outlives [`Handle::join`].
+    pub fn controls(&self) -> Controls {
+        Controls(self.control.clone())
+    }
+
     /// The identity shown on the Busy page.
     pub fn identity(&self) -> &str {
         &self.identity
@@ -394,8 +410,10 @@ impl Parts {
         }
         let _ = hb_stop_tx.send(true);
         shutdown.advance(Phase::Cancelled);
-        // The rest (stopping the background loops, leaving `processes`) gets what is left, at least 1 s.
-        let last = end_by.max(Instant::now() + Duration::from_secs(1));
+        // The rest (stopping the background loops, leaving `processes`) gets what is left of the bound,
+        // at least 1 s; after an abandoned clean-up (Redis down, or a second stop) just that second.
+        let second = Instant::now() + Duration::from_secs(1);
+        let last = if cleaned { end_by.max(second) } else { second };
         let _ = tokio::time::timeout_at(last, async {
             while background.join_next().await.is_some() {}
         })
