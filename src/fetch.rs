@@ -925,10 +925,12 @@ impl Fetcher {
     }
 
     /// Pushes back whatever this process holds in Redis that was never handed out: its landing lists
-    /// and the working-hash entries outside the outstanding set (see [`Fetcher::reconcile`]). Run when
-    /// the process goes quiet (a fetch cut short there leaves its jobs in these keys) and at shutdown,
-    /// before and after the running jobs are pushed back. Not counted as recoveries.
-    pub async fn requeue_leftovers(&self) -> Result<u64> {
+    /// and the working-hash entries outside the outstanding set (see [`Fetcher::reconcile`]); with
+    /// `everything`, every entry (the shutdown's last sweep, once no job runs and every ack is flushed:
+    /// what is still outstanding then was handed out but never started). Run when the process goes quiet
+    /// (a fetch cut short there leaves its jobs in these keys) and at shutdown, before and after the
+    /// running jobs are pushed back. Not counted as recoveries.
+    pub async fn requeue_leftovers(&self, everything: bool) -> Result<u64> {
         if self.mode == FetchMode::Basic {
             return Ok(0);
         }
@@ -946,6 +948,9 @@ impl Fetcher {
             if !err.is_empty() {
                 errors.push(err);
             }
+        }
+        if everything && let Ok(mut o) = self.outstanding.lock() {
+            o.ids.clear();
         }
         match self.reconcile().await {
             Ok(n) => moved += n,

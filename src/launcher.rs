@@ -461,7 +461,7 @@ async fn cleanup(
     // Jobs fetched but never started go back first, then the ones that were running: each RPUSH
     // goes to the end served next, so the running (older) ones are served first, as before.
     let unfinished: Vec<Ack> = work.snapshot().iter().map(|j| j.held()).collect();
-    match with_retries(|| fetcher.requeue_leftovers()).await {
+    match with_retries(|| fetcher.requeue_leftovers(false)).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(count = n, "pushed fetched but unstarted jobs back"),
         Err(e) => {
@@ -491,8 +491,9 @@ async fn cleanup(
             }
         }
     }
-    // Anything still held (nothing, unless a push-back above failed half way) goes back too.
-    if let Err(e) = with_retries(|| fetcher.requeue_leftovers()).await {
+    // Anything still held goes back too: a push-back above that failed half way, and jobs handed out
+    // whose task was cancelled before it started (no job runs now, and every ack is flushed).
+    if let Err(e) = with_retries(|| fetcher.requeue_leftovers(true)).await {
         ok = false;
         tracing::error!(error = %e, "could not empty this process's working lists");
     }
@@ -563,7 +564,7 @@ async fn manage(
         }
         let mut cancelled = signal.clone();
         tokio::select! {
-            r = with_retries(|| fetcher.requeue_leftovers()) => match r {
+            r = with_retries(|| fetcher.requeue_leftovers(false)) => match r {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(count = n, "quiet: pushed back jobs fetched but never started"),
                 Err(e) => tracing::warn!(error = %e, "quiet: could not push back jobs fetched but never started; the shutdown tries again"),

@@ -322,7 +322,7 @@ async fn a_push_back_into_a_wrong_type_queue_keeps_the_job_in_the_working_hash()
     let _: () = c.del("queue:a").unwrap();
     assert_eq!(f.requeue(&held).await.unwrap(), 2);
     assert_eq!(list_jids(&mut c, "queue:a").len(), 2);
-    assert_eq!(c.exists::<_, bool>(working(ME, "a")).unwrap(), false);
+    assert!(!c.exists::<_, bool>(working(ME, "a")).unwrap());
 }
 
 /// Due scheduled jobs whose queue key has the wrong type stay in the schedule (the old script `ZREM`ed

@@ -413,7 +413,7 @@ async fn a_redis_stall_past_the_liveness_ttl_takes_no_live_process_jobs() {
         .await
         .unwrap();
     for i in 0..4 {
-        push(&mut c, "RecordJob", &format!("s{i}"), 9000);
+        push(&mut c, "RecordJob", &format!("s{i}"), 12_000);
     }
     // Both processes hold two jobs each.
     assert!(support::wait_until(Duration::from_secs(20), || {
@@ -423,7 +423,8 @@ async fn a_redis_stall_past_the_liveness_ttl_takes_no_live_process_jobs() {
     let ttl = oxidekiq::launcher::alive_ttl(Duration::from_millis(200));
     let pid = redis.pid().to_string();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
-    std::thread::sleep(ttl + Duration::from_millis(1500));
+    // Past the TTL and past the 5 s response timeout, so the processes' connections give up too.
+    std::thread::sleep(ttl.max(Duration::from_secs(5)) + Duration::from_secs(2));
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
     let done = support::wait_until(Duration::from_secs(60), || runs(&mut c).0 == 4);
     // Some more recovery rounds after the jobs ended must not bring any back either.
