@@ -202,12 +202,6 @@ for i = 1, nq do
   for s = 1, 2 do
     if full or taken >= max then break end
     local src = sources[s]
-    local jobs = redis.pcall('LRANGE', src, -(max - taken), -1)
-    if failed(jobs) then
-      out[#out + 1] = q; out[#out + 1] = 'err'
-      out[#out + 1] = src .. ' is a ' .. kind(src) .. ', not a list: ' .. jobs.err
-      break
-    end
     local done, pend, err = 0, {}, nil
     local function flush()
       for c = 1, #pend, 1000 do
@@ -222,21 +216,36 @@ for i = 1, nq do
       pend = {}
       return true
     end
-    -- The tail is served first (RPOP's end): walk from the last element back.
-    for k = #jobs, 1, -1 do
-      local job = jobs[k]
-      local id = string.format('%d', base + taken)
-      taken = taken + 1
-      if limit > 0 and #job > limit then
-        if not flush() then break end
-        local msg = 'payload of ' .. #job .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '/' .. id .. ')'
-        err = to_dead(annotate(job, 'Oxidekiq::InvalidPayload', msg, failed_at), score, trim_before, dead_max)
-        if err then break end
-        done = done + 1
-        out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = tostring(#job)
-      else
-        pend[#pend + 1] = id; pend[#pend + 1] = job
+    -- Read from the tail (RPOP's end, served first) in chunks sized by the largest job seen so far, so
+    -- a run of huge payloads is read one at a time, never all at once.
+    local read, biggest, more = 0, 0, true
+    while more and not err and not full and taken < max do
+      local chunk = math.min(max - taken, 64)
+      if biggest == 0 then chunk = 1
+      else chunk = math.max(1, math.min(chunk, math.floor((budget - bytes) / biggest))) end
+      local jobs = redis.pcall('LRANGE', src, -(read + chunk), -(read + 1))
+      if failed(jobs) then
+        err = src .. ' is a ' .. kind(src) .. ', not a list: ' .. jobs.err
+        break
+      end
+      if #jobs < chunk then more = false end
+      read = read + #jobs
+      for k = #jobs, 1, -1 do
+        local job = jobs[k]
+        if #job > biggest then biggest = #job end
+        local id = string.format('%d', base + taken)
+        taken = taken + 1
         bytes = bytes + #job
+        if limit > 0 and #job > limit then
+          if not flush() then break end
+          local msg = 'payload of ' .. #job .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '/' .. id .. ')'
+          err = to_dead(annotate(job, 'Oxidekiq::InvalidPayload', msg, failed_at), score, trim_before, dead_max)
+          if err then break end
+          done = done + 1
+          out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = tostring(#job)
+        else
+          pend[#pend + 1] = id; pend[#pend + 1] = job
+        end
         if bytes >= budget then full = true; break end
       end
     end
@@ -263,6 +272,8 @@ return out
 const ORPHAN_LUA: &str = concat!(
     lua_common!(),
     r#"
+-- TIME before writes needs effects replication (the only mode from Redis 7; opt-in before 5).
+if redis.replicate_commands then redis.replicate_commands() end
 local who = ARGV[7]
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HDEL', KEYS[2], who)
@@ -622,24 +633,28 @@ impl Fetcher {
         match self.mode {
             FetchMode::Basic => self.fetch_basic(&order).await,
             FetchMode::Reliable => {
-                let got = self.fetch_batch(&order, max).await?;
-                if !got.is_empty() {
+                let (got, busy) = self.fetch_batch(&order, max).await?;
+                // Something happened (jobs, an oversized one sent to the dead set, a queue error): come
+                // back at once rather than block. Blocking would pull the next job through `BLMOVE`,
+                // whose reply carries the payload: an oversized one would be read into memory.
+                if busy {
                     return Ok(got);
                 }
                 // A queue the batch found broken is not waited on.
                 let order = self.usable(order);
                 if self.wait_for_work(&order).await? {
                     // The job waits in its landing list; the batch script takes it (and any others).
-                    return self.fetch_batch(&order, max).await;
+                    return Ok(self.fetch_batch(&order, max).await?.0);
                 }
                 Ok(Vec::new())
             }
         }
     }
 
-    async fn fetch_batch(&self, order: &[Arc<str>], max: usize) -> Result<Vec<UnitOfWork>> {
+    /// One run of the batch script: the jobs it handed out, and whether it did anything at all.
+    async fn fetch_batch(&self, order: &[Arc<str>], max: usize) -> Result<(Vec<UnitOfWork>, bool)> {
         if order.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
         let max = max.clamp(1, MAX_BATCH);
         let base = self.next_id.fetch_add(max as u64, Ordering::Relaxed) + 1;
@@ -669,6 +684,7 @@ impl Fetcher {
             inv.arg(&**q);
         }
         let flat: Vec<Vec<u8>> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let busy = !flat.is_empty();
         let name_of = |q: &[u8]| {
             order
                 .iter()
@@ -712,7 +728,7 @@ impl Fetcher {
         if out.len() < max {
             self.unstall(order, &failed);
         }
-        Ok(out)
+        Ok((out, busy))
     }
 
     /// Blocks until a job arrives on the first queue of the round (moving it into its landing list) or

@@ -397,7 +397,7 @@ impl Parts {
         };
         if !cleaned {
             acker.abort();
-            let left = work.drain().len() + fetcher.outstanding();
+            let left = work.drain().len().max(fetcher.outstanding());
             tracing::error!(
                 jobs = left,
                 "unfinished jobs stay in this process's working keys; another oxidekiq process pushes them \
