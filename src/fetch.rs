@@ -177,8 +177,8 @@ end
 /// identical payloads stay distinct members (score ARGV[8], `failed_at` text ARGV[9], trimmed by ARGV[10]
 /// and ARGV[11]); the batch stops once it holds ARGV[6] bytes. Jobs are read with `LRANGE`, written, and
 /// only then trimmed from their list. A queue whose key (or working hash) has the wrong type is skipped
-/// with an error; the others are served. Returns triples: queue, id, job | queue, "dead", size |
-/// queue, "err", message.
+/// with an error; the others are served. Returns records: queue, first id, count, then that many jobs
+/// (under consecutive ids) | queue, "dead", size | queue, "err", message.
 const FETCH_LUA: &str = concat!(
     lua_common!(),
     r#"
@@ -203,15 +203,17 @@ for i = 1, nq do
     if full or taken >= max then break end
     local src = sources[s]
     local done, pend, err = 0, {}, nil
+    -- Writes the pending run (consecutive ids) and reports it as one record: queue, first id, count,
+    -- then the jobs.
     local function flush()
       for c = 1, #pend, 1000 do
         local e = math.min(c + 999, #pend)
         local r = redis.pcall('HSET', wk, unpack(pend, c, e))
         if failed(r) then err = wk .. ' is a ' .. kind(wk) .. ', not a hash: ' .. r.err; return false end
-        for k = c, e, 2 do
-          out[#out + 1] = q; out[#out + 1] = pend[k]; out[#out + 1] = pend[k + 1]
-          done = done + 1
-        end
+        local n = (e - c + 1) / 2
+        out[#out + 1] = q; out[#out + 1] = pend[c]; out[#out + 1] = tostring(n)
+        for k = c + 1, e, 2 do out[#out + 1] = pend[k] end
+        done = done + n
       end
       pend = {}
       return true
@@ -220,7 +222,7 @@ for i = 1, nq do
     -- a run of huge payloads is read one at a time, never all at once.
     local read, biggest, more = 0, 0, true
     while more and not err and not full and taken < max do
-      local chunk = math.min(max - taken, 64)
+      local chunk = max - taken
       if biggest == 0 then chunk = 1
       else chunk = math.max(1, math.min(chunk, math.floor((budget - bytes) / biggest))) end
       local jobs = redis.pcall('LRANGE', src, -(read + chunk), -(read + 1))
@@ -232,17 +234,18 @@ for i = 1, nq do
       read = read + #jobs
       for k = #jobs, 1, -1 do
         local job = jobs[k]
-        if #job > biggest then biggest = #job end
+        local size = #job
+        if size > biggest then biggest = size end
         local id = string.format('%d', base + taken)
         taken = taken + 1
-        bytes = bytes + #job
-        if limit > 0 and #job > limit then
+        bytes = bytes + size
+        if limit > 0 and size > limit then
           if not flush() then break end
-          local msg = 'payload of ' .. #job .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '/' .. id .. ')'
+          local msg = 'payload of ' .. size .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '/' .. id .. ')'
           err = to_dead(annotate(job, 'Oxidekiq::InvalidPayload', msg, failed_at), score, trim_before, dead_max)
           if err then break end
           done = done + 1
-          out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = tostring(#job)
+          out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = tostring(size)
         else
           pend[#pend + 1] = id; pend[#pend + 1] = job
         end
@@ -708,16 +711,22 @@ impl Fetcher {
                         limit = self.max_payload_bytes,
                         "payload over the size limit sent to the dead set without being read");
                 }
-                id => {
-                    let id = std::str::from_utf8(id)
-                        .ok()
-                        .and_then(|s| s.parse::<u64>().ok())
-                        .unwrap_or(0);
-                    out.push(UnitOfWork {
-                        queue: name_of(&q),
-                        id,
-                        raw: body,
-                    });
+                first => {
+                    let number = |b: &[u8]| {
+                        std::str::from_utf8(b)
+                            .ok()
+                            .and_then(|s| s.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    };
+                    let (first, count) = (number(first), number(&body));
+                    let queue = name_of(&q);
+                    for (i, raw) in it.by_ref().take(count as usize).enumerate() {
+                        out.push(UnitOfWork {
+                            queue: queue.clone(),
+                            id: first + i as u64,
+                            raw,
+                        });
+                    }
                 }
             }
         }
