@@ -42,7 +42,8 @@ use tokio::time::Instant;
 
 use crate::config::{FetchMode, QueueWeight};
 use crate::error::Result;
-use crate::keys;
+pub use crate::keys::SUSPECTS;
+use crate::keys::{self, RECOVERED};
 use crate::redis_conn::Conn;
 use crate::time::{self, TimeFormat, score};
 
@@ -332,12 +333,6 @@ end
 return {n, ''}
 "#
 );
-
-/// Hash of per-payload recovery counts.
-const RECOVERED: &str = "oxidekiq:recovered";
-
-/// Hash of processes seen without their liveness key: identity → Redis time (ms) when first seen so.
-pub const SUSPECTS: &str = "oxidekiq:suspects";
 
 /// How often one payload may be recovered from a dead process before it goes to the dead set.
 pub const MAX_RECOVERIES: i64 = 3;
