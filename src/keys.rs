@@ -60,6 +60,13 @@ pub const LANDING_PATTERN: &str = "oxidekiq:landing:*";
 /// The pattern that matches every process's working hashes, for recovery.
 pub const WORKING_PATTERN: &str = "oxidekiq:working:*";
 
+/// Hash of processes seen without their liveness key: identity → Redis time (ms) when first seen so;
+/// recovery takes their jobs only once they stay so for a grace (see `fetch.rs` `ORPHAN_LUA`).
+pub const SUSPECTS: &str = "oxidekiq:suspects";
+
+/// Hash of per-payload recovery counts (SHA1 of the payload → times recovered from a dead process).
+pub const RECOVERED: &str = "oxidekiq:recovered";
+
 /// The key guarding orphan recovery, so one process at a time does it.
 pub const RECOVERY_LOCK: &str = "oxidekiq:recovery-lock";
 

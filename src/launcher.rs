@@ -6,10 +6,16 @@
 //! TTIN dump: class, jid, queue and start time of each running job, never its arguments), from the Web
 //! UI through `<identity>-signals`, or from a [`Handle`] in tests.
 //!
-//! Shutdown, in order: stop fetching (a job fetched after that is pushed back), give running jobs until the
-//! deadline (`-t`), then cancel them; flush acks of jobs whose fate is in Redis; push every unfinished job
-//! back, byte for byte, to the end of its queue that is served next (`RPUSH`); push back anything left in
-//! our working lists; leave `processes`. A second TERM/INT cancels at once but never skips the push-back.
+//! Quiet: stop fetching (a fetch under way ends, within the block time, and what it got goes back), then
+//! push back what this process holds but never handed out (a landing list, the reply of a lost fetch).
+//!
+//! Shutdown, in order: quiet, give running jobs until the deadline (`-t`), then cancel them; flush acks of
+//! jobs whose fate is in Redis; push every unfinished job back, byte for byte, to the end of its queue that
+//! is served next (`RPUSH`); push back anything left in our working lists; leave `processes`. A second
+//! TERM/INT cancels running jobs at once. The clean-up after the jobs ends by the deadline, or
+//! [`CLEANUP_MIN`] after the jobs ended if that is later; a TERM/INT during it ends it at once. Whatever it
+//! could not push back (Redis down) stays in this process's working keys, where another process's
+//! recovery finds it: the stop never hangs on Redis, and no job is lost.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +74,23 @@ pub struct Handle {
     signal: ShutdownSignal,
 }
 
+/// A cloneable sender of controls to a running launcher (for a caller that also waits on its handle).
+#[derive(Debug, Clone)]
+pub struct Controls(mpsc::UnboundedSender<Control>);
+
+impl Controls {
+    /// Sends a control.
+    pub fn send(&self, c: Control) {
+        let _ = self.0.send(c);
+    }
+}
+
 impl Handle {
+    /// A sender of controls that outlives [`Handle::join`].
+    pub fn controls(&self) -> Controls {
+        Controls(self.control.clone())
+    }
+
     /// The identity shown on the Busy page.
     pub fn identity(&self) -> &str {
         &self.identity
@@ -159,14 +181,17 @@ impl Launcher {
         let signal = shutdown.signal();
         let stats = Arc::new(Stats::default());
         let work = Arc::new(WorkTable::default());
-        let fetcher = Arc::new(Fetcher::new(
-            cfg.fetch,
-            &cfg.queues,
-            &identity,
-            conn.clone(),
-            blocking,
-            block,
-        ));
+        let fetcher = Arc::new(
+            Fetcher::new(
+                cfg.fetch,
+                &cfg.queues,
+                &identity,
+                conn.clone(),
+                blocking,
+                block,
+            )
+            .with_payload_limit(cfg.max_payload_bytes, fleet.clone()),
+        );
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         let processor = Arc::new(Processor {
             registry: self.registry.freeze(),
@@ -181,7 +206,7 @@ impl Launcher {
             metrics: metrics.clone(),
             handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
         });
-        let alive_ttl = (cfg.beat_interval * 3).max(Duration::from_secs(3));
+        let alive_ttl = alive_ttl(cfg.beat_interval);
         let heartbeat = Arc::new(
             Heartbeat::new(
                 info,
@@ -193,6 +218,10 @@ impl Launcher {
             )
             .serving(&processor.registry.classes(), alive_ttl),
         );
+        let recovery = fetch::RecoveryPolicy {
+            grace: alive_ttl,
+            time_format: fleet.time_format(),
+        };
 
         // Listening first: a taken address ends the start before the process shows up in Redis.
         let http = crate::http::start_if(&cfg, &conn, &work, &signal).await?;
@@ -200,12 +229,12 @@ impl Launcher {
         {
             let mut c = conn.clone();
             if cfg.fetch == FetchMode::Reliable {
-                fetch::mark_alive(&mut c, &identity, alive_ttl).await?;
+                let _ = fetch::mark_alive(&mut c, &identity, alive_ttl).await?;
             }
             heartbeat.beat(false).await?;
             crate::prom::metrics().beat();
             if cfg.fetch == FetchMode::Reliable {
-                recover(&mut c, &identity).await;
+                recover(&mut c, &identity, recovery).await;
             }
         }
         tracing::info!(
@@ -233,6 +262,7 @@ impl Launcher {
             control_rx,
             alive_ttl,
             fleet,
+            recovery,
         };
         let task = tokio::spawn(parts.run());
         Ok(Handle {
@@ -261,6 +291,7 @@ struct Parts {
     control_rx: mpsc::UnboundedReceiver<Control>,
     alive_ttl: Duration,
     fleet: Arc<Fleet>,
+    recovery: fetch::RecoveryPolicy,
 }
 
 impl Parts {
@@ -280,6 +311,7 @@ impl Parts {
             mut control_rx,
             alive_ttl,
             fleet,
+            recovery,
         } = self;
         let signal = shutdown.signal();
         let mut background = JoinSet::new();
@@ -296,7 +328,7 @@ impl Parts {
         background.spawn(scheduled::run(
             conn.clone(),
             cfg.poll_interval_average,
-            fleet,
+            fleet.clone(),
             signal.clone(),
         ));
         if cfg.fetch == FetchMode::Reliable {
@@ -304,10 +336,12 @@ impl Parts {
                 conn.clone(),
                 identity.clone(),
                 cfg.beat_interval * 2,
+                recovery,
+                fleet.clone(),
                 signal.clone(),
             ));
         }
-        let acker = tokio::spawn(ack_loop(fetcher.clone(), ack_rx));
+        let mut acker = tokio::spawn(ack_loop(fetcher.clone(), ack_rx));
         let mut manager = tokio::spawn(manage(
             fetcher.clone(),
             processor.clone(),
@@ -317,6 +351,8 @@ impl Parts {
         drop(processor);
 
         let mut deadline: Option<Instant> = None;
+        // When the stop's deadline falls (kept after `deadline` fires, for the clean-up's bound).
+        let mut stop_deadline: Option<Instant> = None;
         // A quiet process's manager ends once its jobs are done, but the process lives on (beating, with
         // `quiet` "true") until it is told to stop, as Sidekiq does.
         let mut manager_done = false;
@@ -335,6 +371,7 @@ impl Parts {
                             tracing::info!(timeout = cfg.timeout.as_secs_f64(), "shutting down");
                             shutdown.advance(Phase::Stopping);
                             deadline = Some(Instant::now() + cfg.timeout);
+                            stop_deadline = deadline;
                         }
                         if manager_done {
                             break;
@@ -367,52 +404,132 @@ impl Parts {
                 }
             }
         }
-        // The manager has ended: every job task finished or was cancelled. Flush acks of jobs whose fate is
-        // in Redis (the acker ends once every sender is gone), then push back what never finished.
-        let _ = acker.await;
-        // Jobs fetched but never started go back first, then the ones that were running: each RPUSH
-        // goes to the end served next, so the running (older) ones are served first, as before.
-        let unfinished: Vec<Ack> = work.drain().iter().map(|j| j.held()).collect();
-        match with_retries(|| fetcher.requeue_leftovers(&unfinished)).await {
-            Ok(0) => {}
-            Ok(n) => {
-                crate::prom::metrics().pushed_back(n as usize);
-                tracing::info!(count = n, "pushed fetched but unstarted jobs back")
+        // The manager has ended: every job task finished or was cancelled. The clean-up is bounded: by the
+        // stop's deadline, or CLEANUP_MIN from now if that is later; a stop request during it ends it.
+        let now = Instant::now();
+        let end_by = stop_deadline.unwrap_or(now).max(now + CLEANUP_MIN);
+        let cleaned = tokio::select! {
+            r = cleanup(&fetcher, &work, &mut acker, cfg.fetch) => r,
+            _ = tokio::time::sleep_until(end_by) => {
+                tracing::error!("shutdown deadline reached before the clean-up ended (is redis reachable?)");
+                false
             }
-            Err(e) => tracing::error!(error = %e, "could not empty this process's working lists"),
-        }
-        if !unfinished.is_empty() {
-            match with_retries(|| fetcher.requeue(&unfinished)).await {
-                Ok(()) => {
-                    crate::prom::metrics().pushed_back(unfinished.len());
-                    tracing::info!(
-                        count = unfinished.len(),
-                        "pushed unfinished jobs back to their queues"
-                    )
-                }
-                Err(e) => tracing::error!(error = %e, count = unfinished.len(),
-                    "could not push unfinished jobs back; they stay in this process's working lists for recovery"),
+            _ = next_stop(&mut control_rx) => {
+                tracing::warn!("stop requested again: ending the clean-up now");
+                false
             }
-        }
-        // Anything still held (nothing, unless a push-back above failed half way) goes back too.
-        if let Err(e) = with_retries(|| fetcher.requeue_leftovers(&[])).await {
-            tracing::error!(error = %e, "could not empty this process's working lists");
-        }
-        if cfg.fetch == FetchMode::Reliable {
+        };
+        if !cleaned {
+            acker.abort();
+            let left = work.drain().len().max(fetcher.outstanding());
+            tracing::error!(
+                jobs = left,
+                "unfinished jobs stay in this process's working keys; another oxidekiq process pushes them \
+                 back once this one's liveness key expires"
+            );
+        } else if cfg.fetch == FetchMode::Reliable {
             let mut c = conn.clone();
             let _: redis::RedisResult<()> =
                 redis::AsyncCommands::del(&mut c, fetch::alive_key(&identity)).await;
         }
         let _ = hb_stop_tx.send(true);
         shutdown.advance(Phase::Cancelled);
-        while background.join_next().await.is_some() {}
-        if let Err(e) = with_retries(|| heartbeat.clear()).await {
-            tracing::warn!(error = %e, "could not leave the process set; the entry expires in 60 s");
+        // The rest (stopping the background loops, leaving `processes`) gets what is left of the bound,
+        // at least 1 s; after an abandoned clean-up (Redis down, or a second stop) just that second.
+        let second = Instant::now() + Duration::from_secs(1);
+        let last = if cleaned { end_by.max(second) } else { second };
+        let _ = tokio::time::timeout_at(last, async {
+            while background.join_next().await.is_some() {}
+        })
+        .await;
+        background.abort_all();
+        match tokio::time::timeout_at(last, with_retries(|| heartbeat.clear())).await {
+            Ok(Ok(())) => {}
+            _ => tracing::warn!("could not leave the process set; the entry expires in 60 s"),
         }
         drop(http);
         tracing::info!("Bye!");
         Ok(())
     }
+}
+
+/// The least time the clean-up after the jobs gets, even past the stop's deadline.
+pub const CLEANUP_MIN: Duration = Duration::from_secs(3);
+
+/// The liveness key's TTL: three heartbeats, at least 3 s.
+pub fn alive_ttl(beat_interval: Duration) -> Duration {
+    (beat_interval * 3).max(Duration::from_secs(3))
+}
+
+/// Waits for the next Stop control (a second TERM/INT during the clean-up).
+async fn next_stop(control: &mut mpsc::UnboundedReceiver<Control>) {
+    loop {
+        match control.recv().await {
+            Some(Control::Stop) => return,
+            Some(_) => {}
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// After the jobs: flush acks, push back what never finished and anything left in our working keys.
+/// True when all of it reached Redis.
+async fn cleanup(
+    fetcher: &Fetcher,
+    work: &WorkTable,
+    acker: &mut tokio::task::JoinHandle<()>,
+    mode: FetchMode,
+) -> bool {
+    // Acks of jobs whose fate is in Redis (the acker ends once every sender is gone).
+    let _ = acker.await;
+    let mut ok = true;
+    // Jobs fetched but never started go back first, then the ones that were running: each RPUSH
+    // goes to the end served next, so the running (older) ones are served first, as before.
+    let unfinished: Vec<Ack> = work.snapshot().iter().map(|j| j.held()).collect();
+    match with_retries(|| fetcher.requeue_leftovers(false)).await {
+        Ok(0) => {}
+        Ok(n) => {
+            crate::prom::metrics().pushed_back(n as usize);
+            tracing::info!(count = n, "pushed fetched but unstarted jobs back")
+        }
+        Err(e) => {
+            ok = false;
+            tracing::error!(error = %e, "could not empty this process's working lists")
+        }
+    }
+    if !unfinished.is_empty() {
+        match with_retries(|| fetcher.requeue(&unfinished)).await {
+            Ok(n) => {
+                work.drain();
+                crate::prom::metrics().pushed_back(n as usize);
+                tracing::info!(
+                    count = unfinished.len(),
+                    "pushed unfinished jobs back to their queues"
+                )
+            }
+            Err(e) => {
+                ok = false;
+                if mode == FetchMode::Reliable {
+                    tracing::error!(error = %e, count = unfinished.len(),
+                        "could not push unfinished jobs back; they stay in this process's working lists for recovery")
+                } else {
+                    // Basic fetch keeps no copy in Redis: say so instead of promising a recovery.
+                    tracing::error!(error = %e, count = unfinished.len(),
+                        "could not push unfinished jobs back; basic fetch keeps no copy in redis, so they are lost")
+                }
+            }
+        }
+    }
+    // Anything still held goes back too: a push-back above that failed half way, and jobs handed out
+    // whose task was cancelled before it started (no job runs now, and every ack is flushed).
+    match with_retries(|| fetcher.requeue_leftovers(true)).await {
+        Ok(n) => crate::prom::metrics().pushed_back(n as usize),
+        Err(e) => {
+            ok = false;
+            tracing::error!(error = %e, "could not empty this process's working lists");
+        }
+    }
+    ok
 }
 
 /// Tries a shutdown write a few times over about five seconds.
@@ -447,7 +564,8 @@ fn fetch_loops(mode: FetchMode, concurrency: usize) -> usize {
     }
 }
 
-/// The fetch loops and their job tasks (`manager.rb` + `processor.rb`'s loop).
+/// The fetch loops and their job tasks (`manager.rb` + `processor.rb`'s loop). Once every loop has
+/// stopped fetching (quiet), whatever this process holds but never handed out goes back to its queue.
 async fn manage(
     fetcher: Arc<Fetcher>,
     processor: Arc<Processor>,
@@ -457,6 +575,7 @@ async fn manage(
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
+    let (fetching_tx, mut fetching_rx) = mpsc::channel::<()>(1);
     for _ in 0..fetch_loops(fetcher.mode(), concurrency) {
         loops.spawn(fetch_loop(
             fetcher.clone(),
@@ -464,10 +583,29 @@ async fn manage(
             slots.clone(),
             outage.clone(),
             signal.clone(),
+            fetching_tx.clone(),
         ));
     }
+    drop(fetching_tx);
     drop(processor);
-    while loops.join_next().await.is_some() {}
+    let sweep = async {
+        // `None` once every loop dropped its sender: no fetch is under way any more.
+        let _ = fetching_rx.recv().await;
+        if fetcher.mode() != FetchMode::Reliable {
+            return;
+        }
+        let mut cancelled = signal.clone();
+        tokio::select! {
+            r = with_retries(|| fetcher.requeue_leftovers(false)) => match r {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(count = n, "quiet: pushed back jobs fetched but never started"),
+                Err(e) => tracing::warn!(error = %e, "quiet: could not push back jobs fetched but never started; the shutdown tries again"),
+            },
+            _ = cancelled.cancelled() => {}
+        }
+    };
+    let join = async { while loops.join_next().await.is_some() {} };
+    tokio::join!(sweep, join);
 }
 
 /// One fetch loop: take free slots, fetch that many jobs, run them; at the end wait for its jobs.
@@ -477,6 +615,7 @@ async fn fetch_loop(
     slots: Arc<Semaphore>,
     outage: Outage,
     mut signal: ShutdownSignal,
+    fetching: mpsc::Sender<()>,
 ) {
     let mut jobs = JoinSet::new();
     let mut backoff = Duration::from_millis(100);
@@ -491,20 +630,37 @@ async fn fetch_loop(
             Some(_) = jobs.join_next(), if !jobs.is_empty() => continue,
         };
         let mut permits = vec![first];
-        while let Ok(p) = slots.clone().try_acquire_owned() {
-            permits.push(p);
+        while permits.len() < fetch::MAX_BATCH {
+            match slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
         }
-        // A reliable fetch may be abandoned when the process goes quiet: whatever it moved is in this
-        // process's working hash or landing list, which the shutdown pushes back. A basic fetch may not
-        // (a BRPOPped job would be lost), so it runs to its end (at most the 1 s block).
+        // A fetch is not cut short by quiet: it ends within the block time, and what it got goes back
+        // below. Only the shutdown deadline cuts it (what it moved then stays in this process's working
+        // keys, which the shutdown sweeps). A basic fetch is never cut: a BRPOPped job would be lost.
         let fetched = if fetcher.mode() == FetchMode::Reliable {
+            let mut cancelled = signal.clone();
             tokio::select! {
                 r = fetcher.fetch(permits.len()) => r,
-                _ = signal.quiet() => break,
+                _ = cancelled.cancelled() => break,
             }
         } else {
             fetcher.fetch(permits.len()).await
         };
+        let dead = fetcher.take_dead();
+        if dead > 0 {
+            // Oversized payloads the fetch script sent to the dead set count as failed runs, as the
+            // processor counts an undecodable one.
+            processor
+                .stats
+                .processed
+                .fetch_add(dead, std::sync::atomic::Ordering::Relaxed);
+            processor
+                .stats
+                .failed
+                .fetch_add(dead, std::sync::atomic::Ordering::Relaxed);
+        }
         let units = match fetched {
             Ok(u) => {
                 crate::prom::metrics().fetched(u.len());
@@ -515,7 +671,7 @@ async fn fetch_loop(
                         "redis reachable again: fetching resumed"
                     );
                     backoff = Duration::from_millis(100);
-                    reconcile(&fetcher, &processor, &u).await;
+                    reconcile(&fetcher).await;
                 }
                 u
             }
@@ -536,19 +692,32 @@ async fn fetch_loop(
                 continue;
             }
         };
-        if signal.is_quiet() {
-            // Fetched after the shutdown began: straight back to the queue, as Sidekiq does.
-            let back: Vec<Ack> = units
-                .into_iter()
+        // Fetched after the shutdown began: straight back to the queue, as Sidekiq does. More jobs than
+        // slots (never, with the batch script's own bound) go back too rather than run unbounded.
+        let keep = if signal.is_quiet() { 0 } else { permits.len() };
+        let mut units = units;
+        let back: Vec<Ack> = if units.len() > keep {
+            units
+                .drain(keep..)
                 .map(|u| Held {
                     queue: u.queue,
                     id: u.id,
                     raw: Arc::from(u.raw),
                 })
-                .collect();
-            if let Err(e) = with_retries(|| fetcher.requeue(&back)).await {
-                tracing::error!(error = %e, "could not push back jobs fetched during shutdown; they stay in the working list");
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if !back.is_empty() {
+            let mut cancelled = signal.clone();
+            tokio::select! {
+                r = with_retries(|| fetcher.requeue(&back)) => if let Err(e) = r {
+                    tracing::error!(error = %e, count = back.len(), "could not push back fetched jobs; they stay in the working list for recovery");
+                },
+                _ = cancelled.cancelled() => {}
             }
+        }
+        if signal.is_quiet() {
             break;
         }
         let mut permits = permits.into_iter();
@@ -561,6 +730,7 @@ async fn fetch_loop(
             });
         }
     }
+    drop(fetching);
     drop(processor);
     // Wait for running jobs; at the deadline (Cancelled) stop them. Their payloads are still in the
     // in-flight table, which the launcher pushes back.
@@ -585,30 +755,21 @@ async fn fetch_loop(
 }
 
 /// A fetch whose reply was lost during an outage may have left jobs in our working list that nobody
-/// runs: push back every entry that is neither running nor just fetched.
-async fn reconcile(fetcher: &Fetcher, processor: &Processor, fetched: &[fetch::UnitOfWork]) {
-    let running: Vec<Ack> = processor
-        .work
-        .snapshot()
-        .iter()
-        .map(|j| j.held())
-        .chain(fetched.iter().map(|u| Held {
-            queue: u.queue.clone(),
-            id: u.id,
-            raw: Arc::from(&u.raw[..]),
-        }))
-        .collect();
-    match fetcher.reconcile(&running).await {
+/// runs: push back every entry that was never handed out (the fetcher tracks every id it handed out and
+/// has not acknowledged, so a job about to run or already acknowledged is never pushed back).
+async fn reconcile(fetcher: &Fetcher) {
+    match fetcher.reconcile().await {
         Ok(0) => {}
         Ok(n) => tracing::info!(count = n, "pushed back jobs stranded by a lost fetch reply"),
         Err(e) => tracing::warn!(error = %e, "could not check the working list after an outage"),
     }
 }
 
-/// Sends batched acks; ends when every sender is gone and the queue is empty.
+/// Sends batched acks; ends when every sender is gone and the queue is empty. A failing ack is retried
+/// until it succeeds: at shutdown the launcher's clean-up bound ends it (the job then stays in the working
+/// hash, and a recovery may run it again: at least once).
 async fn ack_loop(fetcher: Arc<Fetcher>, mut rx: mpsc::UnboundedReceiver<Ack>) {
     let mut batch: Vec<Ack> = Vec::with_capacity(1024);
-    let mut closing = false;
     loop {
         if batch.is_empty() {
             match rx.recv().await {
@@ -619,11 +780,7 @@ async fn ack_loop(fetcher: Arc<Fetcher>, mut rx: mpsc::UnboundedReceiver<Ack>) {
         while batch.len() < 4096 {
             match rx.try_recv() {
                 Ok(a) => batch.push(a),
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => {
-                    closing = true;
-                    break;
-                }
+                Err(_) => break,
             }
         }
         let mut delay = Duration::from_millis(50);
@@ -635,13 +792,6 @@ async fn ack_loop(fetcher: Arc<Fetcher>, mut rx: mpsc::UnboundedReceiver<Ack>) {
                     attempts += 1;
                     if attempts == 1 {
                         tracing::warn!(error = %e, "cannot acknowledge finished jobs; retrying");
-                    }
-                    if closing && attempts > 20 {
-                        tracing::error!(
-                            count = batch.len(),
-                            "giving up acknowledging finished jobs; a recovery may run them again"
-                        );
-                        break;
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
@@ -669,12 +819,19 @@ async fn heartbeat_loop(
             _ = stop.wait_for(|s| *s) => return,
         }
         let mut ok = true;
-        if reliable
-            && let Err(e) = fetch::mark_alive(&mut conn, &heartbeat.info.identity, alive_ttl).await
-        {
-            ok = false;
-            if !failing {
-                tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
+        if reliable {
+            match fetch::mark_alive(&mut conn, &heartbeat.info.identity, alive_ttl).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    "this process's liveness key had expired (a redis stall or a long pause): reclaimed; \
+                     its jobs were taken only if it stayed away past the recovery grace"
+                ),
+                Err(e) => {
+                    ok = false;
+                    if !failing {
+                        tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
+                    }
+                }
             }
         }
         match heartbeat.beat(signal.is_quiet()).await {
@@ -707,8 +864,8 @@ fn heartbeat_conn(h: &Heartbeat) -> Conn {
     h.conn()
 }
 
-async fn recover(conn: &mut Conn, identity: &str) {
-    match fetch::recover_orphans(conn, identity, time::now()).await {
+async fn recover(conn: &mut Conn, identity: &str, policy: fetch::RecoveryPolicy) {
+    match fetch::recover_orphans(conn, identity, time::now(), policy).await {
         Ok(Some(r)) if r.requeued + r.killed > 0 => {
             tracing::info!(
                 requeued = r.requeued,
@@ -725,6 +882,8 @@ async fn recovery_loop(
     mut conn: Conn,
     identity: String,
     every: Duration,
+    policy: fetch::RecoveryPolicy,
+    fleet: Arc<Fleet>,
     mut signal: ShutdownSignal,
 ) {
     loop {
@@ -733,7 +892,12 @@ async fn recovery_loop(
             _ = tokio::time::sleep(every.mul_f64(jitter)) => {}
             _ = signal.quiet() => return,
         }
-        recover(&mut conn, &identity).await;
+        // The dead entries it may write take the format the live fleet reads now.
+        let policy = fetch::RecoveryPolicy {
+            time_format: fleet.time_format(),
+            ..policy
+        };
+        recover(&mut conn, &identity, policy).await;
     }
 }
 

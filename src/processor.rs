@@ -175,10 +175,9 @@ impl Processor {
     /// middleware, oxidekiq's own code) is caught here and becomes the job's failure
     /// ([`Processor::after_panic`]): the job never stays stranded in the working hash and the Busy page.
     pub async fn process(self: Arc<Self>, unit: UnitOfWork) {
-        let (queue, id) = (unit.queue.clone(), unit.id);
-        let run = RunState::default();
+        let run = RunState::new(unit.queue.clone(), unit.id);
         if let Err(panic) = catch_unwind(self.clone().process_unit(unit, &run)).await {
-            self.after_panic(queue, id, &run, panic_message(panic.as_ref()))
+            self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
                 .await;
         }
     }
@@ -207,11 +206,9 @@ impl Processor {
                     async move { retry::send_to_morgue(&mut conn, &member, now).await }
                 })
                 .await;
-                run.fate_written();
+                run.settle(&self);
                 self.stats.processed.fetch_add(1, Ordering::Relaxed);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                self.work.remove(entry);
-                let _ = self.acks.send(Held { queue, id, raw });
             }
             Ok(job) => {
                 let job = Arc::new(job);
@@ -234,8 +231,7 @@ impl Processor {
                     // launcher pushes it back to its queue.
                     return;
                 }
-                self.work.remove(entry);
-                let _ = self.acks.send(Held { queue, id, raw });
+                run.settle(&self);
             }
         }
     }
@@ -246,7 +242,7 @@ impl Processor {
         if let Some(handed) = crate::migrate::handoff::divert(&self, &job).await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
-                state.fate_written();
+                state.settle(&self);
             }
             return handed;
         }
@@ -281,7 +277,7 @@ impl Processor {
         let error = match result {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
-                state.fate_written();
+                state.settle(&self);
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
                 until_executed::settle(&self.conn, lock.as_ref(), true).await;
                 return true;
@@ -337,7 +333,7 @@ impl Processor {
                 async move { retry::apply(&mut conn, &job, &plan, now).await }
             })
             .await;
-        state.fate_written();
+        state.settle(self);
         until_executed::settle(
             &self.conn,
             lock.as_ref(),
@@ -370,8 +366,8 @@ impl Processor {
     /// A panic before the job entered the in-flight table (while decoding its bytes, which the fuzz target
     /// covers) leaves it in the working hash, unacknowledged: the next recovery pushes it back, and a job
     /// recovered too often goes to the dead set.
-    async fn after_panic(&self, queue: Arc<str>, id: u64, run: &RunState, message: String) {
-        let Some((entry, raw)) = run.held() else {
+    async fn after_panic(&self, queue: Arc<str>, run: &RunState, message: String) {
+        let Some((_, raw)) = run.held() else {
             tracing::error!(queue = %queue, panic = %message,
                 "panic while decoding a job: it stays in the working list for recovery");
             return;
@@ -423,8 +419,7 @@ impl Processor {
         .instrument(span)
         .await;
         if done {
-            self.work.remove(entry);
-            let _ = self.acks.send(Held { queue, id, raw });
+            run.settle(self);
         }
     }
 
@@ -505,17 +500,53 @@ impl Processor {
     }
 }
 
-/// What a job's run needs to leave behind for [`Processor::after_panic`]: its in-flight entry and bytes
-/// once it has them, and whether its fate is already in Redis.
-#[derive(Debug, Default)]
+/// One job's run, from fetch to ack: its in-flight entry and bytes once it has them (what
+/// [`Processor::after_panic`] needs), and whether its fate is already in Redis.
+///
+/// A job whose fate is written (done, or its failure in Redis) leaves the in-flight table and is queued
+/// for acknowledgement at once, by [`RunState::settle`], before any further await: a shutdown
+/// cancellation after that point (issue 11, item 7) must not push it back to its queue as well, and a
+/// panic after it must not fail it a second time.
+#[derive(Debug)]
 struct RunState {
+    /// The queue it was fetched from.
+    queue: Arc<str>,
+    /// Its id in the working hash.
+    id: u64,
     /// The in-flight table entry and the job's bytes, set once the job is in the table.
     held: Mutex<Option<(u64, Arc<[u8]>)>>,
     /// Set once the job's fate (done, or its retry/dead/schedule entry) is written.
     fate_written: AtomicBool,
+    /// Set once it left the in-flight table and its ack was queued.
+    acked: AtomicBool,
 }
 
 impl RunState {
+    fn new(queue: Arc<str>, id: u64) -> Self {
+        RunState {
+            queue,
+            id,
+            held: Mutex::new(None),
+            fate_written: AtomicBool::new(false),
+            acked: AtomicBool::new(false),
+        }
+    }
+
+    /// The fate is in Redis: out of the in-flight table and into the acker's queue, once.
+    fn settle(&self, p: &Processor) {
+        self.fate_written.store(true, Ordering::Release);
+        if let Some((entry, raw)) = self.held()
+            && !self.acked.swap(true, Ordering::AcqRel)
+        {
+            p.work.remove(entry);
+            let _ = p.acks.send(Held {
+                queue: self.queue.clone(),
+                id: self.id,
+                raw,
+            });
+        }
+    }
+
     fn entered(&self, entry: u64, raw: &Arc<[u8]>) {
         if let Ok(mut h) = self.held.lock() {
             *h = Some((entry, raw.clone()));
@@ -528,10 +559,6 @@ impl RunState {
             Ok(h) => h.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
-    }
-
-    fn fate_written(&self) {
-        self.fate_written.store(true, Ordering::Release);
     }
 
     fn is_fate_written(&self) -> bool {

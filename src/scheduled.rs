@@ -4,9 +4,11 @@
 //! ½–1½ × (`average` × live processes) between rounds (Ruby assumes every registered process polls, so we
 //! must too, at the same rate). Unlike Ruby's one-job-per-round-trip loop, each round trip moves up to
 //! [`BATCH`] jobs: Rust reads a batch of due members, gives each a fresh `enqueued_at` (keeping every other
-//! key and byte), and one Lua script moves them: a member is pushed only if this call's `ZREM` removed it,
-//! so two pollers never push one job twice, and a crash between the steps leaves the job in its set.
-//! A round drains everything that is due. A member that is not a job goes to the dead set, never lost.
+//! key and byte), and one Lua script moves them: a member is pushed only if it is still in its set, and
+//! removed only once the push succeeded (all inside the script, so two pollers never push one job twice,
+//! and a queue key of the wrong type leaves the job in its set instead of destroying it: the error names
+//! the key, and the other jobs move on). A round drains everything that is due. A member that is not a job
+//! goes to the dead set, never lost.
 
 use std::time::Duration;
 
@@ -25,29 +27,41 @@ use crate::time::{self, TimeFormat, score};
 pub const BATCH: usize = 1000;
 
 /// ARGV: set, then triples (member, queue, new payload); a triple with an empty queue goes to `dead`.
-/// Returns how many were moved.
+/// Each write comes before the `ZREM`, through `pcall`: a write that fails leaves its member in the set.
+/// Returns {moved, left in the set by a failed write, the first such error}.
 const ENQUEUE_LUA: &str = r#"
 local set = ARGV[1]
-local moved = 0
+local moved, failed, first = 0, 0, ''
 for i = 2, #ARGV, 3 do
-  if redis.call('ZREM', set, ARGV[i]) == 1 then
+  if redis.call('ZSCORE', set, ARGV[i]) then
     local q = ARGV[i + 1]
+    local key, r
     if q == '' then
-      redis.call('ZADD', 'dead', ARGV[i + 2], ARGV[i])
+      key = 'dead'
+      r = redis.pcall('ZADD', key, ARGV[i + 2], ARGV[i])
     else
-      redis.call('SADD', 'queues', q)
-      redis.call('LPUSH', 'queue:' .. q, ARGV[i + 2])
+      key = 'queue:' .. q
+      r = redis.pcall('LPUSH', key, ARGV[i + 2])
     end
-    moved = moved + 1
+    if type(r) == 'table' and r.err then
+      failed = failed + 1
+      if first == '' then first = key .. ' is a ' .. redis.call('TYPE', key).ok .. ': ' .. r.err end
+    else
+      if q ~= '' then redis.pcall('SADD', 'queues', q) end
+      redis.call('ZREM', set, ARGV[i])
+      moved = moved + 1
+    end
   end
 end
-return moved
+return {moved, failed, first}
 "#;
 
 /// Moves every due job of `set` into its queue; returns how many moved.
 pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -> Result<u64> {
     let script = Script::new(ENQUEUE_LUA);
     let mut total = 0;
+    // Members a failed write left in the set are skipped by the next read, so the others move on.
+    let mut skip = 0;
     loop {
         // Bytes, not strings: one member that is not UTF-8 must not stop the whole set from moving.
         let due: Vec<Vec<u8>> = redis::cmd("ZRANGE")
@@ -56,7 +70,7 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
             .arg(score(now))
             .arg("BYSCORE")
             .arg("LIMIT")
-            .arg(0)
+            .arg(skip)
             .arg(BATCH)
             .query_async(conn)
             .await?;
@@ -81,8 +95,13 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
                 }
             };
         }
-        let moved: u64 = inv.invoke_async(conn).await?;
+        let (moved, failed, error): (u64, u64, String) = inv.invoke_async(conn).await?;
         total += moved;
+        if failed > 0 {
+            tracing::warn!(set, count = failed, error = %error,
+                "due jobs stay in their set: their queue cannot take them (retried next round)");
+            skip += failed;
+        }
         if n < BATCH {
             return Ok(total);
         }

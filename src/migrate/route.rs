@@ -167,16 +167,7 @@ pub async fn route(conn: &mut Conn, class: &str, percent: u8, settle: Duration) 
     }
     // Jobs that a dead oxidekiq process had taken go back to their `_rust` queue first, so the
     // move below takes them too (a live process's jobs are its own: they finish or are pushed back).
-    if let Ok(Some(r)) =
-        crate::fetch::recover_orphans(conn, "oxidekiq-route", crate::time::now()).await
-        && r.requeued > 0
-    {
-        let _ = writeln!(
-            out,
-            "recovered {} job(s) held by oxidekiq processes that died",
-            r.requeued
-        );
-    }
+    recover_dead(conn, &mut out).await;
     let mut total: BTreeMap<String, u64> = move_back(conn, class).await?;
     if !settle.is_zero() {
         tokio::time::sleep(settle).await;
@@ -206,9 +197,12 @@ pub async fn route(conn: &mut Conn, class: &str, percent: u8, settle: Duration) 
 }
 
 /// Pushes back to their queues the jobs that oxidekiq processes held when they died (their liveness
-/// key expired: 3 beats), so the move back takes them too.
+/// key expired: 3 beats, and stayed expired for the recovery's grace), so the move back takes them
+/// too. Dead entries it may write (a job recovered too often) carry float-second timestamps, which
+/// every Sidekiq version reads.
 async fn recover_dead(conn: &mut Conn, out: &mut String) {
-    match crate::fetch::recover_orphans(conn, "oxidekiq-route", crate::time::now()).await {
+    let policy = crate::fetch::RecoveryPolicy::default();
+    match crate::fetch::recover_orphans(conn, "oxidekiq-route", crate::time::now(), policy).await {
         Ok(Some(r)) if r.requeued > 0 => {
             let _ = writeln!(
                 out,

@@ -1,0 +1,552 @@
+//! The Redis scripts of reliable fetch, recovery, push-back and the scheduled poller, at their edges,
+//! against a real `redis-server` (issue 11 items 1, 4, 5 and 7; issue 17's wrong-type key, argument
+//! size and oversized payloads).
+//!
+//! Every test accounts for every job it put in: a job is returned by a fetch, or still in a queue, a
+//! landing list, a working hash, the dead set or the schedule, and never in two of them unless the test
+//! says why.
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use oxidekiq::config::{FetchMode, QueueWeight};
+use oxidekiq::fetch::{self, Fetcher, Held, RecoveryPolicy};
+use oxidekiq::redis_conn::{self, Conn};
+use oxidekiq::time::TimeFormat;
+use redis::Commands;
+use serde_json::Value;
+
+/// An identity in the `host:pid:hex` shape recovery parses.
+const ME: &str = "testhost:1:aaaa";
+
+fn queues(names: &[&str]) -> Vec<QueueWeight> {
+    names
+        .iter()
+        .map(|n| QueueWeight {
+            name: (*n).into(),
+            weight: 0,
+        })
+        .collect()
+}
+
+async fn conns(redis: &support::RedisServer) -> (Conn, Conn) {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let conn = redis_conn::connect(&client).await.unwrap();
+    let blocking = redis_conn::connect_blocking(&client, Duration::from_millis(200))
+        .await
+        .unwrap();
+    (conn, blocking)
+}
+
+async fn fetcher(redis: &support::RedisServer, names: &[&str], identity: &str) -> Fetcher {
+    let (conn, blocking) = conns(redis).await;
+    Fetcher::new(
+        FetchMode::Reliable,
+        &queues(names),
+        identity,
+        conn,
+        blocking,
+        Duration::from_millis(200),
+    )
+}
+
+fn job(jid: &str, queue: &str) -> String {
+    format!(r#"{{"class":"A","args":[1],"jid":"{jid}","queue":"{queue}","retry":true}}"#)
+}
+
+fn jid_of(raw: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(raw).unwrap();
+    v["jid"].as_str().unwrap().to_string()
+}
+
+fn landing(identity: &str, q: &str) -> String {
+    format!("oxidekiq:landing:{identity}:{q}")
+}
+
+fn working(identity: &str, q: &str) -> String {
+    format!("oxidekiq:working:{identity}:{q}")
+}
+
+fn list_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    let items: Vec<Vec<u8>> = c.lrange(key, 0, -1).unwrap();
+    items.iter().map(|r| jid_of(r)).collect()
+}
+
+fn hash_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    let items: Vec<Vec<u8>> = c.hvals(key).unwrap();
+    items.iter().map(|r| jid_of(r)).collect()
+}
+
+/// A full landing list in a queue that is not first, when the first queue already filled part of the
+/// batch: the old script popped `max` from it, and the jobs beyond the batch had no field id (the HSET
+/// failed after the pops, or stored a job as a field name). Now exactly `max` are taken, each under its
+/// own id, and the rest stay in the landing list.
+#[tokio::test]
+async fn a_full_landing_list_in_a_later_queue_fills_only_the_rest_of_the_batch() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    for i in 0..3 {
+        let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
+    }
+    for i in 0..5 {
+        let _: () = c
+            .lpush(landing(ME, "b"), job(&format!("b{i}"), "b"))
+            .unwrap();
+    }
+    let f = fetcher(&redis, &["a", "b"], ME).await;
+    let got = f.fetch(4).await.unwrap();
+    assert_eq!(got.len(), 4, "a batch of 4");
+    let ids: HashSet<u64> = got.iter().map(|u| u.id).collect();
+    assert_eq!(ids.len(), 4, "every job has its own id");
+    // Each returned job is in the working hash under its id, byte for byte.
+    for u in &got {
+        let stored: Vec<u8> = c.hget(working(ME, &u.queue), u.id).unwrap();
+        assert_eq!(stored, u.raw);
+    }
+    let fetched: Vec<String> = got.iter().map(|u| jid_of(&u.raw)).collect();
+    assert_eq!(
+        &fetched[..3],
+        ["a0", "a1", "a2"],
+        "queue a first, oldest first"
+    );
+    assert_eq!(fetched[3], "b0", "then the oldest of b's landing list");
+    let left = list_jids(&mut c, &landing(ME, "b"));
+    assert_eq!(
+        left.len(),
+        4,
+        "the rest stays in the landing list: {left:?}"
+    );
+    let hash_len: usize = c.hlen(working(ME, "b")).unwrap();
+    assert_eq!(hash_len, 1, "no job stored as a field name");
+    // The next fetch takes the rest: all eight accounted for, none twice.
+    let more = f.fetch(10).await.unwrap();
+    let mut all: Vec<String> = fetched;
+    all.extend(more.iter().map(|u| jid_of(&u.raw)));
+    all.sort();
+    assert_eq!(all, ["a0", "a1", "a2", "b0", "b1", "b2", "b3", "b4"]);
+}
+
+/// `max` smaller than the first queue's landing list: only `max` leave it.
+#[tokio::test]
+async fn max_smaller_than_the_landing_list_takes_max_and_leaves_the_rest() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    for i in 0..10 {
+        let _: () = c
+            .lpush(landing(ME, "default"), job(&format!("j{i}"), "default"))
+            .unwrap();
+    }
+    let _: () = c.lpush("queue:default", job("q0", "default")).unwrap();
+    let f = fetcher(&redis, &["default"], ME).await;
+    let got = f.fetch(3).await.unwrap();
+    let jids: Vec<String> = got.iter().map(|u| jid_of(&u.raw)).collect();
+    assert_eq!(jids, ["j0", "j1", "j2"]);
+    assert_eq!(list_jids(&mut c, &landing(ME, "default")).len(), 7);
+    assert_eq!(list_jids(&mut c, "queue:default"), ["q0"]);
+    assert_eq!(c.hlen::<_, usize>(working(ME, "default")).unwrap(), 3);
+}
+
+/// `-c` must not grow a fetch's arguments: a huge `max` is one bounded batch, and the script receives
+/// a constant number of arguments (checked with Redis's own `SLOWLOG`, which records every command's
+/// arguments when the threshold is 0).
+#[tokio::test]
+async fn a_huge_max_sends_a_constant_number_of_arguments_and_takes_a_bounded_batch() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let payloads: Vec<String> = (0..1500)
+        .map(|i| job(&format!("j{i}"), "default"))
+        .collect();
+    let _: () = c.lpush("queue:default", payloads).unwrap();
+    let f = fetcher(&redis, &["default"], ME).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut c).unwrap();
+    let got = f.fetch(100_000_000).await.unwrap();
+    assert!(
+        !got.is_empty() && got.len() <= fetch::MAX_BATCH,
+        "{}",
+        got.len()
+    );
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    let mut evals = 0;
+    for entry in log {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let Some(redis::Value::Array(args)) = fields.get(3) else {
+            continue;
+        };
+        let name = match args.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_uppercase(),
+            _ => continue,
+        };
+        if name.starts_with("EVAL") {
+            evals += 1;
+            // EVALSHA sha numkeys + 12 arguments + one per queue; SLOWLOG caps at 32 anyway.
+            assert!(args.len() <= 20, "{} arguments", args.len());
+        }
+    }
+    assert!(evals >= 1, "the fetch script ran");
+    let queued: usize = c.llen("queue:default").unwrap();
+    assert_eq!(queued + got.len(), 1500, "nothing lost");
+}
+
+/// A `queue:<q>` key of the wrong type: the fetch serves the other queues (the old script failed as a
+/// whole, stalling every queue, reported as "redis unavailable"), the bad key is untouched, and a job
+/// already in that queue's landing list is still fetched.
+#[tokio::test]
+async fn a_wrong_type_queue_key_stalls_only_its_queue() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("queue:a", "not a list").unwrap();
+    let _: () = c.lpush(landing(ME, "a"), job("landed", "a")).unwrap();
+    let _: () = c.lpush("queue:b", job("b0", "b")).unwrap();
+    let _: () = c.lpush("queue:b", job("b1", "b")).unwrap();
+    let f = fetcher(&redis, &["a", "b"], ME).await;
+    let got = f
+        .fetch(10)
+        .await
+        .expect("one bad key must not fail the fetch");
+    let mut jids: Vec<String> = got.iter().map(|u| jid_of(&u.raw)).collect();
+    jids.sort();
+    assert_eq!(jids, ["b0", "b1", "landed"]);
+    let v: String = c.get("queue:a").unwrap();
+    assert_eq!(v, "not a list");
+    // While queue a is paused, b keeps flowing.
+    let _: () = c.lpush("queue:b", job("b2", "b")).unwrap();
+    let got = f.fetch(10).await.unwrap();
+    assert_eq!(
+        got.iter().map(|u| jid_of(&u.raw)).collect::<Vec<_>>(),
+        ["b2"]
+    );
+    // Fixed, it is served again after its backoff.
+    let _: () = c.del("queue:a").unwrap();
+    let _: () = c.lpush("queue:a", job("a0", "a")).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        seen.extend(f.fetch(10).await.unwrap().iter().map(|u| jid_of(&u.raw)));
+        if !seen.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, ["a0"]);
+}
+
+/// The same with basic fetch: `BRPOP` over every queue fails as a whole on one bad key; the fetcher
+/// pauses that queue and serves the others.
+#[tokio::test]
+async fn basic_fetch_serves_the_other_queues_past_a_wrong_type_key() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("queue:a", "not a list").unwrap();
+    let _: () = c.lpush("queue:b", job("b0", "b")).unwrap();
+    let (conn, blocking) = conns(&redis).await;
+    let f = Fetcher::new(
+        FetchMode::Basic,
+        &queues(&["a", "b"]),
+        ME,
+        conn,
+        blocking,
+        Duration::from_millis(200),
+    );
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.extend(f.fetch(1).await.expect("not a fetch failure"));
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        got.iter().map(|u| jid_of(&u.raw)).collect::<Vec<_>>(),
+        ["b0"]
+    );
+}
+
+/// A write inside the fetch script that fails (here the working hash is a string, so `HSET` fails):
+/// the old script had already popped the jobs, which were gone. Now they stay in their queue.
+#[tokio::test]
+async fn a_write_failing_inside_the_fetch_script_leaves_the_jobs_in_their_queue() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    for i in 0..3 {
+        let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
+    }
+    let _: () = c.lpush(landing(ME, "a"), job("landed", "a")).unwrap();
+    let _: () = c.set(working(ME, "a"), "in the way").unwrap();
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f
+        .fetch(10)
+        .await
+        .expect("a per-queue error, not a fetch failure");
+    assert!(got.is_empty());
+    assert_eq!(list_jids(&mut c, "queue:a"), ["a2", "a1", "a0"]);
+    assert_eq!(list_jids(&mut c, &landing(ME, "a")), ["landed"]);
+}
+
+/// Shutdown push-back into a queue key of the wrong type: the old `MULTI` ran the `HDEL` after the failed
+/// `RPUSH` and the job was gone. Now it stays in the working hash, and the error names the key.
+#[tokio::test]
+async fn a_push_back_into_a_wrong_type_queue_keeps_the_job_in_the_working_hash() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.lpush("queue:a", job("a0", "a")).unwrap();
+    let _: () = c.lpush("queue:a", job("a1", "a")).unwrap();
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.fetch(10).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let _: () = c.set("queue:a", "not a list").unwrap();
+    let held: Vec<Held> = got
+        .iter()
+        .map(|u| Held {
+            queue: u.queue.clone(),
+            id: u.id,
+            raw: u.raw.clone().into(),
+        })
+        .collect();
+    let err = f
+        .requeue(&held)
+        .await
+        .expect_err("the push-back cannot succeed");
+    assert!(err.to_string().contains("queue:a is a string"), "{err}");
+    assert_eq!(hash_jids(&mut c, &working(ME, "a")).len(), 2);
+    // Fixed, it goes through.
+    let _: () = c.del("queue:a").unwrap();
+    assert_eq!(f.requeue(&held).await.unwrap(), 2);
+    assert_eq!(list_jids(&mut c, "queue:a").len(), 2);
+    assert!(!c.exists::<_, bool>(working(ME, "a")).unwrap());
+}
+
+/// Due scheduled jobs whose queue key has the wrong type stay in the schedule (the old script `ZREM`ed
+/// first, then failed on the `LPUSH`); the other due jobs move.
+#[tokio::test]
+async fn the_scheduled_poller_keeps_a_job_whose_queue_cannot_take_it() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("queue:broken", "not a list").unwrap();
+    let _: () = c.zadd("schedule", job("s-broken", "broken"), 1.0).unwrap();
+    let _: () = c.zadd("schedule", job("s-ok", "fine"), 2.0).unwrap();
+    let mut conn = redis.async_conn().await;
+    let moved = oxidekiq::scheduled::enqueue_due(
+        &mut conn,
+        "schedule",
+        oxidekiq::time::now(),
+        TimeFormat::Seconds,
+    )
+    .await
+    .expect("one bad queue must not fail the round");
+    assert_eq!(moved, 1);
+    assert_eq!(list_jids(&mut c, "queue:fine"), ["s-ok"]);
+    let left: Vec<String> = c.zrange("schedule", 0, -1).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(jid_of(left[0].as_bytes()), "s-broken");
+}
+
+/// `reconcile` pushes back only what was never handed out (a fetch whose reply was lost), never a job
+/// handed out and not yet acknowledged (about to run, running, or its ack on the way).
+#[tokio::test]
+async fn reconcile_pushes_back_only_entries_never_handed_out() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    for i in 0..3 {
+        let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
+    }
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.fetch(10).await.unwrap();
+    assert_eq!(got.len(), 3);
+    // What a lost reply leaves: an entry under an id this fetcher never returned.
+    let _: () = c.hset(working(ME, "a"), 999_999, job("lost", "a")).unwrap();
+    assert_eq!(f.reconcile().await.unwrap(), 1);
+    assert_eq!(list_jids(&mut c, "queue:a"), ["lost"]);
+    assert_eq!(c.hlen::<_, usize>(working(ME, "a")).unwrap(), 3);
+    // Acknowledged jobs leave the hash and the outstanding set.
+    let held: Vec<Held> = got
+        .iter()
+        .map(|u| Held {
+            queue: u.queue.clone(),
+            id: u.id,
+            raw: u.raw.clone().into(),
+        })
+        .collect();
+    f.ack(&held).await.unwrap();
+    assert_eq!(f.outstanding(), 0);
+    assert_eq!(c.hlen::<_, usize>(working(ME, "a")).unwrap(), 0);
+}
+
+/// Payloads over the limit never reach oxidekiq: the fetch script moves them to the dead set with the
+/// original bytes and the error appended; two identical payloads stay two members.
+#[tokio::test]
+async fn oversized_payloads_go_to_the_dead_set_inside_redis_each_as_its_own_member() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let big = format!(
+        r#"{{"class":"A","args":["{}"],"jid":"big","queue":"a"}}"#,
+        "x".repeat(5000)
+    );
+    let _: () = c.lpush("queue:a", &big).unwrap();
+    let _: () = c.lpush("queue:a", &big).unwrap();
+    let _: () = c.lpush("queue:a", job("small", "a")).unwrap();
+    let f = fetcher(&redis, &["a"], ME).await.with_payload_limit(
+        1000,
+        std::sync::Arc::new(oxidekiq::fleet::Fleet::new(Some(TimeFormat::Seconds))),
+    );
+    let got = f.fetch(10).await.unwrap();
+    assert_eq!(
+        got.iter().map(|u| jid_of(&u.raw)).collect::<Vec<_>>(),
+        ["small"]
+    );
+    assert_eq!(f.take_dead(), 2);
+    let dead: Vec<String> = c.zrange("dead", 0, -1).unwrap();
+    assert_eq!(dead.len(), 2, "identical payloads stay distinct members");
+    for m in &dead {
+        assert!(
+            m.starts_with(&big[..big.len() - 1]),
+            "original bytes kept: {}",
+            &m[..80]
+        );
+        let v: Value = serde_json::from_str(m).unwrap();
+        assert_eq!(v["error_class"], "Oxidekiq::InvalidPayload");
+        let msg = v["error_message"].as_str().unwrap();
+        assert!(
+            msg.contains("5") && msg.contains("1000-byte limit"),
+            "{msg}"
+        );
+        assert!(v["failed_at"].is_f64(), "{v:?}");
+    }
+    assert_eq!(c.llen::<_, usize>("queue:a").unwrap(), 0);
+}
+
+fn policy(grace_ms: u64) -> RecoveryPolicy {
+    RecoveryPolicy {
+        grace: Duration::from_millis(grace_ms),
+        time_format: TimeFormat::Seconds,
+    }
+}
+
+/// A process whose liveness key is gone is not robbed at once: the script (which reads the key itself,
+/// at the moment it runs) only marks it; if the process re-sets its key (its next beat after a Redis
+/// stall) it keeps its jobs; only a process still without a key a grace later loses them.
+#[tokio::test]
+async fn recovery_spares_a_process_that_reclaims_its_liveness_key() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let other = "otherhost:2:bbbb";
+    let _: () = c.hset(working(other, "a"), 1, job("w1", "a")).unwrap();
+    let _: () = c.lpush(landing(other, "a"), job("l1", "a")).unwrap();
+    let mut conn = redis.async_conn().await;
+    let grace = 1500;
+    // No alive key (a stall outlived its TTL): marked, not recovered, however often recovery runs.
+    for _ in 0..3 {
+        let r = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(grace))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.requeued, r.suspects), (0, 1));
+    }
+    // It beats again: alive, and it keeps its jobs even past the grace.
+    assert!(
+        !fetch::mark_alive(&mut conn, other, Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(grace + 300)).await;
+    let r = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(grace))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.requeued, r.suspects), (0, 0));
+    assert_eq!(hash_jids(&mut c, &working(other, "a")), ["w1"]);
+    // Gone for good: marked, and after the grace its jobs go back.
+    let _: () = c.del(fetch::alive_key(other)).unwrap();
+    let r = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(grace))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.requeued, 0);
+    tokio::time::sleep(Duration::from_millis(grace + 300)).await;
+    let r = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(grace))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.requeued, 2);
+    let mut back = list_jids(&mut c, "queue:a");
+    back.sort();
+    assert_eq!(back, ["l1", "w1"]);
+    assert!(!c.exists::<_, bool>(working(other, "a")).unwrap());
+    assert!(!c.exists::<_, bool>(landing(other, "a")).unwrap());
+    assert!(!c.hexists::<_, _, bool>(fetch::SUSPECTS, other).unwrap());
+}
+
+/// A job recovered from dead processes too often goes to the dead set saying why, with the fields every
+/// dead entry has; and recovery into a queue key of the wrong type leaves the jobs where they are.
+#[tokio::test]
+async fn a_job_recovered_too_often_dies_with_its_error_and_a_bad_queue_keeps_its_jobs() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let other = "otherhost:3:cccc";
+    let poison = r#"{"class":"A","args":[12345678901234567890123],"jid":"poison","queue":"a"}"#;
+    let _: () = c.hset(working(other, "a"), 1, poison).unwrap();
+    let _: () = c
+        .hset(working(other, "bad"), 1, job("stuck", "bad"))
+        .unwrap();
+    let _: () = c.set("queue:bad", "not a list").unwrap();
+    // Recovered MAX_RECOVERIES times already (the count is per payload, by SHA1).
+    let sha: String = redis::cmd("EVAL")
+        .arg("return redis.sha1hex(ARGV[1])")
+        .arg(0)
+        .arg(poison)
+        .query(&mut c)
+        .unwrap();
+    let _: () = c
+        .hset("oxidekiq:recovered", &sha, fetch::MAX_RECOVERIES)
+        .unwrap();
+    let mut conn = redis.async_conn().await;
+    let now = oxidekiq::time::now();
+    let first = fetch::recover_orphans(&mut conn, ME, now, policy(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.suspects, 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = fetch::recover_orphans(&mut conn, ME, now, policy(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.requeued, r.killed), (0, 1));
+    let dead: Vec<String> = c.zrange("dead", 0, -1).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].starts_with(&poison[..poison.len() - 1]),
+        "original bytes kept"
+    );
+    let v: Value = serde_json::from_str(&dead[0]).unwrap();
+    assert_eq!(v["error_class"], "Oxidekiq::TooManyRecoveries");
+    assert!(
+        v["error_message"].as_str().unwrap().contains("recovered"),
+        "{v}"
+    );
+    assert!(v["failed_at"].is_f64());
+    // The Ruby API reads it as any dead entry (`DeadSet`, `SortedEntry#[]`).
+    let out = support::ruby(
+        r#"require "sidekiq/api"
+e = Sidekiq::DeadSet.new.first
+puts [e.jid, e["error_class"], e.item["args"][0].to_s, e.at.to_i > 0].join("|")"#,
+        &redis.url(),
+    );
+    assert_eq!(
+        out.stdout.trim(),
+        "poison|Oxidekiq::TooManyRecoveries|12345678901234567890123|true",
+        "{}",
+        out.stderr
+    );
+    // The job bound for the wrong-type queue is still in its working hash.
+    assert_eq!(hash_jids(&mut c, &working(other, "bad")), ["stuck"]);
+}
