@@ -196,24 +196,47 @@ pub async fn route(conn: &mut Conn, class: &str, percent: u8, settle: Duration) 
     Ok(out)
 }
 
-/// Pushes back to their queues the jobs that oxidekiq processes held when they died (their liveness
-/// key expired: 3 beats, and stayed expired for the recovery's grace), so the move back takes them
-/// too. Dead entries it may write (a job recovered too often) carry float-second timestamps, which
-/// every Sidekiq version reads.
+/// Pushes back to their queues the jobs that oxidekiq processes held when they died, so the move back
+/// takes them too. Recovery takes a process's jobs only once its liveness key (3 beats) has stayed
+/// gone for the recovery's grace (a process that was merely stalled reclaims its key meanwhile), so
+/// while the recovery reports suspects this waits for them, one grace and a little more at most.
+/// Dead entries it may write (a job recovered too often) carry float-second timestamps, which every
+/// Sidekiq version reads.
 async fn recover_dead(conn: &mut Conn, out: &mut String) {
     let policy = crate::fetch::RecoveryPolicy::default();
-    match crate::fetch::recover_orphans(conn, "oxidekiq-route", crate::time::now(), policy).await {
-        Ok(Some(r)) if r.requeued > 0 => {
+    let give_up = tokio::time::Instant::now() + policy.grace + Duration::from_secs(5);
+    loop {
+        match crate::fetch::recover_orphans(conn, "oxidekiq-route", crate::time::now(), policy)
+            .await
+        {
+            Ok(Some(r)) => {
+                if r.requeued > 0 {
+                    let _ = writeln!(
+                        out,
+                        "recovered {} job(s) held by oxidekiq processes that died",
+                        r.requeued
+                    );
+                }
+                if r.suspects == 0 {
+                    return;
+                }
+            }
+            // Another process holds the recovery lock: it is recovering now.
+            Ok(None) => {}
+            Err(e) => {
+                let _ = writeln!(out, "warning: cannot recover jobs of dead processes: {e}");
+                return;
+            }
+        }
+        if tokio::time::Instant::now() >= give_up {
             let _ = writeln!(
                 out,
-                "recovered {} job(s) held by oxidekiq processes that died",
-                r.requeued
+                "warning: oxidekiq processes without a liveness key still hold jobs; a live oxidekiq \
+                 process recovers them"
             );
+            return;
         }
-        Ok(_) => {}
-        Err(e) => {
-            let _ = writeln!(out, "warning: cannot recover jobs of dead processes: {e}");
-        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
