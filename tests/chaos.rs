@@ -25,6 +25,7 @@
 //! - `cargo test --test chaos` — a few seeds from a random start (printed), the CI default;
 //! - `CHAOS_SEED=17 cargo test --test chaos -- --nocapture` — one seed;
 //! - `CHAOS_SEEDS=40 CHAOS_FIRST_SEED=1 cargo test --test chaos -- --nocapture` — seeds 1..=40;
+//! - `CHAOS_BUDGET_SECS=N` — start no seed after N seconds (default 150; raise it for long runs);
 //! - `CHAOS_NO_PANIC=1` — the same draws with `panic` jobs turned into `fail` ones.
 //!
 //! `cargo build --workspace` first: the test runs `target/debug/oxidekiq`.
@@ -62,11 +63,17 @@ const STOP_TIMEOUT_SECS: u64 = 3;
 /// How long past its deadline a TERMed process may take to exit before it counts as hung.
 const STOP_MARGIN: Duration = Duration::from_secs(20);
 
+/// How long past its deadline a TERMed process may take to exit while Redis is stopped.
+const STOP_IN_STALL_MARGIN: Duration = Duration::from_secs(6);
+
 /// The longest sleep a `sleep` job draws (longer than `-t`, so some are cut off at a stop).
 const MAX_SLEEP_MS: u64 = 4000;
 
 /// Seeds run when neither `CHAOS_SEED` nor `CHAOS_SEEDS` is set: keeps the test around two minutes.
 const DEFAULT_SEEDS: u64 = 3;
+
+/// No seed starts after this many seconds (`CHAOS_BUDGET_SECS` overrides).
+const DEFAULT_BUDGET_SECS: u64 = 150;
 
 /// The final drain gives up after this long in all.
 const DRAIN_BOUND: Duration = Duration::from_secs(90);
@@ -121,6 +128,10 @@ enum Event {
     Stall,
     /// TSTP the process in this slot: it stops fetching; it is checked for stranded jobs later.
     Quiet(usize),
+    /// SIGSTOP Redis, TERM the process in this slot: it must exit by its deadline (plus a margin)
+    /// while Redis is still down, leaving its jobs in Redis for recovery; then Redis resumes and a
+    /// replacement starts.
+    StopInStall(usize),
 }
 
 /// Everything a seed draws.
@@ -222,6 +233,12 @@ impl Plan {
                 Event::Quiet(rng.random_range(0..procs)),
             ));
         }
+        if rng.random_bool(0.2) {
+            events.push((
+                rng.random_range(1.0..chaos_secs - 1.0),
+                Event::StopInStall(rng.random_range(0..procs)),
+            ));
+        }
         events.sort_by(|a, b| a.0.total_cmp(&b.0));
         Plan {
             queues,
@@ -262,6 +279,7 @@ impl Plan {
                 Event::ClientKill { .. } => "clientkill",
                 Event::Stall => "stall",
                 Event::Quiet(_) => "quiet",
+                Event::StopInStall(_) => "stop-in-stall",
             };
             *kinds.entry(k).or_default() += 1;
         }
@@ -400,6 +418,8 @@ struct Run<'a> {
     alive_at_stall: Vec<String>,
     /// Jobs pushed so far.
     pushed: Vec<JobSpec>,
+    /// The log of every process that has ended, by identity (to explain a lost job).
+    logs: Vec<(String, String)>,
 }
 
 impl<'a> Run<'a> {
@@ -457,6 +477,7 @@ impl<'a> Run<'a> {
     /// processes that were alive at the time (`alive` = identities alive then).
     fn scan_log(&mut self, p: &Proc) {
         let log = p.proc.log();
+        self.logs.push((p.identity.clone(), log.clone()));
         let mut lines = log.lines();
         while let Some(line) = lines.next() {
             if line.contains("panicked at") {
@@ -560,6 +581,43 @@ impl<'a> Run<'a> {
             .flatten()
             .map(|p| p.identity.clone())
             .collect();
+    }
+
+    fn stop_in_stall(&mut self, slot: usize) {
+        let slot = slot % self.procs.len();
+        let Some(mut p) = self.procs[slot].take() else {
+            return;
+        };
+        let before = held(&mut self.c, None);
+        let pid = self.redis.pid();
+        signal_pid(pid, "STOP");
+        let guard = ContOnDrop(pid);
+        p.proc.signal("TERM");
+        let exited = p
+            .proc
+            .wait_exit(Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_IN_STALL_MARGIN)
+            .is_some();
+        drop(guard);
+        if !exited {
+            self.findings.push(format!(
+                "STOP HANG (redis down): {} still running {}s after TERM (-t {STOP_TIMEOUT_SECS}) while Redis was stopped",
+                p.identity,
+                (Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_IN_STALL_MARGIN).as_secs()
+            ));
+            if p.proc.wait_exit(STOP_MARGIN).is_none() {
+                self.findings.push(format!(
+                    "STOP HANG: {} still running {}s after Redis came back",
+                    p.identity,
+                    STOP_MARGIN.as_secs()
+                ));
+                p.proc.kill_9();
+            }
+        }
+        self.c = self.redis.conn();
+        self.snapshot_fault(format!("stop-in-stall {}", p.identity), None, before);
+        self.scan_log(&p);
+        let replacement = self.start(p.concurrency, false);
+        self.procs[slot] = Some(replacement);
     }
 
     fn quiet(&mut self, slot: usize) {
@@ -764,6 +822,10 @@ impl<'a> Run<'a> {
         let stranded = own_keys(c);
         if !stranded.is_empty() {
             let (_, jids) = held(c, None);
+            // Not lost, but stranded: reported as such.
+            for j in &jids {
+                places.entry(j.clone()).or_default().push(("held", false));
+            }
             let modes = self.modes_of(&jids);
             self.findings.push(format!(
                 "STRANDED after every process stopped: {stranded:?}: {modes}"
@@ -803,7 +865,8 @@ impl<'a> Run<'a> {
                     "retry" => n_retry += 1,
                     "dead" => n_dead += 1,
                     "queue" => n_queued += 1,
-                    _ => n_sched += 1,
+                    "schedule" => n_sched += 1,
+                    _ => {}
                 }
             }
             if d == 0 && at.is_empty() {
@@ -825,8 +888,35 @@ impl<'a> Run<'a> {
         }
         if !lost.is_empty() {
             let modes = self.modes_of(&lost);
+            let mut detail = String::new();
+            for j in lost.iter().take(3) {
+                let spec = self.pushed.iter().find(|s| s.jid == *j);
+                let _ = write!(
+                    detail,
+                    "\n      {j} queue={} runs={}:",
+                    spec.map_or("?", |s| s.queue.as_str()),
+                    runs.get(j).copied().unwrap_or(0)
+                );
+                for (identity, log) in &self.logs {
+                    for line in log.lines().filter(|l| l.contains(&format!("jid={j}"))) {
+                        let _ = write!(detail, "\n        [{identity}] {line:.300}");
+                    }
+                }
+            }
+            let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+            for (_, log) in &self.logs {
+                for line in log.lines() {
+                    if let Some(i) = line.find("error=") {
+                        let e: String = line[i..].chars().take(160).collect();
+                        *errors.entry(e).or_default() += 1;
+                    }
+                }
+            }
+            for (e, n) in errors.iter().take(8) {
+                let _ = write!(detail, "\n      logged {n}x: {e}");
+            }
             self.findings.push(format!(
-                "LOST: {} job(s) never ran to their end and are nowhere in Redis: {modes}",
+                "LOST: {} job(s) never ran to their end and are nowhere in Redis: {modes}{detail}",
                 lost.len()
             ));
         }
@@ -907,6 +997,7 @@ fn run_seed(seed: u64) -> Outcome {
         live_recovered: 0,
         alive_at_stall: Vec::new(),
         pushed: Vec::new(),
+        logs: Vec::new(),
     };
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     for &c in &plan.concurrency {
@@ -925,6 +1016,7 @@ fn run_seed(seed: u64) -> Outcome {
             Event::Kill(slot) => run.kill(*slot),
             Event::ClientKill { all } => run.client_kill(*all, &mut rng),
             Event::Stall => run.stall(),
+            Event::StopInStall(slot) => run.stop_in_stall(*slot),
             Event::Quiet(slot) => {
                 run.quiet(*slot);
                 quiet_at = Some(Instant::now());
@@ -974,8 +1066,18 @@ fn every_job_is_accounted_for_under_random_chaos() {
         "chaos: seeds {seeds:?} (one: CHAOS_SEED=N; many: CHAOS_SEEDS=K CHAOS_FIRST_SEED=N; \
          add -- --nocapture to see each seed's line)"
     );
+    // Past this many seconds no further seed starts (the CI default stays bounded on a slow machine).
+    let budget = Duration::from_secs(env_u64("CHAOS_BUDGET_SECS").unwrap_or(DEFAULT_BUDGET_SECS));
+    let started = Instant::now();
     let mut failed = Vec::new();
     for seed in seeds {
+        if started.elapsed() > budget {
+            eprintln!(
+                "chaos: time budget of {}s spent; seed {seed} and later not run",
+                budget.as_secs()
+            );
+            break;
+        }
         let out = run_seed(seed);
         let status = if out.findings.is_empty() {
             "ok"
