@@ -78,8 +78,11 @@ const DEFAULT_BUDGET_SECS: u64 = 150;
 /// The final drain gives up after this long in all.
 const DRAIN_BOUND: Duration = Duration::from_secs(90);
 
-/// ... or after this long without progress while jobs are still held.
+/// ... or once every job held has been held this long by the last process (longer than any sleep)...
 const DRAIN_STUCK: Duration = Duration::from_secs(12);
+
+/// ... or this long in a dead process's keys (recovery: liveness TTL + a 30 s recovery lock + rounds).
+const DRAIN_STUCK_DEAD: Duration = Duration::from_secs(45);
 
 /// The concurrency of the last process, the one that drains and recovers at the end.
 const FINAL_CONCURRENCY: usize = 25;
@@ -312,8 +315,17 @@ struct Proc {
     quiet: bool,
 }
 
-/// The jobs held in oxidekiq's keys right now: (how many, their jids). `pid` limits it to one process.
-fn held(c: &mut redis::Connection, pid: Option<u32>) -> (usize, Vec<String>) {
+/// A job held in oxidekiq's keys.
+struct HeldJob {
+    /// The working hash or landing list.
+    key: String,
+    jid: String,
+    /// It is a working hash's field name, not a value (the fetch script's field/value shift).
+    as_field: bool,
+}
+
+/// Every job held in oxidekiq's keys right now; `pid` limits it to one process.
+fn held_jobs(c: &mut redis::Connection, pid: Option<u32>) -> Vec<HeldJob> {
     let (wp, lp) = match pid {
         Some(p) => (
             format!("oxidekiq:working:*:{p}:*"),
@@ -321,17 +333,19 @@ fn held(c: &mut redis::Connection, pid: Option<u32>) -> (usize, Vec<String>) {
         ),
         None => ("oxidekiq:working:*".into(), "oxidekiq:landing:*".into()),
     };
-    let mut n = 0;
-    let mut jids = Vec::new();
+    let mut out = Vec::new();
     let working: Vec<String> = c.keys(&wp).unwrap_or_default();
     for k in working {
         let entries: Vec<(String, String)> = c.hgetall(&k).unwrap_or_default();
         for (field, value) in entries {
             // A payload stored as a field name (the fetch-script defect) is a held job too.
-            for s in [field, value] {
-                if let Some(j) = jid_of(&s) {
-                    n += 1;
-                    jids.push(j);
+            for (s, as_field) in [(field, true), (value, false)] {
+                if let Some(jid) = jid_of(&s) {
+                    out.push(HeldJob {
+                        key: k.clone(),
+                        jid,
+                        as_field,
+                    });
                 }
             }
         }
@@ -340,11 +354,20 @@ fn held(c: &mut redis::Connection, pid: Option<u32>) -> (usize, Vec<String>) {
     for k in landing {
         let entries: Vec<String> = c.lrange(&k, 0, -1).unwrap_or_default();
         for s in entries {
-            n += 1;
-            jids.extend(jid_of(&s));
+            out.push(HeldJob {
+                key: k.clone(),
+                jid: jid_of(&s).unwrap_or_else(|| format!("undecodable:{s:.40}")),
+                as_field: false,
+            });
         }
     }
-    (n, jids)
+    out
+}
+
+/// How many jobs oxidekiq's keys hold right now, and their jids; `pid` limits it to one process.
+fn held(c: &mut redis::Connection, pid: Option<u32>) -> (usize, Vec<String>) {
+    let jobs = held_jobs(c, pid);
+    (jobs.len(), jobs.into_iter().map(|j| j.jid).collect())
 }
 
 fn jid_of(payload: &str) -> Option<String> {
@@ -418,6 +441,10 @@ struct Run<'a> {
     alive_at_stall: Vec<String>,
     /// Jobs pushed so far.
     pushed: Vec<JobSpec>,
+    /// CPU share of the last process while idle at the end (a core = 1.0).
+    idle_cpu: Option<f64>,
+    /// Jobs seen stored as a working hash's field name ("jid in key").
+    payload_fields: HashSet<String>,
     /// The log of every process that has ended, by identity (to explain a lost job).
     logs: Vec<(String, String)>,
 }
@@ -499,7 +526,15 @@ impl<'a> Run<'a> {
     }
 
     fn snapshot_fault(&mut self, what: String, pid: Option<u32>, before: (usize, Vec<String>)) {
-        let after = held(&mut self.c, pid);
+        let jobs = held_jobs(&mut self.c, pid);
+        for j in jobs.iter().filter(|j| j.as_field) {
+            self.payload_fields
+                .insert(format!("{} in {}", j.jid, j.key));
+        }
+        let after = (
+            jobs.len(),
+            jobs.into_iter().map(|j| j.jid).collect::<Vec<_>>(),
+        );
         let mut jids: HashSet<String> = before.1.into_iter().collect();
         jids.extend(after.1);
         self.faults.push(Fault {
@@ -721,22 +756,40 @@ impl<'a> Run<'a> {
             if queued + scheduled + held_n == 0 {
                 break;
             }
-            let (_, jids) = held(&mut self.c, None);
-            held_since.retain(|j, _| jids.contains(j));
-            for j in &jids {
-                held_since.entry(j.clone()).or_insert_with(Instant::now);
+            let jobs = held_jobs(&mut self.c, None);
+            for j in jobs.iter().filter(|j| j.as_field) {
+                self.payload_fields
+                    .insert(format!("{} in {}", j.jid, j.key));
             }
-            let stuck: Vec<String> = held_since
+            let jids: HashSet<String> = jobs.iter().map(|j| j.jid.clone()).collect();
+            held_since.retain(|j, _| jids.contains(j));
+            for j in &jobs {
+                held_since.entry(j.jid.clone()).or_insert_with(Instant::now);
+            }
+            // A job of the last process is stuck once held far longer than the longest sleep; one of
+            // a dead process's keys once held longer than a recovery can take (the liveness TTL, a
+            // recovery lock left by a failed or killed recovery, 30 s, and a few recovery rounds).
+            let stuck: Vec<String> = jobs
                 .iter()
-                .filter(|(_, t)| t.elapsed() > DRAIN_STUCK)
-                .map(|(j, _)| j.clone())
+                .filter(|j| {
+                    let limit = if j.key.contains(&last.identity) {
+                        DRAIN_STUCK
+                    } else {
+                        DRAIN_STUCK_DEAD
+                    };
+                    held_since.get(&j.jid).is_some_and(|t| t.elapsed() > limit)
+                })
+                .map(|j| j.jid.clone())
                 .collect();
-            if queued + scheduled == 0 && !stuck.is_empty() && stuck.len() == jids.len() {
+            if queued + scheduled == 0 && !stuck.is_empty() && stuck.len() == jobs.len() {
                 let modes = self.modes_of(&stuck);
+                let keys: HashSet<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
                 self.findings.push(format!(
-                    "DRAIN STUCK: {} job(s) held over {}s with nothing left to fetch: {modes}",
+                    "DRAIN STUCK: {} job(s) held with nothing left to fetch and no end in sight \
+                     (own: {}s, a dead process's: {}s) in {keys:?}: {modes}",
                     stuck.len(),
                     DRAIN_STUCK.as_secs(),
+                    DRAIN_STUCK_DEAD.as_secs(),
                 ));
                 break;
             }
@@ -748,6 +801,15 @@ impl<'a> Run<'a> {
                 break;
             }
             std::thread::sleep(Duration::from_millis(250));
+        }
+        // An idle process waits on Redis: CPU time well beyond its beats means a loop spins.
+        let cpu = cpu_share(last.proc.pid(), Duration::from_secs(3));
+        self.idle_cpu = cpu;
+        if cpu.is_some_and(|c| c > 0.5) {
+            self.findings.push(format!(
+                "SPIN: the last process used {:.0}% of a core over 3 s with nothing to do",
+                cpu.unwrap_or(0.0) * 100.0
+            ));
         }
         let before = held(&mut self.c, None);
         last.proc.signal("TERM");
@@ -818,6 +880,14 @@ impl<'a> Run<'a> {
                         .push(("queue", has_error));
                 }
             }
+        }
+        if !self.payload_fields.is_empty() {
+            self.findings.push(format!(
+                "PAYLOAD AS FIELD: {} job(s) seen stored as a working hash's field name (a recovery \
+                 pushes back only values): {:?}",
+                self.payload_fields.len(),
+                self.payload_fields.iter().take(3).collect::<Vec<_>>()
+            ));
         }
         let stranded = own_keys(c);
         if !stranded.is_empty() {
@@ -966,13 +1036,32 @@ impl<'a> Run<'a> {
         format!(
             "jobs={} done={n_done} retry={n_retry} dead={n_dead} queued={n_queued} sched={n_sched} \
              dups={dups}/bound {bound} (outside snapshots {}) multi-placed={multi} \
-             live-recovered-after-stall={} inflight[{}]",
+             live-recovered-after-stall={} idle-cpu={} inflight[{}]",
             self.pushed.len(),
             outside.len(),
             self.live_recovered,
+            self.idle_cpu
+                .map_or("?".to_string(), |c| format!("{:.0}%", c * 100.0)),
             faults.trim_end()
         )
     }
+}
+
+/// utime + stime of a process, in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The share of one core a process used over `window` (clock ticks at the usual 100 per second).
+fn cpu_share(pid: u32, window: Duration) -> Option<f64> {
+    let a = cpu_ticks(pid)?;
+    std::thread::sleep(window);
+    let b = cpu_ticks(pid)?;
+    Some((b - a) as f64 / 100.0 / window.as_secs_f64())
 }
 
 fn now() -> f64 {
@@ -998,6 +1087,8 @@ fn run_seed(seed: u64) -> Outcome {
         alive_at_stall: Vec::new(),
         pushed: Vec::new(),
         logs: Vec::new(),
+        payload_fields: HashSet::new(),
+        idle_cpu: None,
     };
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     for &c in &plan.concurrency {
