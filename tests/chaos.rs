@@ -784,9 +784,38 @@ impl<'a> Run<'a> {
             if queued + scheduled == 0 && !stuck.is_empty() && stuck.len() == jobs.len() {
                 let modes = self.modes_of(&stuck);
                 let keys: HashSet<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+                let mut detail = String::new();
+                for k in &keys {
+                    let owner = k
+                        .strip_prefix("oxidekiq:working:")
+                        .or_else(|| k.strip_prefix("oxidekiq:landing:"))
+                        .map(|r| r.splitn(4, ':').take(3).collect::<Vec<_>>().join(":"))
+                        .unwrap_or_default();
+                    let alive: bool = self
+                        .c
+                        .exists(format!("oxidekiq:alive:{owner}"))
+                        .unwrap_or(false);
+                    let _ = write!(
+                        detail,
+                        "\n      {k}: owner is the last process: {}, its liveness key exists: {alive}",
+                        owner == last.identity
+                    );
+                }
+                let lock: Option<String> = self.c.get("oxidekiq:recovery-lock").unwrap_or(None);
+                let lock_ttl: i64 = self.c.ttl("oxidekiq:recovery-lock").unwrap_or(-2);
+                let _ = write!(detail, "\n      recovery lock: {lock:?} ttl {lock_ttl}");
+                let mut logs = self.logs.clone();
+                logs.push((last.identity.clone(), last.proc.log()));
+                for j in stuck.iter().take(2) {
+                    for (identity, log) in &logs {
+                        for line in log.lines().filter(|l| l.contains(&format!("jid={j}"))) {
+                            let _ = write!(detail, "\n        [{identity}] {line:.300}");
+                        }
+                    }
+                }
                 self.findings.push(format!(
                     "DRAIN STUCK: {} job(s) held with nothing left to fetch and no end in sight \
-                     (own: {}s, a dead process's: {}s) in {keys:?}: {modes}",
+                     (own: {}s, a dead process's: {}s): {modes}{detail}",
                     stuck.len(),
                     DRAIN_STUCK.as_secs(),
                     DRAIN_STUCK_DEAD.as_secs(),
@@ -915,6 +944,7 @@ impl<'a> Run<'a> {
         let mut dups = 0u64;
         let mut dup_jids = Vec::new();
         let mut multi = 0;
+        let mut multi_example: Option<String> = None;
         let (mut n_done, mut n_retry, mut n_dead, mut n_queued, mut n_sched) = (0, 0, 0, 0, 0);
         for job in &self.pushed {
             let d = done.get(&job.jid).copied().unwrap_or(0);
@@ -926,6 +956,9 @@ impl<'a> Run<'a> {
             }
             if at.len() > 1 {
                 multi += 1;
+                if multi_example.is_none() {
+                    multi_example = Some(format!("{}:{at:?}", job.jid));
+                }
             }
             if d > 0 {
                 n_done += 1;
@@ -1035,10 +1068,11 @@ impl<'a> Run<'a> {
         }
         format!(
             "jobs={} done={n_done} retry={n_retry} dead={n_dead} queued={n_queued} sched={n_sched} \
-             dups={dups}/bound {bound} (outside snapshots {}) multi-placed={multi} \
+             dups={dups}/bound {bound} (outside snapshots {}) multi-placed={multi}{} \
              live-recovered-after-stall={} idle-cpu={} inflight[{}]",
             self.pushed.len(),
             outside.len(),
+            multi_example.map_or(String::new(), |e| format!(" (e.g. {e})")),
             self.live_recovered,
             self.idle_cpu
                 .map_or("?".to_string(), |c| format!("{:.0}%", c * 100.0)),
