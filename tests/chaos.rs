@@ -26,6 +26,7 @@
 //! - `CHAOS_SEED=17 cargo test --test chaos -- --nocapture` — one seed;
 //! - `CHAOS_SEEDS=40 CHAOS_FIRST_SEED=1 cargo test --test chaos -- --nocapture` — seeds 1..=40;
 //! - `CHAOS_BUDGET_SECS=N` — start no seed after N seconds (default 150; raise it for long runs);
+//! - `CHAOS_KEEP_LOGS=DIR` — keep every process's log in DIR (named by identity);
 //! - `CHAOS_NO_PANIC=1` — the same draws with `panic` jobs turned into `fail` ones.
 //!
 //! `cargo build --workspace` first: the test runs `target/debug/oxidekiq`.
@@ -504,6 +505,11 @@ impl<'a> Run<'a> {
     /// processes that were alive at the time (`alive` = identities alive then).
     fn scan_log(&mut self, p: &Proc) {
         let log = p.proc.log();
+        if let Some(dir) = std::env::var_os("CHAOS_KEEP_LOGS") {
+            let name = format!("{}.log", p.identity.replace(':', "_"));
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(std::path::Path::new(&dir).join(name), &log);
+        }
         self.logs.push((p.identity.clone(), log.clone()));
         let mut lines = log.lines();
         while let Some(line) = lines.next() {
@@ -750,7 +756,7 @@ impl<'a> Run<'a> {
         let start = Instant::now();
         // When each jid now held was first seen held, continuously: a job held far longer than the
         // longest sleep with nothing left to fetch is stuck (nobody runs it, nobody will).
-        let mut held_since: HashMap<String, Instant> = HashMap::new();
+        let mut held_since: HashMap<(String, String), Instant> = HashMap::new();
         loop {
             let (queued, scheduled, held_n) = self.pending();
             if queued + scheduled + held_n == 0 {
@@ -761,10 +767,14 @@ impl<'a> Run<'a> {
                 self.payload_fields
                     .insert(format!("{} in {}", j.jid, j.key));
             }
-            let jids: HashSet<String> = jobs.iter().map(|j| j.jid.clone()).collect();
-            held_since.retain(|j, _| jids.contains(j));
-            for j in &jobs {
-                held_since.entry(j.jid.clone()).or_insert_with(Instant::now);
+            // Keyed by (key, jid): a job recovered from a dead process's hash into ours starts anew.
+            let now_held: HashSet<(String, String)> = jobs
+                .iter()
+                .map(|j| (j.key.clone(), j.jid.clone()))
+                .collect();
+            held_since.retain(|kj, _| now_held.contains(kj));
+            for kj in now_held {
+                held_since.entry(kj).or_insert_with(Instant::now);
             }
             // A job of the last process is stuck once held far longer than the longest sleep; one of
             // a dead process's keys once held longer than a recovery can take (the liveness TTL, a
@@ -777,7 +787,9 @@ impl<'a> Run<'a> {
                     } else {
                         DRAIN_STUCK_DEAD
                     };
-                    held_since.get(&j.jid).is_some_and(|t| t.elapsed() > limit)
+                    held_since
+                        .get(&(j.key.clone(), j.jid.clone()))
+                        .is_some_and(|t| t.elapsed() > limit)
                 })
                 .map(|j| j.jid.clone())
                 .collect();
@@ -808,7 +820,7 @@ impl<'a> Run<'a> {
                 logs.push((last.identity.clone(), last.proc.log()));
                 for j in stuck.iter().take(2) {
                     for (identity, log) in &logs {
-                        for line in log.lines().filter(|l| l.contains(&format!("jid={j}"))) {
+                        for line in log.lines().filter(|l| l.contains(&format!("jid={j} "))) {
                             let _ = write!(detail, "\n        [{identity}] {line:.300}");
                         }
                     }
@@ -1001,7 +1013,7 @@ impl<'a> Run<'a> {
                     runs.get(j).copied().unwrap_or(0)
                 );
                 for (identity, log) in &self.logs {
-                    for line in log.lines().filter(|l| l.contains(&format!("jid={j}"))) {
+                    for line in log.lines().filter(|l| l.contains(&format!("jid={j} "))) {
                         let _ = write!(detail, "\n        [{identity}] {line:.300}");
                     }
                 }
