@@ -709,7 +709,6 @@ impl<'a> Run<'a> {
 
     /// TERM every process, wait for each to exit.
     fn stop_all(&mut self) {
-        let before = held(&mut self.c, None);
         let mut stopping = Vec::new();
         for slot in self.procs.iter_mut() {
             if let Some(p) = slot.take() {
@@ -717,6 +716,7 @@ impl<'a> Run<'a> {
                 stopping.push(p);
             }
         }
+        let before = self.held_at_deadline(&mut stopping, Instant::now());
         let bound = Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_MARGIN;
         for mut p in stopping {
             match p.proc.wait_exit(bound) {
@@ -739,6 +739,18 @@ impl<'a> Run<'a> {
         self.snapshot_fault("stop".into(), None, before);
     }
 
+    /// What is held just before the stop deadline of processes TERMed at `termed` (or once they have
+    /// all exited): a job can run twice at a stop only if it is still running when the deadline
+    /// cuts it off, after its last write and before its acknowledgement.
+    fn held_at_deadline(&mut self, stopping: &mut [Proc], termed: Instant) -> (usize, Vec<String>) {
+        let deadline = termed + Duration::from_secs(STOP_TIMEOUT_SECS) - Duration::from_millis(300);
+        while Instant::now() < deadline && stopping.iter_mut().any(|p| p.proc.try_exit().is_none())
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        held(&mut self.c, None)
+    }
+
     /// Queued jobs (all of our queues) + scheduled jobs + held jobs.
     fn pending(&mut self) -> (usize, usize, usize) {
         let mut queued = 0;
@@ -752,7 +764,7 @@ impl<'a> Run<'a> {
     /// The last process: runs until the queues, the schedule set and oxidekiq's keys are empty, or
     /// stops making progress, or the bound passes.
     fn final_drain(&mut self) {
-        let mut last = self.start(FINAL_CONCURRENCY, true);
+        let last = self.start(FINAL_CONCURRENCY, true);
         let start = Instant::now();
         // When each jid now held was first seen held, continuously: a job held far longer than the
         // longest sleep with nothing left to fetch is stuck (nobody runs it, nobody will).
@@ -852,8 +864,10 @@ impl<'a> Run<'a> {
                 cpu.unwrap_or(0.0) * 100.0
             ));
         }
-        let before = held(&mut self.c, None);
         last.proc.signal("TERM");
+        let mut stopping = vec![last];
+        let before = self.held_at_deadline(&mut stopping, Instant::now());
+        let mut last = stopping.pop().unwrap();
         let bound = Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_MARGIN;
         if last.proc.wait_exit(bound).is_none() {
             self.findings.push(format!(
