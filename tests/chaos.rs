@@ -964,6 +964,17 @@ impl<'a> Run<'a> {
             ));
         }
 
+        let mut interrupted: HashSet<String> = HashSet::new();
+        for (_, log) in &self.logs {
+            for line in log
+                .lines()
+                .filter(|l| l.contains("interrupted by shutdown"))
+            {
+                if let Some(rest) = line.split("jid=").nth(1) {
+                    interrupted.insert(rest.split(' ').next().unwrap_or("").to_string());
+                }
+            }
+        }
         let mut lost = Vec::new();
         let mut panic_not_failed = Vec::new();
         let mut fail_not_failed = Vec::new();
@@ -1004,9 +1015,12 @@ impl<'a> Run<'a> {
             }
             // A job that ran and failed (by error or by panic) ends as a failure: in the retry or dead
             // set, or back in a queue carrying its error (a retry that came due).
+            // A run cut off by a stop deadline has no fate of its own: it is pushed back as it was
+            // (Sidekiq's `Sidekiq::Shutdown`), which the process logs.
             let failed_properly = at
                 .iter()
-                .any(|(p, err)| matches!(*p, "retry" | "dead") || (*p == "queue" && *err));
+                .any(|(p, err)| matches!(*p, "retry" | "dead") || (*p == "queue" && *err))
+                || (at.iter().any(|(p, _)| *p == "queue") && interrupted.contains(&job.jid));
             if r > 0 && !failed_properly {
                 match job.mode {
                     "panic" => panic_not_failed.push(job.jid.clone()),
