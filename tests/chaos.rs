@@ -184,35 +184,7 @@ impl Plan {
             };
             let size = rng.random_range(20..=600);
             let jobs = (0..size)
-                .map(|_| {
-                    n += 1;
-                    let roll = rng.random_range(0..100);
-                    let mode = match roll {
-                        0..55 => "ok",
-                        55..80 => "sleep",
-                        80..94 => "fail",
-                        _ if no_panic => "fail",
-                        _ => "panic",
-                    };
-                    let sleep_ms = if mode == "sleep" {
-                        // Mostly short; now and then longer than the stop deadline.
-                        if rng.random_bool(0.1) {
-                            rng.random_range(1000..=MAX_SLEEP_MS)
-                        } else {
-                            rng.random_range(1..300)
-                        }
-                    } else {
-                        0
-                    };
-                    JobSpec {
-                        jid: format!("s{seed}j{n}"),
-                        queue: queues.choose(&mut rng).map(|q| q.0.clone()).unwrap(),
-                        mode,
-                        sleep_ms,
-                        retry_zero: rng.random_bool(0.3),
-                        scheduled_in: rng.random_bool(0.08).then(|| rng.random_range(0.5..4.0)),
-                    }
-                })
+                .map(|_| draw_job(&mut rng, &mut n, seed, &queues, no_panic))
                 .collect();
             events.push((at, Event::Burst(jobs)));
         }
@@ -244,6 +216,22 @@ impl Plan {
                 rng.random_range(1.0..chaos_secs - 1.0),
                 Event::StopInStall(rng.random_range(0..procs)),
             ));
+        }
+        // Trickles: a few jobs at a time, every few tens of milliseconds, into random queues. The
+        // fetch loops keep going idle and blocking (`BLMOVE` into landing lists) in between, which is
+        // where a batch can meet a landing list fuller than the room left in it. Drawn last, so the
+        // rest of a seed's plan is the same as before trickles existed.
+        for _ in 0..rng.random_range(0..=2) {
+            let mut at = rng.random_range(0.5..chaos_secs - 1.0);
+            let end = (at + rng.random_range(1.0..3.0)).min(chaos_secs - 0.2);
+            while at < end {
+                let k = rng.random_range(1..=3);
+                let jobs = (0..k)
+                    .map(|_| draw_job(&mut rng, &mut n, seed, &queues, no_panic))
+                    .collect();
+                events.push((at, Event::Burst(jobs)));
+                at += rng.random_range(0.02..0.15);
+            }
         }
         events.sort_by(|a, b| a.0.total_cmp(&b.0));
         Plan {
@@ -297,6 +285,43 @@ impl Plan {
             self.jobs().count(),
             kinds
         )
+    }
+}
+
+/// One job of a burst: mostly succeeding, some sleeping (now and then past the stop deadline), some
+/// failing, some panicking (`no_panic`: failing instead); a few scheduled.
+fn draw_job(
+    rng: &mut StdRng,
+    n: &mut usize,
+    seed: u64,
+    queues: &[(String, u32)],
+    no_panic: bool,
+) -> JobSpec {
+    *n += 1;
+    let roll = rng.random_range(0..100);
+    let mode = match roll {
+        0..55 => "ok",
+        55..80 => "sleep",
+        80..94 => "fail",
+        _ if no_panic => "fail",
+        _ => "panic",
+    };
+    let sleep_ms = if mode == "sleep" {
+        if rng.random_bool(0.1) {
+            rng.random_range(1000..=MAX_SLEEP_MS)
+        } else {
+            rng.random_range(1..300)
+        }
+    } else {
+        0
+    };
+    JobSpec {
+        jid: format!("s{seed}j{n}"),
+        queue: queues.choose(rng).map(|q| q.0.clone()).unwrap(),
+        mode,
+        sleep_ms,
+        retry_zero: rng.random_bool(0.3),
+        scheduled_in: rng.random_bool(0.08).then(|| rng.random_range(0.5..4.0)),
     }
 }
 
