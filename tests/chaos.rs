@@ -467,6 +467,8 @@ struct Run<'a> {
     live_recovered: usize,
     /// The identities alive when Redis was stopped.
     alive_at_stall: Vec<String>,
+    /// When Redis resumed after the stall (epoch seconds).
+    stall_end: Option<f64>,
     /// Jobs pushed so far.
     pushed: Vec<JobSpec>,
     /// CPU share of the last process while idle at the end (a core = 1.0).
@@ -547,7 +549,17 @@ impl<'a> Run<'a> {
                         .push(format!("OWN PANIC in {}: {line} / {msg}", p.identity));
                 }
             }
+            // Within a liveness TTL of the stall's end, a recovery of a process alive at the stall
+            // is the stall's doing (later ones may be of a process killed since).
+            let in_window = |end: f64| {
+                line.split(' ')
+                    .next()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.timestamp_millis() as f64 / 1000.0)
+                    .is_some_and(|t| t >= end - 1.0 && t <= end + liveness_ttl().as_secs_f64())
+            };
             if line.contains("recovered jobs of a process that died")
+                && self.stall_end.is_some_and(in_window)
                 && self
                     .alive_at_stall
                     .iter()
@@ -639,6 +651,7 @@ impl<'a> Run<'a> {
         self.c = self.redis.conn();
         self.snapshot_fault("redis stall".into(), None, before);
         // Any recovery of these (alive) processes that follows takes jobs they are running.
+        self.stall_end = Some(now());
         self.alive_at_stall = self
             .procs
             .iter()
@@ -1142,7 +1155,7 @@ impl<'a> Run<'a> {
         format!(
             "jobs={} done={n_done} retry={n_retry} dead={n_dead} queued={n_queued} sched={n_sched} \
              dups={dups}/bound {bound} (outside snapshots {}) multi-placed={multi}{} \
-             live-recovered-after-stall={} idle-cpu={} inflight[{}]",
+             live-recoveries-after-stall={} idle-cpu={} inflight[{}]",
             self.pushed.len(),
             outside.len(),
             multi_example.map_or(String::new(), |e| format!(" (e.g. {e})")),
@@ -1192,6 +1205,7 @@ fn run_seed(seed: u64) -> Outcome {
         identities: Vec::new(),
         live_recovered: 0,
         alive_at_stall: Vec::new(),
+        stall_end: None,
         pushed: Vec::new(),
         logs: Vec::new(),
         payload_fields: HashSet::new(),
