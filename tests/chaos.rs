@@ -25,7 +25,7 @@
 //! - `cargo test --test chaos` — a few seeds from a random start (printed), the CI default;
 //! - `CHAOS_SEED=17 cargo test --test chaos -- --nocapture` — one seed;
 //! - `CHAOS_SEEDS=40 CHAOS_FIRST_SEED=1 cargo test --test chaos -- --nocapture` — seeds 1..=40;
-//! - `CHAOS_BUDGET_SECS=N` — start no seed after N seconds (default 150; raise it for long runs);
+//! - `CHAOS_BUDGET_SECS=N` — start no seed after N seconds (default 100; raise it for long runs);
 //! - `CHAOS_KEEP_LOGS=DIR` — keep every process's log in DIR (named by identity);
 //! - `CHAOS_STRICT_DUPS=1` — a duplicate must be a job seen held at a fault (not only within the
 //!   count);
@@ -76,7 +76,7 @@ const MAX_SLEEP_MS: u64 = 4000;
 const DEFAULT_SEEDS: u64 = 3;
 
 /// No seed starts after this many seconds (`CHAOS_BUDGET_SECS` overrides).
-const DEFAULT_BUDGET_SECS: u64 = 150;
+const DEFAULT_BUDGET_SECS: u64 = 100;
 
 /// The final drain gives up after this long in all.
 const DRAIN_BOUND: Duration = Duration::from_secs(90);
