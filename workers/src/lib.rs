@@ -268,6 +268,80 @@ impl Worker for SequentialNoopJob {
     }
 }
 
+/// What a [`ChaosJob`] does when it runs.
+pub const CHAOS_MODES: [&str; 4] = ["ok", "sleep", "fail", "panic"];
+
+/// The Redis hash where [`ChaosJob`] counts every start, field = its id (`HINCRBY chaos:runs <id> 1`).
+pub const CHAOS_RUNS: &str = "chaos:runs";
+
+/// The Redis hash where [`ChaosJob`] counts every successful end, field = its id.
+pub const CHAOS_DONE: &str = "chaos:done";
+
+/// Test probe for the chaos tests (`tests/chaos.rs`, `tests/shared_queue.rs`): its arguments say what
+/// to do, and each run is counted in Redis so a test can account for every job.
+///
+/// `mode` is `ok` (succeed at once), `sleep` (succeed after `sleep_ms`, or stop early at the shutdown
+/// deadline and be pushed back), `fail` (raise `ChaosError`: the retry path) or `panic` (panic inside
+/// the job's task: a failure the process must turn into a retry, never strand). Every run first counts
+/// itself in [`CHAOS_RUNS`]; a successful one counts itself in [`CHAOS_DONE`] last, so a job whose
+/// `done` count is above one ran to its end twice.
+///
+/// ```ruby
+/// class ChaosJob
+///   include Sidekiq::Worker
+///   def perform(mode, sleep_ms, id)
+///     Sidekiq.redis { |c| c.hincrby("chaos:runs", id, 1) }
+///     sleep(sleep_ms / 1000.0) if mode == "sleep"
+///     raise ChaosError, "chaos failure #{id}" if mode == "fail"
+///     raise "chaos panic #{id}" if mode == "panic"
+///     Sidekiq.redis { |c| c.hincrby("chaos:done", id, 1) }
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct ChaosJob;
+
+impl Worker for ChaosJob {
+    const CLASS: &'static str = "ChaosJob";
+    type Args = (String, u64, String);
+
+    async fn perform(&self, ctx: &JobContext, (mode, sleep_ms, id): Self::Args) -> JobResult {
+        let mut c = ctx.redis();
+        let _: i64 = redis::cmd("HINCRBY")
+            .arg(CHAOS_RUNS)
+            .arg(&id)
+            .arg(1)
+            .query_async(&mut c)
+            .await?;
+        match mode.as_str() {
+            "ok" => {}
+            "sleep" => {
+                let mut shutdown = ctx.shutdown();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(sleep_ms)) => {}
+                    _ = shutdown.cancelled() => return Err(JobError::msg("interrupted by shutdown")),
+                }
+            }
+            "fail" => return Err(JobError::new("ChaosError", format!("chaos failure {id}"))),
+            // A worker bug, on purpose: the process must treat it as this job's failure.
+            "panic" => panic!("chaos panic {id}"),
+            other => {
+                return Err(JobError::new(
+                    "ArgumentError",
+                    format!("unknown chaos mode {other:?}"),
+                ));
+            }
+        }
+        let _: i64 = redis::cmd("HINCRBY")
+            .arg(CHAOS_DONE)
+            .arg(&id)
+            .arg(1)
+            .query_async(&mut c)
+            .await?;
+        Ok(())
+    }
+}
+
 /// Every worker of this application.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
@@ -293,6 +367,7 @@ pub fn registry() -> Registry {
         )
         .register(LatencyJob)
         .register(NoopActiveJob)
+        .register(ChaosJob)
         .register_with(
             UniqueNoopJob,
             vec![UniqueJob::<UniqueNoopJob>::new().key_by_args().into()],

@@ -1,0 +1,1331 @@
+//! Every job accounted for, under chaos (issue #11): a seeded randomized test against the real binary.
+//!
+//! Each seed draws a configuration (1–5 queues, strict or weighted; 1–3 `oxidekiq` processes of
+//! concurrency 1–500) and a timeline: bursts of `ChaosJob`s (`workers/src/lib.rs`: succeed, sleep,
+//! fail, panic; some pushed to the schedule set), and faults: SIGKILL of a process (then a replacement
+//! starts), `CLIENT KILL` of client connections, a Redis SIGSTOP longer than the liveness TTL, and a
+//! quiet (TSTP) process. Then every process is stopped with TERM, a last process drains what is left
+//! and recovers what the dead left behind, and every jid is accounted for:
+//!
+//! - **lost**: it never ran to its end and is in no queue, retry, schedule or dead set;
+//! - **stranded**: anything left in oxidekiq's own keys (`oxidekiq:working:*`, `oxidekiq:landing:*`)
+//!   after everything stopped, or a drain that stops making progress with jobs still held;
+//! - **duplicates**: a job that ran to its end twice is legitimate (at least once) only while the total
+//!   stays within what was in flight at the faults (working hashes and landing lists, counted at each
+//!   fault, and at each TERM for a job cut off at the deadline right after its last write);
+//! - **panic not failed**: a job that panicked must end as a failure (retry or dead set);
+//! - **dead without reason**: every dead entry carries `error_class` and `error_message`;
+//! - **own panic**: a panic in a process that is not the chaos worker's own;
+//! - **stop hang**: a process that does not exit after TERM within its deadline plus a margin;
+//! - **quiet strand**: a quiet process keeps jobs in its keys that it does not run.
+//!
+//! The seed fixes the configuration and the timeline, not the interleaving of the processes, so a
+//! failing seed is a strong hint, not a replay. Run:
+//!
+//! - `cargo test --test chaos` — a few seeds from a random start (printed), the CI default;
+//! - `CHAOS_SEED=17 cargo test --test chaos -- --nocapture` — one seed;
+//! - `CHAOS_SEEDS=40 CHAOS_FIRST_SEED=1 cargo test --test chaos -- --nocapture` — seeds 1..=40;
+//! - `CHAOS_BUDGET_SECS=N` — start no seed after N seconds (default 100; raise it for long runs);
+//! - `CHAOS_KEEP_LOGS=DIR` — keep every process's log in DIR (named by identity);
+//! - `CHAOS_STRICT_DUPS=1` — a duplicate must be a job seen held at a fault (not only within the
+//!   count);
+//! - `CHAOS_NO_PANIC=1` — the same draws with `panic` jobs turned into `fail` ones.
+//!
+//! `cargo build --workspace` first: the test runs `target/debug/oxidekiq`.
+mod support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+use redis::Commands;
+use support::{Oxidekiq, RedisServer, wait_until};
+
+/// The heartbeat interval every process runs with (`--beat-interval`). Everything timed about
+/// liveness derives from it.
+const BEAT_SECS: f64 = 1.0;
+
+/// How long a process's liveness key lives without a beat: `launcher.rs` sets
+/// `(beat_interval * 3).max(3 s)`. If that formula changes (a configurable TTL), change it here only.
+fn liveness_ttl() -> Duration {
+    Duration::from_secs_f64(BEAT_SECS * 3.0).max(Duration::from_secs(3))
+}
+
+/// A Redis stall that outlives every liveness key: the TTL plus two beats.
+fn stall_length() -> Duration {
+    liveness_ttl() + Duration::from_secs_f64(2.0 * BEAT_SECS)
+}
+
+/// `-t`: seconds a stopping process gives its running jobs.
+const STOP_TIMEOUT_SECS: u64 = 3;
+
+/// How long past its deadline a TERMed process may take to exit before it counts as hung.
+const STOP_MARGIN: Duration = Duration::from_secs(20);
+
+/// How long past its deadline a TERMed process may take to exit while Redis is stopped.
+const STOP_IN_STALL_MARGIN: Duration = Duration::from_secs(6);
+
+/// The longest sleep a `sleep` job draws (longer than `-t`, so some are cut off at a stop).
+const MAX_SLEEP_MS: u64 = 4000;
+
+/// Seeds run when neither `CHAOS_SEED` nor `CHAOS_SEEDS` is set: keeps the test around two minutes.
+const DEFAULT_SEEDS: u64 = 3;
+
+/// No seed starts after this many seconds (`CHAOS_BUDGET_SECS` overrides).
+const DEFAULT_BUDGET_SECS: u64 = 100;
+
+/// The final drain gives up after this long in all.
+const DRAIN_BOUND: Duration = Duration::from_secs(90);
+
+/// ... or once every job held has been held this long by the last process (longer than any sleep)...
+const DRAIN_STUCK: Duration = Duration::from_secs(12);
+
+/// ... or this long in a dead process's keys (recovery: liveness TTL + a 30 s recovery lock + rounds).
+const DRAIN_STUCK_DEAD: Duration = Duration::from_secs(45);
+
+/// The concurrency of the last process, the one that drains and recovers at the end.
+const FINAL_CONCURRENCY: usize = 25;
+
+/// One job of the plan.
+#[derive(Debug, Clone)]
+struct JobSpec {
+    jid: String,
+    queue: String,
+    mode: &'static str,
+    sleep_ms: u64,
+    /// `true` (Sidekiq's 25 retries) or `0` (straight to the dead set on failure).
+    retry_zero: bool,
+    /// Pushed to the schedule set, due this many seconds after the push.
+    scheduled_in: Option<f64>,
+}
+
+impl JobSpec {
+    fn payload(&self, now: f64) -> String {
+        let retry = if self.retry_zero { "0" } else { "true" };
+        let enqueued = if self.scheduled_in.is_some() {
+            String::new()
+        } else {
+            format!(r#","enqueued_at":{now}"#)
+        };
+        format!(
+            r#"{{"retry":{retry},"queue":"{q}","class":"ChaosJob","args":["{m}",{s},"{j}"],"jid":"{j}","created_at":{now}{enqueued}}}"#,
+            q = self.queue,
+            m = self.mode,
+            s = self.sleep_ms,
+            j = self.jid,
+        )
+    }
+}
+
+/// Something that happens during the chaos phase.
+#[derive(Debug, Clone)]
+enum Event {
+    /// Push these jobs.
+    Burst(Vec<JobSpec>),
+    /// SIGKILL the process in this slot (modulo the number of slots), then start a replacement.
+    Kill(usize),
+    /// `CLIENT KILL` every normal client but ours, or a random half of them.
+    ClientKill { all: bool },
+    /// SIGSTOP Redis for [`stall_length`].
+    Stall,
+    /// TSTP the process in this slot: it stops fetching; it is checked for stranded jobs later.
+    Quiet(usize),
+    /// SIGSTOP Redis, TERM the process in this slot: it must exit by its deadline (plus a margin)
+    /// while Redis is still down, leaving its jobs in Redis for recovery; then Redis resumes and a
+    /// replacement starts.
+    StopInStall(usize),
+}
+
+/// Everything a seed draws.
+#[derive(Debug)]
+struct Plan {
+    /// Queue names with their weights (all 0 when strict).
+    queues: Vec<(String, u32)>,
+    /// Concurrency of each process slot.
+    concurrency: Vec<usize>,
+    /// (seconds since the start, event), sorted.
+    events: Vec<(f64, Event)>,
+    /// How long the chaos phase lasts (the last event comes before).
+    chaos_secs: f64,
+}
+
+impl Plan {
+    fn draw(seed: u64) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        // CHAOS_NO_PANIC=1 turns panics into plain failures (same draws otherwise), to look for other
+        // defects while panics are known to strand jobs.
+        let no_panic = std::env::var_os("CHAOS_NO_PANIC").is_some_and(|v| v != "0");
+        let nq = rng.random_range(1..=5);
+        let strict = rng.random_bool(0.5);
+        let queues: Vec<(String, u32)> = (0..nq)
+            .map(|i| {
+                let w = if strict { 0 } else { rng.random_range(1..=5) };
+                (format!("chaos{i}"), w)
+            })
+            .collect();
+        let procs = rng.random_range(1..=3);
+        // Log-uniform over 1..=500, so low, middling and very high concurrency all come up.
+        let concurrency: Vec<usize> = (0..procs)
+            .map(|_| (500f64.powf(rng.random::<f64>())).round().clamp(1.0, 500.0) as usize)
+            .collect();
+        let chaos_secs = rng.random_range(8.0..14.0);
+        let mut events: Vec<(f64, Event)> = Vec::new();
+        let mut n = 0usize;
+        let bursts = rng.random_range(2..=5);
+        for b in 0..bursts {
+            let at = if b == 0 {
+                0.0
+            } else {
+                rng.random_range(0.5..chaos_secs - 1.0)
+            };
+            let size = rng.random_range(20..=600);
+            let jobs = (0..size)
+                .map(|_| draw_job(&mut rng, &mut n, seed, &queues, no_panic))
+                .collect();
+            events.push((at, Event::Burst(jobs)));
+        }
+        for _ in 0..rng.random_range(0..=3) {
+            events.push((
+                rng.random_range(1.0..chaos_secs - 1.0),
+                Event::Kill(rng.random_range(0..procs)),
+            ));
+        }
+        for _ in 0..rng.random_range(0..=3) {
+            events.push((
+                rng.random_range(0.5..chaos_secs - 0.5),
+                Event::ClientKill {
+                    all: rng.random_bool(0.5),
+                },
+            ));
+        }
+        if rng.random_bool(0.4) {
+            events.push((rng.random_range(1.0..chaos_secs - 2.0), Event::Stall));
+        }
+        if rng.random_bool(0.25) {
+            events.push((
+                rng.random_range(1.0..chaos_secs - 4.0),
+                Event::Quiet(rng.random_range(0..procs)),
+            ));
+        }
+        if rng.random_bool(0.2) {
+            events.push((
+                rng.random_range(1.0..chaos_secs - 1.0),
+                Event::StopInStall(rng.random_range(0..procs)),
+            ));
+        }
+        // Trickles: a few jobs at a time, every few tens of milliseconds, into random queues. The
+        // fetch loops keep going idle and blocking (`BLMOVE` into landing lists) in between, which is
+        // where a batch can meet a landing list fuller than the room left in it. Drawn last, so the
+        // rest of a seed's plan is the same as before trickles existed.
+        for _ in 0..rng.random_range(0..=2) {
+            let mut at = rng.random_range(0.5..chaos_secs - 1.0);
+            let end = (at + rng.random_range(1.0..3.0)).min(chaos_secs - 0.2);
+            while at < end {
+                let k = rng.random_range(1..=3);
+                let jobs = (0..k)
+                    .map(|_| draw_job(&mut rng, &mut n, seed, &queues, no_panic))
+                    .collect();
+                events.push((at, Event::Burst(jobs)));
+                at += rng.random_range(0.02..0.15);
+            }
+        }
+        events.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Plan {
+            queues,
+            concurrency,
+            events,
+            chaos_secs,
+        }
+    }
+
+    fn strict(&self) -> bool {
+        self.queues.iter().all(|q| q.1 == 0)
+    }
+
+    fn jobs(&self) -> impl Iterator<Item = &JobSpec> {
+        self.events.iter().flat_map(|(_, e)| match e {
+            Event::Burst(jobs) => jobs.as_slice(),
+            _ => &[],
+        })
+    }
+
+    fn describe(&self) -> String {
+        let queues: Vec<String> = self
+            .queues
+            .iter()
+            .map(|(q, w)| {
+                if *w == 0 {
+                    q.clone()
+                } else {
+                    format!("{q},{w}")
+                }
+            })
+            .collect();
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, e) in &self.events {
+            let k = match e {
+                Event::Burst(_) => continue,
+                Event::Kill(_) => "kill",
+                Event::ClientKill { .. } => "clientkill",
+                Event::Stall => "stall",
+                Event::Quiet(_) => "quiet",
+                Event::StopInStall(_) => "stop-in-stall",
+            };
+            *kinds.entry(k).or_default() += 1;
+        }
+        format!(
+            "queues=[{}]{} c={:?} jobs={} faults={:?}",
+            queues.join(" "),
+            if self.strict() { "strict" } else { "weighted" },
+            self.concurrency,
+            self.jobs().count(),
+            kinds
+        )
+    }
+}
+
+/// One job of a burst: mostly succeeding, some sleeping (now and then past the stop deadline), some
+/// failing, some panicking (`no_panic`: failing instead); a few scheduled.
+fn draw_job(
+    rng: &mut StdRng,
+    n: &mut usize,
+    seed: u64,
+    queues: &[(String, u32)],
+    no_panic: bool,
+) -> JobSpec {
+    *n += 1;
+    let roll = rng.random_range(0..100);
+    let mode = match roll {
+        0..55 => "ok",
+        55..80 => "sleep",
+        80..94 => "fail",
+        _ if no_panic => "fail",
+        _ => "panic",
+    };
+    let sleep_ms = if mode == "sleep" {
+        if rng.random_bool(0.1) {
+            rng.random_range(1000..=MAX_SLEEP_MS)
+        } else {
+            rng.random_range(1..300)
+        }
+    } else {
+        0
+    };
+    JobSpec {
+        jid: format!("s{seed}j{n}"),
+        queue: queues.choose(rng).map(|q| q.0.clone()).unwrap(),
+        mode,
+        sleep_ms,
+        retry_zero: rng.random_bool(0.3),
+        scheduled_in: rng.random_bool(0.08).then(|| rng.random_range(0.5..4.0)),
+    }
+}
+
+/// A fault, with what was in flight (held in oxidekiq's keys) around it.
+#[derive(Debug)]
+struct Fault {
+    what: String,
+    /// The most jobs held at once in the snapshots taken around the fault.
+    inflight: usize,
+    /// Every jid seen held in those snapshots.
+    jids: HashSet<String>,
+}
+
+/// One live `oxidekiq` process of the run.
+struct Proc {
+    proc: Oxidekiq,
+    identity: String,
+    concurrency: usize,
+    quiet: bool,
+}
+
+/// A job held in oxidekiq's keys.
+struct HeldJob {
+    /// The working hash or landing list.
+    key: String,
+    jid: String,
+    /// It is a working hash's field name, not a value (the fetch script's field/value shift).
+    as_field: bool,
+}
+
+/// Every job held in oxidekiq's keys right now; `pid` limits it to one process.
+fn held_jobs(c: &mut redis::Connection, pid: Option<u32>) -> Vec<HeldJob> {
+    let (wp, lp) = match pid {
+        Some(p) => (
+            format!("oxidekiq:working:*:{p}:*"),
+            format!("oxidekiq:landing:*:{p}:*"),
+        ),
+        None => ("oxidekiq:working:*".into(), "oxidekiq:landing:*".into()),
+    };
+    let mut out = Vec::new();
+    let working: Vec<String> = c.keys(&wp).unwrap_or_default();
+    for k in working {
+        let entries: Vec<(String, String)> = c.hgetall(&k).unwrap_or_default();
+        for (field, value) in entries {
+            // A payload stored as a field name (the fetch-script defect) is a held job too.
+            for (s, as_field) in [(field, true), (value, false)] {
+                if let Some(jid) = jid_of(&s) {
+                    out.push(HeldJob {
+                        key: k.clone(),
+                        jid,
+                        as_field,
+                    });
+                }
+            }
+        }
+    }
+    let landing: Vec<String> = c.keys(&lp).unwrap_or_default();
+    for k in landing {
+        let entries: Vec<String> = c.lrange(&k, 0, -1).unwrap_or_default();
+        for s in entries {
+            out.push(HeldJob {
+                key: k.clone(),
+                jid: jid_of(&s).unwrap_or_else(|| format!("undecodable:{s:.40}")),
+                as_field: false,
+            });
+        }
+    }
+    out
+}
+
+/// How many jobs oxidekiq's keys hold right now, and their jids; `pid` limits it to one process.
+fn held(c: &mut redis::Connection, pid: Option<u32>) -> (usize, Vec<String>) {
+    let jobs = held_jobs(c, pid);
+    (jobs.len(), jobs.into_iter().map(|j| j.jid).collect())
+}
+
+fn jid_of(payload: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+    v.get("jid")?.as_str().map(str::to_string)
+}
+
+/// Every non-empty `oxidekiq:working:*` / `oxidekiq:landing:*` key with its size.
+fn own_keys(c: &mut redis::Connection) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
+        let n: usize = c.hlen(&k).unwrap_or(0);
+        if n > 0 {
+            out.push((k, n));
+        }
+    }
+    for k in c.keys::<_, Vec<String>>("oxidekiq:landing:*").unwrap() {
+        let n: usize = c.llen(&k).unwrap_or(0);
+        if n > 0 {
+            out.push((k, n));
+        }
+    }
+    out
+}
+
+/// The jids a process's Busy-page hash (`<identity>:work`) says it runs.
+fn busy_jids(c: &mut redis::Connection, identity: &str) -> HashSet<String> {
+    let entries: Vec<String> = c.hvals(format!("{identity}:work")).unwrap_or_default();
+    entries
+        .iter()
+        .filter_map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).ok()?;
+            jid_of(v.get("payload")?.as_str()?)
+        })
+        .collect()
+}
+
+fn signal_pid(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args(["-s", sig, &pid.to_string()])
+        .status();
+}
+
+/// Resumes a stopped Redis even when the test panics mid-stall.
+struct ContOnDrop(u32);
+impl Drop for ContOnDrop {
+    fn drop(&mut self) {
+        signal_pid(self.0, "CONT");
+    }
+}
+
+/// The outcome of one seed.
+struct Outcome {
+    summary: String,
+    findings: Vec<String>,
+}
+
+struct Run<'a> {
+    plan: &'a Plan,
+    redis: &'a RedisServer,
+    c: redis::Connection,
+    /// Process slots; `None` while a slot is empty.
+    procs: Vec<Option<Proc>>,
+    faults: Vec<Fault>,
+    findings: Vec<String>,
+    /// Every identity that ever ran, with its OS pid.
+    identities: Vec<(String, u32)>,
+    /// Recoveries of a process that was alive (logged by another one), after a stall.
+    live_recovered: usize,
+    /// The identities alive when Redis was stopped.
+    alive_at_stall: Vec<String>,
+    /// When Redis resumed after the stall (epoch seconds).
+    stall_end: Option<f64>,
+    /// Jobs pushed so far.
+    pushed: Vec<JobSpec>,
+    /// CPU share of the last process while idle at the end (a core = 1.0).
+    idle_cpu: Option<f64>,
+    /// Jobs seen stored as a working hash's field name ("jid in key").
+    payload_fields: HashSet<String>,
+    /// The log of every process that has ended, by identity (to explain a lost job).
+    logs: Vec<(String, String)>,
+}
+
+impl<'a> Run<'a> {
+    fn args(&self, concurrency: usize, strict_override: bool) -> Vec<String> {
+        let mut args = vec![
+            "-c".to_string(),
+            concurrency.to_string(),
+            "-t".into(),
+            STOP_TIMEOUT_SECS.to_string(),
+            "--beat-interval".into(),
+            BEAT_SECS.to_string(),
+            "--poll-interval".into(),
+            "0.5".into(),
+        ];
+        for (q, w) in &self.plan.queues {
+            args.push("-q".into());
+            args.push(if *w == 0 || strict_override {
+                q.clone()
+            } else {
+                format!("{q},{w}")
+            });
+        }
+        args
+    }
+
+    /// Starts a process and waits for it in `processes`.
+    fn start(&mut self, concurrency: usize, strict_override: bool) -> Proc {
+        let args = self.args(concurrency, strict_override);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let proc = Oxidekiq::start(&self.redis.url(), &args);
+        let needle = format!(":{}:", proc.pid());
+        let mut identity = None;
+        let up = wait_until(Duration::from_secs(30), || {
+            let members: Vec<String> = self.c.smembers("processes").unwrap_or_default();
+            identity = members.into_iter().find(|m| m.contains(&needle));
+            identity.is_some()
+        });
+        assert!(
+            up,
+            "oxidekiq (pid {}) never registered:\n{}",
+            proc.pid(),
+            proc.log()
+        );
+        let identity = identity.unwrap();
+        self.identities.push((identity.clone(), proc.pid()));
+        Proc {
+            proc,
+            identity,
+            concurrency,
+            quiet: false,
+        }
+    }
+
+    /// Reads a process's log for panics that are not the chaos worker's and for recoveries of
+    /// processes that were alive at the time (`alive` = identities alive then).
+    fn scan_log(&mut self, p: &Proc) {
+        let log = p.proc.log();
+        if let Some(dir) = std::env::var_os("CHAOS_KEEP_LOGS") {
+            let name = format!("{}.log", p.identity.replace(':', "_"));
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(std::path::Path::new(&dir).join(name), &log);
+        }
+        self.logs.push((p.identity.clone(), log.clone()));
+        let mut lines = log.lines();
+        while let Some(line) = lines.next() {
+            if line.contains("panicked at") {
+                let msg = lines.next().unwrap_or("");
+                if !msg.starts_with("chaos panic") {
+                    self.findings
+                        .push(format!("OWN PANIC in {}: {line} / {msg}", p.identity));
+                }
+            }
+            // Within a liveness TTL of the stall's end, a recovery of a process alive at the stall
+            // is the stall's doing (later ones may be of a process killed since).
+            let in_window = |end: f64| {
+                line.split(' ')
+                    .next()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.timestamp_millis() as f64 / 1000.0)
+                    .is_some_and(|t| t >= end - 1.0 && t <= end + liveness_ttl().as_secs_f64())
+            };
+            if line.contains("recovered jobs of a process that died")
+                && self.stall_end.is_some_and(in_window)
+                && self
+                    .alive_at_stall
+                    .iter()
+                    .any(|a| line.contains(&format!("process={a}")))
+            {
+                self.live_recovered += 1;
+            }
+        }
+    }
+
+    fn snapshot_fault(&mut self, what: String, pid: Option<u32>, before: (usize, Vec<String>)) {
+        let jobs = held_jobs(&mut self.c, pid);
+        for j in jobs.iter().filter(|j| j.as_field) {
+            self.payload_fields
+                .insert(format!("{} in {}", j.jid, j.key));
+        }
+        let after = (
+            jobs.len(),
+            jobs.into_iter().map(|j| j.jid).collect::<Vec<_>>(),
+        );
+        let mut jids: HashSet<String> = before.1.into_iter().collect();
+        jids.extend(after.1);
+        self.faults.push(Fault {
+            what,
+            inflight: before.0.max(after.0).max(jids.len()),
+            jids,
+        });
+    }
+
+    fn push(&mut self, jobs: &[JobSpec]) {
+        let now = now();
+        let mut pipe = redis::pipe();
+        for j in jobs {
+            match j.scheduled_in {
+                Some(dt) => {
+                    pipe.zadd("schedule", j.payload(now), now + dt).ignore();
+                }
+                None => {
+                    pipe.sadd("queues", &j.queue).ignore();
+                    pipe.lpush(format!("queue:{}", j.queue), j.payload(now))
+                        .ignore();
+                }
+            }
+        }
+        let _: () = pipe.query(&mut self.c).unwrap();
+        self.pushed.extend_from_slice(jobs);
+    }
+
+    fn kill(&mut self, slot: usize) {
+        let slot = slot % self.procs.len();
+        let Some(mut p) = self.procs[slot].take() else {
+            return;
+        };
+        let before = held(&mut self.c, Some(p.proc.pid()));
+        p.proc.kill_9();
+        self.snapshot_fault(format!("kill {}", p.identity), Some(p.proc.pid()), before);
+        self.scan_log(&p);
+        let replacement = self.start(p.concurrency, false);
+        self.procs[slot] = Some(replacement);
+    }
+
+    fn client_kill(&mut self, all: bool, rng: &mut StdRng) {
+        let own: i64 = redis::cmd("CLIENT").arg("ID").query(&mut self.c).unwrap();
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut self.c).unwrap();
+        let ids: Vec<i64> = list
+            .lines()
+            .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+            .filter(|id| *id != own && (all || rng.random_bool(0.5)))
+            .collect();
+        // The snapshot right before, then every kill in one round trip: a job fetched between the
+        // two is the only one that can run twice without being seen in flight.
+        let before = held(&mut self.c, None);
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(*id);
+        }
+        let killed: Vec<redis::Value> = pipe.query(&mut self.c).unwrap_or_default();
+        self.snapshot_fault(format!("client kill x{}", killed.len()), None, before);
+    }
+
+    fn stall(&mut self) {
+        let before = held(&mut self.c, None);
+        let pid = self.redis.pid();
+        signal_pid(pid, "STOP");
+        let guard = ContOnDrop(pid);
+        std::thread::sleep(stall_length());
+        drop(guard);
+        // The connection may have timed out on its side; a fresh one is simpler.
+        self.c = self.redis.conn();
+        self.snapshot_fault("redis stall".into(), None, before);
+        // Any recovery of these (alive) processes that follows takes jobs they are running.
+        self.stall_end = Some(now());
+        self.alive_at_stall = self
+            .procs
+            .iter()
+            .flatten()
+            .map(|p| p.identity.clone())
+            .collect();
+    }
+
+    fn stop_in_stall(&mut self, slot: usize) {
+        let slot = slot % self.procs.len();
+        let Some(mut p) = self.procs[slot].take() else {
+            return;
+        };
+        let before = held(&mut self.c, None);
+        let pid = self.redis.pid();
+        signal_pid(pid, "STOP");
+        let guard = ContOnDrop(pid);
+        p.proc.signal("TERM");
+        let exited = p
+            .proc
+            .wait_exit(Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_IN_STALL_MARGIN)
+            .is_some();
+        drop(guard);
+        if !exited {
+            self.findings.push(format!(
+                "STOP HANG (redis down): {} still running {}s after TERM (-t {STOP_TIMEOUT_SECS}) while Redis was stopped",
+                p.identity,
+                (Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_IN_STALL_MARGIN).as_secs()
+            ));
+            if p.proc.wait_exit(STOP_MARGIN).is_none() {
+                self.findings.push(format!(
+                    "STOP HANG: {} still running {}s after Redis came back",
+                    p.identity,
+                    STOP_MARGIN.as_secs()
+                ));
+                p.proc.kill_9();
+            }
+        }
+        self.c = self.redis.conn();
+        self.snapshot_fault(format!("stop-in-stall {}", p.identity), None, before);
+        self.scan_log(&p);
+        let replacement = self.start(p.concurrency, false);
+        self.procs[slot] = Some(replacement);
+    }
+
+    fn quiet(&mut self, slot: usize) {
+        let slot = slot % self.procs.len();
+        if let Some(p) = self.procs[slot].as_mut()
+            && !p.quiet
+        {
+            p.proc.signal("TSTP");
+            p.quiet = true;
+        }
+    }
+
+    /// A quiet process should hold only what it runs: held-but-not-running jobs seen twice, a few
+    /// beats apart, are stranded.
+    fn check_quiet(&mut self) {
+        let quiet: Vec<(String, u32)> = self
+            .procs
+            .iter()
+            .flatten()
+            .filter(|p| p.quiet)
+            .map(|p| (p.identity.clone(), p.proc.pid()))
+            .collect();
+        for (identity, pid) in quiet {
+            let strand = |c: &mut redis::Connection| -> HashSet<String> {
+                let busy = busy_jids(c, &identity);
+                held(c, Some(pid))
+                    .1
+                    .into_iter()
+                    .filter(|j| !busy.contains(j))
+                    .collect()
+            };
+            let first = strand(&mut self.c);
+            if first.is_empty() {
+                continue;
+            }
+            std::thread::sleep(Duration::from_secs_f64(3.0 * BEAT_SECS));
+            let second = strand(&mut self.c);
+            let both: Vec<&String> = first.intersection(&second).collect();
+            if !both.is_empty() {
+                self.findings.push(format!(
+                    "QUIET STRAND: quiet {identity} holds {} job(s) it does not run: {:?}",
+                    both.len(),
+                    both.iter().take(5).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+
+    /// TERM every process, wait for each to exit.
+    fn stop_all(&mut self) {
+        let mut stopping = Vec::new();
+        for slot in self.procs.iter_mut() {
+            if let Some(p) = slot.take() {
+                p.proc.signal("TERM");
+                stopping.push(p);
+            }
+        }
+        let before = self.held_at_deadline(&mut stopping, Instant::now());
+        let bound = Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_MARGIN;
+        for mut p in stopping {
+            match p.proc.wait_exit(bound) {
+                Some(status) if status.success() => {}
+                Some(status) => self.findings.push(format!(
+                    "STOP EXIT: {} exited with {status} after TERM",
+                    p.identity
+                )),
+                None => {
+                    self.findings.push(format!(
+                        "STOP HANG: {} still running {}s after TERM (-t {STOP_TIMEOUT_SECS})",
+                        p.identity,
+                        bound.as_secs()
+                    ));
+                    p.proc.kill_9();
+                }
+            }
+            self.scan_log(&p);
+        }
+        self.snapshot_fault("stop".into(), None, before);
+    }
+
+    /// What is held just before the stop deadline of processes TERMed at `termed` (or once they have
+    /// all exited): a job can run twice at a stop only if it is still running when the deadline
+    /// cuts it off, after its last write and before its acknowledgement.
+    fn held_at_deadline(&mut self, stopping: &mut [Proc], termed: Instant) -> (usize, Vec<String>) {
+        let deadline = termed + Duration::from_secs(STOP_TIMEOUT_SECS) - Duration::from_millis(300);
+        while Instant::now() < deadline && stopping.iter_mut().any(|p| p.proc.try_exit().is_none())
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        held(&mut self.c, None)
+    }
+
+    /// Queued jobs (all of our queues) + scheduled jobs + held jobs.
+    fn pending(&mut self) -> (usize, usize, usize) {
+        let mut queued = 0;
+        for (q, _) in &self.plan.queues {
+            queued += self.c.llen::<_, usize>(format!("queue:{q}")).unwrap_or(0);
+        }
+        let scheduled: usize = self.c.zcard("schedule").unwrap_or(0);
+        (queued, scheduled, held(&mut self.c, None).0)
+    }
+
+    /// The last process: runs until the queues, the schedule set and oxidekiq's keys are empty, or
+    /// stops making progress, or the bound passes.
+    fn final_drain(&mut self) {
+        let last = self.start(FINAL_CONCURRENCY, true);
+        let start = Instant::now();
+        // When each jid now held was first seen held, continuously: a job held far longer than the
+        // longest sleep with nothing left to fetch is stuck (nobody runs it, nobody will).
+        let mut held_since: HashMap<(String, String), Instant> = HashMap::new();
+        loop {
+            let (queued, scheduled, held_n) = self.pending();
+            if queued + scheduled + held_n == 0 {
+                break;
+            }
+            let jobs = held_jobs(&mut self.c, None);
+            for j in jobs.iter().filter(|j| j.as_field) {
+                self.payload_fields
+                    .insert(format!("{} in {}", j.jid, j.key));
+            }
+            // Keyed by (key, jid): a job recovered from a dead process's hash into ours starts anew.
+            let now_held: HashSet<(String, String)> = jobs
+                .iter()
+                .map(|j| (j.key.clone(), j.jid.clone()))
+                .collect();
+            held_since.retain(|kj, _| now_held.contains(kj));
+            for kj in now_held {
+                held_since.entry(kj).or_insert_with(Instant::now);
+            }
+            // A job of the last process is stuck once held far longer than the longest sleep; one of
+            // a dead process's keys once held longer than a recovery can take (the liveness TTL, a
+            // recovery lock left by a failed or killed recovery, 30 s, and a few recovery rounds).
+            let stuck: Vec<String> = jobs
+                .iter()
+                .filter(|j| {
+                    let limit = if j.key.contains(&last.identity) {
+                        DRAIN_STUCK
+                    } else {
+                        DRAIN_STUCK_DEAD
+                    };
+                    held_since
+                        .get(&(j.key.clone(), j.jid.clone()))
+                        .is_some_and(|t| t.elapsed() > limit)
+                })
+                .map(|j| j.jid.clone())
+                .collect();
+            if queued + scheduled == 0 && !stuck.is_empty() && stuck.len() == jobs.len() {
+                let modes = self.modes_of(&stuck);
+                let keys: HashSet<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+                let mut detail = String::new();
+                for k in &keys {
+                    let owner = k
+                        .strip_prefix("oxidekiq:working:")
+                        .or_else(|| k.strip_prefix("oxidekiq:landing:"))
+                        .map(|r| r.splitn(4, ':').take(3).collect::<Vec<_>>().join(":"))
+                        .unwrap_or_default();
+                    let alive: bool = self
+                        .c
+                        .exists(format!("oxidekiq:alive:{owner}"))
+                        .unwrap_or(false);
+                    let _ = write!(
+                        detail,
+                        "\n      {k}: owner is the last process: {}, its liveness key exists: {alive}",
+                        owner == last.identity
+                    );
+                }
+                let lock: Option<String> = self.c.get("oxidekiq:recovery-lock").unwrap_or(None);
+                let lock_ttl: i64 = self.c.ttl("oxidekiq:recovery-lock").unwrap_or(-2);
+                let _ = write!(detail, "\n      recovery lock: {lock:?} ttl {lock_ttl}");
+                let mut logs = self.logs.clone();
+                logs.push((last.identity.clone(), last.proc.log()));
+                for j in stuck.iter().take(2) {
+                    for (identity, log) in &logs {
+                        for line in log.lines().filter(|l| l.contains(&format!("jid={j} "))) {
+                            let _ = write!(detail, "\n        [{identity}] {line:.300}");
+                        }
+                    }
+                }
+                self.findings.push(format!(
+                    "DRAIN STUCK: {} job(s) held with nothing left to fetch and no end in sight \
+                     (own: {}s, a dead process's: {}s): {modes}{detail}",
+                    stuck.len(),
+                    DRAIN_STUCK.as_secs(),
+                    DRAIN_STUCK_DEAD.as_secs(),
+                ));
+                break;
+            }
+            if start.elapsed() > DRAIN_BOUND {
+                self.findings.push(format!(
+                    "DRAIN BOUND: after {}s still queued={queued} scheduled={scheduled} held={held_n}",
+                    DRAIN_BOUND.as_secs()
+                ));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        // An idle process waits on Redis: CPU time well beyond its beats means a loop spins.
+        let cpu = cpu_share(last.proc.pid(), Duration::from_secs(3));
+        self.idle_cpu = cpu;
+        if cpu.is_some_and(|c| c > 0.5) {
+            self.findings.push(format!(
+                "SPIN: the last process used {:.0}% of a core over 3 s with nothing to do",
+                cpu.unwrap_or(0.0) * 100.0
+            ));
+        }
+        last.proc.signal("TERM");
+        let mut stopping = vec![last];
+        let before = self.held_at_deadline(&mut stopping, Instant::now());
+        let mut last = stopping.pop().unwrap();
+        let bound = Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_MARGIN;
+        if last.proc.wait_exit(bound).is_none() {
+            self.findings.push(format!(
+                "STOP HANG: final process {} after TERM",
+                last.identity
+            ));
+            last.proc.kill_9();
+        }
+        self.scan_log(&last);
+        self.snapshot_fault("final stop".into(), None, before);
+    }
+
+    /// `mode:count` of these jids, plus a few of them.
+    fn modes_of(&self, jids: &[String]) -> String {
+        modes_of(&self.pushed, jids)
+    }
+
+    /// Accounts for every jid; returns the summary line.
+    fn account(&mut self) -> String {
+        let mut conn = self.redis.conn();
+        let c = &mut conn;
+        let done: HashMap<String, u64> = c.hgetall("chaos:done").unwrap();
+        let runs: HashMap<String, u64> = c.hgetall("chaos:runs").unwrap();
+        // jid -> places, and (for retry/dead/queue) whether that copy carries an error.
+        let mut places: HashMap<String, Vec<(&'static str, bool)>> = HashMap::new();
+        let mut dead_no_reason = Vec::new();
+        for (set, name) in [
+            ("retry", "retry"),
+            ("dead", "dead"),
+            ("schedule", "schedule"),
+        ] {
+            let members: Vec<String> = c.zrange(set, 0, -1).unwrap();
+            for m in members {
+                let v: serde_json::Value = match serde_json::from_str(&m) {
+                    Ok(v) => v,
+                    Err(_) => {
+                        self.findings
+                            .push(format!("UNDECODABLE {set} member: {m:.120}"));
+                        continue;
+                    }
+                };
+                let has_error = v.get("error_class").is_some_and(|e| e.is_string())
+                    && v.get("error_message").is_some();
+                if name == "dead" && !has_error {
+                    dead_no_reason.push(v["jid"].as_str().unwrap_or("?").to_string());
+                }
+                if let Some(j) = v["jid"].as_str() {
+                    places
+                        .entry(j.to_string())
+                        .or_default()
+                        .push((name, has_error));
+                }
+            }
+        }
+        let queue_keys: Vec<String> = c.keys("queue:*").unwrap();
+        for k in queue_keys {
+            let members: Vec<String> = c.lrange(&k, 0, -1).unwrap();
+            for m in members {
+                let v: serde_json::Value = serde_json::from_str(&m).unwrap_or_default();
+                let has_error = v.get("error_class").is_some();
+                if let Some(j) = v["jid"].as_str() {
+                    places
+                        .entry(j.to_string())
+                        .or_default()
+                        .push(("queue", has_error));
+                }
+            }
+        }
+        if !self.payload_fields.is_empty() {
+            self.findings.push(format!(
+                "PAYLOAD AS FIELD: {} job(s) seen stored as a working hash's field name (a recovery \
+                 pushes back only values): {:?}",
+                self.payload_fields.len(),
+                self.payload_fields.iter().take(3).collect::<Vec<_>>()
+            ));
+        }
+        let stranded = own_keys(c);
+        if !stranded.is_empty() {
+            let (_, jids) = held(c, None);
+            // Not lost, but stranded: reported as such.
+            for j in &jids {
+                places.entry(j.clone()).or_default().push(("held", false));
+            }
+            let modes = self.modes_of(&jids);
+            self.findings.push(format!(
+                "STRANDED after every process stopped: {stranded:?}: {modes}"
+            ));
+        }
+        if !dead_no_reason.is_empty() {
+            self.findings.push(format!(
+                "DEAD WITHOUT REASON: {} dead entr(ies) without error_class/error_message (recovered too often?): {}",
+                dead_no_reason.len(),
+                self.modes_of(&dead_no_reason)
+            ));
+        }
+
+        let mut interrupted: HashSet<String> = HashSet::new();
+        for (_, log) in &self.logs {
+            for line in log
+                .lines()
+                .filter(|l| l.contains("interrupted by shutdown"))
+            {
+                if let Some(rest) = line.split("jid=").nth(1) {
+                    interrupted.insert(rest.split(' ').next().unwrap_or("").to_string());
+                }
+            }
+        }
+        let mut lost = Vec::new();
+        let mut panic_not_failed = Vec::new();
+        let mut fail_not_failed = Vec::new();
+        let mut dups = 0u64;
+        let mut dup_jids = Vec::new();
+        let mut multi = 0;
+        let mut multi_example: Option<String> = None;
+        let (mut n_done, mut n_retry, mut n_dead, mut n_queued, mut n_sched) = (0, 0, 0, 0, 0);
+        for job in &self.pushed {
+            let d = done.get(&job.jid).copied().unwrap_or(0);
+            let r = runs.get(&job.jid).copied().unwrap_or(0);
+            let at = places.get(&job.jid).map(Vec::as_slice).unwrap_or(&[]);
+            if d > 1 {
+                dups += d - 1;
+                dup_jids.push(job.jid.clone());
+            }
+            if at.len() > 1 {
+                multi += 1;
+                if multi_example.is_none() {
+                    multi_example = Some(format!("{}:{at:?}", job.jid));
+                }
+            }
+            if d > 0 {
+                n_done += 1;
+            }
+            for (p, _) in at {
+                match *p {
+                    "retry" => n_retry += 1,
+                    "dead" => n_dead += 1,
+                    "queue" => n_queued += 1,
+                    "schedule" => n_sched += 1,
+                    _ => {}
+                }
+            }
+            if d == 0 && at.is_empty() {
+                lost.push(job.jid.clone());
+                continue;
+            }
+            // A job that ran and failed (by error or by panic) ends as a failure: in the retry or dead
+            // set, or back in a queue carrying its error (a retry that came due).
+            // A run cut off by a stop deadline has no fate of its own: it is pushed back as it was
+            // (Sidekiq's `Sidekiq::Shutdown`), which the process logs.
+            let failed_properly = at
+                .iter()
+                .any(|(p, err)| matches!(*p, "retry" | "dead") || (*p == "queue" && *err))
+                || (at.iter().any(|(p, _)| *p == "queue") && interrupted.contains(&job.jid));
+            if r > 0 && !failed_properly {
+                match job.mode {
+                    "panic" => panic_not_failed.push(job.jid.clone()),
+                    "fail" => fail_not_failed.push(job.jid.clone()),
+                    _ => {}
+                }
+            }
+        }
+        if !lost.is_empty() {
+            let modes = self.modes_of(&lost);
+            let mut detail = String::new();
+            for j in lost.iter().take(3) {
+                let spec = self.pushed.iter().find(|s| s.jid == *j);
+                let _ = write!(
+                    detail,
+                    "\n      {j} queue={} runs={}:",
+                    spec.map_or("?", |s| s.queue.as_str()),
+                    runs.get(j).copied().unwrap_or(0)
+                );
+                for (identity, log) in &self.logs {
+                    for line in log.lines().filter(|l| l.contains(&format!("jid={j} "))) {
+                        let _ = write!(detail, "\n        [{identity}] {line:.300}");
+                    }
+                }
+            }
+            let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+            for (_, log) in &self.logs {
+                for line in log.lines() {
+                    if let Some(i) = line.find("error=") {
+                        let e: String = line[i..].chars().take(160).collect();
+                        *errors.entry(e).or_default() += 1;
+                    }
+                }
+            }
+            for (e, n) in errors.iter().take(8) {
+                let _ = write!(detail, "\n      logged {n}x: {e}");
+            }
+            self.findings.push(format!(
+                "LOST: {} job(s) never ran to their end and are nowhere in Redis: {modes}{detail}",
+                lost.len()
+            ));
+        }
+        if !panic_not_failed.is_empty() {
+            let ex: Vec<String> = panic_not_failed
+                .iter()
+                .take(3)
+                .map(|j| format!("{j}@{:?}", places.get(j)))
+                .collect();
+            self.findings.push(format!(
+                "PANIC NOT FAILED: {} job(s) panicked but are not in the retry/dead set: {ex:?}",
+                panic_not_failed.len()
+            ));
+        }
+        if !fail_not_failed.is_empty() {
+            let ex: Vec<String> = fail_not_failed
+                .iter()
+                .take(3)
+                .map(|j| format!("{j}@{:?}", places.get(j)))
+                .collect();
+            self.findings.push(format!(
+                "FAIL NOT FAILED: {} failing job(s) ran but are not in the retry/dead set: {ex:?}",
+                fail_not_failed.len()
+            ));
+        }
+        let bound: usize = self.faults.iter().map(|f| f.inflight).sum();
+        let outside: Vec<&String> = dup_jids
+            .iter()
+            .filter(|j| !self.faults.iter().any(|f| f.jids.contains(*j)))
+            .collect();
+        // After the fix of the post-outage reconcile (issue #11, 7), a duplicate should be a job
+        // seen in flight at a fault; CHAOS_STRICT_DUPS=1 holds the code to that.
+        if std::env::var_os("CHAOS_STRICT_DUPS").is_some_and(|v| v != "0") && !outside.is_empty() {
+            self.findings.push(format!(
+                "DUPLICATES OUTSIDE FAULTS: {} job(s) ran to their end twice but were never seen \
+                 held at a fault: {:?}",
+                outside.len(),
+                outside.iter().take(5).collect::<Vec<_>>()
+            ));
+        }
+        if dups as usize > bound {
+            self.findings.push(format!(
+                "DUPLICATES OVER BOUND: {dups} extra run(s) > {bound} in flight at the faults; \
+                 e.g. {:?}",
+                dup_jids.iter().take(5).collect::<Vec<_>>()
+            ));
+        }
+        let mut faults = String::new();
+        for f in &self.faults {
+            let _ = write!(
+                faults,
+                "{}:{} ",
+                f.what.split(' ').next().unwrap_or(""),
+                f.inflight
+            );
+        }
+        format!(
+            "jobs={} done={n_done} retry={n_retry} dead={n_dead} queued={n_queued} sched={n_sched} \
+             dups={dups}/bound {bound} (outside snapshots {}) multi-placed={multi}{} \
+             live-recoveries-after-stall={} idle-cpu={} inflight[{}]",
+            self.pushed.len(),
+            outside.len(),
+            multi_example.map_or(String::new(), |e| format!(" (e.g. {e})")),
+            self.live_recovered,
+            self.idle_cpu
+                .map_or("?".to_string(), |c| format!("{:.0}%", c * 100.0)),
+            faults.trim_end()
+        )
+    }
+}
+
+/// utime + stime of a process, in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The share of one core a process used over `window` (clock ticks at the usual 100 per second).
+fn cpu_share(pid: u32, window: Duration) -> Option<f64> {
+    let a = cpu_ticks(pid)?;
+    std::thread::sleep(window);
+    let b = cpu_ticks(pid)?;
+    Some((b - a) as f64 / 100.0 / window.as_secs_f64())
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Runs one seed end to end.
+fn run_seed(seed: u64) -> Outcome {
+    let plan = Plan::draw(seed);
+    let redis = RedisServer::start();
+    let mut run = Run {
+        plan: &plan,
+        redis: &redis,
+        c: redis.conn(),
+        procs: Vec::new(),
+        faults: Vec::new(),
+        findings: Vec::new(),
+        identities: Vec::new(),
+        live_recovered: 0,
+        alive_at_stall: Vec::new(),
+        stall_end: None,
+        pushed: Vec::new(),
+        logs: Vec::new(),
+        payload_fields: HashSet::new(),
+        idle_cpu: None,
+    };
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    for &c in &plan.concurrency {
+        let p = run.start(c, false);
+        run.procs.push(Some(p));
+    }
+    let t0 = Instant::now();
+    let mut quiet_at = None;
+    for (at, event) in &plan.events {
+        let target = t0 + Duration::from_secs_f64(*at);
+        if let Some(wait) = target.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        match event {
+            Event::Burst(jobs) => run.push(jobs),
+            Event::Kill(slot) => run.kill(*slot),
+            Event::ClientKill { all } => run.client_kill(*all, &mut rng),
+            Event::Stall => run.stall(),
+            Event::StopInStall(slot) => run.stop_in_stall(*slot),
+            Event::Quiet(slot) => {
+                run.quiet(*slot);
+                quiet_at = Some(Instant::now());
+            }
+        }
+    }
+    let end = t0 + Duration::from_secs_f64(plan.chaos_secs);
+    if let Some(wait) = end.checked_duration_since(Instant::now()) {
+        std::thread::sleep(wait);
+    }
+    if let Some(q) = quiet_at {
+        // Give the quiet process a few beats to finish what it runs before judging what it holds.
+        let settle = q + Duration::from_secs_f64(3.0 * BEAT_SECS);
+        if let Some(wait) = settle.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        run.check_quiet();
+    }
+    run.stop_all();
+    run.final_drain();
+    let summary = run.account();
+    Outcome {
+        summary: format!(
+            "seed={seed} {} | {summary} | {:.0}s",
+            plan.describe(),
+            t0.elapsed().as_secs_f64()
+        ),
+        findings: run.findings,
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn every_job_is_accounted_for_under_random_chaos() {
+    let seeds: Vec<u64> = match (env_u64("CHAOS_SEED"), env_u64("CHAOS_SEEDS")) {
+        (Some(seed), _) => vec![seed],
+        (None, count) => {
+            let count = count.unwrap_or(DEFAULT_SEEDS);
+            let first = env_u64("CHAOS_FIRST_SEED").unwrap_or_else(|| now() as u64 % 1_000_000);
+            (first..first + count).collect()
+        }
+    };
+    eprintln!(
+        "chaos: seeds {seeds:?} (one: CHAOS_SEED=N; many: CHAOS_SEEDS=K CHAOS_FIRST_SEED=N; \
+         add -- --nocapture to see each seed's line)"
+    );
+    // Past this many seconds no further seed starts (the CI default stays bounded on a slow machine).
+    let budget = Duration::from_secs(env_u64("CHAOS_BUDGET_SECS").unwrap_or(DEFAULT_BUDGET_SECS));
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for seed in seeds {
+        if started.elapsed() > budget {
+            eprintln!(
+                "chaos: time budget of {}s spent; seed {seed} and later not run",
+                budget.as_secs()
+            );
+            break;
+        }
+        let out = run_seed(seed);
+        let status = if out.findings.is_empty() {
+            "ok"
+        } else {
+            "FAIL"
+        };
+        eprintln!("chaos {status} {}", out.summary);
+        for f in &out.findings {
+            eprintln!("    seed={seed} {f}");
+        }
+        if !out.findings.is_empty() {
+            failed.push((seed, out.findings));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "chaos found defects in {} seed(s) (rerun one with CHAOS_SEED=N):\n{}",
+        failed.len(),
+        failed
+            .iter()
+            .map(|(s, f)| format!("seed {s}:\n  {}", f.join("\n  ")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// `mode:count` of these jids among `pushed`, plus a few of them.
+fn modes_of(pushed: &[JobSpec], jids: &[String]) -> String {
+    let by_jid: HashMap<&str, &JobSpec> = pushed.iter().map(|j| (j.jid.as_str(), j)).collect();
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for j in jids {
+        let mode = by_jid.get(j.as_str()).map_or("?", |s| s.mode);
+        *count.entry(mode).or_default() += 1;
+    }
+    format!(
+        "{count:?} e.g. {:?}",
+        jids.iter().take(4).collect::<Vec<_>>()
+    )
+}
