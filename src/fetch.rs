@@ -1021,17 +1021,26 @@ pub fn alive_key(identity: &str) -> String {
 
 /// Marks `identity` alive for `ttl`. False when the key had expired (a Redis stall or a pause longer
 /// than the TTL): this reclaims it, and the process keeps its jobs unless it stayed away past the grace
-/// of [`recover_orphans`].
+/// of [`recover_orphans`]. It also clears its own suspect mark: a mark left from an earlier absence that
+/// no recovery pass saw end would otherwise date a later absence from the first one, and take the jobs
+/// of a process that is away again only briefly without any grace.
 pub async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -> Result<bool> {
     let ms = ttl.as_millis().max(1000) as u64;
     let key = alive_key(identity);
-    let (existed, ()): (bool, ()) = redis::pipe()
+    let (existed, (), _): (bool, (), u64) = redis::pipe()
         .exists(&key)
         .pset_ex(&key, 1, ms)
+        .hdel(SUSPECTS, identity)
         .query_async(conn)
         .await?;
     Ok(existed)
 }
+
+/// Lifetime of the recovery lock, renewed once after the key scan.
+const RECOVERY_LOCK_TTL: Duration = Duration::from_secs(30);
+
+/// Keys asked of each SCAN step of a recovery pass.
+const SCAN_COUNT: usize = 1000;
 
 /// What [`recover_orphans`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -1064,7 +1073,8 @@ impl Default for RecoveryPolicy {
 }
 
 /// Pushes back the jobs of every process found dead inside the recovery script (see [`ORPHAN_LUA`]).
-/// One process at a time does it (`SET oxidekiq:recovery-lock NX EX 30`); returns `None` when another
+/// One process at a time does it (`SET oxidekiq:recovery-lock <identity> NX PX 30000`, renewed after the
+/// key scan, released by compare-and-delete); returns `None` when another
 /// process holds that lock.
 pub async fn recover_orphans(
     conn: &mut Conn,
@@ -1076,15 +1086,16 @@ pub async fn recover_orphans(
         .arg(keys::RECOVERY_LOCK)
         .arg(own_identity)
         .arg("NX")
-        .arg("EX")
-        .arg(30)
+        .arg("PX")
+        .arg(RECOVERY_LOCK_TTL.as_millis() as u64)
         .query_async(conn)
         .await?;
     if got.is_none() {
         return Ok(None);
     }
     let result = recover_locked(conn, own_identity, now, policy).await;
-    let _: redis::RedisResult<()> = conn.del(keys::RECOVERY_LOCK).await;
+    // Compare-and-delete: a pass that outlasted the lock's 30 s must not free another process's lock.
+    let _ = crate::lock::release(conn, keys::RECOVERY_LOCK, own_identity).await;
     result.map(Some)
 }
 
@@ -1095,11 +1106,23 @@ async fn recover_locked(
     policy: RecoveryPolicy,
 ) -> Result<Recovered> {
     let mut held: Vec<String> = Vec::new();
-    for pattern in [keys::WORKING_PATTERN, keys::LANDING_PATTERN] {
-        let mut iter: redis::AsyncIter<'_, String> = conn.scan_match(pattern).await?;
+    {
+        // COUNT 1000, not the default 10: a pass walks the whole keyspace, which may hold millions of
+        // unrelated keys (a million took 190 000 round trips at 10, about a thousand at 1000), and each
+        // SCAN step stays short for Redis.
+        let opts = redis::ScanOptions::default()
+            .with_pattern(keys::HELD_PATTERN)
+            .with_count(SCAN_COUNT);
+        let mut iter: redis::AsyncIter<'_, String> = conn.scan_options(opts).await?;
         while let Some(item) = iter.next_item().await {
             held.push(item?);
         }
+    }
+    // A walk of a huge keyspace may have taken a while: go on only while the lock is still ours (and
+    // for another 30 s), so two passes never judge the same processes at once.
+    if !crate::lock::extend(conn, keys::RECOVERY_LOCK, own_identity, RECOVERY_LOCK_TTL).await? {
+        tracing::warn!("orphan recovery lock expired during the key scan; this pass stops");
+        return Ok(Recovered::default());
     }
     // Every key of one process goes to one script call, so one decision covers all of them.
     let mut by_process: Vec<(String, Vec<(String, String)>)> = Vec::new();
@@ -1110,14 +1133,11 @@ async fn recover_locked(
         else {
             continue;
         };
-        // identity = host:pid:hex (three colon-separated parts); the queue name is the rest.
-        let mut parts = rest.splitn(4, ':');
-        let (Some(h), Some(p), Some(x), Some(queue)) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        // identity = host:pid:hex12; the queue name is the rest (both may hold ':').
+        let Some((identity, queue)) = keys::split_held(rest) else {
             continue;
         };
-        let identity = format!("{h}:{p}:{x}");
+        let identity = identity.to_string();
         if identity == own_identity {
             continue;
         }

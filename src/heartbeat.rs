@@ -32,7 +32,7 @@ pub const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 /// What this process tells the Busy page about itself.
 #[derive(Debug, Clone)]
 pub struct ProcessInfo {
-    /// `host:pid:hex12`.
+    /// `host:pid:hex12`, with any ':' of the host name made '-' ([`identity_for`]).
     pub identity: String,
     /// Host name (`DYNO` wins, as in Ruby).
     pub hostname: String,
@@ -62,7 +62,7 @@ impl ProcessInfo {
         let pid = std::process::id();
         let mut nonce = [0u8; 6];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
-        let identity = format!("{hostname}:{pid}:{}", crate::job::hex(&nonce));
+        let identity = identity_for(&hostname, pid, &crate::job::hex(&nonce));
         let tag = tag.unwrap_or_else(|| {
             std::env::current_dir()
                 .ok()
@@ -121,6 +121,16 @@ impl ProcessInfo {
         })
         .to_string()
     }
+}
+
+/// The identity `host:pid:hex12` of `launcher.rb` (PROTOCOL §6.1), except that a ':' in the host name
+/// becomes '-': recovery splits `oxidekiq:working:<identity>:<queue>` at the colons, and a host name such
+/// as `node:a` would otherwise make the process's keys read as another identity and queue (whose
+/// liveness key never exists). Nothing reads the host out of the identity: the Web UIs show
+/// `info.hostname`, which keeps the real name; Ruby only compares identities whole.
+pub fn identity_for(hostname: &str, pid: u32, nonce_hex: &str) -> String {
+    let host = hostname.replace(':', "-");
+    format!("{host}:{pid}:{nonce_hex}")
 }
 
 fn hostname() -> String {
@@ -446,6 +456,17 @@ mod tests {
         let parts: Vec<&str> = p.identity.split(':').collect();
         assert_eq!(parts.len(), 3);
         assert_eq!(parts[2].len(), 12);
+    }
+
+    #[test]
+    fn a_colon_in_the_host_name_does_not_reach_the_identity() {
+        let id = identity_for("node:a", 42, "0123456789ab");
+        assert_eq!(id.split(':').count(), 3, "{id}");
+        assert!(id.starts_with("node-a:42:"), "{id}");
+        assert_eq!(
+            crate::keys::split_held(&format!("{id}:ffff:default")),
+            Some((id.as_str(), "ffff:default"))
+        );
     }
 
     #[test]

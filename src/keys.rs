@@ -54,11 +54,27 @@ pub fn landing_prefix(identity: &str) -> String {
     format!("oxidekiq:landing:{identity}:")
 }
 
-/// The pattern that matches every process's landing lists, for recovery.
-pub const LANDING_PATTERN: &str = "oxidekiq:landing:*";
+/// Splits the part of a working or landing key after its prefix, `<identity>:<queue>`, into identity and
+/// queue name. The identity is `host:pid:hex12` (`launcher.rb`); a queue name may hold ':' too, so the
+/// identity ends at the first `:<digits>:<hex>` pair after the host, which also reads right the keys
+/// of an older process whose host name kept its ':' (this version replaces them, see
+/// `heartbeat::identity_for`). None when there is no such pair, or no queue after it.
+pub fn split_held(rest: &str) -> Option<(&str, &str)> {
+    let parts: Vec<&str> = rest.split(':').collect();
+    let is_pid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    // 12 hex digits in every identity Sidekiq or oxidekiq makes; any length is read, as tests use short ones.
+    let is_nonce = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+    // Host name at least one part, then pid and nonce, then at least one part of queue name.
+    let i =
+        (1..parts.len().saturating_sub(2)).find(|&i| is_pid(parts[i]) && is_nonce(parts[i + 1]))?;
+    let len: usize = parts[..i + 2].iter().map(|p| p.len() + 1).sum::<usize>() - 1;
+    let (identity, queue) = (rest.get(..len)?, rest.get(len + 1..)?);
+    Some((identity, queue))
+}
 
-/// The pattern that matches every process's working hashes, for recovery.
-pub const WORKING_PATTERN: &str = "oxidekiq:working:*";
+/// The pattern that matches every process's landing lists and working hashes, for recovery: one SCAN
+/// of the keyspace finds both (the few other keys it lets through are dropped by their prefix).
+pub const HELD_PATTERN: &str = "oxidekiq:[lw][ao][nr][dk]ing:*";
 
 /// Hash of processes seen without their liveness key: identity → Redis time (ms) when first seen so;
 /// recovery takes their jobs only once they stay so for a grace (see `fetch.rs` `ORPHAN_LUA`).
@@ -112,6 +128,29 @@ pub const HANDOFF: &str = "oxidekiq:handoff";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_keys_split_at_the_pid_and_nonce() {
+        assert_eq!(
+            split_held("web1:42:0123456789ab:default"),
+            Some(("web1:42:0123456789ab", "default"))
+        );
+        assert_eq!(
+            split_held("node:a:42:0123456789ab:ffff:default"),
+            Some(("node:a:42:0123456789ab", "ffff:default"))
+        );
+        assert_eq!(
+            split_held("h:1:0123456789ab:q:7:abcdefabcdef"),
+            Some(("h:1:0123456789ab", "q:7:abcdefabcdef"))
+        );
+        assert_eq!(split_held("h:1:0123456789ab"), None);
+        assert_eq!(
+            split_held("node:a:42:ffff:default"),
+            Some(("node:a:42:ffff", "default"))
+        );
+        assert_eq!(split_held("h:1:nothex:default"), None);
+        assert_eq!(split_held("1:0123456789ab:default"), None);
+    }
 
     #[test]
     fn sidekiq_key_shapes_match_ruby() {

@@ -233,9 +233,8 @@ impl Launcher {
             }
             heartbeat.beat(false).await?;
             crate::prom::metrics().beat();
-            if cfg.fetch == FetchMode::Reliable {
-                recover(&mut c, &identity, recovery).await;
-            }
+            // The first orphan recovery runs at once in the background loop: a pass walks the whole
+            // keyspace, and the start should not wait for it.
         }
         tracing::info!(
             identity = %identity,
@@ -671,7 +670,14 @@ async fn fetch_loop(
                         "redis reachable again: fetching resumed"
                     );
                     backoff = Duration::from_millis(100);
-                    reconcile(&fetcher).await;
+                    // Cut by the shutdown deadline like the fetch above: a Redis that hangs again
+                    // would hold the stop up to the response timeout per queue. What it did not
+                    // check stays in this process's working keys, which the shutdown sweeps.
+                    let mut cancelled = signal.clone();
+                    tokio::select! {
+                        _ = reconcile(&fetcher) => {}
+                        _ = cancelled.cancelled() => {}
+                    }
                 }
                 u
             }
@@ -887,17 +893,20 @@ async fn recovery_loop(
     mut signal: ShutdownSignal,
 ) {
     loop {
-        let jitter = rand::random::<f64>() * 0.5 + 0.75;
-        tokio::select! {
-            _ = tokio::time::sleep(every.mul_f64(jitter)) => {}
-            _ = signal.quiet() => return,
-        }
         // The dead entries it may write take the format the live fleet reads now.
         let policy = fetch::RecoveryPolicy {
             time_format: fleet.time_format(),
             ..policy
         };
         recover(&mut conn, &identity, policy).await;
+        if signal.is_quiet() {
+            return;
+        }
+        let jitter = rand::random::<f64>() * 0.5 + 0.75;
+        tokio::select! {
+            _ = tokio::time::sleep(every.mul_f64(jitter)) => {}
+            _ = signal.quiet() => return,
+        }
     }
 }
 

@@ -3,11 +3,11 @@
 //! Mirrors `scheduled.rb` (PROTOCOL §5): sets in the order `retry`, then `schedule`; a random sleep of
 //! ½–1½ × (`average` × live processes) between rounds (Ruby assumes every registered process polls, so we
 //! must too, at the same rate). Unlike Ruby's one-job-per-round-trip loop, each round trip moves up to
-//! [`BATCH`] jobs: Rust reads a batch of due members, gives each a fresh `enqueued_at` (keeping every other
-//! key and byte), and one Lua script moves them: a member is pushed only if it is still in its set, and
-//! removed only once the push succeeded (all inside the script, so two pollers never push one job twice,
-//! and a queue key of the wrong type leaves the job in its set instead of destroying it: the error names
-//! the key, and the other jobs move on). A round drains everything that is due. A member that is not a job
+//! [`BATCH`] jobs or [`BATCH_BYTES`] (at least one job): a script reads a batch of due members, Rust
+//! gives each a fresh `enqueued_at` (keeping every other key and byte), and one Lua script moves them: a
+//! member is pushed only if it is still in its set, and removed only once the push succeeded (all inside
+//! the script, so two pollers never push one job twice, and a queue key of the wrong type leaves the job
+//! in its set instead of destroying it: the error names the key, and the other jobs move on). A round drains everything that is due. A member that is not a job
 //! goes to the dead set, never lost.
 
 use std::time::Duration;
@@ -25,6 +25,28 @@ use crate::time::{self, TimeFormat, score};
 
 /// Members read and moved per round trip.
 pub const BATCH: usize = 1000;
+
+/// Bytes of due members read per round trip (at least one member, however large): with `BATCH`, it
+/// bounds what a round holds in memory (the members, their rewritten payloads and the script call that
+/// carries both) to a small multiple of the larger of this and the largest member.
+pub const BATCH_BYTES: usize = 2 * 1024 * 1024;
+
+/// Reads the due members of set KEYS[1] (score ≤ ARGV[1]) from rank ARGV[2] of the due ones, at most
+/// ARGV[3] of them and, past the first, only while their total stays within ARGV[4] bytes. One member at
+/// a time (`ZRANGE ... BYSCORE LIMIT`, Redis 6.2+ as the read it replaces), so Redis never holds more than
+/// the budget and one member either.
+const READ_DUE_LUA: &str = r#"
+local out, bytes = {}, 0
+local offset, count, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+while #out < count do
+  local m = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', offset + #out, 1)[1]
+  if not m then break end
+  if #out > 0 and bytes + #m > budget then break end
+  out[#out + 1] = m
+  bytes = bytes + #m
+end
+return out
+"#;
 
 /// ARGV: set, then triples (member, queue, new payload); a triple with an empty queue goes to `dead`.
 /// Each write comes before the `ZREM`, through `pcall`: a write that fails leaves its member in the set.
@@ -59,25 +81,23 @@ return {moved, failed, first}
 /// Moves every due job of `set` into its queue; returns how many moved.
 pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -> Result<u64> {
     let script = Script::new(ENQUEUE_LUA);
+    let read = Script::new(READ_DUE_LUA);
     let mut total = 0;
     // Members a failed write left in the set are skipped by the next read, so the others move on.
     let mut skip = 0;
     loop {
         // Bytes, not strings: one member that is not UTF-8 must not stop the whole set from moving.
-        let due: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-            .arg(set)
-            .arg("-inf")
+        let due: Vec<Vec<u8>> = read
+            .key(set)
             .arg(score(now))
-            .arg("BYSCORE")
-            .arg("LIMIT")
             .arg(skip)
             .arg(BATCH)
-            .query_async(conn)
+            .arg(BATCH_BYTES)
+            .invoke_async(conn)
             .await?;
         if due.is_empty() {
             return Ok(total);
         }
-        let n = due.len();
         let mut inv = script.prepare_invoke();
         inv.arg(set);
         for member in &due {
@@ -102,9 +122,8 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
                 "due jobs stay in their set: their queue cannot take them (retried next round)");
             skip += failed;
         }
-        if n < BATCH {
-            return Ok(total);
-        }
+        // A read cut by the byte budget has more behind it; the next read (empty when all moved) ends
+        // the round.
     }
 }
 

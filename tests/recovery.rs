@@ -1,0 +1,211 @@
+//! Orphan recovery and the scheduled poller at the edges an adversarial review found, against a real
+//! `redis-server`: an identity whose host name holds ':', a suspect mark left from an earlier absence,
+//! the recovery lock's release, and due members too large to read a thousand at a time.
+mod support;
+
+use std::time::Duration;
+
+use oxidekiq::fetch::{self, RecoveryPolicy};
+use oxidekiq::redis_conn::{self, Conn};
+use oxidekiq::time::{self, TimeFormat};
+use redis::Commands;
+
+/// This test's own identity, as the recovering process.
+const ME: &str = "me:1:aaaaaaaaaaaa";
+
+const JOB: &str = r#"{"class":"A","args":[],"jid":"0123456789abcdef01234567","queue":"default"}"#;
+
+async fn conn(redis: &support::RedisServer) -> Conn {
+    redis_conn::connect(&redis::Client::open(redis.url()).unwrap())
+        .await
+        .unwrap()
+}
+
+fn policy(grace: Duration) -> RecoveryPolicy {
+    RecoveryPolicy {
+        grace,
+        time_format: TimeFormat::Seconds,
+    }
+}
+
+async fn pass(conn: &mut Conn, grace: Duration) -> fetch::Recovered {
+    fetch::recover_orphans(conn, ME, time::now(), policy(grace))
+        .await
+        .unwrap()
+        .expect("no other process holds the recovery lock")
+}
+
+/// A process whose host name holds ':' (here `node:a`, as an older oxidekiq wrote it) keeps its jobs
+/// while it is alive, and once it is dead they go back to their own queue, not to a queue named after
+/// part of its identity.
+#[tokio::test]
+async fn a_colon_in_the_host_name_neither_strands_nor_steals_jobs() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let live = "node:a:42:0123456789ab";
+    let dead = "node:b:43:ba9876543210";
+    let live_key = format!("oxidekiq:working:{live}:default");
+    let dead_key = format!("oxidekiq:working:{dead}:low:prio");
+    let _: () = c.hset(&live_key, "1", JOB).unwrap();
+    let _: () = c.hset(&dead_key, "2", JOB).unwrap();
+    let grace = Duration::from_millis(300);
+    // Passes over more than a grace: the live one beats before each, the dead one never does.
+    let mut requeued = 0;
+    for _ in 0..4 {
+        fetch::mark_alive(&mut conn, live, Duration::from_secs(10))
+            .await
+            .unwrap();
+        requeued += pass(&mut conn, grace).await.requeued;
+        tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    }
+    let still: usize = c.hlen(&live_key).unwrap();
+    assert_eq!(still, 1, "the live process's job was taken");
+    assert_eq!(requeued, 1, "only the dead process's job goes back");
+    let queues: Vec<String> = c.keys("queue:*").unwrap();
+    assert_eq!(queues, vec!["queue:low:prio".to_string()]);
+    let back: Vec<String> = c.lrange("queue:low:prio", 0, -1).unwrap();
+    assert_eq!(back, vec![JOB.to_string()]);
+    let gone: bool = c.exists(&dead_key).unwrap();
+    assert!(!gone);
+}
+
+/// This version's own identity never holds a ':' in its host part, so its keys split at the right place.
+#[test]
+fn an_identity_built_from_a_colon_host_name_splits_back_whole() {
+    let id = oxidekiq::heartbeat::identity_for("node:a", 42, "0123456789ab");
+    let key = format!("{id}:ffff:default");
+    assert_eq!(
+        oxidekiq::keys::split_held(&key),
+        Some((id.as_str(), "ffff:default"))
+    );
+}
+
+/// Stall 1 leaves a suspect mark; the process beats again before any pass sees it back; stall 2 makes
+/// its key vanish again. The next pass must start a new grace, not count from the first mark.
+#[tokio::test]
+async fn a_beat_clears_a_suspect_mark_so_a_later_absence_gets_a_full_grace() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let other = "otherhost:2:bbbbbbbbbbbb";
+    let key = format!("oxidekiq:working:{other}:a");
+    let _: () = c.hset(&key, "1", JOB).unwrap();
+    let grace = Duration::from_millis(1500);
+    // Stall 1: no liveness key; the pass marks it.
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.suspects, 1);
+    let marked: bool = c.hexists(fetch::SUSPECTS, other).unwrap();
+    assert!(marked);
+    // It beats: the mark goes with it.
+    fetch::mark_alive(&mut conn, other, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let marked: bool = c.hexists(fetch::SUSPECTS, other).unwrap();
+    assert!(!marked, "a beat must clear the process's own suspect mark");
+    // Longer than the grace since the first mark, still alive.
+    tokio::time::sleep(grace + Duration::from_millis(300)).await;
+    // Stall 2: its key is gone (as an expiry during a stall leaves it).
+    let _: () = c.del(fetch::alive_key(other)).unwrap();
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(
+        r.requeued, 0,
+        "taken at once: the grace counted from the first absence"
+    );
+    assert_eq!(r.suspects, 1);
+    let held: usize = c.hlen(&key).unwrap();
+    assert_eq!(held, 1);
+    // It stays away a full grace: now its job goes back.
+    tokio::time::sleep(grace + Duration::from_millis(300)).await;
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.requeued, 1);
+    let back: Vec<String> = c.lrange("queue:a", 0, -1).unwrap();
+    assert_eq!(back, vec![JOB.to_string()]);
+}
+
+/// The lock is released only by its holder: a pass leaves another process's lock alone, and frees its
+/// own. Keys other than working hashes and landing lists, however many, are not touched.
+#[tokio::test]
+async fn the_recovery_lock_is_released_only_by_its_holder() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let unrelated: Vec<(String, String)> = (0..5000)
+        .map(|i| (format!("cache:{i}"), i.to_string()))
+        .collect();
+    let _: () = c.mset(&unrelated).unwrap();
+    // Near-misses of the scan pattern, which recovery must ignore.
+    let _: () = c.hset("oxidekiq:lording:x:1:ab:q", "1", JOB).unwrap();
+    let _: () = c
+        .set("oxidekiq:recovery-lock", "someone:9:cccccccccccc")
+        .unwrap();
+    let r = fetch::recover_orphans(&mut conn, ME, time::now(), policy(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    assert!(r.is_none(), "another process holds the lock");
+    let holder: String = c.get("oxidekiq:recovery-lock").unwrap();
+    assert_eq!(holder, "someone:9:cccccccccccc");
+    let _: () = c.del("oxidekiq:recovery-lock").unwrap();
+    pass(&mut conn, Duration::from_secs(1)).await;
+    let held: bool = c.exists("oxidekiq:recovery-lock").unwrap();
+    assert!(!held, "a finished pass frees its own lock");
+    let n: usize = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(n, 5001);
+}
+
+/// Due members far larger than the poller's byte budget, and many small ones behind them: every one
+/// is promoted to its queue, in one round, none lost or doubled.
+#[tokio::test]
+async fn large_due_members_are_all_promoted() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let big = oxidekiq::scheduled::BATCH_BYTES * 3 / 2;
+    let pad = "x".repeat(big);
+    let n_big = 6;
+    let n_small = 1500;
+    for i in 0..n_big {
+        let m = format!(r#"{{"class":"A","args":["{pad}"],"jid":"big{i}","queue":"q"}}"#);
+        let _: () = c.zadd("schedule", m, 1.0 + i as f64).unwrap();
+    }
+    let small: Vec<(f64, String)> = (0..n_small)
+        .map(|i| {
+            (
+                100.0 + i as f64,
+                format!(r#"{{"class":"A","args":[{i}],"jid":"small{i}","queue":"q"}}"#),
+            )
+        })
+        .collect();
+    let _: () = c.zadd_multiple("schedule", &small).unwrap();
+    // One not yet due, which stays.
+    let _: () = c
+        .zadd(
+            "schedule",
+            r#"{"class":"A","args":[],"jid":"later","queue":"q"}"#,
+            time::now() + 3600.0,
+        )
+        .unwrap();
+    drop(pad);
+    let moved =
+        oxidekiq::scheduled::enqueue_due(&mut conn, "schedule", time::now(), TimeFormat::Seconds)
+            .await
+            .unwrap();
+    assert_eq!(moved, (n_big + n_small) as u64);
+    let left: usize = c.zcard("schedule").unwrap();
+    assert_eq!(left, 1);
+    let queued: Vec<Vec<u8>> = c.lrange("queue:q", 0, -1).unwrap();
+    assert_eq!(queued.len(), n_big + n_small);
+    let mut jids: Vec<String> = queued
+        .iter()
+        .map(|p| {
+            let v: serde_json::Value = serde_json::from_slice(p).unwrap();
+            if let Some(s) = v["args"][0].as_str() {
+                assert_eq!(s.len(), big, "a large payload kept every byte");
+            }
+            v["jid"].as_str().unwrap().to_string()
+        })
+        .collect();
+    jids.sort();
+    jids.dedup();
+    assert_eq!(jids.len(), n_big + n_small, "a job pushed twice or lost");
+}
