@@ -49,18 +49,17 @@ fn config(url: &str, timeout: u64) -> Config {
 }
 
 /// Starts `DEBUG SLEEP secs` on a connection of its own and returns once Redis is seen stalled (a PING
-/// on another connection gets no answer within 200 ms).
+/// on another connection, opened beforehand, gets no answer within 200 ms).
 fn stall(url: &str, secs: u64) -> std::thread::JoinHandle<()> {
+    let mut probe = redis::Client::open(url).unwrap().get_connection().unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let u = url.to_string();
     let t = std::thread::spawn(move || {
         let mut c = redis::Client::open(u).unwrap().get_connection().unwrap();
         let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut c);
     });
-    let probe = redis::Client::open(url).unwrap().get_connection().unwrap();
-    probe
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let mut probe = probe;
     let stalled = support::wait_until(Duration::from_secs(10), || {
         redis::cmd("PING").query::<String>(&mut probe).is_err()
     });
