@@ -248,7 +248,8 @@ impl Processor {
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
     async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
-        let token = state.token(&self);
+        // The token is only built when a hand-off is configured: most processes have none.
+        let token = self.handoff.as_ref().and_then(|_| state.token(&self));
         if let Some(handed) = crate::migrate::handoff::divert(&self, &job, token.as_ref()).await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.

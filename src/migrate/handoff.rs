@@ -81,11 +81,11 @@ impl Handoff {
     }
 }
 
-/// The processor's hand-off step, consuming the job's `token` (its working-hash entry, reliable fetch) in
-/// the same script as the push, so a retry after a lost reply pushes nothing twice: `None` when the job
-/// runs here; `Some(true)` when it was pushed to
+/// The processor's hand-off step: `None` when the job runs here; `Some(true)` when it was pushed to
 /// the hand-off queue (acknowledge it); `Some(false)` when the process was cancelled before the push
-/// reached Redis (leave it in flight: the shutdown pushes it back).
+/// reached Redis (leave it in flight: the shutdown pushes it back). The push consumes the job's `token`
+/// (its working-hash entry, reliable fetch) in the same script, so a retry after a lost reply pushes
+/// nothing twice.
 pub async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> Option<bool> {
     let h = p.handoff.as_ref()?;
     let reason = h.reason(job, p.registry.get(job.worker_class()))?;
