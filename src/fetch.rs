@@ -170,6 +170,8 @@ end
 "#
     };
 }
+// The fate script (`retry.rs`) is built on the same helpers: one `to_dead`, one `failed`.
+pub(crate) use lua_common;
 
 /// The batch fetch. Takes up to ARGV[1] jobs from the queues ARGV[13 ..] (ARGV[12] of them, in order),
 /// each queue's landing list (ARGV[3]..queue) first, into working hashes ARGV[2]..queue under the ids
@@ -338,7 +340,7 @@ return {n, ''}
 pub const MAX_RECOVERIES: i64 = 3;
 
 /// A Redis error carrying a script's own message (a key of the wrong type, named with its type).
-fn script_error(msg: String) -> crate::Error {
+pub(crate) fn script_error(msg: String) -> crate::Error {
     crate::Error::Redis(redis::RedisError::from((
         redis::ErrorKind::UnexpectedReturnType,
         "a key has the wrong type",

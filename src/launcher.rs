@@ -205,6 +205,8 @@ impl Launcher {
             fleet: fleet.clone(),
             metrics: metrics.clone(),
             handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
+            working_prefix: (cfg.fetch == FetchMode::Reliable)
+                .then(|| crate::keys::working_prefix(&identity)),
         });
         let alive_ttl = alive_ttl(cfg.beat_interval);
         let heartbeat = Arc::new(

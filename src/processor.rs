@@ -4,6 +4,11 @@
 //! middleware chain → the worker. "It is worse to lose a job than to run it twice": a job is acknowledged
 //! only once its fate (done, retry, schedule, dead) is in Redis; while that write fails it is retried, and
 //! until it succeeds the job stays in the in-flight table, which the shutdown pushes back.
+//!
+//! Under reliable fetch a fate write (retry, dead, schedule, hand-off) also removes the job's entry from
+//! the working hash, in the same script, and writes nothing when that entry is gone ([`retry::Token`]).
+//! So a retry after a lost reply writes nothing twice, and a write cut off by the shutdown deadline after
+//! Redis ran it leaves nothing for the push-back, which moves only entries still there.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -168,6 +173,9 @@ pub struct Processor {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// `--handoff QUEUE`: jobs oxidekiq should not run go to a queue Ruby serves.
     pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
+    /// This process's working-hash prefix ([`crate::keys::working_prefix`]) under reliable fetch, `None`
+    /// with basic fetch: a job's entry there is its [`retry::Token`], consumed by its fate write.
+    pub working_prefix: Option<String>,
 }
 
 impl Processor {
@@ -201,9 +209,10 @@ impl Processor {
                         retry::undecodable_payload(&raw, &error.to_string(), now, tf)
                     }
                 };
+                let token = run.token(&self);
                 self.persist(|mut conn| {
-                    let member = member.clone();
-                    async move { retry::send_to_morgue(&mut conn, &member, now).await }
+                    let (member, token) = (member.clone(), token.clone());
+                    async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
                 })
                 .await;
                 run.settle(&self);
@@ -239,7 +248,9 @@ impl Processor {
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
     async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
-        if let Some(handed) = crate::migrate::handoff::divert(&self, &job).await {
+        // The token is only built when a hand-off is configured: most processes have none.
+        let token = self.handoff.as_ref().and_then(|_| state.token(&self));
+        if let Some(handed) = crate::migrate::handoff::divert(&self, &job, token.as_ref()).await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
                 state.settle(&self);
@@ -327,10 +338,11 @@ impl Processor {
             },
             &mut rand::rng(),
         );
+        let token = state.token(self);
         let fate = self
             .persist(|mut conn| {
-                let (job, plan) = (job.clone(), plan.clone());
-                async move { retry::apply(&mut conn, &job, &plan, now).await }
+                let (job, plan, token) = (job.clone(), plan.clone(), token.clone());
+                async move { retry::apply(&mut conn, &job, &plan, now, token.as_ref()).await }
             })
             .await;
         state.settle(self);
@@ -406,9 +418,10 @@ impl Processor {
                     let text = format!("panicked: {message} (and its retry entry could not be written)");
                     let member = annotate_error(&raw, crate::error::PANIC, &text);
                     let now = time::now();
+                    let token = run.token(self);
                     self.persist(|mut conn| {
-                        let member = member.clone();
-                        async move { retry::send_to_morgue(&mut conn, &member, now).await }
+                        let (member, token) = (member.clone(), token.clone());
+                        async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
                     })
                     .await;
                     tracing::error!("sent to the dead set");
@@ -545,6 +558,14 @@ impl RunState {
                 raw,
             });
         }
+    }
+
+    /// The job's working-hash entry, which its fate write consumes (reliable fetch only).
+    fn token(&self, p: &Processor) -> Option<retry::Token> {
+        p.working_prefix.as_ref().map(|prefix| retry::Token {
+            working: format!("{prefix}{}", self.queue),
+            id: self.id,
+        })
     }
 
     fn entered(&self, entry: u64, raw: &Arc<[u8]>) {

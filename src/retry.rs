@@ -20,7 +20,6 @@ use std::io::Write;
 
 use base64::Engine;
 use rand::Rng;
-use redis::AsyncCommands;
 use serde_json::{Map, Value};
 
 use crate::error::{JobError, Result, RetryAction};
@@ -342,47 +341,185 @@ pub(crate) fn to_json(msg: &Map<String, Value>) -> String {
     serde_json::to_string(msg).unwrap_or_else(|_| "{}".to_string())
 }
 
-/// Writes the plan to Redis. The ack of the fetched job must come after this returns.
-pub async fn apply(conn: &mut Conn, job: &Job, plan: &Plan, now: f64) -> Result<Fate> {
+/// A fetched job's entry in this process's working hash under reliable fetch (`fetch.rs`): the job's
+/// token. Every write that ends the job's stay in Redis consumes it in the same script (`FATE_LUA`),
+/// so the fate is written at most once and a shutdown push-back, which moves only entries still there,
+/// never duplicates a job whose fate landed. Basic fetch has no working hash, hence no token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    /// The working hash, `oxidekiq:working:<identity>:<queue>`.
+    pub working: String,
+    /// The job's field in it.
+    pub id: u64,
+}
+
+/// One fate write, then the end of the job's stay in its working hash, atomically. KEYS[1] is the
+/// working hash (ignored when ARGV[1], the job's field, is empty: basic fetch), KEYS[2] the key written,
+/// KEYS[3] the `queues` set and KEYS[4] the hand-off counts (push only). ARGV[2] is the write: `zadd`
+/// (retry or schedule set; ARGV[4] the score), `dead` (`DeadSet#kill`, `job_retry.rb send_to_morgue`:
+/// `to_dead` of `fetch.rs`; ARGV[4] score, ARGV[5] trim score, ARGV[6] size limit) or `push` (`client.rb`
+/// `raw_push`: `SADD queues`, `LPUSH`; ARGV[4] queue name, ARGV[5] class to count in KEYS[4] or empty);
+/// ARGV[3] is the member. The entry is checked first: gone means the fate was written by an earlier try
+/// whose reply was lost (or a recovery took the job back), so nothing is written twice. The write comes
+/// before the `HDEL`, through `pcall`: a write that fails removes nothing. Returns {1, ''} when written,
+/// {0, ''} when the entry was gone, {0, error} when the write failed.
+const FATE_LUA: &str = concat!(
+    crate::fetch::lua_common!(),
+    r#"
+local id = ARGV[1]
+if id ~= '' and redis.call('HEXISTS', KEYS[1], id) == 0 then return {0, ''} end
+local op, member = ARGV[2], ARGV[3]
+if op == 'zadd' then
+  local r = redis.pcall('ZADD', KEYS[2], ARGV[4], member)
+  if failed(r) then return {0, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a sorted set: ' .. r.err} end
+elseif op == 'dead' then
+  local err = to_dead(member, ARGV[4], ARGV[5], tonumber(ARGV[6]))
+  if err then return {0, err} end
+elseif op == 'push' then
+  local r = redis.pcall('SADD', KEYS[3], ARGV[4])
+  if failed(r) then return {0, KEYS[3] .. ' is a ' .. kind(KEYS[3]) .. ', not a set: ' .. r.err} end
+  r = redis.pcall('LPUSH', KEYS[2], member)
+  if failed(r) then return {0, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a list: ' .. r.err} end
+  if ARGV[5] ~= '' then redis.pcall('HINCRBY', KEYS[4], ARGV[5], 1) end
+else
+  return {0, 'unknown fate write ' .. op}
+end
+if id ~= '' then redis.call('HDEL', KEYS[1], id) end
+return {1, ''}
+"#
+);
+
+/// The script, sent by SHA1 (computed locally), with the body as fallback on `NOSCRIPT`.
+static FATE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(FATE_LUA));
+
+/// What [`write_fate`] writes.
+enum FateWrite<'a> {
+    /// `ZADD key at member` (retry or schedule set).
+    Zadd { key: &'a str, at: f64 },
+    /// `DeadSet#kill` at `now`.
+    Dead { now: f64 },
+    /// `SADD queues`, `LPUSH queue:<queue>`, and a count for `class` in [`keys::HANDOFF`] if given.
+    Push {
+        queue: &'a str,
+        class: Option<&'a str>,
+    },
+}
+
+/// Runs [`FATE_LUA`]: true when `member` was written (and the token consumed), false when the token was
+/// already gone (nothing written). Without a token it always writes.
+async fn write_fate(
+    conn: &mut Conn,
+    token: Option<&Token>,
+    write: FateWrite<'_>,
+    member: &[u8],
+) -> Result<bool> {
+    let mut inv = FATE.prepare_invoke();
+    inv.key(token.map_or("", |t| t.working.as_str()));
+    let id = token.map(|t| t.id.to_string()).unwrap_or_default();
+    match write {
+        FateWrite::Zadd { key, at } => {
+            inv.key(key).arg(id).arg("zadd").arg(member).arg(score(at));
+        }
+        FateWrite::Dead { now } => {
+            inv.key(keys::DEAD)
+                .arg(id)
+                .arg("dead")
+                .arg(member)
+                .arg(score(now))
+                .arg(score(now - DEAD_TIMEOUT_SECS))
+                .arg(DEAD_MAX_JOBS);
+        }
+        FateWrite::Push { queue, class } => {
+            inv.key(keys::queue(queue))
+                .key(keys::QUEUES)
+                .key(keys::HANDOFF)
+                .arg(id)
+                .arg("push")
+                .arg(member)
+                .arg(queue)
+                .arg(class.unwrap_or(""));
+        }
+    }
+    let (written, err): (u8, String) = inv.invoke_async(conn).await?;
+    if !err.is_empty() {
+        return Err(crate::fetch::script_error(err));
+    }
+    if written == 0 {
+        tracing::info!(
+            "the job's working entry is already gone: its fate was written by an earlier try \
+            whose reply was lost, or a recovery took it back; nothing written"
+        );
+    }
+    Ok(written == 1)
+}
+
+/// Writes the plan to Redis, consuming the job's `token` in the same script (see [`Token`]). The ack of
+/// the fetched job must come after this returns.
+pub async fn apply(
+    conn: &mut Conn,
+    job: &Job,
+    plan: &Plan,
+    now: f64,
+    token: Option<&Token>,
+) -> Result<Fate> {
     match plan {
         Plan::Retry { payload, at, count } => {
-            let _: i64 = conn.zadd(keys::RETRY, payload, score(*at)).await?;
+            let write = FateWrite::Zadd {
+                key: keys::RETRY,
+                at: *at,
+            };
+            write_fate(conn, token, write, payload.as_bytes()).await?;
             Ok(Fate::Retry {
                 at: *at,
                 count: *count,
             })
         }
         Plan::Dead { payload } => {
-            send_to_morgue(conn, payload.as_bytes(), now).await?;
+            kill(conn, payload.as_bytes(), now, token).await?;
             Ok(Fate::Dead)
         }
+        // Nothing written: the ack (an `HDEL` of the token) is all there is to do.
         Plan::Discard => Ok(Fate::Discarded),
         Plan::Reschedule { at } => {
-            let _: i64 = conn.zadd(keys::SCHEDULE, job.raw(), score(*at)).await?;
+            let write = FateWrite::Zadd {
+                key: keys::SCHEDULE,
+                at: *at,
+            };
+            write_fate(conn, token, write, job.raw().as_bytes()).await?;
             Ok(Fate::Rescheduled { at: *at })
         }
     }
 }
 
-/// `DeadSet#kill`: one `MULTI` that adds the member and trims the set by age and size.
+/// `DeadSet#kill` (`job_retry.rb send_to_morgue`): adds the member and trims the set by age and size, in
+/// one script (the same `to_dead` as the fetch and recovery scripts).
 pub async fn send_to_morgue(conn: &mut Conn, payload: &[u8], now: f64) -> Result<()> {
-    redis::pipe()
-        .atomic()
-        .zadd(keys::DEAD, payload, score(now))
-        .ignore()
-        .cmd("ZREMRANGEBYSCORE")
-        .arg(keys::DEAD)
-        .arg("-inf")
-        .arg(score(now - DEAD_TIMEOUT_SECS))
-        .ignore()
-        .cmd("ZREMRANGEBYRANK")
-        .arg(keys::DEAD)
-        .arg(0)
-        .arg(-DEAD_MAX_JOBS)
-        .ignore()
-        .query_async::<()>(conn)
-        .await?;
-    Ok(())
+    kill(conn, payload, now, None).await.map(|_| ())
+}
+
+/// [`send_to_morgue`] for a fetched job, consuming its `token` in the same script: false when the token
+/// was already gone (nothing written).
+pub async fn kill(
+    conn: &mut Conn,
+    payload: &[u8],
+    now: f64,
+    token: Option<&Token>,
+) -> Result<bool> {
+    write_fate(conn, token, FateWrite::Dead { now }, payload).await
+}
+
+/// Pushes `payload` to `queue` as Ruby's client does (`SADD queues`, `LPUSH queue:<queue>`), counting it
+/// for `class` in [`keys::HANDOFF`] when given, and consuming the job's `token` in the same script: false
+/// when the token was already gone (nothing pushed), so a retry after a lost reply never pushes twice.
+pub async fn push_to_queue(
+    conn: &mut Conn,
+    queue: &str,
+    payload: &[u8],
+    class: Option<&str>,
+    token: Option<&Token>,
+) -> Result<bool> {
+    write_fate(conn, token, FateWrite::Push { queue, class }, payload).await
 }
 
 /// The dead-set member for a payload the runtime could not decode: the original bytes when they are not

@@ -3,9 +3,11 @@
 //!
 //! Two kinds of job are handed off: those of a class with no Rust worker, and those carrying a
 //! Ruby-side contract ([`Contract`]) unless the class was opted in with `--run-flagged CLASS`. The
-//! hand-off is one `MULTI` (`SADD queues`, `LPUSH queue:<QUEUE> <exact bytes>`, a per-class count in
-//! [`keys::HANDOFF`]) written before the job is acknowledged: a crash in between runs it twice at
-//! worst (Ruby and, after recovery, the hand-off again), never loses it. Each class is logged once.
+//! hand-off is one script (`SADD queues`, `LPUSH queue:<QUEUE> <exact bytes>`, a per-class count in
+//! [`keys::HANDOFF`], [`retry::push_to_queue`]) that, under reliable fetch, also removes the job from
+//! this process's working hash, and pushes nothing when it is already gone: a retry after a lost reply
+//! or the shutdown's push-back never makes a second copy. With basic fetch a crash or a lost reply may
+//! still run it twice (Ruby, and the hand-off again), never lose it. Each class is logged once.
 //! Without `--handoff`, unknown classes keep Sidekiq's path (the retry set).
 
 use std::collections::HashSet;
@@ -18,6 +20,7 @@ use crate::keys;
 use crate::migrate::check::Contract;
 use crate::processor::Processor;
 use crate::registry::Entry;
+use crate::retry::{self, Token};
 use crate::shutdown::Phase;
 
 /// The hand-off settings and which classes were already logged.
@@ -80,32 +83,31 @@ impl Handoff {
 
 /// The processor's hand-off step: `None` when the job runs here; `Some(true)` when it was pushed to
 /// the hand-off queue (acknowledge it); `Some(false)` when the process was cancelled before the push
-/// reached Redis (leave it in flight: the shutdown pushes it back).
-pub async fn divert(p: &Processor, job: &Job) -> Option<bool> {
+/// reached Redis (leave it in flight: the shutdown pushes it back). The push consumes the job's `token`
+/// (its working-hash entry, reliable fetch) in the same script, so a retry after a lost reply pushes
+/// nothing twice.
+pub async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> Option<bool> {
     let h = p.handoff.as_ref()?;
     let reason = h.reason(job, p.registry.get(job.worker_class()))?;
     let class = job.worker_class();
     let mut delay = Duration::from_millis(50);
     loop {
         let mut conn = p.conn.clone();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("SADD")
-            .arg(keys::QUEUES)
-            .arg(&h.queue)
-            .ignore()
-            .cmd("LPUSH")
-            .arg(keys::queue(&h.queue))
-            .arg(job.raw())
-            .ignore()
-            .cmd("HINCRBY")
-            .arg(keys::HANDOFF)
-            .arg(class)
-            .arg(1)
-            .ignore();
-        match pipe.query_async::<()>(&mut conn).await {
-            Ok(()) => {
-                crate::prom::metrics().handed_off(class);
+        let pushed = retry::push_to_queue(
+            &mut conn,
+            &h.queue,
+            job.raw().as_bytes(),
+            Some(class),
+            token,
+        )
+        .await;
+        match pushed {
+            Ok(written) => {
+                // Not written: the token was gone, so an earlier try whose reply was lost pushed it (or
+                // a recovery took it back); either way it is not pushed twice.
+                if written {
+                    crate::prom::metrics().handed_off(class);
+                }
                 h.log_once(class, &reason);
                 return Some(true);
             }
