@@ -376,12 +376,13 @@ impl Processor {
     ///   the error appended to its original bytes, so it is kept for a human to look at.
     ///
     /// A panic before the job entered the in-flight table (while decoding its bytes, which the fuzz target
-    /// covers) leaves it in the working hash, unacknowledged: the next recovery pushes it back, and a job
-    /// recovered too often goes to the dead set.
+    /// covers) leaves it in this process's working hash, unacknowledged: the shutdown's last sweep pushes
+    /// it back to its queue (or, if the process dies, recovery does, and a job recovered too often goes to
+    /// the dead set). It is not lost; it waits there until then.
     async fn after_panic(&self, queue: Arc<str>, run: &RunState, message: String) {
         let Some((_, raw)) = run.held() else {
             tracing::error!(queue = %queue, panic = %message,
-                "panic while decoding a job: it stays in the working list for recovery");
+                "panic while decoding a job: it stays in this process's working hash until the shutdown pushes it back");
             return;
         };
         // Decoded again (it was before the panic, unless the panic came from the undecodable path) for
