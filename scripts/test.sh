@@ -61,7 +61,11 @@ echo "summary: $passed passed, $failed failed"
 if [ "$status" -ne 0 ]; then
   grep -E '^test .* FAILED$' "$log" | sed 's/^/  /' || true
   grep -E '^error(\[|:)' "$log" | sed 's/^/  /' || true
-  echo "FAILED (cargo test exited with $status)"
+  if [ "$fuzz_status" -ne 0 ] && [ "$status" -eq "$fuzz_status" ]; then
+    echo "FAILED (the fuzz target exited with $status)"
+  else
+    echo "FAILED (cargo test exited with $status)"
+  fi
   exit "$status"
 fi
 echo "OK"

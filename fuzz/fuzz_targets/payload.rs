@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use oxidekiq::error::JobError;
 use oxidekiq::job::Job;
-use oxidekiq::retry::{Failure, plan, undecodable_payload};
+use oxidekiq::retry::{Failure, RetryRules, plan, undecodable_payload};
 use oxidekiq::time::TimeFormat;
 use rand::SeedableRng;
 
@@ -34,6 +34,12 @@ fuzz_target!(|data: &[u8]| {
                     options: None,
                     now: 1_700_000_000.0,
                     time_format: TimeFormat::Seconds,
+                    // Both rule sets (7.x count first; 8.1 time budget only), chosen by the input.
+                    rules: RetryRules::for_version(if data.len() % 2 == 0 {
+                        (7, 3, 9)
+                    } else {
+                        (8, 1, 7)
+                    }),
                 },
                 &mut rng,
             );
