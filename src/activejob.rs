@@ -121,8 +121,8 @@ fn unwrap_direct(args_json: &str) -> Option<ActiveJobInfo> {
         return None;
     }
     let arguments = match scan(raw) {
-        Scan::Plain => Arguments::text(raw.into()),
-        Scan::Stripped(text) => Arguments::text(text.into_boxed_str()),
+        Scan::Plain => Arguments::text(raw.to_owned()),
+        Scan::Stripped(text) => Arguments::text(text),
         Scan::Full => match serde_json::from_str::<Value>(raw).ok()? {
             Value::Array(items) => Arguments::Decoded(decode_list(&items, "arguments").ok()?),
             _ => return None,
@@ -194,7 +194,7 @@ pub enum Arguments {
     /// reads it directly; the [`Value`] is built only if someone asks for it.
     Text {
         /// The arguments' text, hash markers cut out.
-        json: Box<str>,
+        json: String,
         /// Built from `json` on first use.
         value: OnceLock<Value>,
     },
@@ -203,7 +203,7 @@ pub enum Arguments {
 }
 
 impl Arguments {
-    fn text(json: Box<str>) -> Self {
+    fn text(json: String) -> Self {
         Arguments::Text {
             json,
             value: OnceLock::new(),
@@ -416,7 +416,7 @@ enum Scan {
 }
 
 /// Nesting the direct path accepts; deeper arguments take the full decoder.
-const MAX_DEPTH: usize = 64;
+const MAX_DEPTH: usize = 32;
 
 /// Reads the text of `job_data["arguments"]` (valid JSON: serde_json checked it when it took it as a
 /// [`RawValue`]) and decides whether its plain reading, after cutting out hash markers, is what
@@ -431,7 +431,15 @@ fn scan(text: &str) -> Scan {
     let mut depth = 0usize;
     // The next string is a key: just after `{` or a comma inside a hash.
     let mut want_key = false;
-    let mut cuts: Vec<(usize, usize)> = Vec::new();
+    // The text without the markers cut so far, allocated at the first cut; `from`: where the next
+    // uncut stretch starts.
+    let mut out: Option<String> = None;
+    let mut from = 0;
+    let mut cut = |a: usize, z: usize| {
+        let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+        o.push_str(text.get(from..a).unwrap_or_default());
+        from = z;
+    };
     let mut i = 0;
     while i < b.len() {
         match b[i] {
@@ -498,7 +506,7 @@ fn scan(text: &str) -> Scan {
                 top.1 = true;
                 if top.2 > 0 {
                     // Not the first member: cut from the comma before it.
-                    cuts.push((top.2, value_end));
+                    cut(top.2, value_end);
                 } else {
                     // The first member: cut it and the comma after it, if any.
                     let next = skip_ws(b, value_end);
@@ -507,7 +515,7 @@ fn scan(text: &str) -> Scan {
                     } else {
                         value_end
                     };
-                    cuts.push((i, to));
+                    cut(i, to);
                     // The member now first must not be taken for one after a comma.
                     want_key = to > value_end;
                     i = to;
@@ -518,17 +526,13 @@ fn scan(text: &str) -> Scan {
             _ => i += 1,
         }
     }
-    if cuts.is_empty() {
-        return Scan::Plain;
+    match out {
+        None => Scan::Plain,
+        Some(mut o) => {
+            o.push_str(text.get(from..).unwrap_or_default());
+            Scan::Stripped(o)
+        }
     }
-    let mut out = String::with_capacity(text.len());
-    let mut from = 0;
-    for (a, z) in cuts {
-        out.push_str(text.get(from..a).unwrap_or_default());
-        from = z;
-    }
-    out.push_str(text.get(from..).unwrap_or_default());
-    Scan::Stripped(out)
 }
 
 /// The index just past the string that opens at `b[start] == '"'`.
