@@ -8,7 +8,8 @@
 #
 # Needs perf (Debian: linux-perf) and inferno (`cargo install inferno`: inferno-collapse-perf,
 # inferno-flamegraph on PATH, or INFERNO_BIN=dir). Writes bench/results/flame-<kind>.svg and
-# flame-<kind>.txt (the hottest functions, self time). Uses target/release/oxidekiq (built with debuginfo).
+# flame-<kind>.txt (where the CPU goes by component and by kind of work, bench/flame_summary.rb, then the
+# hottest functions, self time). Uses target/release/oxidekiq (built with debuginfo).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +30,8 @@ cleanup() {
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
+  # perf.data and the log are large: kept only on request.
+  if [ -n "${KEEP_WORK:-}" ]; then echo "flame: work files in $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
@@ -75,8 +78,16 @@ wait "$perf_pid" || true
 
 mkdir -p bench/results
 perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf >"$work/folded"
-inferno-flamegraph --title "oxidekiq $KIND drain: $JOBS jobs, -c $CONC ($(git rev-parse --short HEAD))" \
+inferno-flamegraph --minwidth 0.5 --title "oxidekiq $KIND drain: $JOBS jobs, -c $CONC ($(git rev-parse --short HEAD))" \
   <"$work/folded" >"bench/results/flame-$KIND.svg"
-perf report -i "$work/perf.data" --no-children --sort symbol --stdio 2>/dev/null |
-  grep -E '^ +[0-9.]+%' | head -40 >"bench/results/flame-$KIND.txt"
+{
+  echo "oxidekiq $KIND drain: $JOBS jobs, -c $CONC, commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ)," \
+    "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo
+  ruby "$root/bench/flame_summary.rb" "$work/folded"
+  echo
+  echo "Hottest functions (self time):"
+  perf report -i "$work/perf.data" --no-children --sort symbol --stdio 2>/dev/null |
+    grep -E '^ +[0-9.]+%' | sed -E 's/ +$//; s/ {2,}-.*$//' | head -25 || true # head closes the pipe early
+} >"bench/results/flame-$KIND.txt"
 echo "flame: wrote bench/results/flame-$KIND.svg and flame-$KIND.txt" >&2
