@@ -217,6 +217,23 @@ ensure
   sock.close
 end
 
+# The driver's own commands, left out of the per-job Redis figures.
+DRIVER_COMMANDS = %w[keys hlen llen info config rename subscribe ping].freeze
+
+# Redis's own count of the commands run since CONFIG RESETSTAT (INFO commandstats), per job:
+# { "evalsha" => [calls per job, µs per job], ... }, the drainer's commands only, busiest first.
+def redis_commands(jobs)
+  $redis.info("commandstats").filter_map do |key, value|
+    name = key.to_s.delete_prefix("cmdstat_")
+    next if DRIVER_COMMANDS.include?(name.split("|").first) # Redis 7 names subcommands "config|resetstat"
+    # redis-rb 4.x parses each line into a hash; a raw line is "calls=..,usec=..,..".
+    value = value.split(",").to_h { |kv| kv.split("=", 2) } if value.is_a?(String)
+    calls = value.fetch("calls").to_f
+    usec = value.fetch("usec").to_f
+    [name, [calls / jobs, usec / jobs]]
+  end.sort_by { |_, (_, us)| -us }.to_h
+end
+
 def wait_acked(label, t0)
   loop do
     return now - t0 if working_keys.all? { |k| held(k).zero? }
@@ -257,19 +274,26 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
   warm_up(system, pids, label)
   ready = now - t_spawn
   sock = subscribe_del
-  before = cpu_snapshot(pids) unless quiet
+  unless quiet
+    $redis.config(:resetstat)
+    before = cpu_snapshot(pids)
+  end
   t0 = now
   $redis.rename(STAGING, QUEUE)
   empty = wait_deleted(sock, QUEUE, pids, label, t0) - t0
   acked = wait_acked(label, t0) if system == :oxidekiq && !quiet
   sleep tail if tail.positive?
   wall = now - t0
-  after = cpu_snapshot(pids) unless quiet
+  unless quiet
+    after = cpu_snapshot(pids)
+    commands = redis_commands(jobs)
+  end
   hwm = pids.map { |p| proc_status(p, "VmHWM") }.compact.max
   pids.each { |p| stop(p) }
   secs = empty + tail
   rec = { seconds: secs, jobs_per_s: jobs / secs, ready_s: ready, acked_s: acked, hwm_kb: hwm,
           failed: failures, left: $redis.llen(QUEUE) }
+  rec[:commands] = commands if commands
   if before && after
     rec[:cpu_us] = (after[:sys] - before[:sys]) * 1e6 / jobs
     rec[:redis_us] = (after[:redis] - before[:redis]) * 1e6 / jobs
@@ -314,6 +338,7 @@ def measure(scenario, system, concurrency, kind, jobs, tail: 0.0, procs: 1, roun
           cpu_us: median(rounds.map { |x| x[:cpu_us] }), redis_us: median(rounds.map { |x| x[:redis_us] }),
           sys_busy: median(rounds.map { |x| x[:sys_busy] }), redis_busy: median(rounds.map { |x| x[:redis_busy] }),
           others: rounds.filter_map { |x| x[:others] }.max,
+          commands: rounds.sort_by { |x| x[:jobs_per_s] }[rounds.size / 2][:commands],
           rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0), ready_s: median(rounds.map { |x| x[:ready_s] }),
           acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] } }
   $rows << row if record
@@ -671,6 +696,15 @@ md << md_table(HEAD, table) << "\n\n" unless table.empty?
 md << md_table(["ratio (medians)", "value", "compared"], ratio_rows) << "\n\n" unless ratio_rows.empty?
 md << "Enqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s:\n\n" << md_table(LAT_HEAD, lat_rows) << "\n\n" unless lat_rows.empty?
 md << md_table(IDLE_HEAD, idle_rows) << "\n\n" unless idle_rows.empty?
+cmd_rows = $rows.select { |r| r[:commands] && %w[no-op\ drain ActiveJob\ no-op].include?(r[:scenario]) }.map do |r|
+  top = r[:commands].first(4).map { |name, (calls, us)| format("%s %.3g (%.2f µs)", name, calls, us) }.join(", ")
+  [r[:scenario], r[:name], r[:concurrency].to_s, top]
+end
+unless cmd_rows.empty?
+  md << "Redis commands per job (INFO commandstats over the drain, the median round; µs: Redis's own time in the " \
+        "command, per job; commands a script runs are counted on their own and inside the script's time too):\n\n" \
+        << md_table(["scenario", "system", "conc", "busiest commands: calls/job (µs/job)"], cmd_rows) << "\n\n"
+end
 md << "Scale-out: oxidekiq processes (-c #{SCALE_CONC} each) on one Redis, #{JOBS} no-op jobs between them:\n\n" \
       << md_table(SCALE_HEAD, scale_rows) << "\n\n" unless scale_rows.empty?
 md << "Quiet check: each system again, alone, with nothing measured but the drain's time (no CPU readings, no " \
