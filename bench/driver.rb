@@ -318,38 +318,56 @@ $rows = []  # throughput rows
 $notes = []
 
 def measure(scenario, system, concurrency, kind, jobs, tail: 0.0, procs: 1, rounds_n: ROUNDS, quiet: false, record: true)
-  return unless SYSTEMS.include?(system)
-  label = "#{scenario}-#{kind}-#{system}-c#{concurrency}#{procs > 1 ? "-x#{procs}" : ''}".gsub(%r{[ /]}, "_")
-  say "#{label}: #{rounds_n} round(s) of #{jobs} #{kind} jobs#{procs > 1 ? " over #{procs} processes" : ''}#{quiet ? ' (quiet)' : ''}"
-  rounds = []
-  rounds_n.times do |r|
-    rec = drain_once(system, concurrency, kind, jobs, label, tail, procs: procs, quiet: quiet)
-    say format("  round %d: %.3f s, %.0f jobs/s%s%s, ready after %.2f s%s, peak RSS %.1f MB%s", r + 1, rec[:seconds],
-               rec[:jobs_per_s],
-               rec[:cpu_us] ? format(", CPU %.1f µs/job (%.0f%% of a core)", rec[:cpu_us], rec[:sys_busy] * 100) : "",
-               rec[:redis_us] ? format(", Redis %.1f µs/job (%.0f%%), others %.2f cores", rec[:redis_us], rec[:redis_busy] * 100, rec[:others]) : "",
-               rec[:ready_s], rec[:acked_s] ? format(", all acked at %.3f s", rec[:acked_s]) : "",
-               (rec[:hwm_kb] || 0) / 1024.0, rec[:failed].positive? ? ", #{rec[:failed]} FAILED" : "")
-    rounds << rec
+  measure_alternating([{ scenario: scenario, system: system, concurrency: concurrency, kind: kind, jobs: jobs,
+                         tail: tail, procs: procs, quiet: quiet }], rounds_n: rounds_n, record: record).first
+end
+
+# Measures several configurations round by round in turn (A1 B1 A2 B2 ...), so that a ratio between them
+# compares rounds taken under the same conditions on a machine whose load drifts. Returns one row each.
+def measure_alternating(configs, rounds_n: ROUNDS, record: true)
+  configs = configs.select { |c| SYSTEMS.include?(c[:system]) }
+  configs.each do |c|
+    c[:label] = "#{c[:scenario]}-#{c[:kind]}-#{c[:system]}-c#{c[:concurrency]}#{c[:procs] > 1 ? "-x#{c[:procs]}" : ''}".gsub(%r{[ /]}, "_")
+    c[:rounds] = []
+    say "#{c[:label]}: #{rounds_n} round(s) of #{c[:jobs]} #{c[:kind]} jobs#{c[:procs] > 1 ? " over #{c[:procs]} processes" : ''}" \
+        "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:kind] }.join(', ') + ')' : ''}"
   end
-  rates = rounds.map { |x| x[:jobs_per_s] }
-  row = { scenario: scenario, system: system, name: SYSTEM_NAMES[system], concurrency: concurrency, kind: kind,
-          procs: procs, jobs: jobs, tail_s: tail, rounds: rounds, median: median(rates), min: rates.min, max: rates.max,
-          cpu_us: median(rounds.map { |x| x[:cpu_us] }), redis_us: median(rounds.map { |x| x[:redis_us] }),
-          sys_busy: median(rounds.map { |x| x[:sys_busy] }), redis_busy: median(rounds.map { |x| x[:redis_busy] }),
-          others: rounds.filter_map { |x| x[:others] }.max,
-          commands: rounds.sort_by { |x| x[:jobs_per_s] }[rounds.size / 2][:commands],
-          rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0), ready_s: median(rounds.map { |x| x[:ready_s] }),
-          acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] } }
-  $rows << row if record
-  row
-rescue StandardError => e
-  say "  #{label} FAILED: #{e.message}"
-  $notes << "#{label}: failed (#{e.message})"
-  row = { scenario: scenario, system: system, name: SYSTEM_NAMES[system], concurrency: concurrency, kind: kind,
-          procs: procs, jobs: jobs, error: e.message }
-  $rows << row if record
-  row
+  rounds_n.times do |r|
+    configs.each do |c|
+      next if c[:error]
+      rec = drain_once(c[:system], c[:concurrency], c[:kind], c[:jobs], c[:label], c[:tail], procs: c[:procs], quiet: c[:quiet])
+      say format("  %s round %d: %.3f s, %.0f jobs/s%s%s, ready after %.2f s%s, peak RSS %.1f MB%s", c[:label], r + 1,
+                 rec[:seconds], rec[:jobs_per_s],
+                 rec[:cpu_us] ? format(", CPU %.1f µs/job (%.0f%% of a core)", rec[:cpu_us], rec[:sys_busy] * 100) : "",
+                 rec[:redis_us] ? format(", Redis %.1f µs/job (%.0f%%), others %.2f cores", rec[:redis_us], rec[:redis_busy] * 100, rec[:others]) : "",
+                 rec[:ready_s], rec[:acked_s] ? format(", all acked at %.3f s", rec[:acked_s]) : "",
+                 (rec[:hwm_kb] || 0) / 1024.0, rec[:failed].positive? ? ", #{rec[:failed]} FAILED" : "")
+      c[:rounds] << rec
+    rescue StandardError => e
+      say "  #{c[:label]} FAILED: #{e.message}"
+      $notes << "#{c[:label]}: failed (#{e.message})"
+      c[:error] = e.message
+    end
+  end
+  configs.map do |c|
+    base = { scenario: c[:scenario], system: c[:system], name: SYSTEM_NAMES[c[:system]], concurrency: c[:concurrency],
+             kind: c[:kind], procs: c[:procs], jobs: c[:jobs] }
+    row = if c[:error]
+            base.merge(error: c[:error])
+          else
+            rounds = c[:rounds]
+            rates = rounds.map { |x| x[:jobs_per_s] }
+            base.merge(tail_s: c[:tail], rounds: rounds, median: median(rates), min: rates.min, max: rates.max,
+                       cpu_us: median(rounds.map { |x| x[:cpu_us] }), redis_us: median(rounds.map { |x| x[:redis_us] }),
+                       sys_busy: median(rounds.map { |x| x[:sys_busy] }), redis_busy: median(rounds.map { |x| x[:redis_busy] }),
+                       others: rounds.filter_map { |x| x[:others] }.max,
+                       commands: rounds.sort_by { |x| x[:jobs_per_s] }[rounds.size / 2][:commands],
+                       rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0), ready_s: median(rounds.map { |x| x[:ready_s] }),
+                       acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] })
+          end
+    $rows << row if record
+    row
+  end
 end
 
 def best(rows) = rows.compact.reject { |r| r[:median].nil? }.max_by { |r| r[:median] }
@@ -383,18 +401,22 @@ def scenario_drain
   ratio("CPU per no-op job, each at its best: rusty-sidekiq / oxidekiq", best(ru.values), best(ox.values), field: :cpu_us)
 end
 
+# ActiveJob against plain no-op jobs, rounds alternating (plain 1, ActiveJob 1, plain 2, ...): the ratio is
+# taken round by round between neighbours, and its median and minimum reported.
 def scenario_activejob
   [[:oxidekiq, 200], [:ruby, 10]].each do |system, c|
-    aj = measure("ActiveJob no-op", system, c, :activejob, JOBS) or next
-    plain = $rows.find { |r| r[:scenario] == "no-op drain" && r[:system] == system && r[:concurrency] == c && r[:median] }
-    plain ||= measure("no-op baseline", system, c, :noop, JOBS) # when the drain scenario did not run
+    next unless SYSTEMS.include?(system)
+    plain, aj = measure_alternating([
+      { scenario: "no-op (beside ActiveJob)", system: system, concurrency: c, kind: :noop, jobs: JOBS, tail: 0.0, procs: 1, quiet: false },
+      { scenario: "ActiveJob no-op", system: system, concurrency: c, kind: :activejob, jobs: JOBS, tail: 0.0, procs: 1, quiet: false },
+    ])
     name = "#{SYSTEM_NAMES[system]} -c #{c}"
-    ratio("ActiveJob / plain no-op jobs/s: #{name}", aj, plain, "ActiveJob NoopActiveJob", "NoopJob")
+    ratio("ActiveJob / plain no-op jobs/s (alternating rounds): #{name}", aj, plain, "ActiveJob NoopActiveJob", "NoopJob")
     ratio("ActiveJob / plain no-op CPU per job: #{name}", aj, plain, "ActiveJob NoopActiveJob", "NoopJob", field: :cpu_us)
     next unless aj[:rounds] && plain[:rounds]
-    # Round by round (round i of each), for a target that must hold in every round.
     per = aj[:rounds].zip(plain[:rounds]).filter_map { |x, y| y && x[:jobs_per_s] / y[:jobs_per_s] }
-    $notes << "ActiveJob / plain no-op, #{name}, round by round: #{per.map { |v| format('%.2fx', v) }.join(', ')}"
+    $notes << "ActiveJob / plain no-op jobs/s, #{name}, round by round (each ActiveJob round over the plain round just " \
+              "before it): #{per.map { |v| format('%.2fx', v) }.join(', ')}; minimum #{format('%.2fx', per.min)}"
   end
 end
 
