@@ -1,14 +1,21 @@
 # The benchmark driver, run by bench/run.sh (which builds the binaries and starts a private Redis).
 #
-# Every measurement follows the same steps whatever the system: FLUSHALL, enqueue with Ruby Sidekiq's
-# own client (`Sidekiq::Client.push_bulk`, chunks of 1000), spawn the drainer (cold start included), poll
-# over one persistent connection every 2 ms until the queue is empty, read the drainer's peak RSS
-# (VmHWM), then TERM it and wait. jobs/s = jobs / (seconds from spawn to empty queue).
+# Every drain follows the same steps whatever the system (bench/README.md, "Method"): FLUSHALL, enqueue
+# with Ruby Sidekiq's own client (`Sidekiq::Client.push_bulk`, chunks of 1000), park the queue under
+# another name (RENAME), start the drainer and wait until it has run one probe job (its cold start, timed
+# apart), read its CPU time and Redis's (/proc/<pid>/stat), RENAME the queue back and block until Redis
+# says it is empty (a keyspace event: the driver sleeps in select(2) meanwhile, costing the box nothing),
+# wait for oxidekiq's acknowledgements, read the CPU times again, then TERM the drainer and wait.
+# jobs/s = jobs / seconds from the release to the empty queue; CPU µs/job = CPU time spent / jobs.
 #
 # Environment: REDIS_URL, OXIDEKIQ_BIN, RUSTY_BIN, RESULTS_DIR, WORK_DIR (set by run.sh); JOBS (100000),
-# ROUNDS (3), SCENARIOS (all: drain,activejob,io,latency,locks,schedule,rss), IO_JOBS and LOCK_JOBS
-# (JOBS / 5), SCHEDULE_JOBS (JOBS), LATENCY_RATE (5000), LATENCY_SECS (10), RUN_TIMEOUT (600 s).
+# ROUNDS (3), SCENARIOS (default: drain,activejob,io,latency,locks,schedule,rss,scaleout,quiet), IO_JOBS and
+# LOCK_JOBS (JOBS / 5), SCHEDULE_JOBS (JOBS), SCALE_PROCS (1,2,4), LATENCY_RATE (5000), LATENCY_SECS (10),
+# RUN_TIMEOUT (600 s).
+require "etc"
 require "fileutils"
+require "socket"
+require "uri"
 require "json"
 require "rbconfig"
 require "set"
@@ -35,11 +42,16 @@ SCHEDULE_JOBS = Integer(ENV.fetch("SCHEDULE_JOBS", JOBS.to_s))
 LATENCY_RATE = Integer(ENV.fetch("LATENCY_RATE", "5000"))
 LATENCY_SECS = Float(ENV.fetch("LATENCY_SECS", "10"))
 RUN_TIMEOUT = Float(ENV.fetch("RUN_TIMEOUT", "600"))
-ALL = %w[drain activejob io latency locks schedule rss].freeze
+SCALE_PROCS = ENV.fetch("SCALE_PROCS", "1,2,4").split(",").map { |x| Integer(x) }
+ALL = %w[drain activejob io latency locks schedule rss scaleout quiet].freeze
 SCENARIOS = ENV.fetch("SCENARIOS", ALL.join(",")).split(",").map(&:strip).reject(&:empty?)
 SYSTEMS = ENV.fetch("SYSTEMS", "oxidekiq,ruby,rusty").split(",").map { |x| x.strip.to_sym }
-POLL = 0.002
+# Polling (readiness, acknowledgements, latency and schedule scenarios) is sparse: every 25 ms. The drain
+# itself is not polled at all (keyspace events).
+POLL = 0.025
 QUEUE = "queue:default"
+STAGING = "bench:staging"
+CLK_TCK = Etc.sysconf(Etc::SC_CLK_TCK)
 
 unknown = SCENARIOS - ALL
 abort "driver: unknown scenario(s) #{unknown.join(', ')}; known: #{ALL.join(', ')}" unless unknown.empty?
@@ -47,6 +59,10 @@ FileUtils.mkdir_p(RESULTS)
 FileUtils.mkdir_p(WORK)
 
 $redis = Redis.new(url: REDIS_URL)
+# The one keyspace event the drains wait on: a key deleted (a list popped empty is deleted, whatever popped
+# it: BRPOP, BLMOVE, RPOP in a script). Only generic events are on, so each pop costs Redis one flag test.
+$redis.config(:set, "notify-keyspace-events", "Eg")
+REDIS_PID = Integer($redis.info("server").fetch("process_id"))
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 def say(msg) = $stderr.puts("[bench #{Time.now.strftime('%H:%M:%S')}] #{msg}")
@@ -152,45 +168,144 @@ def working_keys = $redis.keys("oxidekiq:working:*") + $redis.keys("oxidekiq:lan
 def held(key) = key.start_with?("oxidekiq:landing:") ? $redis.llen(key) : $redis.hlen(key)
 def failures = $redis.zcard("retry") + $redis.zcard("dead")
 
-# Enqueue `jobs` jobs, then time one cold-start drain by `system`. Returns a round's record.
+# CPU time (user + system, children included: none of the drainers forks) of `pid` so far, in seconds.
+def cpu_seconds(pid)
+  fields = File.read("/proc/#{pid}/stat").split(") ", 2).last.split
+  fields[11, 4].sum(&:to_i).to_f / CLK_TCK # utime stime cutime cstime (fields 14-17 of proc(5))
+rescue Errno::ENOENT, Errno::ESRCH
+  nil
+end
+
+# CPU seconds the whole machine spent busy so far (/proc/stat: all but idle and iowait).
+def machine_busy_seconds
+  f = File.foreach("/proc/stat").first.split.drop(1).map(&:to_i)
+  (f.sum - f[3] - f[4]).to_f / CLK_TCK
+end
+
+def cpu_snapshot(pids) = { sys: pids.sum { |p| cpu_seconds(p) || 0.0 }, redis: cpu_seconds(REDIS_PID) || 0.0,
+                           machine: machine_busy_seconds }
+
+# A second connection in SUBSCRIBE mode on `__keyevent@0__:del`, spoken in raw RESP so the driver can
+# sleep in select(2) on it (and wake every 0.5 s only to check that the drainers are alive).
+def subscribe_del
+  uri = URI(REDIS_URL)
+  sock = TCPSocket.new(uri.host, uri.port)
+  sock.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1)
+  sock.write("*2\r\n$9\r\nSUBSCRIBE\r\n$18\r\n__keyevent@0__:del\r\n")
+  buf = +""
+  until buf.include?("__keyevent@0__:del") && buf.count("\n") >= 6 # *3 $9 subscribe $18 channel :1
+    raise "no answer to SUBSCRIBE" unless IO.select([sock], nil, nil, 5)
+    buf << sock.readpartial(4096)
+  end
+  sock
+end
+
+# Blocks until Redis deletes `key` (the queue popped empty). Returns the monotonic time it was seen.
+def wait_deleted(sock, key, pids, label, t0)
+  buf = +""
+  loop do
+    if IO.select([sock], nil, nil, 0.5)
+      buf << sock.readpartial(65_536)
+      return now if buf.include?("\r\n#{key}\r\n")
+      buf = buf[-200..] if buf.size > 4096
+    else
+      raise "#{label}: a drainer exited early (see #{WORK}/#{label}*.log)" unless pids.all? { |p| alive?(p) }
+      raise "#{label}: timed out after #{RUN_TIMEOUT} s with #{$redis.llen(QUEUE)} jobs left" if now - t0 > RUN_TIMEOUT
+    end
+  end
+ensure
+  sock.close
+end
+
+# The driver's own commands, left out of the per-job Redis figures.
+DRIVER_COMMANDS = %w[keys hlen llen info config rename subscribe ping].freeze
+
+# Redis's own count of the commands run since CONFIG RESETSTAT (INFO commandstats), per job:
+# { "evalsha" => [calls per job, µs per job], ... }, the drainer's commands only, busiest first.
+def redis_commands(jobs)
+  $redis.info("commandstats").filter_map do |key, value|
+    name = key.to_s.delete_prefix("cmdstat_")
+    next if DRIVER_COMMANDS.include?(name.split("|").first) # Redis 7 names subcommands "config|resetstat"
+    # redis-rb 4.x parses each line into a hash; a raw line is "calls=..,usec=..,..".
+    value = value.split(",").to_h { |kv| kv.split("=", 2) } if value.is_a?(String)
+    calls = value.fetch("calls").to_f
+    usec = value.fetch("usec").to_f
+    [name, [calls / jobs, usec / jobs]]
+  end.sort_by { |_, (_, us)| -us }.to_h
+end
+
+def wait_acked(label, t0)
+  loop do
+    return now - t0 if working_keys.all? { |k| held(k).zero? }
+    raise "#{label}: in-flight jobs never acknowledged" if now - t0 > RUN_TIMEOUT
+    sleep POLL
+  end
+end
+
+# Spawns `procs` drainers and waits until they have run one probe job each way round: a NoopJob pushed and
+# taken (and for oxidekiq acknowledged), and, for several processes, every one of them in `processes`.
+def warm_up(system, pids, label)
+  deadline = now + 60
+  Sidekiq::Client.push("class" => NoopJob, "args" => [0])
+  loop do
+    done = $redis.llen(QUEUE).zero? && (system != :oxidekiq || working_keys.all? { |k| held(k).zero? })
+    done &&= $redis.scard("processes") >= pids.size if pids.size > 1
+    break if done
+    raise "#{label}: a drainer exited during start-up (see #{WORK}/#{label}*.log)" unless pids.all? { |p| alive?(p) }
+    raise "#{label}: no drainer took the probe job in 60 s" if now > deadline
+    sleep POLL
+  end
+  sleep 0.2 # the probe's own bookkeeping (acks, logs) settles
+end
+
+# Enqueue `jobs` jobs, start `procs` drainers of `system`, time one warm drain. Returns a round's record.
 # `tail`: the jobs' own duration. At the empty queue every job has started (each system fetches only for
 # a free slot), so the drain is complete `tail` seconds later, whatever the system: it is added to all.
-def drain_once(system, concurrency, kind, jobs, label, tail)
+# `quiet`: nothing but the keyspace event (no CPU readings, no acknowledgement polling).
+def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: false)
   $redis.flushall
   ENQUEUE.fetch(kind).call(jobs)
   queued = $redis.llen(QUEUE)
   raise "enqueued #{queued} of #{jobs}" unless queued == jobs
+  $redis.rename(QUEUE, STAGING)
 
+  t_spawn = now
+  pids = Array.new(procs) { |k| spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label) }
+  warm_up(system, pids, label)
+  ready = now - t_spawn
+  sock = subscribe_del
+  unless quiet
+    $redis.config(:resetstat)
+    before = cpu_snapshot(pids)
+  end
   t0 = now
-  pid = spawn_system(system, concurrency, label)
-  timed_drain(pid, system, jobs, label, t0, tail)
+  $redis.rename(STAGING, QUEUE)
+  empty = wait_deleted(sock, QUEUE, pids, label, t0) - t0
+  acked = wait_acked(label, t0) if system == :oxidekiq && !quiet
+  sleep tail if tail.positive?
+  wall = now - t0
+  unless quiet
+    after = cpu_snapshot(pids)
+    commands = redis_commands(jobs)
+  end
+  hwm = pids.map { |p| proc_status(p, "VmHWM") }.compact.max
+  pids.each { |p| stop(p) }
+  secs = empty + tail
+  rec = { seconds: secs, jobs_per_s: jobs / secs, ready_s: ready, acked_s: acked, hwm_kb: hwm,
+          failed: failures, left: $redis.llen(QUEUE) }
+  rec[:commands] = commands if commands
+  if before && after
+    rec[:cpu_us] = (after[:sys] - before[:sys]) * 1e6 / jobs
+    rec[:redis_us] = (after[:redis] - before[:redis]) * 1e6 / jobs
+    rec[:sys_busy] = (after[:sys] - before[:sys]) / wall
+    rec[:redis_busy] = (after[:redis] - before[:redis]) / wall
+    # Everything else the machine ran meanwhile (other users, the driver), in cores: 0 on a quiet box.
+    rec[:others] = [((after[:machine] - before[:machine]) - (after[:sys] - before[:sys]) -
+                     (after[:redis] - before[:redis])) / wall, 0.0].max
+  end
+  rec
 ensure
-  stop(pid) if pid
-end
-
-def timed_drain(pid, system, jobs, label, t0, tail)
-  started = nil
-  loop do
-    left = $redis.llen(QUEUE)
-    started ||= now - t0 if left < jobs
-    break if left.zero?
-    raise "#{label}: the drainer exited early (see #{WORK}/#{label}.log)" unless alive?(pid)
-    raise "#{label}: timed out after #{RUN_TIMEOUT} s with #{left} jobs left" if now - t0 > RUN_TIMEOUT
-    sleep POLL
-  end
-  empty = now - t0 + tail
-  acked = nil
-  if system == :oxidekiq # also: every fetched job acknowledged (its working list emptied)
-    loop do
-      break acked = now - t0 if working_keys.all? { |k| held(k).zero? }
-      raise "#{label}: in-flight jobs never acknowledged" if now - t0 > RUN_TIMEOUT
-      sleep POLL
-    end
-  end
-  hwm = proc_status(pid, "VmHWM")
-  stop(pid)
-  { seconds: empty, jobs_per_s: jobs / empty, start_s: started, acked_s: acked, hwm_kb: hwm,
-    failed: failures, left: $redis.llen(QUEUE) }
+  pids&.each { |p| stop(p) }
 end
 
 def median(xs)
@@ -202,40 +317,66 @@ end
 $rows = []  # throughput rows
 $notes = []
 
-def measure(scenario, system, concurrency, kind, jobs, tail: 0.0)
-  return unless SYSTEMS.include?(system)
-  label = "#{scenario}-#{kind}-#{system}-c#{concurrency}".gsub(%r{[ /]}, "_")
-  say "#{label}: #{ROUNDS} round(s) of #{jobs} #{kind} jobs"
-  rounds = []
-  ROUNDS.times do |r|
-    rec = drain_once(system, concurrency, kind, jobs, label, tail)
-    say format("  round %d: %.3f s, %.0f jobs/s, first job at %.3f s%s, peak RSS %.1f MB%s", r + 1, rec[:seconds],
-               rec[:jobs_per_s], rec[:start_s] || 0, rec[:acked_s] ? format(", all acked at %.3f s", rec[:acked_s]) : "",
-               (rec[:hwm_kb] || 0) / 1024.0, rec[:failed].positive? ? ", #{rec[:failed]} FAILED" : "")
-    rounds << rec
+def measure(scenario, system, concurrency, kind, jobs, tail: 0.0, procs: 1, rounds_n: ROUNDS, quiet: false, record: true)
+  measure_alternating([{ scenario: scenario, system: system, concurrency: concurrency, kind: kind, jobs: jobs,
+                         tail: tail, procs: procs, quiet: quiet }], rounds_n: rounds_n, record: record).first
+end
+
+# Measures several configurations round by round in turn (A1 B1 A2 B2 ...), so that a ratio between them
+# compares rounds taken under the same conditions on a machine whose load drifts. Returns one row each.
+def measure_alternating(configs, rounds_n: ROUNDS, record: true)
+  configs = configs.select { |c| SYSTEMS.include?(c[:system]) }
+  configs.each do |c|
+    c[:label] = "#{c[:scenario]}-#{c[:kind]}-#{c[:system]}-c#{c[:concurrency]}#{c[:procs] > 1 ? "-x#{c[:procs]}" : ''}".gsub(%r{[ /]}, "_")
+    c[:rounds] = []
+    say "#{c[:label]}: #{rounds_n} round(s) of #{c[:jobs]} #{c[:kind]} jobs#{c[:procs] > 1 ? " over #{c[:procs]} processes" : ''}" \
+        "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:kind] }.join(', ') + ')' : ''}"
   end
-  rates = rounds.map { |x| x[:jobs_per_s] }
-  row = { scenario: scenario, system: system, name: SYSTEM_NAMES[system], concurrency: concurrency, kind: kind,
-          jobs: jobs, tail_s: tail, rounds: rounds, median: median(rates), min: rates.min, max: rates.max,
-          rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0), start_s: median(rounds.map { |x| x[:start_s] }),
-          acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] } }
-  $rows << row
-  row
-rescue StandardError => e
-  say "  #{label} FAILED: #{e.message}"
-  $notes << "#{label}: failed (#{e.message})"
-  row = { scenario: scenario, system: system, name: SYSTEM_NAMES[system], concurrency: concurrency, kind: kind,
-          jobs: jobs, error: e.message }
-  $rows << row
-  row
+  rounds_n.times do |r|
+    configs.each do |c|
+      next if c[:error]
+      rec = drain_once(c[:system], c[:concurrency], c[:kind], c[:jobs], c[:label], c[:tail], procs: c[:procs], quiet: c[:quiet])
+      say format("  %s round %d: %.3f s, %.0f jobs/s%s%s, ready after %.2f s%s, peak RSS %.1f MB%s", c[:label], r + 1,
+                 rec[:seconds], rec[:jobs_per_s],
+                 rec[:cpu_us] ? format(", CPU %.1f µs/job (%.0f%% of a core)", rec[:cpu_us], rec[:sys_busy] * 100) : "",
+                 rec[:redis_us] ? format(", Redis %.1f µs/job (%.0f%%), others %.2f cores", rec[:redis_us], rec[:redis_busy] * 100, rec[:others]) : "",
+                 rec[:ready_s], rec[:acked_s] ? format(", all acked at %.3f s", rec[:acked_s]) : "",
+                 (rec[:hwm_kb] || 0) / 1024.0, rec[:failed].positive? ? ", #{rec[:failed]} FAILED" : "")
+      c[:rounds] << rec
+    rescue StandardError => e
+      say "  #{c[:label]} FAILED: #{e.message}"
+      $notes << "#{c[:label]}: failed (#{e.message})"
+      c[:error] = e.message
+    end
+  end
+  configs.map do |c|
+    base = { scenario: c[:scenario], system: c[:system], name: SYSTEM_NAMES[c[:system]], concurrency: c[:concurrency],
+             kind: c[:kind], procs: c[:procs], jobs: c[:jobs] }
+    row = if c[:error]
+            base.merge(error: c[:error])
+          else
+            rounds = c[:rounds]
+            rates = rounds.map { |x| x[:jobs_per_s] }
+            base.merge(tail_s: c[:tail], rounds: rounds, median: median(rates), min: rates.min, max: rates.max,
+                       cpu_us: median(rounds.map { |x| x[:cpu_us] }), redis_us: median(rounds.map { |x| x[:redis_us] }),
+                       sys_busy: median(rounds.map { |x| x[:sys_busy] }), redis_busy: median(rounds.map { |x| x[:redis_busy] }),
+                       others: rounds.filter_map { |x| x[:others] }.max,
+                       commands: rounds.sort_by { |x| x[:jobs_per_s] }[rounds.size / 2][:commands],
+                       rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0), ready_s: median(rounds.map { |x| x[:ready_s] }),
+                       acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] })
+          end
+    $rows << row if record
+    row
+  end
 end
 
 def best(rows) = rows.compact.reject { |r| r[:median].nil? }.max_by { |r| r[:median] }
 
 $ratios = []
-def ratio(label, a, b, a_name = nil, b_name = nil)
-  return if a.nil? || b.nil? || a[:median].nil? || b[:median].nil?
-  $ratios << { label: label, value: a[:median] / b[:median],
+# a / b of the medians of `field` (jobs/s by default; :cpu_us for CPU per job).
+def ratio(label, a, b, a_name = nil, b_name = nil, field: :median)
+  return if a.nil? || b.nil? || a[field].nil? || b[field].nil? || b[field].zero?
+  $ratios << { label: label, value: a[field] / b[field],
                a: a_name || "#{a[:name]} -c #{a[:concurrency]}", b: b_name || "#{b[:name]} -c #{b[:concurrency]}" }
 end
 
@@ -247,19 +388,35 @@ $idle = []
 $schedule = []
 
 def scenario_drain
-  ox = [200, 25].map { |c| measure("no-op drain", :oxidekiq, c, :noop, JOBS) }
-  rb = [10, 25].map { |c| measure("no-op drain", :ruby, c, :noop, JOBS) }
-  ru = [10, 50].map { |c| measure("no-op drain", :rusty, c, :noop, JOBS) }
-  ratio("no-op drain: oxidekiq / Ruby Sidekiq (best)", ox.first, best(rb))
-  ratio("no-op drain: oxidekiq / rusty-sidekiq (best)", ox.first, best(ru))
+  ox = [10, 25, 200].to_h { |c| [c, measure("no-op drain", :oxidekiq, c, :noop, JOBS)] }
+  rb = [10, 25].to_h { |c| [c, measure("no-op drain", :ruby, c, :noop, JOBS)] }
+  ru = [10, 25, 50].to_h { |c| [c, measure("no-op drain", :rusty, c, :noop, JOBS)] }
+  [10, 25].each do |c|
+    ratio("no-op drain, same concurrency: oxidekiq / Ruby Sidekiq", ox[c], rb[c])
+    ratio("no-op drain, same concurrency: oxidekiq / rusty-sidekiq", ox[c], ru[c])
+  end
+  ratio("no-op drain, each at its best: oxidekiq / Ruby Sidekiq", best(ox.values), best(rb.values))
+  ratio("no-op drain, each at its best: oxidekiq / rusty-sidekiq", best(ox.values), best(ru.values))
+  ratio("CPU per no-op job, each at its best: Ruby Sidekiq / oxidekiq", best(rb.values), best(ox.values), field: :cpu_us)
+  ratio("CPU per no-op job, each at its best: rusty-sidekiq / oxidekiq", best(ru.values), best(ox.values), field: :cpu_us)
 end
 
+# ActiveJob against plain no-op jobs, rounds alternating (plain 1, ActiveJob 1, plain 2, ...): the ratio is
+# taken round by round between neighbours, and its median and minimum reported.
 def scenario_activejob
   [[:oxidekiq, 200], [:ruby, 10]].each do |system, c|
-    aj = measure("ActiveJob no-op", system, c, :activejob, JOBS)
-    plain = $rows.find { |r| r[:scenario] == "no-op drain" && r[:system] == system && r[:concurrency] == c && r[:median] }
-    plain ||= measure("no-op baseline", system, c, :noop, JOBS) # when the drain scenario did not run
-    ratio("ActiveJob / plain no-op: #{SYSTEM_NAMES[system]} -c #{c}", aj, plain, "ActiveJob NoopActiveJob", "NoopJob")
+    next unless SYSTEMS.include?(system)
+    plain, aj = measure_alternating([
+      { scenario: "no-op (beside ActiveJob)", system: system, concurrency: c, kind: :noop, jobs: JOBS, tail: 0.0, procs: 1, quiet: false },
+      { scenario: "ActiveJob no-op", system: system, concurrency: c, kind: :activejob, jobs: JOBS, tail: 0.0, procs: 1, quiet: false },
+    ])
+    name = "#{SYSTEM_NAMES[system]} -c #{c}"
+    ratio("ActiveJob / plain no-op jobs/s (alternating rounds): #{name}", aj, plain, "ActiveJob NoopActiveJob", "NoopJob")
+    ratio("ActiveJob / plain no-op CPU per job: #{name}", aj, plain, "ActiveJob NoopActiveJob", "NoopJob", field: :cpu_us)
+    next unless aj[:rounds] && plain[:rounds]
+    per = aj[:rounds].zip(plain[:rounds]).filter_map { |x, y| y && x[:jobs_per_s] / y[:jobs_per_s] }
+    $notes << "ActiveJob / plain no-op jobs/s, #{name}, round by round (each ActiveJob round over the plain round just " \
+              "before it): #{per.map { |v| format('%.2fx', v) }.join(', ')}; minimum #{format('%.2fx', per.min)}"
   end
 end
 
@@ -267,7 +424,7 @@ def scenario_io
   ox = measure("I/O 50 ms", :oxidekiq, 1000, :io, IO_JOBS, tail: 0.05)
   rb = [25, 50, 100].map { |c| measure("I/O 50 ms", :ruby, c, :io, IO_JOBS, tail: 0.05) }
   ru = measure("I/O 50 ms", :rusty, 1000, :io, IO_JOBS, tail: 0.05)
-  $notes << "I/O 50 ms: times are spawn → empty queue + 50 ms (the last jobs fetched finish then), for every system"
+  $notes << "I/O 50 ms: times are release → empty queue + 50 ms (the last jobs fetched finish then), for every system"
   ratio("I/O 50 ms: oxidekiq / Ruby Sidekiq (best)", ox, best(rb))
   ratio("I/O 50 ms: oxidekiq / rusty-sidekiq", ox, ru)
 end
@@ -361,18 +518,19 @@ def scenario_schedule
     at = Time.now.to_f - 1
     push_chunks(SCHEDULE_JOBS) { |idx| Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { |i| [i] }, "at" => at) }
     raise "schedule holds #{$redis.zcard('schedule')} of #{SCHEDULE_JOBS}" unless $redis.zcard("schedule") == SCHEDULE_JOBS
+    sock = subscribe_del
     t0 = now
     pid = spawn_system(:oxidekiq, 10, label, queue: "bench_idle", extra: ["--poll-interval", "0.1"])
+    # The first promotion is polled every 2 ms, only until it happens (during oxidekiq's start, before any
+    # promotion work); the end is the keyspace event of the emptied set.
     first = nil
-    loop do
-      left = $redis.zcard("schedule")
-      first ||= now - t0 if left < SCHEDULE_JOBS
-      break if left.zero?
+    until first
+      first = now - t0 if $redis.zcard("schedule") < SCHEDULE_JOBS
       raise "#{label}: oxidekiq exited early" unless alive?(pid)
-      raise "#{label}: timed out with #{left} left" if now - t0 > RUN_TIMEOUT
-      sleep POLL
+      raise "#{label}: nothing promoted in #{RUN_TIMEOUT} s" if now - t0 > RUN_TIMEOUT
+      sleep 0.002 unless first
     end
-    secs = now - t0
+    secs = wait_deleted(sock, "schedule", [pid], label, t0) - t0
     hwm = proc_status(pid, "VmHWM")
     stop(pid)
     promoted = $redis.llen(QUEUE)
@@ -389,10 +547,40 @@ def scenario_schedule
   $rows << { scenario: "scheduled promotion", system: :oxidekiq, name: "oxidekiq (poll 0.1 s)", concurrency: 10,
              kind: :schedule, jobs: SCHEDULE_JOBS, rounds: rounds, median: median(rates), min: rates.min,
              max: rates.max, rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0),
-             start_s: median(rounds.map { |x| x[:first_s] }), failed: 0 }
+             ready_s: median(rounds.map { |x| x[:first_s] }), failed: 0 }
 rescue StandardError => e
   say "  #{label} FAILED: #{e.message}"
   $notes << "#{label}: failed (#{e.message})"
+end
+
+SCALE_CONC = Integer(ENV.fetch("SCALE_CONC", "200"))
+$scale = []
+
+# 1, 2, 4 oxidekiq processes (-c SCALE_CONC each) on one Redis draining JOBS no-op jobs between them.
+def scenario_scaleout
+  return unless SYSTEMS.include?(:oxidekiq)
+  SCALE_PROCS.each do |n|
+    row = measure("scale-out", :oxidekiq, SCALE_CONC, :noop, JOBS, procs: n, record: false)
+    $scale << row if row && row[:median]
+  end
+end
+
+$quiet = []
+
+# The peers (and oxidekiq) again, each alone, with nothing measured but the drain's time: no CPU readings
+# and no acknowledgement polling, only the keyspace event. Compared with the measured rounds' medians.
+def scenario_quiet
+  pick = lambda do |system, fallback|
+    rows = $rows.select { |r| r[:scenario] == "no-op drain" && r[:system] == system && r[:median] }
+    best(rows) || { concurrency: fallback }
+  end
+  [[:ruby, 10], [:rusty, 50], [:oxidekiq, 200]].each do |system, fallback|
+    ref = pick.call(system, fallback)
+    row = measure("quiet", system, ref[:concurrency], :noop, JOBS, quiet: true, record: false)
+    next unless row && row[:median]
+    $quiet << { system: system, name: SYSTEM_NAMES[system], concurrency: ref[:concurrency], quiet: row[:median],
+                quiet_min: row[:min], quiet_max: row[:max], measured: ref[:median] }
+  end
 end
 
 def scenario_rss
@@ -421,7 +609,8 @@ meta = {
   ruby: RUBY_VERSION, sidekiq: Sidekiq::VERSION, activejob: ActiveJob.version.to_s,
   rusty_sidekiq: File.read(File.join(ROOT, "bench/rusty/Cargo.lock"))[/name = "rusty-sidekiq"\nversion = "([^"]+)"/, 1],
   redis: sh("redis-server --version")[/v=(\S+)/, 1],
-  params: { jobs: JOBS, rounds: ROUNDS, io_jobs: IO_JOBS, lock_jobs: LOCK_JOBS, schedule_jobs: SCHEDULE_JOBS,
+  loadavg_start: File.read("/proc/loadavg").split.first(3).join(" "),
+  params: { jobs: JOBS, rounds: ROUNDS, io_jobs: IO_JOBS, lock_jobs: LOCK_JOBS, schedule_jobs: SCHEDULE_JOBS, scale_procs: SCALE_PROCS, scale_conc: SCALE_CONC,
             latency_rate: LATENCY_RATE, latency_secs: LATENCY_SECS, scenarios: SCENARIOS },
 }
 say "oxidekiq #{meta[:oxidekiq][:commit]} (#{meta[:oxidekiq][:version]}); #{meta[:machine][:nproc]} x #{meta[:machine][:cpu]}"
@@ -433,15 +622,44 @@ SCENARIOS.each { |s| send("scenario_#{s}") }
 def fmt_rate(x) = x ? x.round.to_s.reverse.scan(/\d{1,3}/).join(",").reverse : "-"
 def fmt_mb(x) = x ? format("%.1f", x) : "-"
 
-HEAD = ["scenario", "system", "conc", "jobs", "median jobs/s", "min", "max", "peak RSS MB", "start s"].freeze
+def fmt_us(x) = x ? format("%.1f", x) : "-"
+def fmt_pct(x) = x ? format("%.0f%%", x * 100) : "-"
+
+HEAD = ["scenario", "system", "conc", "jobs", "median jobs/s", "min", "max", "CPU µs/job", "Redis µs/job",
+        "others (cores)", "peak RSS MB", "ready s"].freeze
 table = $rows.map do |r|
   if r[:error]
-    [r[:scenario], r[:name], r[:concurrency].to_s, r[:jobs].to_s, "FAILED", "-", "-", "-", "-"]
+    [r[:scenario], r[:name], r[:concurrency].to_s, r[:jobs].to_s, "FAILED", "-", "-", "-", "-", "-", "-", "-"]
   else
     [r[:scenario], r[:name] + (r[:failed].to_i.positive? ? " (#{r[:failed]} failed!)" : ""), r[:concurrency].to_s,
-     r[:jobs].to_s, fmt_rate(r[:median]), fmt_rate(r[:min]), fmt_rate(r[:max]), fmt_mb(r[:rss_mb]),
-     r[:start_s] ? format("%.2f", r[:start_s]) : "-"]
+     r[:jobs].to_s, fmt_rate(r[:median]), fmt_rate(r[:min]), fmt_rate(r[:max]), fmt_us(r[:cpu_us]), fmt_us(r[:redis_us]),
+     r[:others] ? format("%.2f", r[:others]) : "-", fmt_mb(r[:rss_mb]), r[:ready_s] ? format("%.2f", r[:ready_s]) : "-"]
   end
+end
+NPROC = Etc.nprocessors
+SCALE_HEAD = ["oxidekiq processes", "conc each", "median jobs/s", "min", "max", "oxidekiq CPU µs/job", "Redis CPU µs/job",
+              "oxidekiq busy", "Redis busy", "box busy", "others (cores)", "limit"].freeze
+scale_rows = $scale.map do |r|
+  box = r[:sys_busy] && r[:redis_busy] ? (r[:sys_busy] + r[:redis_busy]) / NPROC : nil
+  limit = if r[:redis_busy] && r[:redis_busy] >= 0.9 then "Redis (one core full)"
+          elsif box && box >= 0.85 then "the #{NPROC} cores (Redis #{fmt_pct(r[:redis_busy])} of one)"
+          else "neither saturated"
+          end
+  [r[:procs].to_s, r[:concurrency].to_s, fmt_rate(r[:median]), fmt_rate(r[:min]), fmt_rate(r[:max]), fmt_us(r[:cpu_us]),
+   fmt_us(r[:redis_us]), fmt_pct(r[:sys_busy]), fmt_pct(r[:redis_busy]), fmt_pct(box),
+   r[:others] ? format("%.2f", r[:others]) : "-", limit]
+end
+redis_floor = median($scale.map { |r| r[:redis_us] })
+if redis_floor
+  $notes << format("scale-out: Redis spends %.1f µs of CPU per no-op job (median over the scale-out runs), so one Redis " \
+                   "core caps any Sidekiq-compatible fleet using this protocol at about %s jobs/s; busy = CPU seconds " \
+                   "per wall second (1.0 = one core), box = all of it over the #{NPROC} cores", redis_floor,
+                   fmt_rate(1e6 / redis_floor))
+end
+QUIET_HEAD = ["system", "conc", "measured median jobs/s", "quiet median jobs/s", "quiet min", "quiet max", "quiet / measured"].freeze
+quiet_rows = $quiet.map do |q|
+  [q[:name], q[:concurrency].to_s, fmt_rate(q[:measured]), fmt_rate(q[:quiet]), fmt_rate(q[:quiet_min]),
+   fmt_rate(q[:quiet_max]), q[:measured] ? format("%.2fx", q[:quiet] / q[:measured]) : "-"]
 end
 ratio_rows = $ratios.map { |q| [q[:label], format("%.2fx", q[:value]), "#{q[:a]} vs #{q[:b]}"] }
 lat_rows = $latency.map do |l|
@@ -476,6 +694,10 @@ out << "\n" << text_table(["ratio (medians)", "value", "compared"], ratio_rows) 
 out << "\nEnqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s (LatencyJob):\n" \
        << text_table(LAT_HEAD, lat_rows) << "\n" unless lat_rows.empty?
 out << "\n" << text_table(IDLE_HEAD, idle_rows) << "\n" unless idle_rows.empty?
+out << "\nScale-out: oxidekiq processes on one Redis, #{JOBS} no-op jobs between them:\n" \
+       << text_table(SCALE_HEAD, scale_rows) << "\n" unless scale_rows.empty?
+out << "\nQuiet check (each alone, nothing measured but the drain's time):\n" \
+       << text_table(QUIET_HEAD, quiet_rows) << "\n" unless quiet_rows.empty?
 out << "\n" << (acked_note + $notes).map { |n| "note: #{n}" }.join("\n") << "\n" unless (acked_note + $notes).empty?
 puts out
 
@@ -483,18 +705,38 @@ md = +"# oxidekiq benchmark results\n\n"
 md << "- date: #{meta[:date]}\n- machine: #{meta[:machine][:nproc]} CPUs, #{meta[:machine][:cpu]}, #{meta[:machine][:mem_gb]} GB, #{meta[:machine][:kernel]}\n"
 md << "- oxidekiq: commit #{meta[:oxidekiq][:commit]} (#{meta[:oxidekiq][:version]}, #{OXIDEKIQ.delete_prefix("#{ROOT}/")})\n"
 md << "- peers: Ruby Sidekiq #{meta[:sidekiq]} (Ruby #{meta[:ruby]}, ActiveJob #{meta[:activejob]}), rusty-sidekiq #{meta[:rusty_sidekiq]}; Redis #{meta[:redis]}\n"
+md << "- load average (1, 5, 15 min) at the start: #{meta[:loadavg_start]}; at the end: #{File.read('/proc/loadavg').split.first(3).join(' ')}; " \
+      "the others column: cores busy with anything but the drainer and Redis during the drain (max over rounds)\n"
 md << "- command: `#{ENV.fetch('BENCH_COMMAND', 'bash bench/run.sh')}` (JOBS=#{JOBS}, ROUNDS=#{ROUNDS}, SCENARIOS=#{SCENARIOS.join(',')})\n"
-md << "- method: one Redis; jobs enqueued with Ruby Sidekiq's `push_bulk`; each round starts the drainer cold and " \
-      "times spawn → `LLEN queue:default` == 0 (polled every 2 ms on one connection); peak RSS = VmHWM.\n\n"
+md << "- method: one Redis; jobs enqueued with Ruby Sidekiq's `push_bulk` and parked (RENAME); the drainer is started " \
+      "and runs one probe job (ready s: its cold start); CPU times read from /proc/<pid>/stat (utime+stime+cutime+cstime) " \
+      "of the drainer(s) and of redis-server; the queue is released (RENAME) and the driver blocks until Redis reports " \
+      "it deleted (keyspace event, no polling); oxidekiq's acknowledgements are then awaited (polled every 25 ms); CPU " \
+      "read again. jobs/s = jobs / seconds from release to empty queue; CPU µs/job = CPU spent over the drain / jobs; " \
+      "peak RSS = VmHWM. Medians of the rounds.\n\n"
 md << md_table(HEAD, table) << "\n\n" unless table.empty?
 md << md_table(["ratio (medians)", "value", "compared"], ratio_rows) << "\n\n" unless ratio_rows.empty?
 md << "Enqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s:\n\n" << md_table(LAT_HEAD, lat_rows) << "\n\n" unless lat_rows.empty?
 md << md_table(IDLE_HEAD, idle_rows) << "\n\n" unless idle_rows.empty?
+cmd_rows = $rows.select { |r| r[:commands] && %w[no-op\ drain ActiveJob\ no-op].include?(r[:scenario]) }.map do |r|
+  top = r[:commands].first(4).map { |name, (calls, us)| format("%s %.3g (%.2f µs)", name, calls, us) }.join(", ")
+  [r[:scenario], r[:name], r[:concurrency].to_s, top]
+end
+unless cmd_rows.empty?
+  md << "Redis commands per job (INFO commandstats over the drain, the median round; µs: Redis's own time in the " \
+        "command, per job; commands a script runs are counted on their own and inside the script's time too):\n\n" \
+        << md_table(["scenario", "system", "conc", "busiest commands: calls/job (µs/job)"], cmd_rows) << "\n\n"
+end
+md << "Scale-out: oxidekiq processes (-c #{SCALE_CONC} each) on one Redis, #{JOBS} no-op jobs between them:\n\n" \
+      << md_table(SCALE_HEAD, scale_rows) << "\n\n" unless scale_rows.empty?
+md << "Quiet check: each system again, alone, with nothing measured but the drain's time (no CPU readings, no " \
+      "acknowledgement polling), against the measured rounds:\n\n" << md_table(QUIET_HEAD, quiet_rows) << "\n\n" unless quiet_rows.empty?
 md << (acked_note + $notes).map { |n| "- #{n}\n" }.join << "\n" unless (acked_note + $notes).empty?
 md << "![no-op drain and I/O-bound jobs/s](drain.png)\n" if $rows.any? { |r| %w[no-op\ drain I/O\ 50\ ms].include?(r[:scenario]) && r[:median] }
 File.write(File.join(RESULTS, "results.md"), md)
 File.write(File.join(RESULTS, "results.json"),
-           JSON.pretty_generate(meta: meta, throughput: $rows, ratios: $ratios, latency: $latency, idle_rss: $idle, notes: $notes))
+           JSON.pretty_generate(meta: meta, throughput: $rows, ratios: $ratios, latency: $latency, idle_rss: $idle,
+                                scale_out: $scale, quiet: $quiet, notes: $notes))
 
 # Chart: jobs/s (median bar, min-max whisker) per system for the no-op drain and the I/O-bound drain.
 panels = [["no-op drain", "drain", "no-op drain, #{JOBS} jobs"], ["I/O 50 ms", "io", "50 ms I/O, #{IO_JOBS} jobs"]].filter_map do |scenario, file, title|

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The benchmark: oxidekiq side by side with Ruby Sidekiq 6.4 and rusty-sidekiq 0.15 on one private Redis.
 #
-#   bash bench/run.sh                                    # everything: 100 000 jobs, 3 rounds (~15 min on 2 CPUs)
+#   bash bench/run.sh                                    # everything: 100 000 jobs, 3 rounds (~20 min on 2 CPUs)
 #   JOBS=10000 ROUNDS=1 SCENARIOS=drain,io bash bench/run.sh   # a quick look
 #
-# Scenarios (SCENARIOS, comma-separated; default all): drain, activejob, io, latency, locks, schedule, rss.
-# Sizes: JOBS (100000), ROUNDS (3), IO_JOBS and LOCK_JOBS (JOBS/5), SCHEDULE_JOBS (JOBS), LATENCY_RATE (5000),
-# LATENCY_SECS (10), RUN_TIMEOUT (600 s per drain); SYSTEMS (oxidekiq,ruby,rusty) limits who runs.
+# Scenarios (SCENARIOS, comma-separated; default all): drain, activejob, io, latency, locks, schedule, rss,
+# scaleout, quiet. Sizes: JOBS (100000), ROUNDS (3), IO_JOBS and LOCK_JOBS (JOBS/5), SCHEDULE_JOBS (JOBS),
+# SCALE_PROCS (1,2,4 oxidekiq processes) and SCALE_CONC (200 each), LATENCY_RATE (5000), LATENCY_SECS (10),
+# RUN_TIMEOUT (600 s per drain); SYSTEMS (oxidekiq,ruby,rusty) limits who runs.
 # SKIP_SETUP=1 skips the package check, SKIP_BUILD=1 the builds.
-# Writes bench/results/results.md, results.json and drain.png; prints the table on stdout.
+# Prints jobs/s and CPU µs per job (the drainer's and Redis's) per system, the same-concurrency and
+# best-against-best ratios, the scale-out table and the quiet check; writes bench/results/results.md,
+# results.json and drain.png. Method: bench/README.md.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -65,6 +68,6 @@ done
 redis-cli -p "$port" ping >/dev/null
 
 export REDIS_URL="redis://127.0.0.1:$port/0"
-export BENCH_COMMAND="${BENCH_COMMAND:-$(env | grep -E '^(JOBS|ROUNDS|SCENARIOS|SYSTEMS|IO_JOBS|LOCK_JOBS|SCHEDULE_JOBS|LATENCY_RATE|LATENCY_SECS)=' | sort | tr '\n' ' ')bash bench/run.sh}"
+export BENCH_COMMAND="${BENCH_COMMAND:-$(env | grep -E '^(JOBS|ROUNDS|SCENARIOS|SYSTEMS|IO_JOBS|LOCK_JOBS|SCHEDULE_JOBS|SCALE_PROCS|SCALE_CONC|LATENCY_RATE|LATENCY_SECS)=' | sort | tr '\n' ' ')bash bench/run.sh}"
 step "running the scenarios (progress on stderr, table on stdout)"
 ruby "$root/bench/driver.rb"

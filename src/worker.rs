@@ -90,14 +90,43 @@ impl<'de> Deserialize<'de> for NoArgs {
 }
 
 /// What an ActiveJob job carries besides its arguments.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ActiveJobInfo {
     /// ActiveJob's own id (a UUID), not Sidekiq's `jid`.
     pub job_id: String,
     /// How many times ActiveJob already ran it (`executions`).
     pub executions: u64,
-    /// The arguments, decoded from ActiveJob's serialization into plain JSON values.
-    pub arguments: serde_json::Value,
+    /// The arguments: JSON text the worker's type reads directly, or the full decoder's value
+    /// ([`crate::activejob::Arguments`]).
+    pub(crate) arguments: crate::activejob::Arguments,
+}
+
+impl ActiveJobInfo {
+    /// The arguments, decoded from ActiveJob's serialization into plain JSON values (built on first
+    /// use when the job took the direct path: the worker itself never needs it).
+    pub fn arguments(&self) -> &serde_json::Value {
+        self.arguments.value()
+    }
+
+    /// The decoded arguments, owned.
+    pub fn into_arguments(self) -> serde_json::Value {
+        self.arguments.into_value()
+    }
+
+    /// Deserializes the arguments as `T`: straight from their JSON text when they need no decoding
+    /// beyond dropping hash markers, otherwise from the full decoder's value. Both give the same `T`.
+    pub fn args<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        self.arguments.deserialize()
+    }
+}
+
+impl PartialEq for ActiveJobInfo {
+    /// Equal when the id, the execution count and the decoded arguments are, whichever path decoded them.
+    fn eq(&self, other: &Self) -> bool {
+        self.job_id == other.job_id
+            && self.executions == other.executions
+            && self.arguments() == other.arguments()
+    }
 }
 
 /// Everything one run of a job can see: the payload, where it came from, Redis, and the shutdown.
@@ -177,7 +206,7 @@ impl JobContext {
     /// Deserializes the job's arguments as `T` (what the worker's `perform` receives).
     pub fn args<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         match &self.activejob {
-            Some(aj) => T::deserialize(&aj.arguments),
+            Some(aj) => aj.args(),
             None => serde_json::from_str(self.job.args_json()),
         }
     }

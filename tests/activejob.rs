@@ -122,7 +122,7 @@ expected.each { |e| puts JSON.generate(e) }
         assert!(is_uuid_v4(&info.job_id), "{}", info.job_id);
         assert_eq!(&info.job_id, job_id);
         assert_eq!(info.executions, 0);
-        assert_eq!(info.arguments, want, "{raw}");
+        assert_eq!(info.arguments(), &want, "{raw}");
     }
     assert_eq!(rpop(&redis, "reports"), None);
 }
@@ -144,7 +144,7 @@ ReportJob.perform_later(123456789012345678901234567890, 0.1)
     let job = oxidekiq::Job::from_str(&raw).unwrap();
     let info = activejob::unwrap(job.args_json()).unwrap();
     assert_eq!(
-        info.arguments.to_string(),
+        info.arguments().to_string(),
         "[123456789012345678901234567890,0.1]"
     );
 }

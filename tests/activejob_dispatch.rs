@@ -129,7 +129,7 @@ async fn every_recorded_activejob_shape_reaches_its_worker_with_decoded_argument
             .find(|v| v["jid"] == jid.as_str())
             .unwrap_or_else(|| panic!("{jid} did not run"));
         assert_eq!(got["queue"], queue.as_str());
-        assert_eq!(got["args"], decoded.arguments, "{jid}");
+        assert_eq!(&got["args"], decoded.arguments(), "{jid}");
         assert_eq!(got["job_id"], decoded.job_id.as_str());
         assert_eq!(got["executions"], 0);
         assert!(

@@ -112,7 +112,7 @@ impl<A: DeserializeOwned> LockKey<A> {
             LockKey::Class => Some(ctx.class().to_string()),
             LockKey::ByArgs => {
                 let args: Value = match ctx.activejob() {
-                    Some(aj) => aj.arguments.clone(),
+                    Some(aj) => aj.arguments().clone(),
                     None => serde_json::from_str(ctx.args_json()).ok()?,
                 };
                 Some(format!("{}:{}", ctx.class(), args_digest(&args)))

@@ -61,7 +61,7 @@ pub fn json_type(v: &Value) -> String {
 pub fn check_args<A: DeserializeOwned>(job: &Job) -> std::result::Result<(), Mismatch> {
     let (root, prefix) = if job.is_activejob() {
         match crate::activejob::unwrap(job.args_json()) {
-            Ok(info) => (info.arguments, "arguments"),
+            Ok(info) => (info.into_arguments(), "arguments"),
             Err(msg) => {
                 return Err(Mismatch {
                     path: "args[0]".into(),
