@@ -580,3 +580,23 @@ production:
         vec![("critical", 2), ("default", 1), ("sym", 1)]
     );
 }
+
+#[tokio::test]
+async fn a_config_built_by_hand_gets_the_same_bounds_at_start() {
+    // No Redis is needed: the launcher refuses the value before it connects (the URL points nowhere).
+    let c = Config {
+        redis_url: Some("redis://127.0.0.1:1/0".into()),
+        queues: vec![QueueWeight {
+            name: "default".into(),
+            weight: u32::MAX,
+        }],
+        ..Config::default()
+    };
+    let e = oxidekiq::launcher::Launcher::new(c, oxidekiq::Registry::new())
+        .start()
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("weight") && e.contains("too large"), "{e}");
+}
