@@ -286,25 +286,14 @@ impl Config {
         Ok(())
     }
 
-    /// Checks what no later stage could recover from; queue names the Web UI cannot route are only a
-    /// warning, since Redis and Ruby clients accept them.
-    pub fn validate(&self) -> Result<(), Error> {
-        // Sidekiq 6.4 rejects these the same way (`cli.rb@v6.4.1 validate!`).
-        if self.concurrency == 0 {
-            return Err(Error::Config(
-                "concurrency: 0 is not a valid value, it must be at least 1".into(),
-            ));
-        }
+    /// The upper bounds on what a setting may cost (concurrency, queue weights, durations): checked by
+    /// [`Config::validate`] for flags and sidekiq.yml, and by the launcher for a `Config` built in Rust.
+    pub fn check_bounds(&self) -> Result<(), Error> {
         if self.concurrency > MAX_CONCURRENCY {
             return Err(Error::Config(format!(
                 "concurrency: {} is too large, it must be at most {MAX_CONCURRENCY}",
                 self.concurrency
             )));
-        }
-        if self.timeout.is_zero() {
-            return Err(Error::Config(
-                "timeout: 0 is not a valid value, it must be more than 0 seconds".into(),
-            ));
         }
         for (what, d) in [
             ("timeout", self.timeout),
@@ -323,6 +312,24 @@ impl Config {
                 "queue {}: weight {} is too large, it must be at most {MAX_QUEUE_WEIGHT}",
                 q.name, q.weight
             )));
+        }
+        Ok(())
+    }
+
+    /// Checks what no later stage could recover from; queue names the Web UI cannot route are only a
+    /// warning, since Redis and Ruby clients accept them.
+    pub fn validate(&self) -> Result<(), Error> {
+        // Sidekiq 6.4 rejects these the same way (`cli.rb@v6.4.1 validate!`).
+        if self.concurrency == 0 {
+            return Err(Error::Config(
+                "concurrency: 0 is not a valid value, it must be at least 1".into(),
+            ));
+        }
+        self.check_bounds()?;
+        if self.timeout.is_zero() {
+            return Err(Error::Config(
+                "timeout: 0 is not a valid value, it must be more than 0 seconds".into(),
+            ));
         }
         if self.queues.is_empty() {
             return Err(Error::Config("no queue to fetch from".into()));

@@ -152,9 +152,9 @@ impl Launcher {
     /// Connects, registers the process and starts every part; returns at once with a [`Handle`].
     pub async fn start(self) -> Result<Handle> {
         let cfg = self.config;
-        // The same bounds as the flags and sidekiq.yml, for a Config built by hand in Rust (a weight of
-        // u32::MAX would otherwise allocate its shuffle list per fetch).
-        cfg.validate()?;
+        // The same cost bounds as the flags and sidekiq.yml, for a Config built by hand in Rust (a weight
+        // of u32::MAX would otherwise allocate its shuffle list per fetch).
+        cfg.check_bounds()?;
         let url = cfg.redis_url();
         let target = redis_conn::Target::from_config(&cfg).await?;
         let conn = target.connect().await?;
