@@ -1,0 +1,59 @@
+//! The process's configuration: what `-c`, `-q`, `-t`, `-C config/sidekiq.yml` and the environment say.
+//!
+//! Defaults are Sidekiq 6.4's (`sidekiq.rb@v6.4.1 DEFAULTS`): concurrency 10, queue `default`, timeout 25 s.
+//!
+//! A `sidekiq.yml` is read the way Sidekiq 6.4 reads it (`cli.rb@v6.4.1 parse_config`), so the file a
+//! Rails app already has works unchanged:
+//!
+//! 1. ERB first. Only environment lookups are evaluated (`<%= ENV["X"] %>`, `ENV.fetch("X", 5)`,
+//!    `ENV.fetch("X") { 5 }`, `ENV["X"] || 5`, optionally followed by `.to_i`, `.to_f` or `.to_s`);
+//!    anything else, such as `<%= Rails.env %>` or `<% if ... %>`, is an error naming its line, since
+//!    there is no Ruby here to run it. Unlike Ruby, which prints a missing variable as an empty string,
+//!    a variable that is not set and has no default is an error naming it: an empty value almost always
+//!    means a forgotten variable.
+//! 2. YAML, with keys written either way (`:concurrency: 5` or `concurrency: 5`), anchors, aliases and
+//!    `<<` merge keys, as Psych accepts them.
+//! 3. The section named after the environment (`production:`, picked by `-e`, else `APP_ENV`,
+//!    `RAILS_ENV`, `RACK_ENV`, else `development`) is merged over the top level, key by key and
+//!    shallowly: a `queues` list in the section replaces the top-level one.
+//! 4. Known keys are applied: `concurrency`, `timeout`, `queues`, `tag`, `labels`, `verbose`,
+//!    `average_scheduled_poll_interval`. Any other key is ignored with a debug-level note, as Ruby ignores
+//!    options no code reads.
+//!
+//! 5. The Redis URL: `redis_url: URL` or Sidekiq's `:redis: { :url: URL }`. `--redis-url` and then
+//!    `REDIS_URL` win over the file; other `:redis:` keys are ignored with a warning naming them (put
+//!    the password, database and TLS in the URL). Values read through ERB are never echoed by an
+//!    error: a mistake such as `concurrency: <%= ENV["REDIS_URL"] %>` says which key is wrong, not
+//!    what the variable holds.
+//!
+//! # Limits
+//!
+//! What a flag or a file can make the process spend is bounded, with a clear error past the bound:
+//! concurrency at most [`MAX_CONCURRENCY`], a queue weight at most [`MAX_QUEUE_WEIGHT`], a number
+//! of seconds at most [`MAX_SECONDS`], a config file at most [`MAX_CONFIG_FILE_BYTES`] (before and
+//! after ERB), and its YAML at most [`MAX_YAML_NODES`] values once anchors and aliases are expanded
+//! and [`MAX_YAML_DEPTH`] levels deep (a few hundred bytes of nested aliases, a "YAML bomb", would
+//! otherwise expand to gigabytes). The expansion is counted on the parser's events, before any tree
+//! is built.
+//!
+//! Queue weights follow `cli.rb@v6.4.1 parse_queue`: a queue is listed `max(weight, 1)` times and any
+//! weight above 0 turns strict ordering off. So in `[[critical, 2], default]` the queue without a weight
+//! counts as weight 1 (critical is tried first two times in three); [`normalize_weights`] writes that
+//! down in [`QueueWeight::weight`], so that every weight is 0 (strict order) or every weight is at
+//! least 1 (weighted random). A queue given twice is an error, as in Ruby.
+
+// The flags and the `Config` they fill, with the bounds every source of settings is held to.
+mod settings;
+// The `sidekiq.yml` loader (`cli.rb@v6.4.1 parse_config`): YAML, environment sections, known keys.
+mod file;
+// The ERB subset a `sidekiq.yml` may use: environment lookups only.
+mod erb;
+
+pub use erb::render_erb;
+pub(crate) use file::FileOptions;
+pub use settings::{
+    Config, FetchMode, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_SECONDS,
+    MAX_YAML_DEPTH, MAX_YAML_NODES, QueueWeight, UnknownClass, normalize_weights, parse_queue_arg,
+    process_env, sidekiq_environment, web_ui_routable,
+};
+pub(crate) use settings::{check_queue_list, parse_queue_spec, positive_duration};

@@ -1,0 +1,447 @@
+//! The flags and the `Config` they fill: defaults, the queue list and the bounds on what a setting may
+//! cost, checked the same for flags, `sidekiq.yml` and a `Config` built in Rust.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::redis_conn::redact_url;
+
+/// The most jobs one process may run at once. Each slot is a task, a working-list entry and a share
+/// of every fetch; Sidekiq advises 5 to 50 per process, and past a few thousand one process is better
+/// split in several. 10 000 is far beyond any real setting and still cheap.
+pub const MAX_CONCURRENCY: usize = 10_000;
+
+/// The largest queue weight. A weighted fetch lists each queue `weight` times and shuffles the list
+/// on every fetch (`fetch.rb`), so the cost of a fetch grows with the weights; 1 000 already gives a
+/// 1:1000 ratio, finer than any priority scheme needs (Sidekiq's docs use 1 to 7).
+pub const MAX_QUEUE_WEIGHT: u32 = 1_000;
+
+/// The most seconds a timeout or interval may be: one day. Larger values are typos, and far larger
+/// ones overflow when added to the clock.
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// The largest config file, before and after ERB: 1 MiB. A Rails app's `sidekiq.yml` is a few hundred
+/// bytes.
+pub const MAX_CONFIG_FILE_BYTES: usize = 1 << 20;
+
+/// The most values (scalars, lists, mappings) a config file's YAML may hold once anchors and aliases
+/// are expanded. A `sidekiq.yml` holds a few dozen; several environments sharing a `<<: *default`
+/// stay far below.
+pub const MAX_YAML_NODES: u64 = 10_000;
+
+/// The deepest nesting of lists and mappings in a config file (a `sidekiq.yml` nests 3 deep).
+pub const MAX_YAML_DEPTH: usize = 64;
+
+/// One queue to fetch from and its weight (`-q name,weight`; weight 0 means strict order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueWeight {
+    /// Queue name, without the `queue:` prefix.
+    pub name: String,
+    /// Sidekiq weight; all 0 = strict order, otherwise weighted random.
+    pub weight: u32,
+}
+
+/// Which fetch strategy drains the queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FetchMode {
+    /// Jobs move atomically into a working list owned by this process and leave it only once their
+    /// fate is in Redis; a crashed process's jobs are recovered (the default).
+    #[default]
+    Reliable,
+    /// Sidekiq's open-source `BRPOP` fetch: a killed process loses its in-flight jobs.
+    Basic,
+}
+
+/// What happens to a job whose class has no Rust worker registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownClass {
+    /// Sidekiq's path: a `NameError` failure into the retry set (then dead), naming the class.
+    #[default]
+    Retry,
+    /// Straight to the dead set.
+    Dead,
+}
+
+/// Everything the launcher needs to run.
+///
+/// Its `Debug` output shows the Redis URL with the password replaced by `REDACTED`, so a config can be
+/// logged.
+#[derive(Clone)]
+pub struct Config {
+    /// `redis://` or `rediss://` URL; `None` means `REDIS_URL` or `redis://127.0.0.1:6379`.
+    pub redis_url: Option<String>,
+    /// PEM CA bundle a `rediss://` server's certificate must chain to, instead of the system's trust
+    /// store (`--redis-ca-file`); `None` means `REDIS_CA_FILE` or the system's trust store.
+    pub redis_ca_file: Option<PathBuf>,
+    /// How many jobs run at once (`-c`).
+    pub concurrency: usize,
+    /// The queues to fetch from, in configured order (`-q`).
+    pub queues: Vec<QueueWeight>,
+    /// How long running jobs get after TERM before they are pushed back (`-t`).
+    pub timeout: Duration,
+    /// Shown on the Busy page (`-g`); defaults to the working directory's name, as Ruby does.
+    pub tag: Option<String>,
+    /// Extra labels for the Busy page; `oxidekiq` is always added.
+    pub labels: Vec<String>,
+    /// Debug logging (`-v`).
+    pub verbose: bool,
+    /// Fetch strategy (`--fetch reliable|basic`).
+    pub fetch: FetchMode,
+    /// What to do with a job whose class has no Rust worker.
+    pub unknown_class: UnknownClass,
+    /// Payloads larger than this go to the dead set undecoded.
+    pub max_payload_bytes: usize,
+    /// Heartbeat interval (Sidekiq 6.x: 5 s).
+    pub beat_interval: Duration,
+    /// Scheduled-set poll interval average (Sidekiq's `average_scheduled_poll_interval`, 5 s);
+    /// the real interval is scaled by the number of live processes.
+    pub poll_interval_average: Duration,
+    /// Write Sidekiq 8 integer-millisecond timestamps instead of float seconds; `None` = detect
+    /// from the live processes' `info.version`.
+    pub millisecond_timestamps: Option<bool>,
+    /// `--handoff QUEUE`: a job of a class with no Rust worker (or carrying a Ruby-side contract, see
+    /// [`crate::migrate::handoff`]) is pushed unchanged to this queue, which Ruby serves.
+    pub handoff: Option<String>,
+    /// `--run-flagged CLASS`: classes whose jobs run in Rust even when they carry a Ruby-side contract.
+    pub run_flagged: Vec<String>,
+    /// Address of the `/metrics`, `/health`, `/ready` endpoint (`--http`); `None`: off.
+    pub http: Option<String>,
+    /// Log line format (`--log-format`).
+    pub log_format: crate::logging::LogFormat,
+    /// Redis through Sentinel (`--sentinel`, `:redis: { :sentinels: ... }`); `None`: the URL's server.
+    pub sentinel: Option<crate::sentinel::SentinelConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            redis_url: None,
+            redis_ca_file: None,
+            concurrency: 10,
+            queues: vec![QueueWeight {
+                name: "default".into(),
+                weight: 0,
+            }],
+            timeout: Duration::from_secs(25),
+            tag: None,
+            labels: Vec::new(),
+            verbose: false,
+            fetch: FetchMode::Reliable,
+            unknown_class: UnknownClass::Retry,
+            max_payload_bytes: 16 * 1024 * 1024,
+            beat_interval: Duration::from_secs(5),
+            poll_interval_average: Duration::from_secs(5),
+            millisecond_timestamps: None,
+            handoff: None,
+            run_flagged: Vec::new(),
+            http: None,
+            log_format: crate::logging::LogFormat::Text,
+            sentinel: None,
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Written out by hand so the Redis password never reaches a log line.
+        f.debug_struct("Config")
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_ca_file", &self.redis_ca_file)
+            .field("concurrency", &self.concurrency)
+            .field("queues", &self.queues)
+            .field("timeout", &self.timeout)
+            .field("tag", &self.tag)
+            .field("labels", &self.labels)
+            .field("verbose", &self.verbose)
+            .field("fetch", &self.fetch)
+            .field("unknown_class", &self.unknown_class)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("beat_interval", &self.beat_interval)
+            .field("poll_interval_average", &self.poll_interval_average)
+            .field("millisecond_timestamps", &self.millisecond_timestamps)
+            .field("handoff", &self.handoff)
+            .field("run_flagged", &self.run_flagged)
+            .field("http", &self.http)
+            .field("log_format", &self.log_format)
+            .field("sentinel", &self.sentinel)
+            .finish()
+    }
+}
+
+impl Config {
+    /// The Redis URL to use: the configured one, else `REDIS_URL`, else the local default.
+    pub fn redis_url(&self) -> String {
+        // An empty value counts as unset, as with every variable read here.
+        self.redis_url
+            .clone()
+            .filter(|u| !u.is_empty())
+            .or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()))
+            .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string())
+    }
+
+    /// The CA bundle for a `rediss://` server: the configured one, else `REDIS_CA_FILE`, else `None`
+    /// (the system's trust store).
+    pub fn redis_ca_file(&self) -> Option<PathBuf> {
+        // `REDIS_CA_FILE=` (empty) means unset: the system's trust store.
+        self.redis_ca_file
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty())
+            .or_else(|| {
+                std::env::var_os("REDIS_CA_FILE")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
+    }
+
+    /// True when the queues are fetched in strict order (every weight is 0).
+    pub fn strict_queues(&self) -> bool {
+        self.queues.iter().all(|q| q.weight == 0)
+    }
+
+    /// The upper bounds on what a setting may cost (concurrency, queue weights, durations): checked by
+    /// [`Config::validate`] for flags and sidekiq.yml, and by the launcher for a `Config` built in Rust.
+    pub fn check_bounds(&self) -> Result<(), Error> {
+        if self.concurrency > MAX_CONCURRENCY {
+            return Err(Error::Config(format!(
+                "concurrency: {} is too large, it must be at most {MAX_CONCURRENCY}",
+                self.concurrency
+            )));
+        }
+        for (what, d) in [
+            ("timeout", self.timeout),
+            ("beat interval", self.beat_interval),
+            ("poll interval", self.poll_interval_average),
+        ] {
+            if d.as_secs_f64() > MAX_SECONDS {
+                return Err(Error::Config(format!(
+                    "{what}: {} seconds is too long, it must be at most {MAX_SECONDS} (one day)",
+                    d.as_secs_f64()
+                )));
+            }
+        }
+        if let Some(q) = self.queues.iter().find(|q| q.weight > MAX_QUEUE_WEIGHT) {
+            return Err(Error::Config(format!(
+                "queue {}: weight {} is too large, it must be at most {MAX_QUEUE_WEIGHT}",
+                q.name, q.weight
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks what no later stage could recover from; queue names the Web UI cannot route are only a
+    /// warning, since Redis and Ruby clients accept them.
+    pub fn validate(&self) -> Result<(), Error> {
+        // Sidekiq 6.4 rejects these the same way (`cli.rb@v6.4.1 validate!`).
+        if self.concurrency == 0 {
+            return Err(Error::Config(
+                "concurrency: 0 is not a valid value, it must be at least 1".into(),
+            ));
+        }
+        self.check_bounds()?;
+        if self.timeout.is_zero() {
+            return Err(Error::Config(
+                "timeout: 0 is not a valid value, it must be more than 0 seconds".into(),
+            ));
+        }
+        if self.queues.is_empty() {
+            return Err(Error::Config("no queue to fetch from".into()));
+        }
+        check_queue_list(&self.queues)?;
+        if self.max_payload_bytes == 0 {
+            return Err(Error::Config(
+                "max payload bytes: 0 is not a valid value, it must be at least 1".into(),
+            ));
+        }
+        if self.beat_interval.is_zero() {
+            return Err(Error::Config(
+                "beat interval must be more than 0 seconds".into(),
+            ));
+        }
+        if self.poll_interval_average.is_zero() {
+            return Err(Error::Config(
+                "poll interval must be more than 0 seconds".into(),
+            ));
+        }
+        for q in &self.queues {
+            if !web_ui_routable(&q.name) {
+                tracing::warn!(
+                    queue = %q.name,
+                    "queue name has characters the Sidekiq Web UI cannot route; its page will not open"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads one variable of the process environment; the lookup every non-test path uses.
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// The environment whose `sidekiq.yml` section applies: `-e`, else `APP_ENV`, `RAILS_ENV`, `RACK_ENV`,
+/// else `development` (`cli.rb@v6.4.1 set_environment`).
+pub fn sidekiq_environment(flag: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> String {
+    flag.map(str::to_string)
+        .or_else(|| env("APP_ENV"))
+        .or_else(|| env("RAILS_ENV"))
+        .or_else(|| env("RACK_ENV"))
+        .unwrap_or_else(|| "development".to_string())
+}
+
+/// True when the Sidekiq Web UI can route the queue's page (`web.rb` matches `/\A[a-z_:.\-0-9]+\z/i`).
+pub fn web_ui_routable(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':' | b'.' | b'-'))
+}
+
+/// Parses a `-q` argument, `QUEUE` or `QUEUE,WEIGHT`, as Sidekiq's CLI does.
+///
+/// Stricter than Ruby's `to_i`: a weight that is not a whole number is an error, not 0.
+pub fn parse_queue_arg(arg: &str) -> Result<QueueWeight, Error> {
+    parse_queue_spec(arg).map_err(Error::Config)
+}
+
+/// [`parse_queue_arg`] with a plain message, for clap's value parser.
+pub(crate) fn parse_queue_spec(arg: &str) -> Result<QueueWeight, String> {
+    let mut parts = arg.split(',');
+    let name = parts.next().unwrap_or("").trim();
+    let weight = parts.next();
+    if parts.next().is_some() {
+        return Err(format!(
+            "queue `{arg}` has more than one comma; write QUEUE or QUEUE,WEIGHT"
+        ));
+    }
+    if name.is_empty() {
+        return Err(format!("queue `{arg}` has an empty name"));
+    }
+    let weight = match weight {
+        None => 0,
+        Some(w) => match w.trim().parse::<u32>() {
+            Ok(w) if w <= MAX_QUEUE_WEIGHT => w,
+            Ok(_) => {
+                return Err(format!(
+                    "queue `{arg}`: weight `{w}` is too large, it must be at most {MAX_QUEUE_WEIGHT}"
+                ));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "queue `{arg}`: weight `{w}` is not a whole number of 0 or more"
+                ));
+            }
+        },
+    };
+    Ok(QueueWeight {
+        name: name.to_string(),
+        weight,
+    })
+}
+
+/// Writes down Sidekiq 6.4's weighting: once any queue has a weight above 0, a queue without one counts
+/// as weight 1 (`cli.rb@v6.4.1 parse_queue` lists each queue `max(weight, 1)` times and turns strict
+/// order off). A list of only zeros stays strict.
+pub fn normalize_weights(queues: &mut [QueueWeight]) {
+    if queues.iter().any(|q| q.weight > 0) {
+        for q in queues.iter_mut().filter(|q| q.weight == 0) {
+            q.weight = 1;
+        }
+    }
+}
+
+/// Rejects empty names and a queue given twice (`cli.rb@v6.4.1`: "cannot be defined twice").
+pub(crate) fn check_queue_list(queues: &[QueueWeight]) -> Result<(), Error> {
+    let mut seen = HashSet::new();
+    for q in queues {
+        if q.name.trim().is_empty() {
+            return Err(Error::Config("a queue name is empty".into()));
+        }
+        if !seen.insert(q.name.as_str()) {
+            return Err(Error::Config(format!(
+                "queue {} cannot be defined twice",
+                q.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A positive, finite number of seconds as a duration.
+pub(crate) fn positive_duration(secs: f64) -> Option<Duration> {
+    if secs.is_finite() && secs > 0.0 {
+        Duration::try_from_secs_f64(secs).ok()
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    pub(crate) fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    pub(crate) fn q(name: &str, weight: u32) -> QueueWeight {
+        QueueWeight {
+            name: name.into(),
+            weight,
+        }
+    }
+
+    #[test]
+    fn the_environment_comes_from_the_flag_then_app_rails_rack_env() {
+        let env = env_of(&[("RAILS_ENV", "staging"), ("RACK_ENV", "other")]);
+        assert_eq!(sidekiq_environment(Some("production"), &env), "production");
+        assert_eq!(sidekiq_environment(None, &env), "staging");
+        assert_eq!(sidekiq_environment(None, &env_of(&[])), "development");
+    }
+
+    #[test]
+    fn queue_args_parse_like_sidekiq_and_reject_bad_weights() {
+        assert_eq!(parse_queue_arg("a,2").unwrap(), q("a", 2));
+        assert_eq!(parse_queue_arg("b").unwrap(), q("b", 0));
+        assert!(parse_queue_arg("a,x").is_err());
+        assert!(parse_queue_arg("a,-1").is_err());
+        assert!(parse_queue_arg(",2").is_err());
+        assert!(parse_queue_arg("a,1,2").is_err());
+    }
+
+    #[test]
+    fn web_ui_routing_matches_sidekiqs_pattern() {
+        assert!(web_ui_routable("low-priority.v2:x_y"));
+        assert!(!web_ui_routable("with space"));
+        assert!(!web_ui_routable("a/b"));
+    }
+
+    #[test]
+    fn validate_rejects_zero_concurrency_and_timeout() {
+        let c = Config {
+            concurrency: 0,
+            ..Config::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("concurrency")
+        );
+        let c = Config {
+            timeout: Duration::ZERO,
+            ..Config::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("timeout"));
+        assert!(Config::default().validate().is_ok());
+    }
+}
