@@ -125,6 +125,49 @@ pub fn ran(minute: &str) -> String {
 /// `HASH` class → jobs handed off to Ruby (`--handoff`), never expires.
 pub const HANDOFF: &str = "oxidekiq:handoff";
 
+// ---- Keys read back by name (issue 12, "config" helper): the serving keys' parts, Sidekiq's metrics ----
+
+/// The prefix of every [`serving`] key; `ruby/oxidekiq.rb` builds the same name
+/// (`SERVING_PREFIX`), so a change here must change there.
+pub const SERVING_PREFIX: &str = "oxidekiq:serving:";
+
+/// The `(<queue>_rust, class)` a [`serving`] key names; None for any other key.
+pub fn split_serving(key: &str) -> Option<(&str, &str)> {
+    key.strip_prefix(SERVING_PREFIX)?.split_once('|')
+}
+
+/// Sidekiq 7.x per-minute metrics hash, `j|%Y%m%d|%-H:%-M` (`metrics/tracking.rb@v7.3.9` `nowmin`,
+/// `metrics/query.rb@v7.3.9`: `"j|#{time.strftime("%Y%m%d")}|#{time.hour}:#{time.min}"`).
+pub fn metrics_minute_v7(t: chrono::DateTime<chrono::Utc>) -> String {
+    format!("j|{}", t.format("%Y%m%d|%-H:%-M"))
+}
+
+/// Sidekiq 8.x per-minute metrics hash, `j|%y%m%d|%-H:%M` (`metrics/tracking.rb@v8.1.7` `nowshort`,
+/// `metrics/query.rb@v8.1.7` `ROLLUPS[:minutely]`).
+pub fn metrics_minute_v8(t: chrono::DateTime<chrono::Utc>) -> String {
+    format!("j|{}", t.format("%y%m%d|%-H:%M"))
+}
+
+/// Sidekiq 8.x 10-minute rollup of the metrics hash: the minute key without its last digit
+/// (`metrics/tracking.rb@v8.1.7` `nowmid = nowshort[0..-2]`).
+pub fn metrics_ten_minutes_v8(t: chrono::DateTime<chrono::Utc>) -> String {
+    let mut key = metrics_minute_v8(t);
+    key.pop();
+    key
+}
+
+/// Sidekiq 7.x per-minute histogram of a class, `<Class>-%d-%H:%-M` (`metrics/shared.rb@v7.3.9`:
+/// `"#{klass}-#{now.strftime("%d-%H:%-M")}"`).
+pub fn histogram_v7(class: &str, t: chrono::DateTime<chrono::Utc>) -> String {
+    format!("{class}-{}", t.format("%d-%H:%-M"))
+}
+
+/// Sidekiq 8.x per-minute histogram of a class, `h|<Class>-%-d-%-H:%-M` (`metrics/shared.rb@v8.1.7`:
+/// `"h|#{klass}-#{now.strftime("%-d-%-H:%-M")}"`).
+pub fn histogram_v8(class: &str, t: chrono::DateTime<chrono::Utc>) -> String {
+    format!("h|{class}-{}", t.format("%-d-%-H:%-M"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +205,216 @@ mod tests {
             stat_daily(STAT_PROCESSED, "2026-11-21"),
             "stat:processed:2026-11-21"
         );
+    }
+
+    #[test]
+    fn metrics_keys_follow_each_versions_query() {
+        use chrono::TimeZone;
+        let t = chrono::Utc
+            .with_ymd_and_hms(2026, 11, 3, 8, 4, 30)
+            .single()
+            .unwrap();
+        assert_eq!(metrics_minute_v7(t), "j|20261103|8:4");
+        assert_eq!(metrics_minute_v8(t), "j|261103|8:04");
+        assert_eq!(metrics_ten_minutes_v8(t), "j|261103|8:0");
+        assert_eq!(histogram_v7("A", t), "A-03-08:4");
+        assert_eq!(histogram_v8("A", t), "h|A-3-8:4");
+    }
+
+    #[test]
+    fn serving_keys_split_back_into_queue_and_class() {
+        let key = serving("default_rust", "Hard::Worker");
+        assert_eq!(split_serving(&key), Some(("default_rust", "Hard::Worker")));
+        assert!(SERVING_PATTERN.starts_with(SERVING_PREFIX));
+        assert_eq!(split_serving("oxidekiq:routes"), None);
+    }
+
+    /// The Ruby router (`ruby/oxidekiq.rb`) names three keys of ours as constants: each must be the
+    /// string this module names, or routed jobs go where no oxidekiq reads them.
+    #[test]
+    fn the_ruby_router_names_the_same_keys() {
+        let ruby = include_str!("../ruby/oxidekiq.rb");
+        let constant = |name: &str| -> Option<&str> {
+            let line = ruby
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{name} = ")))?;
+            line.split('"').nth(1)
+        };
+        assert_eq!(constant("ROUTES_KEY"), Some(ROUTES));
+        assert_eq!(constant("SERVING_PREFIX"), Some(SERVING_PREFIX));
+        assert_eq!(constant("RUST_SUFFIX"), Some(RUST_QUEUE_SUFFIX));
+        // The serving key Ruby asks EXISTS of is `#{SERVING_PREFIX}#{target}|#{klass}`, as `serving` writes.
+        assert!(
+            ruby.contains("\"#{SERVING_PREFIX}#{target}|#{klass}\""),
+            "ruby/oxidekiq.rb no longer builds the serving key as keys::serving does"
+        );
+    }
+
+    /// Source still to move its key names here (issue 12): paths under `src/`, a directory ending in
+    /// `/` or a file; a path starting with one of these is not scanned. Remove an entry once its
+    /// keys come from this module, and the scan below holds it to that from then on.
+    const NOT_YET_SCANNED: &[&str] = &[
+        "fetch.rs",
+        "fetch/",
+        "retry.rs",
+        "scheduled.rs",
+        "lock.rs",
+        "middleware/",
+    ];
+
+    /// How a Redis key name looks when it is spelled out in Rust or Lua source: a prefix of Sidekiq's
+    /// or ours at the start of a string, a suffix of Sidekiq's at its end.
+    const KEY_SHAPES: &[&str] = &[
+        "\"queue:",
+        "'queue:",
+        "\"stat:",
+        "'stat:",
+        "\"oxidekiq:",
+        "'oxidekiq:",
+        "\"lock:",
+        "'lock:",
+        "\"j|",
+        "\"h|",
+        ":work\"",
+        ":workers\"",
+        "-signals\"",
+        "'-signals'",
+    ];
+
+    /// Sidekiq's plain key names, which are also ordinary words (a payload's `retry`, a process's
+    /// `queues`): flagged only as the argument of a Redis command.
+    const PLAIN_KEYS: &[&str] = &[QUEUES, PROCESSES, DEAD, RETRY, SCHEDULE];
+    const REDIS_CALLS: &[&str] = &[
+        ".arg(",
+        ".key(",
+        "call(",
+        ".zadd(",
+        ".zrem(",
+        ".zcard(",
+        ".zrange",
+        ".lpush(",
+        ".rpush(",
+        ".llen(",
+        ".lrange(",
+        ".sadd(",
+        ".srem(",
+        ".smembers(",
+        ".del(",
+        ".exists(",
+        ".hget(",
+        ".hset(",
+        ".hdel(",
+        ".hgetall(",
+        ".scan_match(",
+    ];
+
+    /// The Redis key literals of one file's library code (its `#[cfg(test)] mod tests` may spell keys
+    /// out, to check independently what the code wrote), as `file:line: text`.
+    fn key_literals(path: &std::path::Path, text: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.trim();
+            if code == "#[cfg(test)]"
+                && lines
+                    .get(i + 1)
+                    .is_some_and(|next| next.trim().starts_with("mod tests"))
+            {
+                break;
+            }
+            if code.starts_with("//") {
+                continue;
+            }
+            let shaped = KEY_SHAPES.iter().any(|s| code.contains(s));
+            let plain = REDIS_CALLS
+                .iter()
+                .any(|c| code.to_ascii_lowercase().contains(c))
+                && PLAIN_KEYS.iter().any(|k| {
+                    code.contains(&format!("\"{k}\"")) || code.contains(&format!("'{k}'"))
+                });
+            if shaped || plain {
+                found.push(format!("{}:{}: {code}", path.display(), i + 1));
+            }
+        }
+        found
+    }
+
+    fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Issue 12's "no Redis key literal outside `keys`": every key name is built here, so a prefix
+    /// or namespace is a change to this one file.
+    #[test]
+    fn no_redis_key_literal_outside_keys() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        assert!(
+            files.len() > 20,
+            "found only {} files under {}",
+            files.len(),
+            src.display()
+        );
+        let mut found = Vec::new();
+        for path in files {
+            let rel = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if rel == "keys.rs" || NOT_YET_SCANNED.iter().any(|p| rel.starts_with(p)) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            found.extend(key_literals(
+                std::path::Path::new(&format!("src/{rel}")),
+                &text,
+            ));
+        }
+        assert!(
+            found.is_empty(),
+            "Redis key names spelled out outside src/keys.rs (build them with a `keys` item):\n{}",
+            found.join("\n")
+        );
+    }
+
+    /// The scan finds the shapes it looks for, in Rust and in Lua, and passes over words that only
+    /// look like keys.
+    #[test]
+    fn the_key_scan_flags_literals_and_passes_over_fields() {
+        let p = std::path::Path::new("x.rs");
+        let flagged = [
+            r#"let k = format!("queue:{name}");"#,
+            r#"local k = 'queue:' .. q"#,
+            r#"redis.pcall('ZADD', 'dead', score, member)"#,
+            r#"pipe.cmd("ZADD").arg("retry").arg(score);"#,
+            r#"format!("oxidekiq:alive:{identity}")"#,
+            r#"format!("{id}:work")"#,
+        ];
+        for line in flagged {
+            assert_eq!(key_literals(p, line).len(), 1, "{line}");
+        }
+        let passed = [
+            r#"m.insert("retry".into(), Value::Bool(true));"#,
+            r#"    .get("queues")"#,
+            r#"// the "queue:" prefix"#,
+            "let k = keys::queue(name);",
+            "#[cfg(test)]\nmod tests {\n    const K: &str = \"queue:a\";",
+        ];
+        for text in passed {
+            assert!(key_literals(p, text).is_empty(), "{text}");
+        }
     }
 }

@@ -23,6 +23,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::error::{JobError, RetryAction};
+use crate::keys;
 
 /// Upper bounds (exclusive, in ms) of the first 25 histogram buckets; the 26th holds everything slower
 /// (`Histogram::BUCKET_INTERVALS`, `metrics/shared.rb`, identical in 7.3.9 and 8.1.7).
@@ -145,22 +146,15 @@ impl Snapshot {
             return;
         }
         if formats.v7 {
-            // tracking.rb@v7.3.9: nowmin = now.strftime("%Y%m%d|%-H:%-M"); shared.rb@v7.3.9 window
-            // "%d-%H:%-M", key "#{klass}-#{window}".
-            let window = now.format("%d-%H:%-M").to_string();
-            self.histograms(pipe, |class| format!("{class}-{window}"));
-            let minute = format!("j|{}", now.format("%Y%m%d|%-H:%-M"));
-            self.hash(pipe, &minute, SHORT_TERM_SECS);
+            // tracking.rb@v7.3.9 and shared.rb@v7.3.9 (the key shapes are in `keys`).
+            self.histograms(pipe, |class| keys::histogram_v7(class, now));
+            self.hash(pipe, &keys::metrics_minute_v7(now), SHORT_TERM_SECS);
         }
         if formats.v8 {
-            // tracking.rb@v8.1.7: nowshort = now.strftime("%y%m%d|%-H:%M"), nowmid = nowshort[0..-2];
-            // shared.rb@v8.1.7 window "%-d-%-H:%-M", key "h|#{klass}-#{window}".
-            let window = now.format("%-d-%-H:%-M").to_string();
-            self.histograms(pipe, |class| format!("h|{class}-{window}"));
-            let short = format!("j|{}", now.format("%y%m%d|%-H:%M"));
-            let mid = &short[..short.len() - 1];
-            self.hash(pipe, mid, MID_TERM_SECS);
-            self.hash(pipe, &short, SHORT_TERM_SECS);
+            // tracking.rb@v8.1.7 and shared.rb@v8.1.7: the minute hash and its 10-minute rollup.
+            self.histograms(pipe, |class| keys::histogram_v8(class, now));
+            self.hash(pipe, &keys::metrics_ten_minutes_v8(now), MID_TERM_SECS);
+            self.hash(pipe, &keys::metrics_minute_v8(now), SHORT_TERM_SECS);
         }
     }
 

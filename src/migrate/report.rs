@@ -63,26 +63,6 @@ pub struct SidekiqMetrics {
     pub v8: BTreeMap<String, Totals>,
 }
 
-/// 7.x minute hash key (`query.rb@v7.3.9`: `"j|#{time.strftime("%Y%m%d")}|#{time.hour}:#{time.min}"`).
-pub fn v7_minute_key(t: DateTime<Utc>) -> String {
-    format!("j|{}", t.format("%Y%m%d|%-H:%-M"))
-}
-
-/// 8.x minute hash key (`query.rb@v8.1.7` `ROLLUPS[:minutely]`: `"j|%y%m%d|%-H:%M"`).
-pub fn v8_minute_key(t: DateTime<Utc>) -> String {
-    format!("j|{}", t.format("%y%m%d|%-H:%M"))
-}
-
-/// 7.x histogram key (`shared.rb@v7.3.9`: `"#{klass}-#{now.strftime("%d-%H:%-M")}"`).
-pub fn v7_histogram_key(class: &str, t: DateTime<Utc>) -> String {
-    format!("{class}-{}", t.format("%d-%H:%-M"))
-}
-
-/// 8.x histogram key (`shared.rb@v8.1.7`: `"h|#{klass}-#{now.strftime("%-d-%-H:%-M")}"`).
-pub fn v8_histogram_key(class: &str, t: DateTime<Utc>) -> String {
-    format!("h|{class}-{}", t.format("%-d-%-H:%-M"))
-}
-
 /// Decodes a histogram string: 26 big-endian u16 counters (missing bytes are zero).
 pub fn decode_histogram(bytes: &[u8]) -> [u64; BUCKETS] {
     let mut out = [0u64; BUCKETS];
@@ -108,9 +88,9 @@ pub async fn read_metrics(
         let mut pipe = redis::pipe();
         for t in &times {
             pipe.cmd("HGETALL").arg(if v8 {
-                v8_minute_key(*t)
+                keys::metrics_minute_v8(*t)
             } else {
-                v7_minute_key(*t)
+                keys::metrics_minute_v7(*t)
             });
         }
         let hashes: Vec<BTreeMap<String, u64>> = pipe.query_async(conn).await?;
@@ -133,9 +113,9 @@ pub async fn read_metrics(
             let mut pipe = redis::pipe();
             for t in &times {
                 pipe.cmd("GET").arg(if v8 {
-                    v8_histogram_key(class, *t)
+                    keys::histogram_v8(class, *t)
                 } else {
-                    v7_histogram_key(class, *t)
+                    keys::histogram_v7(class, *t)
                 });
             }
             let hists: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await?;
@@ -304,16 +284,6 @@ async fn sample_queues(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::TimeZone;
-
-    #[test]
-    fn keys_follow_each_versions_query() {
-        let t = Utc.with_ymd_and_hms(2026, 11, 3, 8, 4, 30).unwrap();
-        assert_eq!(v7_minute_key(t), "j|20261103|8:4");
-        assert_eq!(v8_minute_key(t), "j|261103|8:04");
-        assert_eq!(v7_histogram_key("A", t), "A-03-08:4");
-        assert_eq!(v8_histogram_key("A", t), "h|A-3-8:4");
-    }
 
     #[test]
     fn quantiles_come_from_bucket_bounds() {

@@ -252,10 +252,7 @@ pub async fn serving(conn: &mut Conn) -> Result<BTreeMap<(String, String), BTree
     let now = crate::time::now();
     let mut out = BTreeMap::new();
     for name in names {
-        let Some((rq, class)) = name
-            .strip_prefix("oxidekiq:serving:")
-            .and_then(|r| r.split_once('|'))
-        else {
+        let Some((rq, class)) = keys::split_serving(&name) else {
             continue;
         };
         let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
