@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
+use oxidekiq::config::Config;
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::Launcher;
 use oxidekiq::{JobContext, Registry, Worker};
@@ -56,18 +56,8 @@ impl Worker for Typed {
 
 fn config(url: &str) -> Config {
     Config {
-        redis_url: Some(url.to_string()),
-        concurrency: 4,
-        queues: ["default", "mailers"]
-            .iter()
-            .map(|q| QueueWeight {
-                name: q.to_string(),
-                weight: 0,
-            })
-            .collect(),
-        beat_interval: Duration::from_millis(200),
-        poll_interval_average: Duration::from_millis(100),
-        ..Config::default()
+        timeout: Config::default().timeout,
+        ..support::config(url, &["default", "mailers"], 4)
     }
 }
 

@@ -7,7 +7,7 @@ mod support;
 use std::process::Command;
 
 use serde_json::Value;
-use support::{Oxidekiq, RedisServer, ruby, ruby_activejob};
+use support::{Oxidekiq, RedisServer, fixture_json, ruby, ruby_activejob};
 
 /// Runs `oxidekiq args...` to completion; (exit code, stdout, stderr).
 fn oxidekiq(url: &str, args: &[&str]) -> (i32, String, String) {
@@ -130,11 +130,6 @@ fn check_passes_when_what_ruby_and_activejob_enqueue_fits() {
         "{out}"
     );
     assert!(!out.contains("not-an-id"), "{out}");
-}
-
-fn fixture_json(path: &str) -> Value {
-    let p = format!("{}/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
 
 /// Loads a metrics recording's keys as the real Sidekiq left them: hashes, and histograms written

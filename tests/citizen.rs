@@ -76,14 +76,7 @@ fn start(redis: &RedisServer, queues: &[&str], extra: &[&str]) -> Oxidekiq {
 /// The identity of the process with OS pid `pid` in `processes`, waiting up to 10 s for it.
 #[track_caller]
 fn identity_of(conn: &mut redis::Connection, pid: u32) -> String {
-    let needle = format!(":{pid}:");
-    let mut found = None;
-    wait_until(Duration::from_secs(10), || {
-        let members: Vec<String> = conn.smembers("processes").unwrap();
-        found = members.into_iter().find(|m| m.contains(&needle));
-        found.is_some()
-    });
-    found.unwrap_or_else(|| panic!("no process with pid {pid} in `processes`"))
+    support::identity_of(conn, pid, Duration::from_secs(10))
 }
 
 /// One field of the identity hash.

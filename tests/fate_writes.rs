@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
+use oxidekiq::config::Config;
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::{Control, Launcher};
 use oxidekiq::{JobContext, JobError, NoArgs, Registry, Worker};
@@ -35,16 +35,10 @@ impl Worker for FailOnCue {
 
 fn config(url: &str, timeout: u64) -> Config {
     Config {
-        redis_url: Some(url.to_string()),
-        concurrency: 2,
         timeout: Duration::from_secs(timeout),
-        queues: vec![QueueWeight {
-            name: "default".into(),
-            weight: 0,
-        }],
         beat_interval: Duration::from_millis(500),
         poll_interval_average: Duration::from_secs(3600),
-        ..Config::default()
+        ..support::config(url, &["default"], 2)
     }
 }
 

@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
+use oxidekiq::config::Config;
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::Launcher;
 use oxidekiq::{JobContext, Registry, Worker};
@@ -39,16 +39,10 @@ impl Worker for Anything {
 
 fn config(url: &str, max_payload_bytes: usize) -> Config {
     Config {
-        redis_url: Some(url.to_string()),
-        concurrency: 4,
-        queues: vec![QueueWeight {
-            name: "default".into(),
-            weight: 0,
-        }],
         max_payload_bytes,
-        beat_interval: Duration::from_millis(200),
+        timeout: Config::default().timeout,
         poll_interval_average: Duration::from_secs(3600),
-        ..Config::default()
+        ..support::config(url, &["default"], 4)
     }
 }
 

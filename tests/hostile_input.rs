@@ -28,20 +28,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// `--user app on >PASSWORD ~* &* +@all --user default off`: every connection must log in as `app`.
 fn acl_args() -> Vec<String> {
-    [
-        "--user",
-        "app",
-        "on",
-        &format!(">{PASSWORD}"),
-        "~*",
-        "&*",
-        "+@all",
-        "--user",
-        "default",
-        "off",
-    ]
-    .map(String::from)
-    .to_vec()
+    support::acl_args(PASSWORD)
 }
 
 /// A `redis-server` with the ACL user of [`acl_args`], listening on TCP and on a Unix socket.

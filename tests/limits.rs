@@ -14,14 +14,14 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxidekiq::config::{Config, QueueWeight};
 use oxidekiq::error::JobResult;
-use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::launcher::Handle;
 use oxidekiq::middleware::concurrency::{self, ConcurrencyLimit};
 use oxidekiq::middleware::rate_limit::{self, RateLimit};
 use oxidekiq::middleware::{BoxFuture, Next, ServerMiddleware};
 use oxidekiq::{JobContext, NoArgs, Registry, RetryAction, Worker, WorkerOptions};
 use redis::Commands;
+use support::{config, launch, wait_for};
 
 /// Redis's clock in milliseconds (with microseconds as the fraction).
 async fn redis_ms(c: &mut oxidekiq::redis_conn::Conn) -> f64 {
@@ -40,15 +40,7 @@ async fn tracked(ctx: &JobContext, ms: u64) -> JobResult {
     let mut c = ctx.redis();
     let now = redis_ms(&mut c).await;
     let _: () = redis::AsyncCommands::rpush(&mut c, "starts", format!("{now:.3}")).await?;
-    let n: i64 = redis::AsyncCommands::incr(&mut c, "running", 1).await?;
-    let _: () = redis::Script::new(
-        "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then \
-         redis.call('SET', KEYS[1], ARGV[1]) end",
-    )
-    .key("max_running")
-    .arg(n)
-    .invoke_async(&mut c)
-    .await?;
+    support::count_in(&mut c, "running", "max_running").await?;
     tokio::time::sleep(Duration::from_millis(ms)).await;
     let _: i64 = redis::AsyncCommands::decr(&mut c, "running", 1).await?;
     let _: i64 = redis::AsyncCommands::hincr(&mut c, "runs", ctx.jid(), 1).await?;
@@ -141,27 +133,8 @@ impl ServerMiddleware for CountReschedules {
     }
 }
 
-fn config(url: &str, queue: &str, concurrency: usize) -> Config {
-    Config {
-        redis_url: Some(url.to_string()),
-        concurrency,
-        queues: vec![QueueWeight {
-            name: queue.to_string(),
-            weight: 0,
-        }],
-        timeout: Duration::from_secs(2),
-        beat_interval: Duration::from_millis(200),
-        // Rescheduled jobs come back quickly.
-        poll_interval_average: Duration::from_millis(100),
-        ..Config::default()
-    }
-}
-
 async fn start(url: &str, queue: &str, concurrency: usize, registry: Registry) -> Handle {
-    Launcher::new(config(url, queue, concurrency), registry)
-        .start()
-        .await
-        .unwrap()
+    launch(config(url, &[queue], concurrency), registry).await
 }
 
 /// The concurrency limit the three-process test uses: 3 per account, short lease and wait so some jobs
@@ -214,14 +187,6 @@ fn assert_each_ran_once(c: &mut redis::Connection, jids: &[String]) {
             "{jid} ran {:?} times",
             runs.get(jid)
         );
-    }
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

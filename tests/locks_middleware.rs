@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, FixedOffset};
 use oxidekiq::client::{Client, NewJob};
-use oxidekiq::config::{Config, QueueWeight};
 use oxidekiq::error::JobResult;
-use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::launcher::Handle;
 use oxidekiq::middleware::lock_key::args_digest;
 use oxidekiq::middleware::sequential::SequentialJob;
 use oxidekiq::middleware::unique::{OnConflict, UniqueJob};
@@ -19,7 +18,7 @@ use oxidekiq::middleware::until_executed;
 use oxidekiq::{Error, JobContext, JobError, NoArgs, Registry, Worker};
 use redis::Commands;
 use serde_json::{Value, json};
-use support::{Oxidekiq, RedisServer, wait_until};
+use support::{Oxidekiq, RedisServer, wait_for, wait_until};
 
 // ---------------------------------------------------------------------------------------------------
 // Helpers
@@ -81,37 +80,8 @@ fn logs(procs: &[&Oxidekiq]) -> Vec<String> {
     procs.iter().map(|p| p.log()).collect()
 }
 
-fn config(url: &str, concurrency: usize) -> Config {
-    Config {
-        redis_url: Some(url.to_string()),
-        concurrency,
-        queues: vec![QueueWeight {
-            name: "default".into(),
-            weight: 0,
-        }],
-        timeout: Duration::from_secs(2),
-        beat_interval: Duration::from_millis(200),
-        poll_interval_average: Duration::from_millis(100),
-        ..Config::default()
-    }
-}
-
 async fn launch(url: &str, concurrency: usize, registry: Registry) -> Handle {
-    Launcher::new(config(url, concurrency), registry)
-        .start()
-        .await
-        .unwrap()
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::launch(support::config(url, &["default"], concurrency), registry).await
 }
 
 fn push_raw(c: &mut redis::Connection, class: &str, args: &str, jid: &str) {
@@ -315,14 +285,7 @@ impl Worker for Contended {
 
     async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
         let mut c = ctx.redis();
-        let n: i64 = redis::AsyncCommands::incr(&mut c, "holders", 1).await?;
-        let _: () = redis::Script::new(
-            "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end",
-        )
-        .key("max_holders")
-        .arg(n)
-        .invoke_async(&mut c)
-        .await?;
+        support::count_in(&mut c, "holders", "max_holders").await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let _: i64 = redis::AsyncCommands::decr(&mut c, "holders", 1).await?;
         let _: () = redis::AsyncCommands::rpush(&mut c, "done", ctx.jid()).await?;

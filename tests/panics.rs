@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
+use oxidekiq::config::Config;
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::Launcher;
 use oxidekiq::middleware::{BoxFuture, Next, ServerMiddleware};
@@ -83,15 +83,9 @@ fn registry() -> Registry {
 
 fn config(url: &str) -> Config {
     Config {
-        redis_url: Some(url.to_string()),
-        concurrency: 4,
-        queues: vec![QueueWeight {
-            name: "default".into(),
-            weight: 0,
-        }],
-        beat_interval: Duration::from_millis(200),
+        timeout: Config::default().timeout,
         poll_interval_average: Duration::from_secs(3600),
-        ..Config::default()
+        ..support::config(url, &["default"], 4)
     }
 }
 

@@ -4,12 +4,12 @@ mod support;
 
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::{Handle, Launcher};
 use oxidekiq::{JobContext, JobError, NoArgs, Registry, Worker};
 use redis::Commands;
 use serde_json::Value;
+use support::{config, launch, wait_for};
 
 /// Records `class`, `jid` and the typed args it received into the `seen` list.
 async fn record(ctx: &JobContext, what: String) {
@@ -60,14 +60,7 @@ impl Worker for Sleepy {
     type Args = (u64,);
     async fn perform(&self, ctx: &JobContext, (ms,): Self::Args) -> JobResult {
         let mut c = ctx.redis();
-        let n: i64 = redis::AsyncCommands::incr(&mut c, "running", 1).await?;
-        let _: () = redis::Script::new(
-            "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end",
-        )
-        .key("max_running")
-        .arg(n)
-        .invoke_async(&mut c)
-        .await?;
+        support::count_in(&mut c, "running", "max_running").await?;
         tokio::time::sleep(Duration::from_millis(ms)).await;
         let _: i64 = redis::AsyncCommands::decr(&mut c, "running", 1).await?;
         let _: () = redis::AsyncCommands::rpush(&mut c, "finished", ctx.jid()).await?;
@@ -84,14 +77,7 @@ impl Worker for Gated {
     type Args = NoArgs;
     async fn perform(&self, ctx: &JobContext, _: NoArgs) -> JobResult {
         let mut c = ctx.redis();
-        let n: i64 = redis::AsyncCommands::incr(&mut c, "running", 1).await?;
-        let _: () = redis::Script::new(
-            "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end",
-        )
-        .key("max_running")
-        .arg(n)
-        .invoke_async(&mut c)
-        .await?;
+        support::count_in(&mut c, "running", "max_running").await?;
         while !redis::AsyncCommands::exists::<_, bool>(&mut c, "go").await? {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -111,47 +97,12 @@ fn registry() -> Registry {
     r
 }
 
-fn config(url: &str, queues: &[&str], concurrency: usize) -> Config {
-    Config {
-        redis_url: Some(url.to_string()),
-        concurrency,
-        queues: queues
-            .iter()
-            .map(|q| QueueWeight {
-                name: q.to_string(),
-                weight: 0,
-            })
-            .collect(),
-        timeout: Duration::from_secs(2),
-        beat_interval: Duration::from_millis(200),
-        poll_interval_average: Duration::from_millis(100),
-        ..Config::default()
-    }
-}
-
 async fn start(url: &str, queues: &[&str], concurrency: usize) -> Handle {
-    Launcher::new(config(url, queues, concurrency), registry())
-        .start()
-        .await
-        .unwrap()
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    launch(config(url, queues, concurrency), registry()).await
 }
 
 fn fixture(path: &str) -> String {
-    // The repository's verbatim copy of the shared set: a standalone checkout has no ../shared.
-    let p = format!("{}/fixtures/shared/{path}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{p}: {e}"))
+    support::fixture(&format!("shared/{path}"))
         .trim_end_matches('\n')
         .to_string()
 }

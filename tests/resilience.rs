@@ -8,7 +8,7 @@ mod support;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxidekiq::config::{Config, QueueWeight};
+use oxidekiq::config::Config;
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::Launcher;
 use oxidekiq::{JobContext, Registry, Worker};
@@ -33,16 +33,9 @@ impl Worker for RecordJob {
 
 fn config(url: &str, concurrency: usize) -> Config {
     Config {
-        redis_url: Some(url.to_string()),
-        concurrency,
-        queues: vec![QueueWeight {
-            name: "default".into(),
-            weight: 0,
-        }],
-        beat_interval: Duration::from_millis(200),
         poll_interval_average: Duration::from_secs(3600),
         timeout: Duration::from_secs(5),
-        ..Config::default()
+        ..support::config(url, &["default"], concurrency)
     }
 }
 

@@ -10,15 +10,7 @@ use oxidekiq::client::{Client, NewJob, TimeMode, detect_time_format};
 use oxidekiq::time::{TimeFormat, now};
 use redis::Commands;
 use serde_json::{Map, Value, json};
-use support::{RedisServer, RubySidekiq, ruby, wait_until};
-
-/// Runs a Ruby script (Sidekiq 6.4 and its API loaded); returns the last line of output as JSON.
-fn rb_json(script: &str, url: &str) -> Value {
-    let script = format!("require \"sidekiq/api\"\n{script}");
-    let out = tokio::task::block_in_place(|| ruby(&script, url).stdout);
-    let last = out.lines().last().unwrap_or("");
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
+use support::{RedisServer, RubySidekiq, ruby_api_json as rb_json, wait_until};
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
@@ -344,9 +336,7 @@ puts JSON.generate({"item" => j.item, "display_class" => j.display_class, "tags"
 }
 
 fn fixture(path: &str) -> Map<String, Value> {
-    let p = format!("{}/fixtures/shared/{path}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
-    serde_json::from_str(text.trim()).unwrap()
+    serde_json::from_value(support::fixture_json(&format!("shared/{path}"))).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,15 +6,17 @@ mod support;
 
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
 use oxidekiq::error::JobResult;
 use oxidekiq::job::RetrySetting;
-use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::launcher::Handle;
 use oxidekiq::time::{TimeFormat, now};
 use oxidekiq::{JobContext, JobError, Registry, Worker, WorkerOptions};
 use redis::Commands;
 use serde_json::{Value, json};
-use support::{RedisServer, RubySidekiq, wait_until};
+use support::{
+    RedisServer, RubySidekiq, config, launch, ruby_api as rb, ruby_api_json as rb_json, wait_for,
+    wait_until,
+};
 
 /// The backtrace every scripted failure carries.
 fn backtrace() -> Vec<String> {
@@ -92,35 +94,7 @@ impl Worker for Deadless {
 async fn start(url: &str) -> Handle {
     let mut r = Registry::new();
     r.register(Scripted).register(Optioned).register(Deadless);
-    let cfg = Config {
-        redis_url: Some(url.to_string()),
-        concurrency: 4,
-        queues: ["default", "low"]
-            .iter()
-            .map(|q| QueueWeight {
-                name: q.to_string(),
-                weight: 0,
-            })
-            .collect(),
-        timeout: Duration::from_secs(2),
-        beat_interval: Duration::from_millis(200),
-        poll_interval_average: Duration::from_millis(100),
-        ..Config::default()
-    };
-    Launcher::new(cfg, r).start().await.unwrap()
-}
-
-/// Runs a Ruby script (Sidekiq 6.4 and its API loaded) without stalling the runtime's other tasks.
-fn rb(script: &str, url: &str) -> String {
-    let script = format!("require \"sidekiq/api\"\n{script}");
-    tokio::task::block_in_place(|| support::ruby(&script, url).stdout)
-}
-
-/// Runs a Ruby script whose last line of output is JSON; returns it parsed.
-fn rb_json(script: &str, url: &str) -> Value {
-    let out = rb(script, url);
-    let last = out.lines().last().unwrap_or("");
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"))
+    launch(config(url, &["default", "low"], 4), r).await
 }
 
 /// Ruby that prints the JSON of what `SortedEntry` says about each entry of `set` (`RetrySet`,
@@ -172,17 +146,6 @@ fn ruby_push(url: &str, pushes: &[&str]) -> Vec<String> {
         .map(|p| format!("puts Sidekiq::Client.push({p})\n"))
         .collect();
     rb(&script, url).lines().map(str::to_string).collect()
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn runs(c: &mut redis::Connection) -> usize {

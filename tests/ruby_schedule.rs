@@ -7,15 +7,14 @@ mod support;
 
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
 use oxidekiq::error::JobResult;
-use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::launcher::Handle;
 use oxidekiq::scheduled::{enqueue_due, live_process_count, poll_interval};
 use oxidekiq::time::{TimeFormat, now};
 use oxidekiq::{JobContext, Registry, Worker};
 use redis::Commands;
 use serde_json::{Value, json};
-use support::RedisServer;
+use support::{RedisServer, config, launch, ruby_api as rb, ruby_api_json as rb_json, wait_for};
 
 /// Records when it started and what it got, in the `started` list.
 #[derive(Debug)]
@@ -34,46 +33,7 @@ impl Worker for HardWorker {
 async fn start(url: &str, queues: &[&str]) -> Handle {
     let mut r = Registry::new();
     r.register(HardWorker);
-    let cfg = Config {
-        redis_url: Some(url.to_string()),
-        concurrency: 2,
-        queues: queues
-            .iter()
-            .map(|q| QueueWeight {
-                name: q.to_string(),
-                weight: 0,
-            })
-            .collect(),
-        timeout: Duration::from_secs(2),
-        beat_interval: Duration::from_millis(200),
-        poll_interval_average: Duration::from_millis(100),
-        ..Config::default()
-    };
-    Launcher::new(cfg, r).start().await.unwrap()
-}
-
-/// Runs a Ruby script (Sidekiq 6.4 and its API loaded) without stalling the runtime's other tasks.
-fn rb(script: &str, url: &str) -> String {
-    let script = format!("require \"sidekiq/api\"\n{script}");
-    tokio::task::block_in_place(|| support::ruby(&script, url).stdout)
-}
-
-/// Runs a Ruby script whose last line of output is JSON; returns it parsed.
-fn rb_json(script: &str, url: &str) -> Value {
-    let out = rb(script, url);
-    let last = out.lines().last().unwrap_or("");
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    launch(config(url, queues, 2), r).await
 }
 
 fn f(v: &Value) -> f64 {

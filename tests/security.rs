@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use oxidekiq::config::{Config, QueueWeight};
+use oxidekiq::config::Config;
 use oxidekiq::error::{JobError, JobResult};
 use oxidekiq::launcher::Launcher;
 use oxidekiq::{JobContext, Registry, Worker, redis_conn};
@@ -23,19 +23,7 @@ const PASSWORD: &str = "s3cret-Pw-7f3a";
 /// Redis arguments for an ACL user `app` with [`PASSWORD`] and the `default` user switched off, so
 /// every connection must log in as `app`.
 fn acl_args() -> Vec<String> {
-    [
-        "--user",
-        "app",
-        "on",
-        &format!(">{PASSWORD}"),
-        "~*",
-        "&*",
-        "+@all",
-    ]
-    .into_iter()
-    .map(String::from)
-    .chain(["--user", "default", "off"].map(String::from))
-    .collect()
+    support::acl_args(PASSWORD)
 }
 
 /// Throwaway certificates in a temp directory of their own.
@@ -224,17 +212,10 @@ impl Worker for FailJob {
 
 fn config(url: &str, ca_file: Option<PathBuf>) -> Config {
     Config {
-        redis_url: Some(url.to_string()),
         redis_ca_file: ca_file,
-        concurrency: 2,
-        queues: vec![QueueWeight {
-            name: "default".into(),
-            weight: 0,
-        }],
-        beat_interval: Duration::from_millis(200),
         poll_interval_average: Duration::from_secs(3600),
         timeout: Duration::from_secs(5),
-        ..Config::default()
+        ..support::config(url, &["default"], 2)
     }
 }
 

@@ -58,14 +58,7 @@ fn start_oxidekiq(redis: &RedisServer, concurrency: usize) -> (Oxidekiq, String)
 
 #[track_caller]
 fn identity_of(conn: &mut redis::Connection, pid: u32) -> String {
-    let needle = format!(":{pid}:");
-    let mut found = None;
-    wait_until(Duration::from_secs(30), || {
-        let members: Vec<String> = conn.smembers("processes").unwrap();
-        found = members.into_iter().find(|m| m.contains(&needle));
-        found.is_some()
-    });
-    found.unwrap_or_else(|| panic!("no process with pid {pid} in `processes`"))
+    support::identity_of(conn, pid, Duration::from_secs(30))
 }
 
 /// Pushes `ids.len()` ChaosJobs with Ruby's client (`push_bulk`), `mode`/`sleep_ms` each, `retry`

@@ -12,26 +12,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use oxidekiq::config::{Config, QueueWeight};
 use oxidekiq::error::JobResult;
 use oxidekiq::fleet::Survey;
-use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::launcher::Handle;
 use oxidekiq::metrics::{self, Metrics};
 use oxidekiq::retry::{self, Failure, Plan};
 use oxidekiq::{Job, JobContext, JobError, NoArgs, Registry, Worker};
 use redis::Commands;
 use serde_json::{Value, json};
+use support::{config, fixture, fixture_json, launch};
 
 const VERSIONS: [&str; 2] = ["7.3.9", "8.1.7"];
-
-fn fixture(path: &str) -> String {
-    let p = format!("{}/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
-}
-
-fn fixture_json(path: &str) -> Value {
-    serde_json::from_str(&fixture(path)).unwrap()
-}
 
 /// The `info` JSON of a real Sidekiq 7.3.9 server (recorded), with `version` set to `version` and a
 /// new identity.
@@ -344,30 +335,11 @@ async fn start(url: &str) -> Handle {
         .register(SlowJob)
         .register(FailJob)
         .register(HoldJob);
-    let config = Config {
-        redis_url: Some(url.to_string()),
-        concurrency: 5,
-        queues: vec![QueueWeight {
-            name: "default".into(),
-            weight: 0,
-        }],
-        timeout: Duration::from_secs(2),
-        beat_interval: Duration::from_millis(200),
-        poll_interval_average: Duration::from_millis(100),
-        ..Config::default()
-    };
-    Launcher::new(config, r).start().await.unwrap()
+    launch(config(url, &["default"], 5), r).await
 }
 
-async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    support::wait_for(what, Duration::from_secs(30), f).await
 }
 
 /// Waits until our process has beaten twice more: at least one whole beat began after this call.

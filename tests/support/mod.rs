@@ -2,19 +2,26 @@
 //!
 //! - [`RedisServer`]: a real `redis-server` per test on a random free port (never 6379), killed on drop.
 //! - [`ruby`] / [`ruby_activejob`]: run a Ruby script against that Redis with Sidekiq 6.4 (and Rails
-//!   ActiveJob 6.1) loaded, the way a Rails app would enqueue; [`web_ui_get`] renders a Sidekiq Web UI page.
+//!   ActiveJob 6.1) loaded, the way a Rails app would enqueue; [`ruby_api`] / [`ruby_api_json`] with
+//!   Sidekiq's API, from async tests; [`web_ui_get`] renders a Sidekiq Web UI page.
 //! - [`Oxidekiq`]: the `oxidekiq` binary as a child process; [`RubySidekiq`]: a real Ruby `sidekiq` server.
 //!   Both capture their output in a log file, take signals by name and are killed on drop.
-//! - [`wait_until`]: polls a condition.
+//! - [`wait_until`]: polls a condition; [`identity_of`] waits for a process's Sidekiq identity.
+//! - [`config`] / [`launch`]: a launcher in this process on the test's Redis; [`wait_for`] polls a
+//!   condition from async code; [`count_in`] counts concurrent runs from a job; [`fixture`] reads the
+//!   repository's `fixtures/`.
+//! - [`acl_args`]: `redis-server` arguments for an ACL user `app` with the `default` user off.
 //!
 //! Every test binary uses only part of this, hence the `dead_code` allowance.
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
+mod launch;
 mod process;
 mod ruby;
 
+pub use launch::{config, count_in, fixture, fixture_json, launch, strict_queues, wait_for};
 pub use process::{LoggedProcess, Oxidekiq, RubySidekiq};
-pub use ruby::{RubyOutput, ruby, ruby_activejob, web_ui_get};
+pub use ruby::{RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, web_ui_get};
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -164,4 +171,38 @@ pub fn temp_dir(kind: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// The Sidekiq identity (`host:pid:nonce`) in `processes` of the process with `pid`, once its first
+/// beat lands; panics after `timeout`.
+#[track_caller]
+pub fn identity_of(conn: &mut redis::Connection, pid: u32, timeout: Duration) -> String {
+    let needle = format!(":{pid}:");
+    let mut found = None;
+    wait_until(timeout, || {
+        let members: Vec<String> = redis::cmd("SMEMBERS").arg("processes").query(conn).unwrap();
+        found = members.into_iter().find(|m| m.contains(&needle));
+        found.is_some()
+    });
+    found.unwrap_or_else(|| panic!("no process with pid {pid} in `processes`"))
+}
+
+/// `redis-server` arguments for an ACL user `app` with `password` and every right, and the `default`
+/// user switched off (`--user app on >PASSWORD ~* &* +@all --user default off`), so every connection
+/// must log in as `app`.
+pub fn acl_args(password: &str) -> Vec<String> {
+    [
+        "--user",
+        "app",
+        "on",
+        &format!(">{password}"),
+        "~*",
+        "&*",
+        "+@all",
+        "--user",
+        "default",
+        "off",
+    ]
+    .map(String::from)
+    .to_vec()
 }

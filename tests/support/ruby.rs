@@ -141,3 +141,20 @@ fn run(parts: &[&str], redis_url: &str, env: &[(&str, &str)]) -> RubyOutput {
     }
     out
 }
+
+/// As [`ruby`] with Sidekiq's API (`sidekiq/api`) loaded, from async test code: the runtime's other
+/// tasks (a launcher under test) keep running meanwhile (`block_in_place`: a multi-thread runtime).
+/// Returns what the script printed.
+#[track_caller]
+pub fn ruby_api(script: &str, redis_url: &str) -> String {
+    let script = format!("require \"sidekiq/api\"\n{script}");
+    tokio::task::block_in_place(|| ruby(&script, redis_url).stdout)
+}
+
+/// As [`ruby_api`] for a script whose last line of output is JSON; returns it parsed.
+#[track_caller]
+pub fn ruby_api_json(script: &str, redis_url: &str) -> serde_json::Value {
+    let out = ruby_api(script, redis_url);
+    let last = out.lines().last().unwrap_or("");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
