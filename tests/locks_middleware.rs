@@ -177,12 +177,16 @@ async fn five_unique_reports_enqueued_during_one_run_run_once_and_four_are_logge
     assert_eq!(skipped.len(), 4, "{skipped:?}");
     for s in &skipped {
         assert!(dups.contains(&s.jid), "{s:?}");
-        assert_eq!(field(&s.text, "lock"), Some("lock:UniqueReportJob"));
+        assert_eq!(
+            field(&s.text, "lock"),
+            Some("oxidekiq:lock:UniqueReportJob")
+        );
         assert_eq!(field(&s.text, "holder"), Some(first.as_str()));
     }
     // The lock is released when the job ends, and duplicates are acknowledged, not retried.
     assert!(wait_until(Duration::from_secs(5), || {
-        !c.exists::<_, bool>("lock:UniqueReportJob").unwrap()
+        !c.exists::<_, bool>("oxidekiq:lock:UniqueReportJob")
+            .unwrap()
     }));
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
     assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 0);
@@ -250,7 +254,10 @@ async fn three_sequential_reports_all_run_one_after_another_never_overlapping() 
         log.contains("class=SequentialReportJob")
     };
     assert!(took(&a) && took(&b), "one process took every job");
-    assert!(!c.exists::<_, bool>("lock:SequentialReportJob").unwrap());
+    assert!(
+        !c.exists::<_, bool>("oxidekiq:lock:SequentialReportJob")
+            .unwrap()
+    );
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
 }
 
@@ -276,7 +283,7 @@ async fn a_process_killed_while_holding_a_lock_blocks_others_no_longer_than_the_
         .unwrap();
     // The holder runs longer than the TTL: its keeper extends the lock, so the waiter keeps waiting.
     tokio::time::sleep(ttl + ttl / 2).await;
-    let value: String = c.get("lock:SequentialReportJob").unwrap();
+    let value: String = c.get("oxidekiq:lock:SequentialReportJob").unwrap();
     assert!(value.ends_with(&format!(":{long}")), "{value}");
     assert!(lines(&[waiter.log()], "SequentialReportJob", "report started").is_empty());
 
@@ -332,15 +339,11 @@ impl Worker for Contended {
 
 fn contended_registry() -> Registry {
     let mut r = Registry::new();
-    r.register_with(
-        Contended,
-        vec![
-            SequentialJob::<Contended>::new()
-                .key(|_: &(u64,)| "one-key".to_string())
-                .poll(Duration::from_millis(50))
-                .timeout(Duration::from_secs(60))
-                .into(),
-        ],
+    r.register(Contended).with(
+        SequentialJob::new()
+            .key("one-key")
+            .poll(Duration::from_millis(50))
+            .timeout(Duration::from_secs(60)),
     );
     r
 }
@@ -379,7 +382,7 @@ async fn many_jobs_on_one_sequential_key_across_three_processes_never_run_two_at
     let max: i64 = c.get("max_holders").unwrap();
     assert_eq!(max, 1, "two jobs held the lock at once");
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0, "none timed out");
-    assert!(!c.exists::<_, bool>("lock:one-key").unwrap());
+    assert!(!c.exists::<_, bool>("oxidekiq:lock:one-key").unwrap());
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -433,41 +436,23 @@ impl Worker for ByArgsJob {
 
 fn conflict_registry() -> Registry {
     let mut r = Registry::new();
-    r.register_with(
-        RescheduledDup,
-        vec![
-            UniqueJob::<RescheduledDup>::new()
-                .on_conflict(OnConflict::Reschedule(Duration::from_secs(30)))
-                .into(),
-        ],
-    )
-    .register_with(
-        FailedDup,
-        vec![
-            UniqueJob::<FailedDup>::new()
-                .on_conflict(OnConflict::Fail)
-                .into(),
-        ],
-    )
-    .register_with(
-        ChargeCustomer,
-        vec![
-            UniqueJob::<ChargeCustomer>::new()
-                .key(|(customer_id, _): &(u64, Value)| format!("stripe-{customer_id}"))
-                .into(),
-        ],
-    )
-    .register_with(
-        ByArgsJob,
-        vec![UniqueJob::<ByArgsJob>::new().key_by_args().into()],
-    );
+    r.register(RescheduledDup)
+        .with(UniqueJob::new().on_conflict(OnConflict::Reschedule(Duration::from_secs(30))))
+        .register(FailedDup)
+        .with(UniqueJob::new().on_conflict(OnConflict::Fail))
+        .register(ChargeCustomer)
+        .with_key(UniqueJob::new(), |(customer_id, _)| {
+            format!("stripe-{customer_id}")
+        })
+        .register(ByArgsJob)
+        .with(UniqueJob::new().key_by_args());
     r
 }
 
-/// Holds `lock:<name>` as another job `holder` would.
+/// Holds `oxidekiq:lock:<name>` as another job `holder` would.
 fn hold(c: &mut redis::Connection, name: &str, holder: &str) {
     let _: () = redis::cmd("SET")
-        .arg(format!("lock:{name}"))
+        .arg(format!("oxidekiq:lock:{name}"))
         .arg(format!("0123456789abcdef0123456789abcdef:{holder}"))
         .arg("PX")
         .arg(60_000)
@@ -510,7 +495,7 @@ async fn a_duplicate_is_rescheduled_or_failed_into_the_retry_path_when_configure
     assert_eq!(m["error_class"], "Oxidekiq::DuplicateJob");
     let msg = m["error_message"].as_str().unwrap();
     assert!(
-        msg.contains("lock:FailedDup") && msg.contains("holderbbbbbbbbbbbbbbbbbb"),
+        msg.contains("oxidekiq:lock:FailedDup") && msg.contains("holderbbbbbbbbbbbbbbbbbb"),
         "{msg}"
     );
     assert_eq!(m["retry_count"], 0);
@@ -544,8 +529,8 @@ async fn custom_and_args_keys_lock_per_customer_and_per_canonical_argument_list(
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
     assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 0);
     // Their own locks were released; the held ones were not touched.
-    assert!(!c.exists::<_, bool>("lock:stripe-8").unwrap());
-    let held: String = c.get("lock:stripe-7").unwrap();
+    assert!(!c.exists::<_, bool>("oxidekiq:lock:stripe-8").unwrap());
+    let held: String = c.get("oxidekiq:lock:stripe-7").unwrap();
     assert!(held.ends_with(":holderaaaaaaaaaaaaaaaaaa"));
 }
 
