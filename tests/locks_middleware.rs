@@ -770,3 +770,168 @@ async fn a_stale_run_of_an_until_executed_job_cannot_release_the_lock_of_a_newer
     h.stop().await.unwrap();
     assert!(client.push_unique(job()).await.unwrap().is_some());
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Round trips: what a lock costs in Redis commands (issue 15), counted with MONITOR, never timed
+
+/// Records every command Redis receives from a client (MONITOR) until dropped; commands a Lua script
+/// runs inside Redis (` lua]`) are not round trips and are left out.
+struct Monitor {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Monitor {
+    fn start(redis: &RedisServer) -> Monitor {
+        let mut m = redis.conn();
+        redis::cmd("MONITOR").exec(&mut m).unwrap();
+        m.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, s) = (lines.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                match m.recv_response() {
+                    Ok(redis::Value::SimpleString(line)) => l.lock().unwrap().push(line),
+                    Ok(_) => {}
+                    Err(e) if e.is_timeout() => {}
+                    Err(e) => panic!("monitor: {e}"),
+                }
+            }
+        });
+        Monitor {
+            lines,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// `(command, lock key)` of every command a client sent that names an `oxidekiq:lock:` key.
+    fn lock_commands(&self) -> Vec<(String, String)> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| !l.contains(" lua]"))
+            .filter_map(|l| {
+                let quoted: Vec<&str> = l.split('"').skip(1).step_by(2).collect();
+                let key = quoted.iter().find(|t| t.starts_with("oxidekiq:lock:"))?;
+                Some((quoted[0].to_uppercase(), key.to_string()))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A no-op behind a unique lock keyed by its arguments.
+#[derive(Debug)]
+struct UniqueNoop;
+impl Worker for UniqueNoop {
+    const CLASS: &'static str = "UniqueNoop";
+    type Args = (u64,);
+    async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
+        record_run(ctx).await;
+        Ok(())
+    }
+}
+
+/// A no-op behind a sequential lock keyed by its arguments.
+#[derive(Debug)]
+struct SequentialNoop;
+impl Worker for SequentialNoop {
+    const CLASS: &'static str = "SequentialNoop";
+    type Args = (u64,);
+    async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
+        record_run(ctx).await;
+        Ok(())
+    }
+}
+
+/// A no-op without a lock of its own, pushed with `unique_for` (until-executed).
+#[derive(Debug)]
+struct PlainNoop;
+impl Worker for PlainNoop {
+    const CLASS: &'static str = "PlainNoop";
+    type Args = (u64,);
+    async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
+        record_run(ctx).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_costs_one_command_at_the_start_of_a_job_and_one_at_its_end() {
+    const JOBS: u64 = 4;
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let client = Client::connect(&redis.url()).await.unwrap();
+    let push_all = |c: &mut redis::Connection, from: u64, to: u64| {
+        let mut jobs = Vec::new();
+        for i in from..to {
+            push_raw(c, "UniqueNoop", &format!("[{i}]"), &format!("u{i}"));
+            push_raw(c, "SequentialNoop", &format!("[{i}]"), &format!("s{i}"));
+            jobs.push(NewJob::new("PlainNoop", (i,)).unique_for(Duration::from_secs(60)));
+        }
+        jobs
+    };
+    let mut r = Registry::new();
+    r.register(UniqueNoop)
+        .with(UniqueJob::new().key_by_args())
+        .register(SequentialNoop)
+        .with(SequentialJob::new().key_by_args())
+        .register(PlainNoop);
+    let h = launch(&redis.url(), 4, r).await;
+    let mut total = 0;
+    let mut monitor = None;
+    // A first round teaches Redis the scripts (one NOSCRIPT each, then EVAL or SCRIPT LOAD); the
+    // second round, under MONITOR, is the steady state every later job sees.
+    for (from, to) in [(100, 101), (0, JOBS)] {
+        if from == 0 {
+            monitor = Some(Monitor::start(&redis));
+        }
+        for job in push_all(&mut c, from, to) {
+            assert!(client.push_unique(job).await.unwrap().is_some());
+        }
+        total += 3 * (to - from) as usize;
+        wait_for("every job", Duration::from_secs(20), || {
+            ran(&mut c).len() == total
+        })
+        .await;
+        wait_for("every lock released", Duration::from_secs(10), || {
+            c.keys::<_, Vec<String>>("oxidekiq:lock:*")
+                .unwrap()
+                .is_empty()
+        })
+        .await;
+    }
+    h.stop().await.unwrap();
+    let commands = monitor.expect("started").lock_commands();
+
+    let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
+    for (command, key) in commands {
+        if command != "KEYS" {
+            by_key.entry(key).or_default().push(command);
+        }
+    }
+    assert_eq!(by_key.len(), 3 * JOBS as usize, "{by_key:?}");
+    for (key, commands) in &by_key {
+        let expected: &[&str] = if key.starts_with("oxidekiq:lock:unique:") {
+            // The push (lock and job in one script), the run's claim, the release at its end.
+            &["EVALSHA", "EVALSHA", "EVALSHA"]
+        } else {
+            // One SET NX PX at the start, one compare-and-delete at the end.
+            &["SET", "EVALSHA"]
+        };
+        assert_eq!(commands, expected, "{key}");
+    }
+}
