@@ -364,13 +364,7 @@ impl LockGuard {
             return;
         }
         let (stop, mut stopped) = oneshot::channel();
-        let keep = keep(
-            self.conn.clone(),
-            self.key.clone(),
-            self.token.clone(),
-            self.ttl,
-            Arc::clone(&self.lost),
-        );
+        let keep = self.keeper_loop();
         let task = tokio::spawn(async move {
             tokio::select! {
                 // A message or a dropped sender: either way the guard is done.
@@ -385,18 +379,23 @@ impl LockGuard {
     /// is spawned, so the extension cannot outlive `fut`, and a dropped `fut` stops it too. A lost lock
     /// does not stop `fut` (a running job cannot be stopped safely); the keeper logs it and ends.
     pub async fn hold_while<F: Future>(&self, fut: F) -> F::Output {
-        let keeper = keep(
-            self.conn.clone(),
-            self.key.clone(),
-            self.token.clone(),
-            self.ttl,
-            Arc::clone(&self.lost),
-        );
+        let keeper = self.keeper_loop();
         tokio::pin!(fut);
         tokio::select! {
             out = &mut fut => out,
             () = keeper => fut.await,
         }
+    }
+
+    /// The keeper's loop ([`keep`]) for this guard, owning what it needs.
+    fn keeper_loop(&self) -> impl Future<Output = ()> + Send + 'static {
+        keep(
+            self.conn.clone(),
+            self.key.clone(),
+            self.token.clone(),
+            self.ttl,
+            Arc::clone(&self.lost),
+        )
     }
 
     /// Extends the lock once by its TTL; false if it is no longer ours.

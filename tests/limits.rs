@@ -18,7 +18,7 @@ use oxidekiq::error::JobResult;
 use oxidekiq::launcher::{Handle, Launcher};
 use oxidekiq::middleware::concurrency::{self, ConcurrencyLimit};
 use oxidekiq::middleware::rate_limit::{self, RateLimit};
-use oxidekiq::middleware::{BoxFuture, Next, ServerMiddleware};
+use oxidekiq::middleware::{BoxFuture, Keyed, Next, ServerMiddleware};
 use oxidekiq::{JobContext, NoArgs, Registry, RetryAction, Worker, WorkerOptions};
 use redis::Commands;
 

@@ -12,6 +12,7 @@ use oxidekiq::client::{Client, NewJob};
 use oxidekiq::config::{Config, QueueWeight};
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::middleware::Keyed;
 use oxidekiq::middleware::lock_key::args_digest;
 use oxidekiq::middleware::sequential::SequentialJob;
 use oxidekiq::middleware::unique::{OnConflict, UniqueJob};

@@ -195,7 +195,7 @@ pub struct ConcurrencyLimit {
 }
 
 impl ConcurrencyLimit {
-    /// A limit of `limit` holders at once, counted per worker class unless [`ConcurrencyLimit::key`]
+    /// A limit of `limit` holders at once, counted per worker class unless [`Keyed::key`]
     /// names it otherwise. Defaults: lease 30 s, wait 5 s, poll 100 ms. A `limit` of 0 never grants:
     /// every job is rescheduled.
     pub fn new(limit: u32) -> Self {
@@ -207,13 +207,6 @@ impl ConcurrencyLimit {
             poll: Duration::from_millis(100),
             reschedule_in: None,
         }
-    }
-
-    /// What the limit is counted under: a fixed name (`"payment-api"`, shared by every class that uses
-    /// it) or any [`LockKey`]. Default: the worker's class.
-    pub fn key(mut self, key: impl Into<LockKey>) -> Self {
-        self.name = key.into();
-        self
     }
 
     /// How long a lease lives without renewal (renewed every third of it while the job runs); a
@@ -278,8 +271,9 @@ impl ConcurrencyLimit {
 }
 
 impl Keyed for ConcurrencyLimit {
-    fn keyed(self, key: LockKey) -> Self {
-        self.key(key)
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.name = key;
+        self
     }
 }
 

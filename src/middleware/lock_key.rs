@@ -129,11 +129,24 @@ impl LockKey {
     }
 }
 
-/// A lock or limit that takes a [`LockKey`]: what [`Registration::with_key`](crate::registry::Registration::with_key)
-/// names from the worker's typed arguments.
-pub trait Keyed {
+/// A lock or limit named by a [`LockKey`]: [`UniqueJob`](super::unique::UniqueJob),
+/// [`SequentialJob`](super::sequential::SequentialJob), [`ConcurrencyLimit`](super::concurrency::ConcurrencyLimit)
+/// and [`RateLimit`](super::rate_limit::RateLimit) share these builder methods, and
+/// [`Registration::with_key`](crate::registry::Registration::with_key) names them from the worker's typed
+/// arguments.
+pub trait Keyed: Sized {
     /// The same lock or limit, named by `key`.
     fn keyed(self, key: LockKey) -> Self;
+
+    /// Named by `key`; a `&str` or `String` is a fixed name (`.key("payment-api")`).
+    fn key(self, key: impl Into<LockKey>) -> Self {
+        self.keyed(key.into())
+    }
+
+    /// One per distinct argument list: `<class>:<sha1 of the canonical args>`.
+    fn key_by_args(self) -> Self {
+        self.keyed(LockKey::ByArgs)
+    }
 }
 
 /// The SHA1, in lowercase hex, of [`canonical_json`] of `args`.

@@ -34,6 +34,8 @@ pub mod sequential;
 pub mod unique;
 pub mod until_executed;
 
+pub use lock_key::{Keyed, LockKey};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

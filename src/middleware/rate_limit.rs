@@ -150,13 +150,6 @@ impl RateLimit {
         }
     }
 
-    /// Counts the starts under another name: any [`LockKey`], e.g. one per shop from the arguments
-    /// (given at registration with [`Registration::with_key`](crate::registry::Registration::with_key)).
-    pub fn key(mut self, key: impl Into<LockKey>) -> Self {
-        self.name = key.into();
-        self
-    }
-
     /// How long a job waits for a start, holding its worker slot, before it is rescheduled. Default
     /// 5 s; zero: one attempt, then reschedule.
     pub fn wait(mut self, wait: Duration) -> Self {
@@ -174,8 +167,9 @@ impl RateLimit {
 }
 
 impl Keyed for RateLimit {
-    fn keyed(self, key: LockKey) -> Self {
-        self.key(key)
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.name = key;
+        self
     }
 }
 

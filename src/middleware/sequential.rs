@@ -77,17 +77,6 @@ impl SequentialJob {
         }
     }
 
-    /// How the lock is named (default: the class name); a `&str` is a fixed name.
-    pub fn key(mut self, key: impl Into<LockKey>) -> Self {
-        self.key = key.into();
-        self
-    }
-
-    /// One lock per distinct argument list: `<class>:<sha1 of the canonical args>`.
-    pub fn key_by_args(self) -> Self {
-        self.key(LockKey::ByArgs)
-    }
-
     /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.opts.ttl = ttl;
@@ -114,8 +103,9 @@ impl Default for SequentialJob {
 }
 
 impl Keyed for SequentialJob {
-    fn keyed(self, key: LockKey) -> Self {
-        self.key(key)
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.key = key;
+        self
     }
 }
 

@@ -90,17 +90,6 @@ impl UniqueJob {
         }
     }
 
-    /// How the lock is named (default: the class name); a `&str` is a fixed name.
-    pub fn key(mut self, key: impl Into<LockKey>) -> Self {
-        self.key = key.into();
-        self
-    }
-
-    /// One lock per distinct argument list: `<class>:<sha1 of the canonical args>`.
-    pub fn key_by_args(self) -> Self {
-        self.key(LockKey::ByArgs)
-    }
-
     /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -121,8 +110,9 @@ impl Default for UniqueJob {
 }
 
 impl Keyed for UniqueJob {
-    fn keyed(self, key: LockKey) -> Self {
-        self.key(key)
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.key = key;
+        self
     }
 }
 

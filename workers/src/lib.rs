@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use oxidekiq::error::JobResult;
+use oxidekiq::middleware::Keyed;
 use oxidekiq::middleware::sequential::SequentialJob;
 use oxidekiq::middleware::unique::UniqueJob;
 use oxidekiq::{JobContext, JobError, Registry, Worker};
