@@ -17,9 +17,10 @@
 //!   release, and nothing in between unless its holder outlives a third of its TTL.
 //! - A [`LockGuard`] can run a **keeper**: a task that re-`PEXPIRE`s the lock every `ttl / 3` while the
 //!   guard lives ([`LockGuard::keep_alive`]), or the same loop polled beside a future in the caller's own
-//!   task ([`LockGuard::hold_while`], what the middleware use: it cannot outlive the job). If the extension finds someone else's token (or cannot reach
-//!   Redis for a whole `ttl`) the lock is lost: the keeper stops and [`LockGuard::is_lost`] turns true, so
-//!   the holder can stop work that needed exclusivity.
+//!   task ([`LockGuard::hold_while`], what the middleware use: it cannot outlive the job). If the
+//!   extension finds someone else's token (or cannot reach Redis for a whole `ttl`) the lock is lost: the
+//!   keeper stops and [`LockGuard::is_lost`] turns true, so the holder can stop work that needed
+//!   exclusivity.
 //!
 //! # Invariants
 //!

@@ -9,9 +9,9 @@
 //! # How the distributed limit works
 //!
 //! - The holders of limit `name` are **leases** in the sorted set `oxidekiq:concurrency:<name>` (see
-//!   [`keys::concurrency`](crate::keys::concurrency)): member = a holder id (`<jid>:<random>`, fresh for every run), score = the lease's expiry
-//!   in epoch milliseconds, **read from Redis's own clock** (`TIME` inside the script), so the clocks of
-//!   the worker machines never matter.
+//!   [`keys::concurrency`]): member = a holder id (`<jid>:<random>`, fresh for every run), score = the
+//!   lease's expiry in epoch milliseconds, **read from Redis's own clock** (`TIME` inside the script), so
+//!   the clocks of the worker machines never matter.
 //! - **Acquire** is one Lua script: drop every expired lease (`ZREMRANGEBYSCORE -inf now`), then grant
 //!   if this holder already has a lease or `ZCARD < N`. No lock, no read-then-write across round trips.
 //!   Because expired leases are removed right there, a holder that died (SIGKILL, lost machine) frees its

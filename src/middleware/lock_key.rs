@@ -130,8 +130,9 @@ impl LockKey {
 }
 
 /// A lock or limit named by a [`LockKey`]: [`UniqueJob`](super::unique::UniqueJob),
-/// [`SequentialJob`](super::sequential::SequentialJob), [`ConcurrencyLimit`](super::concurrency::ConcurrencyLimit)
-/// and [`RateLimit`](super::rate_limit::RateLimit) share these builder methods, and
+/// [`SequentialJob`](super::sequential::SequentialJob),
+/// [`ConcurrencyLimit`](super::concurrency::ConcurrencyLimit) and
+/// [`RateLimit`](super::rate_limit::RateLimit) share these builder methods, and
 /// [`Registration::with_key`](crate::registry::Registration::with_key) names them from the worker's typed
 /// arguments.
 pub trait Keyed: Sized {

@@ -4,8 +4,9 @@
 //! the chain, it wraps it from outside (the processor fixes the outer order: job span → retry → stats →
 //! [`until_executed::UntilExecuted`] → user chain → handler). Until-executed is built in: every chain
 //! starts with it ([`Next::new`]), and it does nothing for a payload without a `unique_key`. A
-//! middleware that must know a failed job's fate asks for it with [`JobContext::after_fate`]. A middleware receives the job's [`JobContext`] and a [`Next`] it may call or
-//! not; not calling it is how a duplicate "falls through".
+//! middleware that must know a failed job's fate asks for it with [`JobContext::after_fate`]. A
+//! middleware receives the job's [`JobContext`] and a [`Next`] it may call or not; not calling it is how
+//! a duplicate "falls through".
 //!
 //! ```
 //! use oxidekiq::middleware::{BoxFuture, Next, ServerMiddleware};

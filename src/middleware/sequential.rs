@@ -121,7 +121,8 @@ impl ServerMiddleware for SequentialJob {
                 Ok(guard) => {
                     let waited = started.elapsed();
                     if waited >= self.opts.poll {
-                        tracing::info!(lock = %guard.key(), waited = format_args!("{:.3}", waited.as_secs_f64()), "lock acquired");
+                        let waited = format_args!("{:.3}", waited.as_secs_f64());
+                        tracing::info!(lock = %guard.key(), waited, "lock acquired");
                     }
                     let result = guard.hold_while(next.run(ctx)).await;
                     guard.release_logged().await;

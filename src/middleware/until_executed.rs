@@ -4,9 +4,8 @@
 //! # The life of the lock
 //!
 //! - **Push** ([`NewJob::unique_for`](crate::client::NewJob::unique_for), [`UntilExecuted`] in the
-//!   client's middleware chain): one Lua script sets
-//!   `oxidekiq:lock:unique:<class>:<sha1 of the canonical args>` to the job's jid with `NX PX <ttl>` and pushes
-//!   the job only if that `SET` succeeded, so "check, then push" cannot race with another client. The
+//!   client's middleware chain): one Lua script sets `oxidekiq:lock:unique:<class>:<sha1 of the
+//!   canonical args>` to the job's jid with `NX PX <ttl>` and pushes the job only if that `SET` succeeded, so "check, then push" cannot race with another client. The
 //!   payload carries the key (`unique_key`) and the TTL in seconds (`unique_ttl`) for the server side. A
 //!   scheduled job's TTL counts from its run time, not from the push.
 //! - **Run** ([`UntilExecuted`], first in every worker's server chain): the run takes the lock over with
@@ -73,7 +72,8 @@ return 1
 /// The script, sent by SHA1 (computed locally), with the body as fallback on `NOSCRIPT`.
 static PUSH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(PUSH_SCRIPT));
 
-/// The full Redis key of a job's until-executed lock: `oxidekiq:lock:unique:<class>:<sha1 of canonical args>`.
+/// The full Redis key of a job's until-executed lock:
+/// `oxidekiq:lock:unique:<class>:<sha1 of canonical args>`.
 pub fn lock_key(class: &str, args: &Value) -> String {
     keys::lock(&format!("unique:{class}:{}", args_digest(args)))
 }
@@ -161,7 +161,7 @@ static CLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAI
 /// presumed dead while that process still runs it). With the jid as the value, a stale run finishing
 /// late would release the lock a newer run of the same job holds, and a duplicate push would then be
 /// accepted while the job still runs. With a token per run, each run extends and releases only its
-/// own value; the newest run takes the lock over from older ones ([`claim`]).
+/// own value; the newest run takes the lock over from older ones.
 #[derive(Debug, Clone)]
 pub struct RunLock {
     /// The full Redis key.
@@ -230,14 +230,12 @@ async fn settle(conn: Conn, lock: RunLock, finished: bool) {
     }
 }
 
-/// The server half of until-executed: the first entry of every worker's chain ([`Registry::freeze`]
-/// puts it there), a no-op for a payload without `unique_key`.
-///
-/// Claims the lock for this run ([`claim`]), keeps it while the job runs, and settles it: released
-/// when the job is done; on a failure, once its fate is written ([`JobContext::after_fate`]): released
-/// when the job is dead or discarded, renewed while it waits for a retry or its rescheduled run.
-///
-/// [`Registry::freeze`]: crate::registry::Registry::freeze
+/// Until-executed as a middleware on both chains. On the client chain (there by default) it writes the
+/// lock's key and TTL into the payload and has the push take the lock in the same script. On the
+/// server chain ([`Next::new`] runs it first, a no-op for a payload without `unique_key`) it claims the
+/// lock for this run (one `EVALSHA`), keeps it while the job runs, and settles it: released when the
+/// job is done; on a failure, once its fate is written ([`JobContext::after_fate`]): released when the
+/// job is dead or discarded, renewed while it waits for a retry or its rescheduled run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UntilExecuted;
 
