@@ -231,6 +231,8 @@ pub struct Push {
     /// A lock the push takes in the same script as the push itself: `(full key, ttl)`. The push is
     /// refused (`None`) when someone holds it. Set by [`until_executed::UntilExecuted`].
     pub(crate) guard: Option<(String, Duration)>,
+    /// Part of a [`Client::push_bulk`]: the end of the chain accepts it, and the bulk writes it.
+    pub(crate) bulk: bool,
 }
 
 /// What a push through the chain answers: `Some(jid)` if the job is in Redis, `None` if a middleware
@@ -296,8 +298,8 @@ impl Client {
         }
     }
 
-    /// Appends a client middleware: it runs for every [`Client::push`] (and `perform_*`) after the
-    /// ones already there. [`Client::push_bulk`] does not run the chain.
+    /// Appends a client middleware: it runs for every job pushed ([`Client::push`], `perform_*`, each
+    /// job of [`Client::push_bulk`]) after the ones already there.
     pub fn middleware(mut self, m: impl ClientMiddleware) -> Client {
         let mut chain = self.chain.to_vec();
         chain.push(Arc::new(m));
@@ -359,21 +361,35 @@ impl Client {
             job,
             jid,
             guard: None,
+            bulk: false,
         };
+        self.run_chain(&mut push).await
+    }
+
+    /// Runs `push` through the client chain.
+    async fn run_chain(&self, push: &mut Push) -> Pushed {
         let next = ClientNext {
             rest: &self.chain,
             client: self,
         };
-        next.run(&mut push).await
+        next.run(push).await
     }
 
     /// The end of the chain: the job to Redis, with its lock when the chain asked for one.
     async fn write(&self, push: &mut Push) -> Pushed {
         let Some((key, ttl)) = push.guard.clone() else {
-            self.push_many(&push.job, std::slice::from_ref(&push.jid), None)
-                .await?;
+            if !push.bulk {
+                self.write_many(&push.job, std::slice::from_ref(push))
+                    .await?;
+            }
+            // In bulk the caller writes every job the chain let through in one pipeline.
             return Ok(Some(push.jid.clone()));
         };
+        if push.bulk {
+            return Err(Error::Config(
+                "a push that takes a lock is pushed one by one, not in bulk".into(),
+            ));
+        }
         let job = &push.job;
         let tf = self.time_format().await?;
         let now = time::now();
@@ -386,49 +402,50 @@ impl Client {
     }
 
     /// `Sidekiq::Client.push_bulk`: one job per element of `args`, all sharing `template`'s options;
-    /// each gets its own jid. Pushed in chunks of 1000 (`batch_size`).
+    /// each gets its own jid and goes through the client chain, as in Ruby; the jobs it let through
+    /// are pushed in chunks of 1000 (`batch_size`), and their jids returned.
     pub async fn push_bulk<A: Serialize>(
         &self,
         template: NewJob,
         args: impl IntoIterator<Item = A>,
     ) -> Result<Vec<String>> {
-        let args: Vec<Value> = args.into_iter().map(|a| NewJob::new("", a).args).collect();
-        let jids: Vec<String> = args.iter().map(|_| new_jid()).collect();
-        for (chunk_args, chunk_jids) in args.chunks(1000).zip(jids.chunks(1000)) {
-            self.push_many(&template, chunk_jids, Some(chunk_args))
-                .await?;
-        }
-        Ok(jids)
-    }
-
-    async fn push_many(
-        &self,
-        job: &NewJob,
-        jids: &[String],
-        args: Option<&[Value]>,
-    ) -> Result<Vec<String>> {
-        job.validate()?;
-        if job.unique_for.is_some() && args.is_some() {
+        template.validate()?;
+        if template.unique_for.is_some() {
             return Err(Error::Config(
                 "unique_for jobs are pushed one by one with push_unique, not in bulk".into(),
             ));
         }
+        let mut accepted = Vec::new();
+        for a in args {
+            let mut job = template.clone();
+            job.args = NewJob::new("", a).args;
+            let mut push = Push {
+                job,
+                jid: new_jid(),
+                guard: None,
+                bulk: true,
+            };
+            if self.run_chain(&mut push).await?.is_some() {
+                accepted.push(push);
+            }
+        }
+        for chunk in accepted.chunks(1000) {
+            self.write_many(&template, chunk).await?;
+        }
+        Ok(accepted.into_iter().map(|p| p.jid).collect())
+    }
+
+    /// Writes `pushes` (of `template`'s queue and time) in one pipeline: `ZADD schedule` for a job
+    /// that runs later, else `SADD queues` + `LPUSH queue:<q>`.
+    async fn write_many(&self, template: &NewJob, pushes: &[Push]) -> Result<()> {
         let tf = self.time_format().await?;
         let now = time::now();
-        let payloads: Vec<String> = jids
+        let payloads: Vec<String> = pushes
             .iter()
-            .enumerate()
-            .map(|(i, jid)| match args {
-                Some(a) => {
-                    let mut j = job.clone();
-                    j.args = a[i].clone();
-                    j.payload(jid, now, tf)
-                }
-                None => job.payload(jid, now, tf),
-            })
+            .map(|p| p.job.payload(&p.jid, now, tf))
             .collect();
         let mut pipe = redis::pipe();
-        match job.at {
+        match template.at {
             Some(at) if at > now => {
                 let mut z = redis::cmd("ZADD");
                 z.arg(keys::SCHEDULE);
@@ -438,15 +455,18 @@ impl Client {
                 pipe.add_command(z).ignore();
             }
             _ => {
-                pipe.cmd("SADD").arg(keys::QUEUES).arg(&job.queue).ignore();
+                pipe.cmd("SADD")
+                    .arg(keys::QUEUES)
+                    .arg(&template.queue)
+                    .ignore();
                 pipe.cmd("LPUSH")
-                    .arg(keys::queue(&job.queue))
+                    .arg(keys::queue(&template.queue))
                     .arg(&payloads)
                     .ignore();
             }
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
-        Ok(jids.to_vec())
+        Ok(())
     }
 
     /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`).

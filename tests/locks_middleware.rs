@@ -936,3 +936,66 @@ async fn a_lock_costs_one_command_at_the_start_of_a_job_and_one_at_its_end() {
         assert_eq!(commands, expected, "{key}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The client chain
+
+/// Marks every job it lets through and refuses those whose first argument is 13.
+#[derive(Debug)]
+struct Superstitious;
+impl oxidekiq::client::ClientMiddleware for Superstitious {
+    fn call<'a>(
+        &'a self,
+        push: &'a mut oxidekiq::client::Push,
+        next: oxidekiq::client::ClientNext<'a>,
+    ) -> oxidekiq::middleware::BoxFuture<'a, oxidekiq::client::Pushed> {
+        Box::pin(async move {
+            if push.job.args()[0] == json!(13) {
+                return Ok(None);
+            }
+            push.job.set_option("checked_by", json!("superstitious"));
+            next.run(push).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_client_middleware_sees_every_push_single_or_bulk_and_may_refuse_it() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let client = Client::connect(&redis.url())
+        .await
+        .unwrap()
+        .middleware(Superstitious);
+    let jids = client
+        .push_bulk(NewJob::new("HardWorker", ()), [(1,), (13,), (2,)])
+        .await
+        .unwrap();
+    assert_eq!(jids.len(), 2, "the bulk's 13 was refused");
+    assert!(client.push(NewJob::new("HardWorker", (3,))).await.is_ok());
+    assert!(matches!(
+        client.push(NewJob::new("HardWorker", (13,))).await,
+        Err(Error::LockNotAcquired(_))
+    ));
+    assert_eq!(
+        client
+            .push_unique(NewJob::new("HardWorker", (13,)))
+            .await
+            .unwrap(),
+        None
+    );
+    let queued: Vec<String> = c.lrange("queue:default", 0, -1).unwrap();
+    let mut args: Vec<i64> = queued
+        .iter()
+        .map(|p| {
+            let m: Value = serde_json::from_str(p).unwrap();
+            assert_eq!(m["checked_by"], "superstitious", "{p}");
+            m["args"][0].as_i64().unwrap()
+        })
+        .collect();
+    args.sort_unstable();
+    assert_eq!(args, [1, 2, 3]);
+    for jid in &jids {
+        assert!(queued.iter().any(|p| p.contains(jid.as_str())), "{jid}");
+    }
+}
