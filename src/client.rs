@@ -5,6 +5,11 @@
 //! interval under 1e9 seconds is relative, and a time already past is pushed at once (`job.rb`). Payloads
 //! have Ruby's key order (`retry`, `queue`, options, `args`, `class`, `jid`, `created_at`, `enqueued_at`).
 //!
+//! Every push goes through the client's middleware chain ([`ClientMiddleware`], as Sidekiq's client
+//! middleware): a middleware may change the job's options, refuse the push, or ask the push to take a
+//! lock in the same script. The default chain holds [`UntilExecuted`](until_executed::UntilExecuted),
+//! which acts only on jobs with [`NewJob::unique_for`]; [`Client::middleware`] appends more.
+//!
 //! Timestamps are float seconds by default (every Sidekiq reads them); integer milliseconds when told, or,
 //! in [`TimeMode::Auto`], when every live Ruby process reports Sidekiq 8 in its `info.version`.
 //!
@@ -17,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -25,7 +31,7 @@ use serde_json::{Map, Value, json};
 use crate::error::{Error, Result};
 use crate::job::new_jid;
 use crate::keys;
-use crate::middleware::until_executed;
+use crate::middleware::{BoxFuture, until_executed};
 use crate::redis_conn::{self, Conn};
 use crate::retry::to_json;
 use crate::time::{self, TimeFormat, score};
@@ -142,6 +148,31 @@ impl NewJob {
         self
     }
 
+    /// The Ruby class name.
+    pub fn class(&self) -> &str {
+        &self.class
+    }
+
+    /// The positional arguments (a JSON array).
+    pub fn args(&self) -> &Value {
+        &self.args
+    }
+
+    /// The until-executed TTL, when [`NewJob::unique_for`] was set.
+    pub fn unique_ttl(&self) -> Option<Duration> {
+        self.unique_for
+    }
+
+    /// The epoch time it runs at, when scheduled.
+    pub fn at(&self) -> Option<f64> {
+        self.at
+    }
+
+    /// Sets an option in place (for client middleware, which hold the job by reference).
+    pub fn set_option(&mut self, key: impl Into<String>, value: Value) {
+        self.options.insert(key.into(), value);
+    }
+
     /// Checks what Ruby's `validate` checks.
     fn validate(&self) -> Result<()> {
         if self.class.is_empty() {
@@ -179,16 +210,6 @@ impl NewJob {
                 m.insert(k.clone(), v.clone());
             }
         }
-        if let Some(ttl) = self.unique_for {
-            m.insert(
-                until_executed::UNIQUE_KEY_FIELD.into(),
-                Value::String(until_executed::lock_key(&self.class, &self.args)),
-            );
-            m.insert(
-                until_executed::UNIQUE_TTL_FIELD.into(),
-                time::float_value(ttl.as_secs_f64()),
-            );
-        }
         m.insert("args".into(), self.args.clone());
         m.insert("class".into(), Value::String(self.class.clone()));
         m.insert("jid".into(), Value::String(jid.to_string()));
@@ -200,6 +221,56 @@ impl NewJob {
     }
 }
 
+/// One job on its way through the client chain to Redis.
+#[derive(Debug)]
+pub struct Push {
+    /// The job; a middleware may change its options ([`NewJob::set_option`]).
+    pub job: NewJob,
+    /// Its jid.
+    pub jid: String,
+    /// A lock the push takes in the same script as the push itself: `(full key, ttl)`. The push is
+    /// refused (`None`) when someone holds it. Set by [`until_executed::UntilExecuted`].
+    pub(crate) guard: Option<(String, Duration)>,
+    /// Part of a [`Client::push_bulk`]: the end of the chain accepts it, and the bulk writes it.
+    pub(crate) bulk: bool,
+}
+
+/// What a push through the chain answers: `Some(jid)` if the job is in Redis, `None` if a middleware
+/// (or the push's lock) refused it.
+pub type Pushed = Result<Option<String>>;
+
+/// One link of the client chain (Sidekiq's client middleware): called with the push and the rest of
+/// the chain; return without calling `next` to refuse the push.
+pub trait ClientMiddleware: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs around the rest of the chain and the push.
+    fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed>;
+}
+
+/// The rest of the client chain, ending in the write to Redis.
+#[derive(Debug)]
+pub struct ClientNext<'a> {
+    /// Middleware still to run.
+    rest: &'a [Arc<dyn ClientMiddleware>],
+    /// The client that writes at the end.
+    client: &'a Client,
+}
+
+impl<'a> ClientNext<'a> {
+    /// Runs the next middleware, or the write when none is left.
+    pub fn run(self, push: &'a mut Push) -> BoxFuture<'a, Pushed> {
+        match self.rest.split_first() {
+            Some((first, rest)) => first.call(
+                push,
+                ClientNext {
+                    rest,
+                    client: self.client,
+                },
+            ),
+            None => Box::pin(self.client.write(push)),
+        }
+    }
+}
+
 /// A connection that pushes jobs.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -207,6 +278,8 @@ pub struct Client {
     conn: Conn,
     /// Timestamp mode.
     mode: TimeMode,
+    /// The client middleware every single push goes through, in order.
+    chain: Arc<[Arc<dyn ClientMiddleware>]>,
 }
 
 impl Client {
@@ -221,7 +294,17 @@ impl Client {
         Client {
             conn,
             mode: TimeMode::Seconds,
+            chain: Arc::new([Arc::new(until_executed::UntilExecuted) as Arc<dyn ClientMiddleware>]),
         }
+    }
+
+    /// Appends a client middleware: it runs for every job pushed ([`Client::push`], `perform_*`, each
+    /// job of [`Client::push_bulk`]) after the ones already there.
+    pub fn middleware(mut self, m: impl ClientMiddleware) -> Client {
+        let mut chain = self.chain.to_vec();
+        chain.push(Arc::new(m));
+        self.chain = Arc::from(chain);
+        self
     }
 
     /// Chooses the timestamp mode.
@@ -254,92 +337,115 @@ impl Client {
         self.push(NewJob::new(class, args).run_at(at)).await
     }
 
-    /// Pushes one job; returns its jid. A [`NewJob::unique_for`] job whose duplicate is pending is
-    /// refused with [`Error::LockNotAcquired`].
+    /// Pushes one job through the client chain; returns its jid. A push refused by a middleware (a
+    /// [`NewJob::unique_for`] job whose duplicate is pending) is [`Error::LockNotAcquired`].
     pub async fn push(&self, job: NewJob) -> Result<String> {
-        if job.unique_for.is_some() {
-            let class = job.class.clone();
-            return self.push_unique(job).await?.ok_or_else(|| {
-                Error::LockNotAcquired(format!(
-                    "a {class} job with the same arguments is already pending (unique_for)"
-                ))
-            });
-        }
-        let jid = job.jid.clone().unwrap_or_else(new_jid);
-        let mut out = self
-            .push_many(&job, std::slice::from_ref(&jid), None)
-            .await?;
-        Ok(out.pop().unwrap_or(jid))
+        let class = job.class.clone();
+        let unique = job.unique_for.is_some();
+        self.push_unique(job).await?.ok_or_else(|| {
+            Error::LockNotAcquired(if unique {
+                format!("a {class} job with the same arguments is already pending (unique_for)")
+            } else {
+                format!("the push of a {class} job was refused by a client middleware")
+            })
+        })
     }
 
-    /// Pushes a job unless an identical [`NewJob::unique_for`] job is pending: `Some(jid)` if pushed,
-    /// `None` if refused. The lock is taken and the job pushed in one script (one round trip). A job
-    /// without `unique_for` is pushed as by [`Client::push`].
+    /// Pushes one job through the client chain: `Some(jid)` if pushed, `None` if refused (a
+    /// [`NewJob::unique_for`] job whose duplicate is pending: the lock is taken and the job pushed in
+    /// one script, one round trip).
     pub async fn push_unique(&self, job: NewJob) -> Result<Option<String>> {
-        let Some(ttl) = job.unique_for else {
-            let jid = job.jid.clone().unwrap_or_else(new_jid);
-            self.push_many(&job, std::slice::from_ref(&jid), None)
-                .await?;
-            return Ok(Some(jid));
-        };
         job.validate()?;
         let jid = job.jid.clone().unwrap_or_else(new_jid);
+        let mut push = Push {
+            job,
+            jid,
+            guard: None,
+            bulk: false,
+        };
+        self.run_chain(&mut push).await
+    }
+
+    /// Runs `push` through the client chain.
+    async fn run_chain(&self, push: &mut Push) -> Pushed {
+        let next = ClientNext {
+            rest: &self.chain,
+            client: self,
+        };
+        next.run(push).await
+    }
+
+    /// The end of the chain: the job to Redis, with its lock when the chain asked for one.
+    async fn write(&self, push: &mut Push) -> Pushed {
+        let Some((key, ttl)) = push.guard.clone() else {
+            if !push.bulk {
+                self.write_many(&push.job, std::slice::from_ref(push))
+                    .await?;
+            }
+            // In bulk the caller writes every job the chain let through in one pipeline.
+            return Ok(Some(push.jid.clone()));
+        };
+        if push.bulk {
+            return Err(Error::Config(
+                "a push that takes a lock is pushed one by one, not in bulk".into(),
+            ));
+        }
+        let job = &push.job;
         let tf = self.time_format().await?;
         let now = time::now();
-        let payload = job.payload(&jid, now, tf);
+        let payload = job.payload(&push.jid, now, tf);
         let at = job.at.filter(|at| *at > now);
-        // A scheduled job is pending from now until it runs: its lock lives that long too.
-        let ttl = ttl + Duration::from_secs_f64(at.map_or(0.0, |at| at - now));
-        let key = until_executed::lock_key(&job.class, &job.args);
         let pushed =
-            until_executed::push(&self.conn, &key, &jid, ttl, &job.queue, &payload, at).await?;
-        Ok(pushed.then_some(jid))
+            until_executed::push(&self.conn, &key, &push.jid, ttl, &job.queue, &payload, at)
+                .await?;
+        Ok(pushed.then(|| push.jid.clone()))
     }
 
     /// `Sidekiq::Client.push_bulk`: one job per element of `args`, all sharing `template`'s options;
-    /// each gets its own jid. Pushed in chunks of 1000 (`batch_size`).
+    /// each gets its own jid and goes through the client chain, as in Ruby; the jobs it let through
+    /// are pushed in chunks of 1000 (`batch_size`), and their jids returned.
     pub async fn push_bulk<A: Serialize>(
         &self,
         template: NewJob,
         args: impl IntoIterator<Item = A>,
     ) -> Result<Vec<String>> {
-        let args: Vec<Value> = args.into_iter().map(|a| NewJob::new("", a).args).collect();
-        let jids: Vec<String> = args.iter().map(|_| new_jid()).collect();
-        for (chunk_args, chunk_jids) in args.chunks(1000).zip(jids.chunks(1000)) {
-            self.push_many(&template, chunk_jids, Some(chunk_args))
-                .await?;
-        }
-        Ok(jids)
-    }
-
-    async fn push_many(
-        &self,
-        job: &NewJob,
-        jids: &[String],
-        args: Option<&[Value]>,
-    ) -> Result<Vec<String>> {
-        job.validate()?;
-        if job.unique_for.is_some() {
+        template.validate()?;
+        if template.unique_for.is_some() {
             return Err(Error::Config(
                 "unique_for jobs are pushed one by one with push_unique, not in bulk".into(),
             ));
         }
+        let mut accepted = Vec::new();
+        for a in args {
+            let mut job = template.clone();
+            job.args = NewJob::new("", a).args;
+            let mut push = Push {
+                job,
+                jid: new_jid(),
+                guard: None,
+                bulk: true,
+            };
+            if self.run_chain(&mut push).await?.is_some() {
+                accepted.push(push);
+            }
+        }
+        for chunk in accepted.chunks(1000) {
+            self.write_many(&template, chunk).await?;
+        }
+        Ok(accepted.into_iter().map(|p| p.jid).collect())
+    }
+
+    /// Writes `pushes` (of `template`'s queue and time) in one pipeline: `ZADD schedule` for a job
+    /// that runs later, else `SADD queues` + `LPUSH queue:<q>`.
+    async fn write_many(&self, template: &NewJob, pushes: &[Push]) -> Result<()> {
         let tf = self.time_format().await?;
         let now = time::now();
-        let payloads: Vec<String> = jids
+        let payloads: Vec<String> = pushes
             .iter()
-            .enumerate()
-            .map(|(i, jid)| match args {
-                Some(a) => {
-                    let mut j = job.clone();
-                    j.args = a[i].clone();
-                    j.payload(jid, now, tf)
-                }
-                None => job.payload(jid, now, tf),
-            })
+            .map(|p| p.job.payload(&p.jid, now, tf))
             .collect();
         let mut pipe = redis::pipe();
-        match job.at {
+        match template.at {
             Some(at) if at > now => {
                 let mut z = redis::cmd("ZADD");
                 z.arg(keys::SCHEDULE);
@@ -349,15 +455,18 @@ impl Client {
                 pipe.add_command(z).ignore();
             }
             _ => {
-                pipe.cmd("SADD").arg(keys::QUEUES).arg(&job.queue).ignore();
+                pipe.cmd("SADD")
+                    .arg(keys::QUEUES)
+                    .arg(&template.queue)
+                    .ignore();
                 pipe.cmd("LPUSH")
-                    .arg(keys::queue(&job.queue))
+                    .arg(keys::queue(&template.queue))
                     .arg(&payloads)
                     .ignore();
             }
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
-        Ok(jids.to_vec())
+        Ok(())
     }
 
     /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`).

@@ -1,7 +1,8 @@
 //! Every Redis key name oxidekiq reads or writes, in one place.
 //!
 //! Sidekiq's keys are un-prefixed (PROTOCOL §0); keys of oxidekiq's own (working lists, locks, limits)
-//! carry the `oxidekiq:` prefix so no Sidekiq Pro or GitLab reaper mistakes them for theirs.
+//! carry the `oxidekiq:` prefix so no Sidekiq Pro or GitLab reaper mistakes them for theirs (locks are
+//! `oxidekiq:lock:<key>`, limits `oxidekiq:concurrency:<name>` and `oxidekiq:rate:<name>`).
 
 /// `SET` of every queue name ever pushed to (`client.rb` SADDs on every push).
 pub const QUEUES: &str = "queues";
@@ -86,9 +87,25 @@ pub const RECOVERED: &str = "oxidekiq:recovered";
 /// The key guarding orphan recovery, so one process at a time does it.
 pub const RECOVERY_LOCK: &str = "oxidekiq:recovery-lock";
 
-/// The key of a named lock (unique and sequential middleware): `lock:<key>`.
+// ---- Locks and limits (`lock.rs`, `middleware/`): oxidekiq's own, so under its prefix ----
+// Versions before this one wrote locks as `lock:<key>`: during a rolling upgrade an old and a new
+// process do not see each other's locks (a payload that carries its own `unique_key` keeps it).
+
+/// The key of a named lock (unique, sequential and until-executed locks): `oxidekiq:lock:<key>`.
 pub fn lock(key: &str) -> String {
-    format!("lock:{key}")
+    format!("oxidekiq:lock:{key}")
+}
+
+/// `ZSET` of the leases of the concurrency limit `name` (member = holder id, score = expiry in ms):
+/// `oxidekiq:concurrency:<name>`.
+pub fn concurrency(name: &str) -> String {
+    format!("oxidekiq:concurrency:{name}")
+}
+
+/// `ZSET` of the starts of the rate limit `name` in its window (score = start in µs):
+/// `oxidekiq:rate:<name>`.
+pub fn rate(name: &str) -> String {
+    format!("oxidekiq:rate:{name}")
 }
 
 // ---- Migrating a worker from Ruby (issue 14): routes, live registrations, own counters, hand-off ----

@@ -1,21 +1,26 @@
-//! A lock held in one Redis: the single-node case of RedLock, used by the unique-job and sequential-job
-//! middleware.
+//! A lock held in one Redis: the single-node case of RedLock. The one lock primitive of the crate: the
+//! unique-job, sequential-job and until-executed middleware all take, keep and release their locks here.
 //!
 //! # How it works
 //!
-//! - **Acquire** is `SET lock:<key> <token> NX PX <ttl>`: it succeeds only when nobody holds the key, and
-//!   the lock frees itself after `ttl` even if its holder dies. The token is 128 random bits in lowercase
-//!   hex, fresh for every acquisition, so a holder can prove the lock is still its own.
+//! - **Acquire** is one command, `SET oxidekiq:lock:<key> <token> NX PX <ttl>` ([`keys::lock`]): it
+//!   succeeds only when nobody holds the key, and the lock frees itself after `ttl` even if its holder
+//!   dies. The token is 128 random bits in lowercase hex, fresh for every acquisition, so a holder can
+//!   prove the lock is still its own. A lock taken for a job ([`RedisLock::held_by`]) stores
+//!   `<token>:<jid>`, so a busy lock names its holder in logs (one `GET`, only when the lock was busy).
 //! - **Release** and **extend** are Lua scripts that compare the stored token with ours before they
 //!   `DEL` or `PEXPIRE`. A plain `DEL` would be a read-then-write race: a holder whose lock expired could
 //!   delete the lock someone else took since.
 //! - Scripts are sent with `EVALSHA` using a SHA1 computed here ([`script_sha1`]); when Redis does not
 //!   know the script (restart, `SCRIPT FLUSH`) it answers `NOSCRIPT` and we send the body with `EVAL`,
-//!   which also caches it for the next `EVALSHA`.
-//! - A [`LockGuard`] can run a **keeper** ([`LockGuard::keep_alive`]): a task that re-`PEXPIRE`s the lock
-//!   every `ttl / 3` while the guard lives. If the extension finds someone else's token (or cannot reach
-//!   Redis for a whole `ttl`) the lock is lost: the keeper stops and [`LockGuard::is_lost`] turns true, so
-//!   the holder can stop work that needed exclusivity.
+//!   which also caches it for the next `EVALSHA`. So a lock costs one round trip to take and one to
+//!   release, and nothing in between unless its holder outlives a third of its TTL.
+//! - A [`LockGuard`] can run a **keeper**: a task that re-`PEXPIRE`s the lock every `ttl / 3` while the
+//!   guard lives ([`LockGuard::keep_alive`]), or the same loop polled beside a future in the caller's own
+//!   task ([`LockGuard::hold_while`], what the middleware use: it cannot outlive the job). If the
+//!   extension finds someone else's token (or cannot reach Redis for a whole `ttl`) the lock is lost: the
+//!   keeper stops and [`LockGuard::is_lost`] turns true, so the holder can stop work that needed
+//!   exclusivity.
 //!
 //! # Invariants
 //!
@@ -32,7 +37,7 @@
 //!
 //! # async fn run(conn: oxidekiq::redis_conn::Conn) -> oxidekiq::error::Result<()> {
 //! let opts = LockOptions { ttl: Duration::from_secs(10), ..LockOptions::default() };
-//! let lock = RedisLock::new(conn, "report:42", opts); // Redis key `lock:report:42`
+//! let lock = RedisLock::new(conn, "report:42", opts); // Redis key `oxidekiq:lock:report:42`
 //!
 //! // Non-blocking: `None` when someone else holds it.
 //! if let Some(guard) = lock.try_lock().await? {
@@ -49,7 +54,7 @@
 //! # }
 //! ```
 
-use std::fmt::Write as _;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +67,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::job::hex;
 use crate::keys;
 use crate::redis_conn::Conn;
 
@@ -86,24 +92,33 @@ pub fn script_sha1(source: &str) -> String {
     hex(&Sha1::digest(source.as_bytes()))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 /// A fresh random token: 128 bits from the thread's CSPRNG, lowercase hex.
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let bytes: [u8; TOKEN_BYTES] = rand::random();
     hex(&bytes)
 }
 
+/// The value a lock taken for the job `jid` stores: `<token>:<jid>`.
+pub(crate) fn job_value(jid: &str) -> String {
+    format!("{}:{jid}", new_token())
+}
+
+/// The jid part of a lock value, if it has the `<token>:<jid>` shape of [`job_value`].
+pub(crate) fn holder_jid(value: &str) -> Option<&str> {
+    value.split_once(':').map(|(_, jid)| jid)
+}
+
 /// A TTL in whole milliseconds, at least 1 (`PX 0` is an error in Redis).
-fn ttl_ms(ttl: Duration) -> u64 {
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A pause drawn from `poll/2 ..= poll*3/2`, so waiters do not retry in lockstep.
+pub(crate) fn jittered(poll: Duration) -> Duration {
+    let micros = u64::try_from(poll.as_micros()).unwrap_or(u64::MAX / 2);
+    let lo = micros / 2;
+    let hi = micros.saturating_add(micros / 2);
+    Duration::from_micros(rand::random_range(lo..=hi))
 }
 
 /// Runs a script by SHA, falling back to `EVAL` with its body when Redis answers `NOSCRIPT`.
@@ -127,7 +142,8 @@ async fn run_script(
     }
 }
 
-/// Releases `full_key` (e.g. `lock:report:42`) if it still holds `token`; true if it was deleted.
+/// Releases `full_key` (e.g. `oxidekiq:lock:report:42`) if it still holds `token`; true if it was
+/// deleted. One `EVALSHA`.
 ///
 /// For callers that kept the token elsewhere (a job payload, another process) instead of a [`LockGuard`].
 /// A stale token deletes nothing.
@@ -165,30 +181,46 @@ impl Default for LockOptions {
     }
 }
 
-/// A named lock in Redis under `lock:<key>`; every acquisition yields a [`LockGuard`] with its own token.
+/// A named lock in Redis under `oxidekiq:lock:<key>`; every acquisition yields a [`LockGuard`] with its
+/// own token.
 ///
 /// Cheap to build; one value may be used for many acquisitions, one after another or from clones.
 #[derive(Debug, Clone)]
 pub struct RedisLock {
     /// The connection acquisitions go through (cloned into each guard).
     conn: Conn,
-    /// The full Redis key, `lock:<key>`.
+    /// The full Redis key, `oxidekiq:lock:<key>`.
     key: String,
     /// TTL and waiting behaviour.
     opts: LockOptions,
+    /// The job a lock is taken for: its values are then `<token>:<jid>` ([`RedisLock::held_by`]).
+    jid: Option<String>,
 }
 
 impl RedisLock {
-    /// A lock on the Redis key `lock:<key>` (see [`keys::lock`]).
+    /// A lock on the Redis key `oxidekiq:lock:<key>` (see [`keys::lock`]).
     pub fn new(conn: Conn, key: &str, opts: LockOptions) -> Self {
+        Self::at(conn, keys::lock(key), opts)
+    }
+
+    /// A lock on exactly the Redis key `full_key` (a key carried by a payload, or the recovery lock).
+    pub(crate) fn at(conn: Conn, full_key: String, opts: LockOptions) -> Self {
         RedisLock {
             conn,
-            key: keys::lock(key),
+            key: full_key,
             opts,
+            jid: None,
         }
     }
 
-    /// The full Redis key, `lock:<key>`.
+    /// Takes the lock for the job `jid`: the stored value is `<token>:<jid>`, so whoever finds it busy
+    /// can name the holder ([`RedisLock::holder_jid`]).
+    pub fn held_by(mut self, jid: &str) -> Self {
+        self.jid = Some(jid.to_string());
+        self
+    }
+
+    /// The full Redis key, `oxidekiq:lock:<key>`.
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -198,9 +230,12 @@ impl RedisLock {
         &self.opts
     }
 
-    /// One attempt: the guard if the lock was free, `None` at once if someone holds it.
+    /// One attempt, one `SET NX PX`: the guard if the lock was free, `None` at once if someone holds it.
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        let token = new_token();
+        let token = match &self.jid {
+            Some(jid) => job_value(jid),
+            None => new_token(),
+        };
         let mut conn = self.conn.clone();
         let set: Option<String> = redis::cmd("SET")
             .arg(&self.key)
@@ -251,14 +286,17 @@ impl RedisLock {
             .query_async(&mut conn)
             .await?)
     }
-}
 
-/// A pause drawn from `poll/2 ..= poll*3/2`.
-fn jittered(poll: Duration) -> Duration {
-    let micros = u64::try_from(poll.as_micros()).unwrap_or(u64::MAX / 2);
-    let lo = micros / 2;
-    let hi = micros.saturating_add(micros / 2);
-    Duration::from_micros(rand::random_range(lo..=hi))
+    /// The jid of the current holder when it took the lock with [`RedisLock::held_by`]; `None` when the
+    /// lock is free or its value has another shape.
+    pub async fn holder_jid(&self) -> Result<Option<String>> {
+        Ok(self
+            .holder()
+            .await?
+            .as_deref()
+            .and_then(holder_jid)
+            .map(str::to_string))
+    }
 }
 
 /// The running keeper of a guard.
@@ -278,7 +316,7 @@ struct Keeper {
 pub struct LockGuard {
     /// The connection release and extension go through.
     conn: Conn,
-    /// The full Redis key, `lock:<key>`.
+    /// The full Redis key, `oxidekiq:lock:<key>`.
     key: String,
     /// This acquisition's token: the value stored under the key.
     token: String,
@@ -291,12 +329,24 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// This holder's token (32 lowercase hex characters).
+    /// A guard for a lock whose value was set elsewhere (the until-executed claim script).
+    pub(crate) fn taken(conn: Conn, key: String, token: String, ttl: Duration) -> Self {
+        LockGuard {
+            conn,
+            key,
+            token,
+            ttl,
+            lost: Arc::new(AtomicBool::new(false)),
+            keeper: None,
+        }
+    }
+
+    /// This holder's token (32 lowercase hex characters; `<token>:<jid>` for a job's lock).
     pub fn token(&self) -> &str {
         &self.token
     }
 
-    /// The full Redis key, `lock:<key>`.
+    /// The full Redis key, `oxidekiq:lock:<key>`.
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -314,16 +364,39 @@ impl LockGuard {
         if self.keeper.is_some() {
             return;
         }
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(keep(
+        let (stop, mut stopped) = oneshot::channel();
+        let keep = self.keeper_loop();
+        let task = tokio::spawn(async move {
+            tokio::select! {
+                // A message or a dropped sender: either way the guard is done.
+                _ = &mut stopped => {}
+                () = keep => {}
+            }
+        });
+        self.keeper = Some(Keeper { stop, task });
+    }
+
+    /// Runs `fut` in the caller's task while the same keeper loop extends the lock beside it: nothing
+    /// is spawned, so the extension cannot outlive `fut`, and a dropped `fut` stops it too. A lost lock
+    /// does not stop `fut` (a running job cannot be stopped safely); the keeper logs it and ends.
+    pub async fn hold_while<F: Future>(&self, fut: F) -> F::Output {
+        let keeper = self.keeper_loop();
+        tokio::pin!(fut);
+        tokio::select! {
+            out = &mut fut => out,
+            () = keeper => fut.await,
+        }
+    }
+
+    /// The keeper's loop ([`keep`]) for this guard, owning what it needs.
+    fn keeper_loop(&self) -> impl Future<Output = ()> + Send + 'static {
+        keep(
             self.conn.clone(),
             self.key.clone(),
             self.token.clone(),
             self.ttl,
             Arc::clone(&self.lost),
-            stopped,
-        ));
-        self.keeper = Some(Keeper { stop, task });
+        )
     }
 
     /// Extends the lock once by its TTL; false if it is no longer ours.
@@ -341,6 +414,21 @@ impl LockGuard {
         }
         release(&mut self.conn, &self.key, &self.token).await
     }
+
+    /// [`LockGuard::release`] for a job's lock: a failure is logged, not returned. The key then expires
+    /// by its TTL, and the job's own result matters more than its lock's clean-up.
+    pub(crate) async fn release_logged(self) {
+        let key = self.key.clone();
+        match self.release().await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(lock = %key, "lock had expired or changed hands before release")
+            }
+            Err(e) => {
+                tracing::warn!(lock = %key, error = %e, "cannot release lock; it expires by its ttl")
+            }
+        }
+    }
 }
 
 impl Drop for LockGuard {
@@ -351,39 +439,30 @@ impl Drop for LockGuard {
     }
 }
 
-/// The keeper's loop: extend every `ttl / 3` until told to stop or the lock is lost.
-async fn keep(
-    mut conn: Conn,
-    key: String,
-    token: String,
-    ttl: Duration,
-    lost: Arc<AtomicBool>,
-    mut stop: oneshot::Receiver<()>,
-) {
+/// The keeper's loop: extends the lock every `ttl / 3`; returns once the lock is lost (someone else's
+/// token, or no extension succeeded for a whole TTL). Does no Redis I/O before the first third of the
+/// TTL has passed, so a short job's lock costs nothing between its acquire and its release.
+async fn keep(mut conn: Conn, key: String, token: String, ttl: Duration, lost: Arc<AtomicBool>) {
     let period = (ttl / 3).max(Duration::from_millis(1));
     let mut last_extended = Instant::now();
     loop {
-        tokio::select! {
-            // A message or a dropped sender: either way the guard is done.
-            _ = &mut stop => return,
-            _ = tokio::time::sleep(period) => {}
-        }
+        tokio::time::sleep(period).await;
         match extend(&mut conn, &key, &token, ttl).await {
             Ok(true) => last_extended = Instant::now(),
             Ok(false) => {
-                tracing::warn!(key = %key, "lock lost: the key expired or holds another token");
+                tracing::warn!(lock = %key, "lock lost: the key expired or holds another token");
                 lost.store(true, Ordering::SeqCst);
                 crate::prom::metrics().lock_lost();
                 return;
             }
             Err(e) => {
                 if last_extended.elapsed() >= ttl {
-                    tracing::warn!(key = %key, error = %e, "lock lost: could not extend it for a whole ttl");
+                    tracing::warn!(lock = %key, error = %e, "lock lost: could not extend it for a whole ttl");
                     lost.store(true, Ordering::SeqCst);
                     crate::prom::metrics().lock_lost();
                     return;
                 }
-                tracing::warn!(key = %key, error = %e, "lock extension failed, will retry");
+                tracing::warn!(lock = %key, error = %e, "lock extension failed, will retry");
             }
         }
     }
@@ -421,6 +500,14 @@ mod tests {
             let p = jittered(poll);
             assert!(p >= Duration::from_millis(50) && p <= Duration::from_millis(150));
         }
+    }
+
+    #[test]
+    fn the_holder_jid_follows_the_token() {
+        let v = job_value("deadbeef");
+        assert_eq!(holder_jid(&v), Some("deadbeef"));
+        assert_eq!(v.len(), 32 + 1 + 8);
+        assert_eq!(holder_jid("plain-token"), None);
     }
 
     #[test]

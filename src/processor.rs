@@ -23,13 +23,13 @@ use crate::config::UnknownClass;
 use crate::error::{JobError, JobResult, Result};
 use crate::fetch::{Held, UnitOfWork};
 use crate::job::{Job, PayloadError};
-use crate::middleware::{Next, until_executed};
+use crate::middleware::Next;
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
 use crate::retry::{self, Failure, Fate};
 use crate::shutdown::ShutdownSignal;
 use crate::time;
-use crate::worker::JobContext;
+use crate::worker::{AfterFate, JobContext};
 
 /// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
 #[derive(Debug, Default)]
@@ -260,17 +260,9 @@ impl Processor {
         let start = Instant::now();
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
-        // A client-side until-executed lock is taken over by this run, kept alive while the job runs,
-        // and settled by its fate. Invalid lock fields in the payload fail the job before it runs.
-        let (lock, result) = match until_executed::claim(&self.conn, &job).await {
-            Ok(lock) => {
-                let invoked = self.invoke(&job, &queue, entry);
-                let result =
-                    until_executed::while_running(&self.conn, lock.as_ref(), invoked).await;
-                (lock, result)
-            }
-            Err(e) => (None, Err(e)),
-        };
+        // What the chain's middleware ask to run once a failure's fate is written (`fail`).
+        let after = AfterFate::default();
+        let result = self.invoke(&job, &queue, entry, &after).await;
         let elapsed = start.elapsed().as_secs_f64();
         self.stats.processed.fetch_add(1, Ordering::Relaxed);
         // The one metrics hook (`Metrics::Middleware` wraps the job in Ruby): class, time, outcome.
@@ -290,14 +282,13 @@ impl Processor {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
                 state.settle(&self);
                 tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
-                until_executed::settle(&self.conn, lock.as_ref(), true).await;
                 return true;
             }
             Err(e) => e,
         };
         // The failure path is boxed: it is rare, and its state would otherwise make every job's task
         // (copied in at spawn) larger.
-        Box::pin(self.fail(job, queue, entry, error, elapsed, lock, state)).await
+        Box::pin(self.fail(job, queue, entry, error, elapsed, after, state)).await
     }
 
     /// A failed run: write its fate (retry, dead, discard, reschedule) and say whether it has one.
@@ -309,7 +300,7 @@ impl Processor {
         entry: Option<&crate::registry::Entry>,
         error: JobError,
         elapsed: f64,
-        lock: Option<until_executed::RunLock>,
+        after: AfterFate,
         state: &RunState,
     ) -> bool {
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
@@ -346,12 +337,7 @@ impl Processor {
             })
             .await;
         state.settle(self);
-        until_executed::settle(
-            &self.conn,
-            lock.as_ref(),
-            matches!(fate, Fate::Dead | Fate::Discarded),
-        )
-        .await;
+        after.run(&fate).await;
         crate::prom::metrics().fate(job.wrapped().unwrap_or(job.class()), &fate);
         match fate {
             Fate::Retry { at, count } => {
@@ -406,7 +392,8 @@ impl Processor {
                 Some(job) => {
                     let error = JobError::new(crate::error::PANIC, format!("panicked: {message}"));
                     let entry = self.registry.get(job.worker_class());
-                    let failing = self.fail(job, queue.clone(), entry, error, 0.0, None, run);
+                    let failing =
+                        self.fail(job, queue.clone(), entry, error, 0.0, AfterFate::default(), run);
                     catch_unwind(failing).await.ok()
                 }
                 None => None,
@@ -443,6 +430,7 @@ impl Processor {
         job: &Arc<Job>,
         queue: &Arc<str>,
         entry: Option<&crate::registry::Entry>,
+        after: &AfterFate,
     ) -> JobResult {
         let Some(entry) = entry else {
             let class = job.worker_class();
@@ -478,7 +466,8 @@ impl Processor {
             self.conn.clone(),
             self.shutdown.clone(),
             activejob,
-        );
+        )
+        .with_after_fate(after.clone());
         Next::new(&entry.chain, entry.handler.as_ref())
             .run(&ctx)
             .await

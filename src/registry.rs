@@ -5,10 +5,12 @@
 //! built when the registry is frozen and never changes afterwards, so running a job takes no lock.
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::error::{JobError, JobResult};
 use crate::middleware::concurrency::LocalConcurrencyLimit;
+use crate::middleware::lock_key::{Keyed, LockKey};
 use crate::middleware::{BoxFuture, Chain, Handler, ServerMiddleware};
 use crate::worker::{JobContext, Worker, WorkerOptions};
 
@@ -118,28 +120,24 @@ impl Registry {
     }
 
     /// Registers `worker` under [`Worker::CLASS`]; a second registration of a class replaces the first.
-    pub fn register<W: Worker>(&mut self, worker: W) -> &mut Self {
-        self.register_with(worker, Vec::new())
-    }
-
-    /// Registers `worker` with middleware of its own (locks, limits), run after the global ones.
-    pub fn register_with<W: Worker>(
-        &mut self,
-        worker: W,
-        middleware: Vec<Arc<dyn ServerMiddleware>>,
-    ) -> &mut Self {
+    /// Returns the worker's [`Registration`], to add its locks and limits with
+    /// [`Registration::with`] and [`Registration::with_key`].
+    pub fn register<W: Worker>(&mut self, worker: W) -> Registration<'_, W> {
         let options = worker.options();
         self.workers.insert(
             W::CLASS.to_string(),
             Entry {
                 handler: Arc::new(WorkerHandler(Arc::new(worker))),
-                own: middleware,
+                own: Vec::new(),
                 chain: Arc::from(Vec::new()),
                 options,
                 check_args: crate::migrate::check::check_args::<W::Args>,
             },
         );
-        self
+        Registration {
+            registry: self,
+            _worker: PhantomData,
+        }
     }
 
     /// Adds middleware that runs around every worker.
@@ -152,6 +150,8 @@ impl Registry {
     ///
     /// A worker with [`WorkerOptions::local_concurrency`] gets a [`LocalConcurrencyLimit`] of its own
     /// first in its chain: a job waiting for the local cap holds no lock or limit slot taken further on.
+    /// (Before any of them, [`Next::new`](crate::middleware::Next::new) runs the server half of the
+    /// client's until-executed locks.)
     pub fn freeze(mut self) -> Arc<Registry> {
         let global = self.global.clone();
         for entry in self.workers.values_mut() {
@@ -179,5 +179,64 @@ impl Registry {
         let mut v: Vec<&str> = self.workers.keys().map(String::as_str).collect();
         v.sort_unstable();
         v
+    }
+}
+
+/// One worker just registered: adds its own middleware (locks, limits), in the spirit of tower's
+/// `layer`. The worker's type is known here, so a key computed from its arguments is a closure over
+/// `&W::Args` whose type needs no spelling out:
+///
+/// ```
+/// use std::time::Duration;
+/// use oxidekiq::middleware::{concurrency::ConcurrencyLimit, rate_limit::RateLimit, unique::UniqueJob};
+/// use oxidekiq::{JobContext, Registry, Worker, error::JobResult};
+///
+/// #[derive(Debug)]
+/// struct ChargeJob;
+/// impl Worker for ChargeJob {
+///     const CLASS: &'static str = "ChargeJob";
+///     type Args = (u64, f64, String);
+///     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// }
+///
+/// let mut registry = Registry::new();
+/// registry
+///     .register(ChargeJob)
+///     .with_key(UniqueJob::new(), |(customer, ..)| format!("stripe-{customer}"))
+///     .with_key(ConcurrencyLimit::new(3), |(customer, ..)| format!("stripe-{customer}"))
+///     .with(RateLimit::new("payment-api", 100, Duration::from_secs(60)));
+/// ```
+///
+/// Middleware run in the order they are added, after the global ones ([`Registry::middleware`]).
+#[derive(Debug)]
+pub struct Registration<'r, W> {
+    /// The registry the worker was added to.
+    registry: &'r mut Registry,
+    /// The worker whose arguments key closures read.
+    _worker: PhantomData<fn() -> W>,
+}
+
+impl<'r, W: Worker> Registration<'r, W> {
+    /// Adds a middleware of this worker's own: a lock, a limit, or any [`ServerMiddleware`].
+    pub fn with(self, middleware: impl ServerMiddleware) -> Self {
+        if let Some(entry) = self.registry.workers.get_mut(W::CLASS) {
+            entry.own.push(Arc::new(middleware));
+        }
+        self
+    }
+
+    /// Adds a lock or limit named by `key` from each job's arguments (decoded as the worker's own
+    /// `Args`; arguments that do not fit fail the job with `ArgumentError`).
+    pub fn with_key<L, F>(self, layer: L, key: F) -> Self
+    where
+        L: Keyed + ServerMiddleware,
+        F: Fn(&W::Args) -> String + Send + Sync + 'static,
+    {
+        self.with(layer.keyed(LockKey::by_args(key)))
+    }
+
+    /// Registers another worker (so registrations chain: `.register(A).register(B)`).
+    pub fn register<V: Worker>(self, worker: V) -> Registration<'r, V> {
+        self.registry.register(worker)
     }
 }

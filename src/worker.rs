@@ -6,14 +6,16 @@
 //! [`Registry`](crate::registry::Registry). The Ruby class name is explicit and greppable: [`Worker::CLASS`].
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, SeqAccess, Visitor};
 
 use crate::error::JobResult;
 use crate::job::{Job, RetrySetting};
+use crate::middleware::BoxFuture;
 use crate::redis_conn::Conn;
+use crate::retry::Fate;
 use crate::shutdown::ShutdownSignal;
 
 /// A Rust worker for one Ruby class name.
@@ -129,6 +131,35 @@ impl PartialEq for ActiveJobInfo {
     }
 }
 
+/// Work a middleware leaves for after a failed job's fate is in Redis.
+type FateHook = Box<dyn FnOnce(&Fate) -> BoxFuture<'static, ()> + Send>;
+
+/// What middleware asked to run once a failed job's fate (retry, dead, discarded, rescheduled) is
+/// written ([`JobContext::after_fate`]). The processor runs it after the write; the middleware itself
+/// has returned by then, since retry wraps the chain from outside.
+#[derive(Clone, Default)]
+pub struct AfterFate(Arc<Mutex<Vec<FateHook>>>);
+
+impl std::fmt::Debug for AfterFate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map(|h| h.len()).unwrap_or(0);
+        f.debug_tuple("AfterFate").field(&n).finish()
+    }
+}
+
+impl AfterFate {
+    /// Runs every hook once with the fate written, in the order they were added.
+    pub async fn run(&self, fate: &Fate) {
+        let hooks = match self.0.lock() {
+            Ok(mut h) => std::mem::take(&mut *h),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        };
+        for hook in hooks {
+            hook(fate).await;
+        }
+    }
+}
+
 /// Everything one run of a job can see: the payload, where it came from, Redis, and the shutdown.
 #[derive(Debug, Clone)]
 pub struct JobContext {
@@ -142,6 +173,8 @@ pub struct JobContext {
     pub(crate) shutdown: ShutdownSignal,
     /// Present for ActiveJob jobs.
     pub(crate) activejob: Option<Arc<ActiveJobInfo>>,
+    /// Hooks for after a failed run's fate is written.
+    pub(crate) after_fate: AfterFate,
 }
 
 impl JobContext {
@@ -159,6 +192,28 @@ impl JobContext {
             redis,
             shutdown,
             activejob,
+            after_fate: AfterFate::default(),
+        }
+    }
+
+    /// The same context, whose [`JobContext::after_fate`] hooks go to `after` (the processor keeps a
+    /// clone and runs them once the fate of a failed run is written).
+    pub fn with_after_fate(mut self, after: AfterFate) -> Self {
+        self.after_fate = after;
+        self
+    }
+
+    /// Asks for `hook` to run if this run fails, once its fate (retry, dead, discarded, rescheduled) is
+    /// in Redis: what a middleware that must know the fate needs (the until-executed lock is kept while
+    /// the job waits for a retry and released when it dies). A run interrupted by the shutdown has no
+    /// fate of its own (it is pushed back): its hooks do not run.
+    pub fn after_fate<F>(&self, hook: F)
+    where
+        F: FnOnce(&Fate) -> BoxFuture<'static, ()> + Send + 'static,
+    {
+        match self.after_fate.0.lock() {
+            Ok(mut h) => h.push(Box::new(hook)),
+            Err(poisoned) => poisoned.into_inner().push(Box::new(hook)),
         }
     }
 

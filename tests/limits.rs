@@ -11,14 +11,13 @@
 //! limit counts the jobs that came out rescheduled in `rescheduled`.
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxidekiq::error::JobResult;
 use oxidekiq::launcher::Handle;
 use oxidekiq::middleware::concurrency::{self, ConcurrencyLimit};
 use oxidekiq::middleware::rate_limit::{self, RateLimit};
-use oxidekiq::middleware::{BoxFuture, Next, ServerMiddleware};
+use oxidekiq::middleware::{BoxFuture, Keyed, Next, ServerMiddleware};
 use oxidekiq::{JobContext, NoArgs, Registry, RetryAction, Worker, WorkerOptions};
 use redis::Commands;
 use support::{config, launch, wait_for};
@@ -69,7 +68,8 @@ impl Worker for RateJob {
         // Redis's clock): still in the log, which keeps one period.
         let mut c = ctx.redis();
         let log: Vec<(String, f64)> =
-            redis::AsyncCommands::zrange_withscores(&mut c, rate_limit::key("ten"), 0, -1).await?;
+            redis::AsyncCommands::zrange_withscores(&mut c, oxidekiq::keys::rate("ten"), 0, -1)
+                .await?;
         let prefix = format!("{}:", ctx.jid());
         let granted = log
             .iter()
@@ -141,34 +141,21 @@ async fn start(url: &str, queue: &str, concurrency: usize, registry: Registry) -
 /// go round through the schedule set.
 fn conc_registry() -> Registry {
     let mut r = Registry::new();
-    r.register_with(
-        ConcJob,
-        vec![
-            Arc::new(CountReschedules),
-            Arc::new(
-                ConcurrencyLimit::by_args(3, |(_, account): &(u64, String)| {
-                    format!("acct-{account}")
-                })
-                .lease(Duration::from_secs(2))
-                .wait(Duration::from_secs(1))
-                .poll(Duration::from_millis(20)),
-            ),
-        ],
+    r.register(ConcJob).with(CountReschedules).with_key(
+        ConcurrencyLimit::new(3)
+            .lease(Duration::from_secs(2))
+            .wait(Duration::from_secs(1))
+            .poll(Duration::from_millis(20)),
+        |(_, account)| format!("acct-{account}"),
     );
     r
 }
 
 fn rate_registry() -> Registry {
     let mut r = Registry::new();
-    r.register_with(
-        RateJob,
-        vec![
-            Arc::new(CountReschedules),
-            Arc::new(
-                RateLimit::new("ten", 10, Duration::from_secs(1)).wait(Duration::from_secs(2)),
-            ),
-        ],
-    );
+    r.register(RateJob)
+        .with(CountReschedules)
+        .with(RateLimit::new("ten", 10, Duration::from_secs(1)).wait(Duration::from_secs(2)));
     r
 }
 
@@ -240,7 +227,7 @@ async fn acquire_grants_up_to_the_limit_renews_releases_and_reclaims_expired_lea
     assert_eq!(concurrency::holders(&mut conn, "api").await.unwrap(), 1);
     // Nothing is left behind once nobody holds the name.
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
-    let exists: bool = redis::AsyncCommands::exists(&mut conn, concurrency::key("api"))
+    let exists: bool = redis::AsyncCommands::exists(&mut conn, oxidekiq::keys::concurrency("api"))
         .await
         .unwrap();
     assert!(!exists, "the lease set of an unused name expires");
@@ -267,9 +254,10 @@ async fn the_rate_log_grants_n_per_window_and_says_when_the_next_start_fits() {
         assert!(left <= long && left > Duration::ZERO, "{left:?}");
     }
     // Refused starts are not recorded: the log holds the three granted ones only.
-    let logged: Vec<String> = redis::AsyncCommands::zrange(&mut conn, rate_limit::key("x"), 0, -1)
-        .await
-        .unwrap();
+    let logged: Vec<String> =
+        redis::AsyncCommands::zrange(&mut conn, oxidekiq::keys::rate("x"), 0, -1)
+            .await
+            .unwrap();
     assert_eq!(logged.len(), 3, "{logged:?}");
     for i in 0..3 {
         assert!(logged.contains(&format!("s{i}")), "s{i} in {logged:?}");
@@ -311,13 +299,11 @@ async fn a_job_over_the_limit_is_rescheduled_byte_for_byte_without_using_a_retry
             .unwrap()
     );
     let mut r = Registry::new();
-    r.register_with(
-        ConcJob,
-        vec![Arc::new(
-            ConcurrencyLimit::by_args(1, |(_, account): &(u64, String)| format!("acct-{account}"))
-                .wait(Duration::from_millis(300))
-                .reschedule_in(Duration::from_millis(500)),
-        )],
+    r.register(ConcJob).with_key(
+        ConcurrencyLimit::new(1)
+            .wait(Duration::from_millis(300))
+            .reschedule_in(Duration::from_millis(500)),
+        |(_, account)| format!("acct-{account}"),
     );
     let handle = start(&redis.url(), "default", 2, r).await;
     let raw = r#"{"class":"ConcJob","args":[10,"7"],"jid":"0123456789abcdef01234567","queue":"default","retry":3,"created_at":1700000000.5,"enqueued_at":1700000000.5}"#;
@@ -532,7 +518,8 @@ async fn local_concurrency_caps_a_class_inside_one_process() {
 
 /// The limit the SIGKILL test's holder and waiters share: one holder, a 1 s lease.
 fn kill_limit() -> ConcurrencyLimit {
-    ConcurrencyLimit::new("kill", 1)
+    ConcurrencyLimit::new(1)
+        .key("kill")
         .lease(Duration::from_secs(1))
         .wait(Duration::from_secs(20))
         .poll(Duration::from_millis(20))
@@ -548,7 +535,7 @@ fn limits_holder_process() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
         let mut r = Registry::new();
-        r.register_with(HoldJob, vec![Arc::new(kill_limit())]);
+        r.register(HoldJob).with(kill_limit());
         let handle = start(&url, "hold", 2, r).await;
         handle.join().await.unwrap();
     });
@@ -588,7 +575,7 @@ async fn a_holder_killed_with_sigkill_frees_its_slot_within_the_lease() {
     let mut handles = Vec::new();
     for _ in 0..2 {
         let mut r = Registry::new();
-        r.register_with(ConcJob, vec![Arc::new(kill_limit())]);
+        r.register(ConcJob).with(kill_limit());
         handles.push(start(&url, "wait", 2, r).await);
     }
     let waiters: Vec<String> = (0..2).map(|i| format!("waiter{i:018}")).collect();

@@ -40,12 +40,18 @@ fn local_script_sha1_equals_what_redis_script_load_returns() {
 async fn try_lock_succeeds_then_a_second_try_lock_fails_at_once() {
     let server = support::RedisServer::start();
     let lock = RedisLock::new(server.async_conn().await, "k", LockOptions::default());
-    assert_eq!(lock.key(), "lock:k");
+    assert_eq!(lock.key(), "oxidekiq:lock:k");
 
     let guard = lock.try_lock().await.unwrap().expect("the lock was free");
     let mut c = server.conn();
-    assert_eq!(get(&mut c, "lock:k").as_deref(), Some(guard.token()));
-    let pttl: i64 = redis::cmd("PTTL").arg("lock:k").query(&mut c).unwrap();
+    assert_eq!(
+        get(&mut c, "oxidekiq:lock:k").as_deref(),
+        Some(guard.token())
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("oxidekiq:lock:k")
+        .query(&mut c)
+        .unwrap();
     assert!(pttl > 29_000 && pttl <= 30_000, "pttl {pttl}");
 
     let started = Instant::now();
@@ -76,10 +82,14 @@ async fn release_with_a_stale_token_deletes_nothing() {
     assert!(!old.release().await.unwrap());
 
     // The free function with a stale token, too.
-    assert!(!lock::release(&mut conn, "lock:k", &stale).await.unwrap());
+    assert!(
+        !lock::release(&mut conn, "oxidekiq:lock:k", &stale)
+            .await
+            .unwrap()
+    );
 
     let mut c = server.conn();
-    assert_eq!(get(&mut c, "lock:k").as_deref(), Some(new.token()));
+    assert_eq!(get(&mut c, "oxidekiq:lock:k").as_deref(), Some(new.token()));
     assert!(new.release().await.unwrap());
 }
 
@@ -106,13 +116,13 @@ async fn release_falls_back_to_eval_after_script_flush_and_evalsha_works_again()
 
     let second = lock.try_lock().await.unwrap().unwrap();
     assert!(second.release().await.unwrap());
-    assert_eq!(get(&mut c, "lock:k"), None);
+    assert_eq!(get(&mut c, "oxidekiq:lock:k"), None);
     // EVAL cached the script, so the next EVALSHA finds it.
     assert_eq!(exists(&mut c), vec![1]);
 
     let third = lock.try_lock().await.unwrap().unwrap();
     assert!(third.release().await.unwrap());
-    assert_eq!(get(&mut c, "lock:k"), None);
+    assert_eq!(get(&mut c, "oxidekiq:lock:k"), None);
 }
 
 #[tokio::test]
@@ -148,7 +158,7 @@ async fn blocking_lock_times_out_with_lock_not_acquired_naming_the_key() {
     let waited = started.elapsed();
 
     match &err {
-        Error::LockNotAcquired(msg) => assert!(msg.contains("lock:busy"), "{msg}"),
+        Error::LockNotAcquired(msg) => assert!(msg.contains("oxidekiq:lock:busy"), "{msg}"),
         other => panic!("expected LockNotAcquired, got {other:?}"),
     }
     assert!(err.to_string().starts_with("lock not acquired: "));
@@ -190,16 +200,22 @@ async fn the_keeper_holds_a_short_ttl_lock_through_long_work_and_release_deletes
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(1_200) {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(get(&mut c, "lock:k").as_deref(), Some(guard.token()));
+        assert_eq!(
+            get(&mut c, "oxidekiq:lock:k").as_deref(),
+            Some(guard.token())
+        );
         assert!(lock.try_lock().await.unwrap().is_none());
     }
     assert!(!guard.is_lost());
 
     assert!(guard.release().await.unwrap());
-    assert_eq!(get(&mut c, "lock:k"), None);
+    assert_eq!(get(&mut c, "oxidekiq:lock:k"), None);
     // Nothing re-creates or extends the key after release.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let exists: i64 = redis::cmd("EXISTS").arg("lock:k").query(&mut c).unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("oxidekiq:lock:k")
+        .query(&mut c)
+        .unwrap();
     assert_eq!(exists, 0);
 }
 
@@ -214,7 +230,7 @@ async fn dropping_a_guard_stops_its_keeper_and_the_lock_expires_by_ttl() {
 
     tokio::time::sleep(Duration::from_millis(600)).await;
     let mut c = server.conn();
-    assert_eq!(get(&mut c, "lock:k"), None);
+    assert_eq!(get(&mut c, "oxidekiq:lock:k"), None);
 }
 
 #[tokio::test]
@@ -227,7 +243,7 @@ async fn the_keeper_marks_the_guard_lost_when_someone_else_owns_the_key() {
 
     let mut c = server.conn();
     let _: () = redis::cmd("SET")
-        .arg("lock:k")
+        .arg("oxidekiq:lock:k")
         .arg("someone-else")
         .query(&mut c)
         .unwrap();
@@ -235,7 +251,10 @@ async fn the_keeper_marks_the_guard_lost_when_someone_else_owns_the_key() {
 
     assert!(guard.is_lost());
     assert!(!guard.release().await.unwrap());
-    assert_eq!(get(&mut c, "lock:k").as_deref(), Some("someone-else"));
+    assert_eq!(
+        get(&mut c, "oxidekiq:lock:k").as_deref(),
+        Some("someone-else")
+    );
 }
 
 #[tokio::test]
@@ -300,5 +319,5 @@ async fn twenty_contending_tasks_hold_the_lock_one_at_a_time_and_all_finish() {
     assert_eq!(done.load(Ordering::SeqCst), 20);
     let mut c = server.conn();
     assert_eq!(get(&mut c, "holders").as_deref(), Some("0"));
-    assert_eq!(get(&mut c, "lock:shared"), None);
+    assert_eq!(get(&mut c, "oxidekiq:lock:shared"), None);
 }

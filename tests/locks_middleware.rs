@@ -10,7 +10,8 @@ use std::time::Duration;
 use chrono::{DateTime, FixedOffset};
 use oxidekiq::client::{Client, NewJob};
 use oxidekiq::error::JobResult;
-use oxidekiq::launcher::Handle;
+use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::middleware::Keyed;
 use oxidekiq::middleware::lock_key::args_digest;
 use oxidekiq::middleware::sequential::SequentialJob;
 use oxidekiq::middleware::unique::{OnConflict, UniqueJob};
@@ -147,12 +148,16 @@ async fn five_unique_reports_enqueued_during_one_run_run_once_and_four_are_logge
     assert_eq!(skipped.len(), 4, "{skipped:?}");
     for s in &skipped {
         assert!(dups.contains(&s.jid), "{s:?}");
-        assert_eq!(field(&s.text, "lock"), Some("lock:UniqueReportJob"));
+        assert_eq!(
+            field(&s.text, "lock"),
+            Some("oxidekiq:lock:UniqueReportJob")
+        );
         assert_eq!(field(&s.text, "holder"), Some(first.as_str()));
     }
     // The lock is released when the job ends, and duplicates are acknowledged, not retried.
     assert!(wait_until(Duration::from_secs(5), || {
-        !c.exists::<_, bool>("lock:UniqueReportJob").unwrap()
+        !c.exists::<_, bool>("oxidekiq:lock:UniqueReportJob")
+            .unwrap()
     }));
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
     assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 0);
@@ -220,7 +225,10 @@ async fn three_sequential_reports_all_run_one_after_another_never_overlapping() 
         log.contains("class=SequentialReportJob")
     };
     assert!(took(&a) && took(&b), "one process took every job");
-    assert!(!c.exists::<_, bool>("lock:SequentialReportJob").unwrap());
+    assert!(
+        !c.exists::<_, bool>("oxidekiq:lock:SequentialReportJob")
+            .unwrap()
+    );
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
 }
 
@@ -246,7 +254,7 @@ async fn a_process_killed_while_holding_a_lock_blocks_others_no_longer_than_the_
         .unwrap();
     // The holder runs longer than the TTL: its keeper extends the lock, so the waiter keeps waiting.
     tokio::time::sleep(ttl + ttl / 2).await;
-    let value: String = c.get("lock:SequentialReportJob").unwrap();
+    let value: String = c.get("oxidekiq:lock:SequentialReportJob").unwrap();
     assert!(value.ends_with(&format!(":{long}")), "{value}");
     assert!(lines(&[waiter.log()], "SequentialReportJob", "report started").is_empty());
 
@@ -295,15 +303,11 @@ impl Worker for Contended {
 
 fn contended_registry() -> Registry {
     let mut r = Registry::new();
-    r.register_with(
-        Contended,
-        vec![
-            SequentialJob::<Contended>::new()
-                .key(|_: &(u64,)| "one-key".to_string())
-                .poll(Duration::from_millis(50))
-                .timeout(Duration::from_secs(60))
-                .into(),
-        ],
+    r.register(Contended).with(
+        SequentialJob::new()
+            .key("one-key")
+            .poll(Duration::from_millis(50))
+            .timeout(Duration::from_secs(60)),
     );
     r
 }
@@ -342,7 +346,7 @@ async fn many_jobs_on_one_sequential_key_across_three_processes_never_run_two_at
     let max: i64 = c.get("max_holders").unwrap();
     assert_eq!(max, 1, "two jobs held the lock at once");
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0, "none timed out");
-    assert!(!c.exists::<_, bool>("lock:one-key").unwrap());
+    assert!(!c.exists::<_, bool>("oxidekiq:lock:one-key").unwrap());
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -396,41 +400,23 @@ impl Worker for ByArgsJob {
 
 fn conflict_registry() -> Registry {
     let mut r = Registry::new();
-    r.register_with(
-        RescheduledDup,
-        vec![
-            UniqueJob::<RescheduledDup>::new()
-                .on_conflict(OnConflict::Reschedule(Duration::from_secs(30)))
-                .into(),
-        ],
-    )
-    .register_with(
-        FailedDup,
-        vec![
-            UniqueJob::<FailedDup>::new()
-                .on_conflict(OnConflict::Fail)
-                .into(),
-        ],
-    )
-    .register_with(
-        ChargeCustomer,
-        vec![
-            UniqueJob::<ChargeCustomer>::new()
-                .key(|(customer_id, _): &(u64, Value)| format!("stripe-{customer_id}"))
-                .into(),
-        ],
-    )
-    .register_with(
-        ByArgsJob,
-        vec![UniqueJob::<ByArgsJob>::new().key_by_args().into()],
-    );
+    r.register(RescheduledDup)
+        .with(UniqueJob::new().on_conflict(OnConflict::Reschedule(Duration::from_secs(30))))
+        .register(FailedDup)
+        .with(UniqueJob::new().on_conflict(OnConflict::Fail))
+        .register(ChargeCustomer)
+        .with_key(UniqueJob::new(), |(customer_id, _)| {
+            format!("stripe-{customer_id}")
+        })
+        .register(ByArgsJob)
+        .with(UniqueJob::new().key_by_args());
     r
 }
 
-/// Holds `lock:<name>` as another job `holder` would.
+/// Holds `oxidekiq:lock:<name>` as another job `holder` would.
 fn hold(c: &mut redis::Connection, name: &str, holder: &str) {
     let _: () = redis::cmd("SET")
-        .arg(format!("lock:{name}"))
+        .arg(format!("oxidekiq:lock:{name}"))
         .arg(format!("0123456789abcdef0123456789abcdef:{holder}"))
         .arg("PX")
         .arg(60_000)
@@ -473,7 +459,7 @@ async fn a_duplicate_is_rescheduled_or_failed_into_the_retry_path_when_configure
     assert_eq!(m["error_class"], "Oxidekiq::DuplicateJob");
     let msg = m["error_message"].as_str().unwrap();
     assert!(
-        msg.contains("lock:FailedDup") && msg.contains("holderbbbbbbbbbbbbbbbbbb"),
+        msg.contains("oxidekiq:lock:FailedDup") && msg.contains("holderbbbbbbbbbbbbbbbbbb"),
         "{msg}"
     );
     assert_eq!(m["retry_count"], 0);
@@ -507,8 +493,8 @@ async fn custom_and_args_keys_lock_per_customer_and_per_canonical_argument_list(
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
     assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 0);
     // Their own locks were released; the held ones were not touched.
-    assert!(!c.exists::<_, bool>("lock:stripe-8").unwrap());
-    let held: String = c.get("lock:stripe-7").unwrap();
+    assert!(!c.exists::<_, bool>("oxidekiq:lock:stripe-8").unwrap());
+    let held: String = c.get("oxidekiq:lock:stripe-7").unwrap();
     assert!(held.ends_with(":holderaaaaaaaaaaaaaaaaaa"));
 }
 
@@ -747,4 +733,232 @@ async fn a_stale_run_of_an_until_executed_job_cannot_release_the_lock_of_a_newer
     .await;
     h.stop().await.unwrap();
     assert!(client.push_unique(job()).await.unwrap().is_some());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Round trips: what a lock costs in Redis commands (issue 15), counted with MONITOR, never timed
+
+/// Records every command Redis receives from a client (MONITOR) until dropped; commands a Lua script
+/// runs inside Redis (` lua]`) are not round trips and are left out.
+struct Monitor {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Monitor {
+    fn start(redis: &RedisServer) -> Monitor {
+        let mut m = redis.conn();
+        redis::cmd("MONITOR").exec(&mut m).unwrap();
+        m.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, s) = (lines.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                match m.recv_response() {
+                    Ok(redis::Value::SimpleString(line)) => l.lock().unwrap().push(line),
+                    Ok(_) => {}
+                    Err(e) if e.is_timeout() => {}
+                    Err(e) => panic!("monitor: {e}"),
+                }
+            }
+        });
+        Monitor {
+            lines,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// `(command, lock key)` of every command a client sent that names an `oxidekiq:lock:` key.
+    fn lock_commands(&self) -> Vec<(String, String)> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| !l.contains(" lua]"))
+            .filter_map(|l| {
+                let quoted: Vec<&str> = l.split('"').skip(1).step_by(2).collect();
+                let key = quoted.iter().find(|t| t.starts_with("oxidekiq:lock:"))?;
+                Some((quoted[0].to_uppercase(), key.to_string()))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A no-op behind a unique lock keyed by its arguments.
+#[derive(Debug)]
+struct UniqueNoop;
+impl Worker for UniqueNoop {
+    const CLASS: &'static str = "UniqueNoop";
+    type Args = (u64,);
+    async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
+        record_run(ctx).await;
+        Ok(())
+    }
+}
+
+/// A no-op behind a sequential lock keyed by its arguments.
+#[derive(Debug)]
+struct SequentialNoop;
+impl Worker for SequentialNoop {
+    const CLASS: &'static str = "SequentialNoop";
+    type Args = (u64,);
+    async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
+        record_run(ctx).await;
+        Ok(())
+    }
+}
+
+/// A no-op without a lock of its own, pushed with `unique_for` (until-executed).
+#[derive(Debug)]
+struct PlainNoop;
+impl Worker for PlainNoop {
+    const CLASS: &'static str = "PlainNoop";
+    type Args = (u64,);
+    async fn perform(&self, ctx: &JobContext, _: Self::Args) -> JobResult {
+        record_run(ctx).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_costs_one_command_at_the_start_of_a_job_and_one_at_its_end() {
+    const JOBS: u64 = 4;
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let client = Client::connect(&redis.url()).await.unwrap();
+    let push_all = |c: &mut redis::Connection, from: u64, to: u64| {
+        let mut jobs = Vec::new();
+        for i in from..to {
+            push_raw(c, "UniqueNoop", &format!("[{i}]"), &format!("u{i}"));
+            push_raw(c, "SequentialNoop", &format!("[{i}]"), &format!("s{i}"));
+            jobs.push(NewJob::new("PlainNoop", (i,)).unique_for(Duration::from_secs(60)));
+        }
+        jobs
+    };
+    let mut r = Registry::new();
+    r.register(UniqueNoop)
+        .with(UniqueJob::new().key_by_args())
+        .register(SequentialNoop)
+        .with(SequentialJob::new().key_by_args())
+        .register(PlainNoop);
+    let h = launch(&redis.url(), 4, r).await;
+    let mut total = 0;
+    let mut monitor = None;
+    // A first round teaches Redis the scripts (one NOSCRIPT each, then EVAL or SCRIPT LOAD); the
+    // second round, under MONITOR, is the steady state every later job sees.
+    for (from, to) in [(100, 101), (0, JOBS)] {
+        if from == 0 {
+            monitor = Some(Monitor::start(&redis));
+        }
+        for job in push_all(&mut c, from, to) {
+            assert!(client.push_unique(job).await.unwrap().is_some());
+        }
+        total += 3 * (to - from) as usize;
+        wait_for("every job", Duration::from_secs(20), || {
+            ran(&mut c).len() == total
+        })
+        .await;
+        wait_for("every lock released", Duration::from_secs(10), || {
+            c.keys::<_, Vec<String>>("oxidekiq:lock:*")
+                .unwrap()
+                .is_empty()
+        })
+        .await;
+    }
+    h.stop().await.unwrap();
+    let commands = monitor.expect("started").lock_commands();
+
+    let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
+    for (command, key) in commands {
+        if command != "KEYS" {
+            by_key.entry(key).or_default().push(command);
+        }
+    }
+    assert_eq!(by_key.len(), 3 * JOBS as usize, "{by_key:?}");
+    for (key, commands) in &by_key {
+        let expected: &[&str] = if key.starts_with("oxidekiq:lock:unique:") {
+            // The push (lock and job in one script), the run's claim, the release at its end.
+            &["EVALSHA", "EVALSHA", "EVALSHA"]
+        } else {
+            // One SET NX PX at the start, one compare-and-delete at the end.
+            &["SET", "EVALSHA"]
+        };
+        assert_eq!(commands, expected, "{key}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The client chain
+
+/// Marks every job it lets through and refuses those whose first argument is 13.
+#[derive(Debug)]
+struct Superstitious;
+impl oxidekiq::client::ClientMiddleware for Superstitious {
+    fn call<'a>(
+        &'a self,
+        push: &'a mut oxidekiq::client::Push,
+        next: oxidekiq::client::ClientNext<'a>,
+    ) -> oxidekiq::middleware::BoxFuture<'a, oxidekiq::client::Pushed> {
+        Box::pin(async move {
+            if push.job.args()[0] == json!(13) {
+                return Ok(None);
+            }
+            push.job.set_option("checked_by", json!("superstitious"));
+            next.run(push).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_client_middleware_sees_every_push_single_or_bulk_and_may_refuse_it() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let client = Client::connect(&redis.url())
+        .await
+        .unwrap()
+        .middleware(Superstitious);
+    let jids = client
+        .push_bulk(NewJob::new("HardWorker", ()), [(1,), (13,), (2,)])
+        .await
+        .unwrap();
+    assert_eq!(jids.len(), 2, "the bulk's 13 was refused");
+    assert!(client.push(NewJob::new("HardWorker", (3,))).await.is_ok());
+    assert!(matches!(
+        client.push(NewJob::new("HardWorker", (13,))).await,
+        Err(Error::LockNotAcquired(_))
+    ));
+    assert_eq!(
+        client
+            .push_unique(NewJob::new("HardWorker", (13,)))
+            .await
+            .unwrap(),
+        None
+    );
+    let queued: Vec<String> = c.lrange("queue:default", 0, -1).unwrap();
+    let mut args: Vec<i64> = queued
+        .iter()
+        .map(|p| {
+            let m: Value = serde_json::from_str(p).unwrap();
+            assert_eq!(m["checked_by"], "superstitious", "{p}");
+            m["args"][0].as_i64().unwrap()
+        })
+        .collect();
+    args.sort_unstable();
+    assert_eq!(args, [1, 2, 3]);
+    for jid in &jids {
+        assert!(queued.iter().any(|p| p.contains(jid.as_str())), "{jid}");
+    }
 }

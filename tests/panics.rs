@@ -4,7 +4,6 @@
 //! hash or on the Busy page, and the process goes on running other jobs.
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use oxidekiq::config::Config;
@@ -77,7 +76,7 @@ impl Worker for GuardedNoop {
 fn registry() -> Registry {
     let mut r = Registry::new();
     r.register(Noop).register(Panics).register(Fails);
-    r.register_with(GuardedNoop, vec![Arc::new(PanickyMiddleware)]);
+    r.register(GuardedNoop).with(PanickyMiddleware);
     r
 }
 

@@ -1,7 +1,6 @@
 //! The README's code, compiled and run against a real Redis, so it cannot drift from the API.
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use oxidekiq::client::{Client, NewJob};
@@ -52,29 +51,20 @@ impl Worker for ReportJob {
 #[test]
 fn the_readme_registrations_build_a_registry() {
     let mut registry = Registry::new();
-    registry.register_with(SyncJob, vec![UniqueJob::<SyncJob>::new().into()]);
-    registry.register_with(
-        ChargeJob,
-        vec![
-            UniqueJob::<ChargeJob>::new()
-                .key(|(customer, ..): &(u64, f64, String)| format!("stripe-{customer}"))
-                .on_conflict(OnConflict::Reschedule(Duration::from_secs(30)))
-                .into(),
-            Arc::new(ConcurrencyLimit::by_args(
-                3,
-                |(customer, ..): &(u64, f64, String)| format!("stripe-{customer}"),
-            )),
-            Arc::new(RateLimit::new("payment-api", 100, Duration::from_secs(60))),
-        ],
-    );
-    registry.register_with(
-        ReportJob,
-        vec![
-            SequentialJob::<ReportJob>::new()
-                .timeout(Duration::from_secs(120))
-                .into(),
-        ],
-    );
+    registry.register(SyncJob).with(UniqueJob::new());
+    registry
+        .register(ChargeJob)
+        .with_key(
+            UniqueJob::new().on_conflict(OnConflict::Reschedule(Duration::from_secs(30))),
+            |(customer, ..)| format!("stripe-{customer}"),
+        )
+        .with_key(ConcurrencyLimit::new(3), |(customer, ..)| {
+            format!("stripe-{customer}")
+        })
+        .with(RateLimit::new("payment-api", 100, Duration::from_secs(60)));
+    registry
+        .register(ReportJob)
+        .with(SequentialJob::new().timeout(Duration::from_secs(120)));
     let frozen = registry.freeze();
     assert_eq!(
         frozen.classes(),

@@ -9,9 +9,9 @@
 //! # How the distributed limit works
 //!
 //! - The holders of limit `name` are **leases** in the sorted set `oxidekiq:concurrency:<name>` (see
-//!   [`key`]): member = a holder id (`<jid>:<random>`, fresh for every run), score = the lease's expiry
-//!   in epoch milliseconds, **read from Redis's own clock** (`TIME` inside the script), so the clocks of
-//!   the worker machines never matter.
+//!   [`keys::concurrency`]): member = a holder id (`<jid>:<random>`, fresh for every run), score = the
+//!   lease's expiry in epoch milliseconds, **read from Redis's own clock** (`TIME` inside the script), so
+//!   the clocks of the worker machines never matter.
 //! - **Acquire** is one Lua script: drop every expired lease (`ZREMRANGEBYSCORE -inf now`), then grant
 //!   if this holder already has a lease or `ZCARD < N`. No lock, no read-then-write across round trips.
 //!   Because expired leases are removed right there, a holder that died (SIGKILL, lost machine) frees its
@@ -69,13 +69,10 @@
 //! }
 //!
 //! let mut registry = Registry::new();
-//! registry.register_with(
-//!     ChargeJob,
-//!     vec![Arc::new(
-//!         // At most 3 charges per customer at once, across every process.
-//!         ConcurrencyLimit::by_args(3, |(customer, _): &(u64, f64)| format!("stripe-{customer}"))
-//!             .lease(Duration::from_secs(30)),
-//!     )],
+//! // At most 3 charges per customer at once, across every process.
+//! registry.register(ChargeJob).with_key(
+//!     ConcurrencyLimit::new(3).lease(Duration::from_secs(30)),
+//!     |(customer, _)| format!("stripe-{customer}"),
 //! );
 //! ```
 
@@ -84,13 +81,15 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::Script;
-use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::limits::{self, LimitName};
+use super::limits;
+use super::lock_key::{Keyed, LockKey};
 use super::{BoxFuture, Next, ServerMiddleware};
 use crate::error::{JobError, JobResult};
+use crate::keys;
+use crate::lock::ttl_ms;
 use crate::redis_conn::Conn;
 use crate::worker::JobContext;
 
@@ -125,11 +124,6 @@ return redis.call('ZCARD', KEYS[1])
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 static HOLDERS: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDERS_LUA));
 
-/// The Redis key of the concurrency limit `name`: `oxidekiq:concurrency:<name>`.
-pub fn key(name: &str) -> String {
-    format!("oxidekiq:concurrency:{name}")
-}
-
 /// One attempt to take a slot of the limit `name` (at most `limit` holders) as `holder`, with a lease
 /// of `lease`. Also renews: a holder that already has a lease gets it extended. True if granted.
 pub async fn try_acquire(
@@ -139,7 +133,7 @@ pub async fn try_acquire(
     limit: u32,
     lease: Duration,
 ) -> redis::RedisResult<bool> {
-    acquire_key(conn, &key(name), holder, limit, lease).await
+    acquire_key(conn, &keys::concurrency(name), holder, limit, lease).await
 }
 
 async fn acquire_key(
@@ -153,7 +147,7 @@ async fn acquire_key(
         .key(key)
         .arg(holder)
         .arg(limit)
-        .arg(limits::millis(lease))
+        .arg(ttl_ms(lease))
         .invoke_async(conn)
         .await?;
     Ok(granted == 1)
@@ -161,7 +155,7 @@ async fn acquire_key(
 
 /// Gives `holder`'s slot of the limit `name` back (`ZREM`); true if it still held one.
 pub async fn release(conn: &mut Conn, name: &str, holder: &str) -> redis::RedisResult<bool> {
-    release_key(conn, &key(name), holder).await
+    release_key(conn, &keys::concurrency(name), holder).await
 }
 
 async fn release_key(conn: &mut Conn, key: &str, holder: &str) -> redis::RedisResult<bool> {
@@ -175,7 +169,10 @@ async fn release_key(conn: &mut Conn, key: &str, holder: &str) -> redis::RedisRe
 
 /// How many unexpired leases the limit `name` has now (expired ones are dropped on the way).
 pub async fn holders(conn: &mut Conn, name: &str) -> redis::RedisResult<u64> {
-    HOLDERS.key(key(name)).invoke_async(conn).await
+    HOLDERS
+        .key(keys::concurrency(name))
+        .invoke_async(conn)
+        .await
 }
 
 /// Server middleware: at most `limit` jobs hold the named limit at once, across every process.
@@ -184,7 +181,7 @@ pub async fn holders(conn: &mut Conn, name: &str) -> redis::RedisResult<u64> {
 #[derive(Debug, Clone)]
 pub struct ConcurrencyLimit {
     /// Where the limit's name comes from.
-    name: LimitName,
+    name: LockKey,
     /// How many holders at once.
     limit: u32,
     /// How long a lease lives without renewal: bounds how long a crashed holder keeps its slot.
@@ -198,34 +195,12 @@ pub struct ConcurrencyLimit {
 }
 
 impl ConcurrencyLimit {
-    /// A limit of `limit` holders at once under one fixed name (`"payment-api"`). Defaults: lease 30 s,
-    /// wait 5 s, poll 100 ms. A `limit` of 0 never grants: every job is rescheduled.
-    pub fn new(name: impl Into<String>, limit: u32) -> Self {
-        Self::with_name(LimitName::Fixed(name.into()), limit)
-    }
-
-    /// A limit whose name is computed from each job's typed arguments, e.g.
-    /// `ConcurrencyLimit::by_args(3, |(customer, _): &(u64, f64)| format!("stripe-{customer}"))`.
-    /// Arguments that do not fit `A` fail the job with `ArgumentError` (retried as usual).
-    pub fn by_args<A, F>(limit: u32, name: F) -> Self
-    where
-        A: DeserializeOwned + 'static,
-        F: Fn(&A) -> String + Send + Sync + 'static,
-    {
-        Self::with_name(LimitName::by_args(name), limit)
-    }
-
-    /// A limit whose name is computed from the whole job context (queue, class, payload).
-    pub fn by_context<F>(limit: u32, name: F) -> Self
-    where
-        F: Fn(&JobContext) -> String + Send + Sync + 'static,
-    {
-        Self::with_name(LimitName::by_context(name), limit)
-    }
-
-    fn with_name(name: LimitName, limit: u32) -> Self {
+    /// A limit of `limit` holders at once, counted per worker class unless [`Keyed::key`]
+    /// names it otherwise. Defaults: lease 30 s, wait 5 s, poll 100 ms. A `limit` of 0 never grants:
+    /// every job is rescheduled.
+    pub fn new(limit: u32) -> Self {
         ConcurrencyLimit {
-            name,
+            name: LockKey::Class,
             limit,
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(5),
@@ -295,11 +270,18 @@ impl ConcurrencyLimit {
     }
 }
 
+impl Keyed for ConcurrencyLimit {
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.name = key;
+        self
+    }
+}
+
 impl ServerMiddleware for ConcurrencyLimit {
     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
         Box::pin(async move {
             let name = self.name.resolve(ctx)?;
-            let key = key(&name);
+            let key = keys::concurrency(&name);
             let holder = limits::holder_id(ctx.jid());
             let mut conn = ctx.redis();
             let start = Instant::now();

@@ -1,83 +1,13 @@
-//! What the limit middleware share: where a limit's name comes from, how a job waiting for a slot
-//! sleeps, and how a Redis error met while limiting is answered.
+//! What the limit middleware share: how a job waiting for a slot sleeps, and how a Redis error met
+//! while limiting is answered. (A limit's name is a [`LockKey`](super::lock_key::LockKey), as a lock's.)
 //!
 //! Used by [`concurrency`](super::concurrency) and [`rate_limit`](super::rate_limit); nothing here is
 //! public API.
 
-use std::sync::Arc;
 use std::time::Duration;
-
-use serde::de::DeserializeOwned;
 
 use crate::error::JobError;
 use crate::worker::JobContext;
-
-/// Computes a limit's name from the job.
-type NameFn = dyn Fn(&JobContext) -> Result<String, JobError> + Send + Sync;
-
-/// The name a limit is counted under: fixed, or computed from each job.
-#[derive(Clone)]
-pub(crate) enum LimitName {
-    /// One name for every job (`"payment-api"`).
-    Fixed(String),
-    /// A name per job, e.g. from its arguments (`"stripe-42"`).
-    Dynamic(Arc<NameFn>),
-}
-
-impl std::fmt::Debug for LimitName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LimitName::Fixed(name) => f.debug_tuple("Fixed").field(name).finish(),
-            LimitName::Dynamic(_) => f.write_str("Dynamic(<fn>)"),
-        }
-    }
-}
-
-impl LimitName {
-    /// A name computed from the job's typed arguments. Arguments that do not fit `A` fail the job as
-    /// the worker itself would (`ArgumentError`, retried as usual).
-    pub(crate) fn by_args<A, F>(f: F) -> Self
-    where
-        A: DeserializeOwned + 'static,
-        F: Fn(&A) -> String + Send + Sync + 'static,
-    {
-        LimitName::Dynamic(Arc::new(move |ctx: &JobContext| {
-            let args: A = ctx.args().map_err(|e| {
-                JobError::new(
-                    "ArgumentError",
-                    format!(
-                        "cannot name the limit of {}: arguments do not fit {}: {e}",
-                        ctx.class(),
-                        std::any::type_name::<A>()
-                    ),
-                )
-            })?;
-            Ok(f(&args))
-        }))
-    }
-
-    /// A name computed from the whole job context.
-    pub(crate) fn by_context<F>(f: F) -> Self
-    where
-        F: Fn(&JobContext) -> String + Send + Sync + 'static,
-    {
-        LimitName::Dynamic(Arc::new(move |ctx: &JobContext| Ok(f(ctx))))
-    }
-
-    /// This job's name.
-    pub(crate) fn resolve(&self, ctx: &JobContext) -> Result<String, JobError> {
-        match self {
-            LimitName::Fixed(name) => Ok(name.clone()),
-            LimitName::Dynamic(f) => f(ctx),
-        }
-    }
-}
-
-/// A duration in whole milliseconds, at least 1 (Redis refuses a zero `PEXPIRE`, and a zero lease or
-/// period would make every limit meaningless).
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
 
 /// A duration drawn uniformly from `lo..=hi` (`lo` when `hi <= lo`).
 pub(crate) fn uniform(lo: Duration, hi: Duration) -> Duration {
@@ -164,12 +94,6 @@ mod tests {
         assert!(a.starts_with("abc:"));
         assert_eq!(a.len(), "abc:".len() + 16);
         assert_ne!(a, b);
-    }
-
-    #[test]
-    fn zero_durations_become_one_millisecond() {
-        assert_eq!(millis(Duration::ZERO), 1);
-        assert_eq!(millis(Duration::from_secs(2)), 2000);
     }
 
     #[test]

@@ -1,9 +1,14 @@
-//! Which Redis key a job's lock lives under: the worker's class, its class plus a digest of its
-//! arguments, or a key the worker computes from its typed arguments.
+//! How a lock or a limit is named for one job: the worker's class, its class plus a digest of its
+//! arguments, a fixed name, or a name computed from the job's typed arguments or its whole context.
 //!
-//! Shared by [`UniqueJob`](super::unique::UniqueJob) and [`SequentialJob`](super::sequential::SequentialJob)
-//! (and by the client's until-executed locks, which digest the arguments the same way). The name built
-//! here is the `<key>` of `lock:<key>` ([`keys::lock`](crate::keys::lock)).
+//! [`LockKey`] is the one way every lock ([`UniqueJob`](super::unique::UniqueJob),
+//! [`SequentialJob`](super::sequential::SequentialJob)) and every limit
+//! ([`ConcurrencyLimit`](super::concurrency::ConcurrencyLimit), [`RateLimit`](super::rate_limit::RateLimit))
+//! names itself; the client's until-executed locks digest the arguments the same way. The name built
+//! here is the `<key>` of `oxidekiq:lock:<key>` ([`keys::lock`](crate::keys::lock)) or of a limit's key.
+//! A key computed from the typed arguments is most easily given at registration, where the worker's
+//! `Args` type is known and the closure needs no annotation:
+//! [`Registration::with_key`](crate::registry::Registration::with_key).
 //!
 //! # Argument digests
 //!
@@ -28,100 +33,120 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha1::{Digest, Sha1};
 
+use crate::error::JobError;
 use crate::worker::JobContext;
 
-/// The builder methods every lock middleware shares (`key_by_args`, `key`, `lock_key`, `ttl`), for an
-/// `impl<W: Worker>` block of a struct with fields `key: LockKey<W::Args>` and `ttl: Duration`.
-macro_rules! lock_key_builders {
-    () => {
-        /// One lock per distinct argument list: `<class>:<sha1 of the canonical args>`.
-        pub fn key_by_args(mut self) -> Self {
-            self.key = $crate::middleware::lock_key::LockKey::ByArgs;
-            self
-        }
+/// Computes a name from the job; an `Err` fails the job (arguments that do not fit the closure's type).
+pub type KeyFn = dyn Fn(&JobContext) -> Result<String, JobError> + Send + Sync;
 
-        /// A lock named by the worker from its typed arguments (used as is, under `lock:`).
-        pub fn key(mut self, f: impl Fn(&W::Args) -> String + Send + Sync + 'static) -> Self {
-            self.key = $crate::middleware::lock_key::LockKey::Custom(::std::sync::Arc::new(f));
-            self
-        }
-
-        /// Any [`LockKey`](crate::middleware::lock_key::LockKey).
-        pub fn lock_key(mut self, key: $crate::middleware::lock_key::LockKey<W::Args>) -> Self {
-            self.key = key;
-            self
-        }
-
-        /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
-        pub fn ttl(mut self, ttl: ::std::time::Duration) -> Self {
-            self.ttl = ttl;
-            self
-        }
-    };
-}
-pub(crate) use lock_key_builders;
-
-/// The function of a [`LockKey::Custom`] key.
-pub type KeyFn<A> = Arc<dyn Fn(&A) -> String + Send + Sync>;
-
-/// How a lock middleware names the lock of a job whose arguments are `A`.
-pub enum LockKey<A> {
-    /// The worker's class name: one lock for every job of the class. The default.
+/// How a lock or limit is named for one job.
+#[derive(Clone, Default)]
+pub enum LockKey {
+    /// The worker's class name: one lock (or limit) for every job of the class. The default.
+    #[default]
     Class,
-    /// `<class>:<sha1 of the canonical JSON of the args>`: one lock per distinct argument list.
+    /// `<class>:<sha1 of the canonical JSON of the args>`: one per distinct argument list.
     ByArgs,
-    /// A key the worker computes from its typed arguments, e.g. `format!("stripe-{customer_id}")`;
-    /// used as is, so jobs of different classes can share a lock on purpose.
-    Custom(KeyFn<A>),
+    /// One name for every job, whatever its class (`"payment-api"`): jobs of several classes share it.
+    Fixed(String),
+    /// A name computed from each job ([`LockKey::by_args`], [`LockKey::by_context`]), used as is, so jobs
+    /// of different classes can share a lock on purpose.
+    Computed(Arc<KeyFn>),
 }
 
-impl<A> Clone for LockKey<A> {
-    fn clone(&self) -> Self {
-        match self {
-            LockKey::Class => LockKey::Class,
-            LockKey::ByArgs => LockKey::ByArgs,
-            LockKey::Custom(f) => LockKey::Custom(f.clone()),
-        }
-    }
-}
-
-impl<A> fmt::Debug for LockKey<A> {
+impl fmt::Debug for LockKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LockKey::Class => f.write_str("Class"),
             LockKey::ByArgs => f.write_str("ByArgs"),
-            LockKey::Custom(_) => f.write_str("Custom(<fn>)"),
+            LockKey::Fixed(name) => f.debug_tuple("Fixed").field(name).finish(),
+            LockKey::Computed(_) => f.write_str("Computed(<fn>)"),
         }
     }
 }
 
-// Written out: a derive would require `A: Default`, which argument tuples rarely are.
-#[allow(clippy::derivable_impls)]
-impl<A> Default for LockKey<A> {
-    fn default() -> Self {
-        LockKey::Class
+impl From<&str> for LockKey {
+    fn from(name: &str) -> Self {
+        LockKey::Fixed(name.to_string())
     }
 }
 
-impl<A: DeserializeOwned> LockKey<A> {
-    /// The lock's name for this job (without the `lock:` prefix), or `None` when the arguments do not
-    /// decode: the caller then runs the worker unlocked, which fails at once with the same
-    /// `ArgumentError` the worker's own decoding reports.
-    pub fn resolve(&self, ctx: &JobContext) -> Option<String> {
+impl From<String> for LockKey {
+    fn from(name: String) -> Self {
+        LockKey::Fixed(name)
+    }
+}
+
+impl LockKey {
+    /// A name computed from the job's typed arguments, e.g. `format!("stripe-{customer}")`. Arguments
+    /// that do not fit `A` fail the job with `ArgumentError`, as the worker's own decoding would.
+    pub fn by_args<A, F>(f: F) -> Self
+    where
+        A: DeserializeOwned + 'static,
+        F: Fn(&A) -> String + Send + Sync + 'static,
+    {
+        LockKey::Computed(Arc::new(move |ctx: &JobContext| {
+            let args: A = ctx.args().map_err(|e| {
+                JobError::new(
+                    "ArgumentError",
+                    format!(
+                        "cannot name the lock of {}: arguments do not fit {}: {}",
+                        ctx.class(),
+                        std::any::type_name::<A>(),
+                        crate::registry::redact_values(&e.to_string())
+                    ),
+                )
+            })?;
+            Ok(f(&args))
+        }))
+    }
+
+    /// A name computed from the whole job context (queue, class, payload).
+    pub fn by_context<F>(f: F) -> Self
+    where
+        F: Fn(&JobContext) -> String + Send + Sync + 'static,
+    {
+        LockKey::Computed(Arc::new(move |ctx: &JobContext| Ok(f(ctx))))
+    }
+
+    /// This job's name (without any prefix). `Err` when the arguments do not decode: a limit fails the
+    /// job with it; a lock runs the worker unlocked, which fails at once with its own `ArgumentError`.
+    pub fn resolve(&self, ctx: &JobContext) -> Result<String, JobError> {
         match self {
-            LockKey::Class => Some(ctx.class().to_string()),
+            LockKey::Class => Ok(ctx.class().to_string()),
             LockKey::ByArgs => {
                 let args: Value = match ctx.activejob() {
                     Some(aj) => aj.arguments().clone(),
-                    None => serde_json::from_str(ctx.args_json()).ok()?,
+                    None => serde_json::from_str(ctx.args_json()).map_err(|e| {
+                        JobError::new("ArgumentError", format!("cannot digest the arguments: {e}"))
+                    })?,
                 };
-                Some(format!("{}:{}", ctx.class(), args_digest(&args)))
+                Ok(format!("{}:{}", ctx.class(), args_digest(&args)))
             }
-            LockKey::Custom(f) => {
-                let args: A = ctx.args().ok()?;
-                Some(f(&args))
-            }
+            LockKey::Fixed(name) => Ok(name.clone()),
+            LockKey::Computed(f) => f(ctx),
         }
+    }
+}
+
+/// A lock or limit named by a [`LockKey`]: [`UniqueJob`](super::unique::UniqueJob),
+/// [`SequentialJob`](super::sequential::SequentialJob),
+/// [`ConcurrencyLimit`](super::concurrency::ConcurrencyLimit) and
+/// [`RateLimit`](super::rate_limit::RateLimit) share these builder methods, and
+/// [`Registration::with_key`](crate::registry::Registration::with_key) names them from the worker's typed
+/// arguments.
+pub trait Keyed: Sized {
+    /// The same lock or limit, named by `key`.
+    fn keyed(self, key: LockKey) -> Self;
+
+    /// Named by `key`; a `&str` or `String` is a fixed name (`.key("payment-api")`).
+    fn key(self, key: impl Into<LockKey>) -> Self {
+        self.keyed(key.into())
+    }
+
+    /// One per distinct argument list: `<class>:<sha1 of the canonical args>`.
+    fn key_by_args(self) -> Self {
+        self.keyed(LockKey::ByArgs)
     }
 }
 

@@ -2,8 +2,11 @@
 //!
 //! Mirrors `middleware/chain.rb`, with one difference Sidekiq itself documents: retry is not an entry in
 //! the chain, it wraps it from outside (the processor fixes the outer order: job span → retry → stats →
-//! user chain → handler). A middleware receives the job's [`JobContext`] and a [`Next`] it may call or
-//! not; not calling it is how a duplicate "falls through".
+//! [`until_executed::UntilExecuted`] → user chain → handler). Until-executed is built in: every chain
+//! starts with it ([`Next::new`]), and it does nothing for a payload without a `unique_key`. A
+//! middleware that must know a failed job's fate asks for it with [`JobContext::after_fate`]. A
+//! middleware receives the job's [`JobContext`] and a [`Next`] it may call or not; not calling it is how
+//! a duplicate "falls through".
 //!
 //! ```
 //! use oxidekiq::middleware::{BoxFuture, Next, ServerMiddleware};
@@ -25,13 +28,14 @@
 //! ```
 
 pub mod concurrency;
-pub(crate) mod job_lock;
 mod limits;
 pub mod lock_key;
 pub mod rate_limit;
 pub mod sequential;
 pub mod unique;
 pub mod until_executed;
+
+pub use lock_key::{Keyed, LockKey};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -65,6 +69,8 @@ fn _obj_safe(_: Box<dyn ServerMiddleware>, _: Box<dyn Handler>) {}
 /// The rest of the chain after the current middleware.
 #[derive(Debug)]
 pub struct Next<'a> {
+    /// The built-in until-executed stage has still to run (only at the head of the chain).
+    until_executed: bool,
     /// Middleware still to run, in order.
     rest: &'a [Arc<dyn ServerMiddleware>],
     /// The worker at the end.
@@ -72,9 +78,11 @@ pub struct Next<'a> {
 }
 
 impl<'a> Next<'a> {
-    /// The whole chain, ending in `handler`.
+    /// The whole chain, ending in `handler`, preceded by the built-in
+    /// [`until_executed::UntilExecuted`] stage.
     pub fn new(chain: &'a [Arc<dyn ServerMiddleware>], handler: &'a dyn Handler) -> Self {
         Next {
+            until_executed: true,
             rest: chain,
             handler,
         }
@@ -82,10 +90,18 @@ impl<'a> Next<'a> {
 
     /// Runs the next middleware, or the worker when none is left.
     pub fn run(self, ctx: &'a JobContext) -> BoxFuture<'a, JobResult> {
+        if self.until_executed {
+            let rest = Next {
+                until_executed: false,
+                ..self
+            };
+            return ServerMiddleware::call(&until_executed::UntilExecuted, ctx, rest);
+        }
         match self.rest.split_first() {
             Some((first, rest)) => first.call(
                 ctx,
                 Next {
+                    until_executed: false,
                     rest,
                     handler: self.handler,
                 },

@@ -4,8 +4,8 @@
 //!
 //! # Sliding window log, not a token bucket
 //!
-//! The starts of limit `name` are a sorted set `oxidekiq:rate:<name>` (see [`key`]): member = a fresh id
-//! per start (`<jid>:<random>`), score = the start time in epoch microseconds **from Redis's clock**
+//! The starts of limit `name` are a sorted set `oxidekiq:rate:<name>` (see [`keys::rate`]): member = a
+//! fresh id per start (`<jid>:<random>`), score = the start time in epoch microseconds **from Redis's clock**
 //! (`TIME` inside the script, so worker clocks never matter). One Lua script trims the starts older than
 //! the period, counts what is left and, if fewer than N, records this start; otherwise it answers how long
 //! until the oldest start leaves the window. The guarantee is the strong one: **in every window of one
@@ -34,7 +34,6 @@
 //! # Example
 //!
 //! ```
-//! use std::sync::Arc;
 //! use std::time::Duration;
 //! use oxidekiq::middleware::rate_limit::RateLimit;
 //! use oxidekiq::{JobContext, Registry, Worker, error::JobResult};
@@ -52,19 +51,21 @@
 //!
 //! let mut registry = Registry::new();
 //! // At most 100 calls to the CRM per minute, across every process.
-//! registry.register_with(SyncContact, vec![Arc::new(RateLimit::new("crm-api", 100, Duration::from_secs(60)))]);
+//! registry.register(SyncContact).with(RateLimit::new("crm-api", 100, Duration::from_secs(60)));
 //! ```
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
-use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use super::limits::{self, LimitName};
+use super::limits;
+use super::lock_key::{Keyed, LockKey};
 use super::{BoxFuture, Next, ServerMiddleware};
 use crate::error::{JobError, JobResult};
+use crate::keys;
+use crate::lock::ttl_ms;
 use crate::redis_conn::Conn;
 use crate::worker::JobContext;
 
@@ -92,11 +93,6 @@ return math.floor((tonumber(oldest[2]) + period - now) / 1000) + 1
 
 static START: LazyLock<Script> = LazyLock::new(|| Script::new(START_LUA));
 
-/// The Redis key of the rate limit `name`: `oxidekiq:rate:<name>`.
-pub fn key(name: &str) -> String {
-    format!("oxidekiq:rate:{name}")
-}
-
 /// One attempt to record a start of the limit `name` (at most `limit` per `period`) under the id
 /// `start_id`. `None` if granted, else how long until the next start can be.
 pub async fn try_start(
@@ -106,7 +102,7 @@ pub async fn try_start(
     limit: u32,
     period: Duration,
 ) -> redis::RedisResult<Option<Duration>> {
-    start_key(conn, &key(name), start_id, limit, period).await
+    start_key(conn, &keys::rate(name), start_id, limit, period).await
 }
 
 async fn start_key(
@@ -119,7 +115,7 @@ async fn start_key(
     let left: u64 = START
         .key(key)
         .arg(limit)
-        .arg(limits::millis(period))
+        .arg(ttl_ms(period))
         .arg(start_id)
         .invoke_async(conn)
         .await?;
@@ -133,7 +129,7 @@ async fn start_key(
 #[derive(Debug, Clone)]
 pub struct RateLimit {
     /// Where the limit's name comes from.
-    name: LimitName,
+    name: LockKey,
     /// How many starts per period.
     limit: u32,
     /// The window.
@@ -143,34 +139,11 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    /// At most `limit` starts per `period` under one fixed name (`"crm-api"`); a job waits up to 5 s.
-    /// A `limit` of 0 never grants: every job is rescheduled.
+    /// At most `limit` starts per `period` under one fixed name (`"crm-api"`, shared by every class
+    /// that uses it); a job waits up to 5 s. A `limit` of 0 never grants: every job is rescheduled.
     pub fn new(name: impl Into<String>, limit: u32, period: Duration) -> Self {
-        Self::with_name(LimitName::Fixed(name.into()), limit, period)
-    }
-
-    /// A limit whose name is computed from each job's typed arguments, e.g.
-    /// `RateLimit::by_args(10, Duration::from_secs(1), |(shop,): &(String,)| format!("shopify-{shop}"))`.
-    /// Arguments that do not fit `A` fail the job with `ArgumentError` (retried as usual).
-    pub fn by_args<A, F>(limit: u32, period: Duration, name: F) -> Self
-    where
-        A: DeserializeOwned + 'static,
-        F: Fn(&A) -> String + Send + Sync + 'static,
-    {
-        Self::with_name(LimitName::by_args(name), limit, period)
-    }
-
-    /// A limit whose name is computed from the whole job context.
-    pub fn by_context<F>(limit: u32, period: Duration, name: F) -> Self
-    where
-        F: Fn(&JobContext) -> String + Send + Sync + 'static,
-    {
-        Self::with_name(LimitName::by_context(name), limit, period)
-    }
-
-    fn with_name(name: LimitName, limit: u32, period: Duration) -> Self {
         RateLimit {
-            name,
+            name: LockKey::Fixed(name.into()),
             limit,
             period: period.max(Duration::from_millis(1)),
             wait: Duration::from_secs(5),
@@ -193,11 +166,18 @@ impl RateLimit {
     }
 }
 
+impl Keyed for RateLimit {
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.name = key;
+        self
+    }
+}
+
 impl ServerMiddleware for RateLimit {
     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
         Box::pin(async move {
             let name = self.name.resolve(ctx)?;
-            let key = key(&name);
+            let key = keys::rate(&name);
             let start_id = limits::holder_id(ctx.jid());
             let mut conn = ctx.redis();
             let start = Instant::now();

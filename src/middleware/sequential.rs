@@ -35,133 +35,113 @@
 //! }
 //!
 //! let mut registry = Registry::new();
-//! registry.register_with(
-//!     RebuildIndex,
-//!     vec![SequentialJob::<RebuildIndex>::new()
-//!         .key(|(index,): &(String,)| format!("rebuild-{index}"))
-//!         .timeout(Duration::from_secs(120))
-//!         .into()],
+//! registry.register(RebuildIndex).with_key(
+//!     SequentialJob::new().timeout(Duration::from_secs(120)),
+//!     |(index,)| format!("rebuild-{index}"),
 //! );
 //! ```
 
-use std::fmt;
-use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::job_lock;
-use super::lock_key::LockKey;
+use super::lock_key::{Keyed, LockKey};
 use super::{BoxFuture, Next, ServerMiddleware};
-use crate::error::{JobError, JobResult};
+use crate::error::{Error, JobError, JobResult};
 use crate::keys;
-use crate::worker::{JobContext, Worker};
+use crate::lock::{LockOptions, RedisLock};
+use crate::worker::JobContext;
 
 /// The `error_class` of a job that waited for its lock until the timeout.
 pub const LOCK_NOT_ACQUIRED: &str = "LockNotAcquired";
 
-/// The sequential-job middleware for worker `W`; see the [module documentation](self).
-pub struct SequentialJob<W: Worker> {
+/// The sequential-job middleware; see the [module documentation](self).
+#[derive(Debug, Clone)]
+pub struct SequentialJob {
     /// How the lock is named.
-    key: LockKey<W::Args>,
-    /// How long the lock lives without extension: bounds how long a crashed holder blocks the others.
-    ttl: Duration,
-    /// Average pause between attempts.
-    poll: Duration,
-    /// How long a job waits before going to the retry path.
-    timeout: Duration,
-    /// The worker whose arguments the key reads.
-    _worker: PhantomData<fn() -> W>,
+    key: LockKey,
+    /// TTL (bounds how long a crashed holder blocks the others), poll and timeout of the wait.
+    opts: LockOptions,
 }
 
-impl<W: Worker> SequentialJob<W> {
+impl SequentialJob {
     /// Keyed by class name, TTL 30 s, poll 100 ms, timeout 60 s.
     pub fn new() -> Self {
         SequentialJob {
             key: LockKey::Class,
-            ttl: Duration::from_secs(30),
-            poll: Duration::from_millis(100),
-            timeout: Duration::from_secs(60),
-            _worker: PhantomData,
+            opts: LockOptions {
+                ttl: Duration::from_secs(30),
+                poll: Duration::from_millis(100),
+                timeout: Duration::from_secs(60),
+            },
         }
     }
 
-    super::lock_key::lock_key_builders!();
+    /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.opts.ttl = ttl;
+        self
+    }
 
     /// The average pause between attempts (default 100 ms).
     pub fn poll(mut self, poll: Duration) -> Self {
-        self.poll = poll;
+        self.opts.poll = poll;
         self
     }
 
     /// How long a job waits for the lock before it goes to the retry path (default 60 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.opts.timeout = timeout;
         self
     }
 }
 
-impl<W: Worker> Default for SequentialJob<W> {
+impl Default for SequentialJob {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<W: Worker> fmt::Debug for SequentialJob<W> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SequentialJob")
-            .field("worker", &W::CLASS)
-            .field("key", &self.key)
-            .field("ttl", &self.ttl)
-            .field("poll", &self.poll)
-            .field("timeout", &self.timeout)
-            .finish()
+impl Keyed for SequentialJob {
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.key = key;
+        self
     }
 }
 
-impl<W: Worker> From<SequentialJob<W>> for Arc<dyn ServerMiddleware> {
-    fn from(m: SequentialJob<W>) -> Self {
-        Arc::new(m)
-    }
-}
-
-impl<W: Worker> ServerMiddleware for SequentialJob<W> {
+impl ServerMiddleware for SequentialJob {
     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
         Box::pin(async move {
-            let Some(name) = self.key.resolve(ctx) else {
+            let Ok(name) = self.key.resolve(ctx) else {
                 return next.run(ctx).await;
             };
-            let key = keys::lock(&name);
+            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), self.opts).held_by(ctx.jid());
             let started = Instant::now();
-            let attempt = job_lock::acquire(
-                &ctx.redis(),
-                &key,
-                ctx.jid(),
-                self.ttl,
-                self.poll,
-                self.timeout,
-            )
-            .await
-            .map_err(JobError::from)?;
-            match attempt {
-                Ok(lock) => {
+            match lock.lock().await {
+                Ok(guard) => {
                     let waited = started.elapsed();
-                    if waited >= self.poll {
-                        tracing::info!(lock = %lock.key(), waited = format_args!("{:.3}", waited.as_secs_f64()), "lock acquired");
+                    if waited >= self.opts.poll {
+                        let waited = format_args!("{:.3}", waited.as_secs_f64());
+                        tracing::info!(lock = %guard.key(), waited, "lock acquired");
                     }
-                    let result = lock.hold_while(next.run(ctx)).await;
-                    lock.release().await;
+                    let result = guard.hold_while(next.run(ctx)).await;
+                    guard.release_logged().await;
                     result
                 }
-                Err(holder) => Err(JobError::new(
-                    LOCK_NOT_ACQUIRED,
-                    format!(
-                        "{key} still held by {} after waiting {:.3}s",
-                        holder.as_deref().unwrap_or("another job"),
-                        started.elapsed().as_secs_f64()
-                    ),
-                )),
+                Err(Error::LockNotAcquired(_)) => {
+                    // Read only now, on the way to the retry path, to name the holder in the error.
+                    let holder = lock.holder_jid().await.ok().flatten();
+                    Err(JobError::new(
+                        LOCK_NOT_ACQUIRED,
+                        format!(
+                            "{} still held by {} after waiting {:.3}s",
+                            lock.key(),
+                            holder.as_deref().unwrap_or("another job"),
+                            started.elapsed().as_secs_f64()
+                        ),
+                    ))
+                }
+                Err(e) => Err(JobError::from(e)),
             }
         })
     }
@@ -169,6 +149,7 @@ impl<W: Worker> ServerMiddleware for SequentialJob<W> {
 
 // The middleware must stay usable as a trait object in a chain.
 fn _obj_safe(_: Box<dyn ServerMiddleware>) {}
-fn _is_middleware<W: Worker>(m: SequentialJob<W>) -> Arc<dyn ServerMiddleware> {
-    m.into()
-}
+const _: fn() = || {
+    fn is_middleware<T: ServerMiddleware>() {}
+    is_middleware::<SequentialJob>();
+};

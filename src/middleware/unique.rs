@@ -7,7 +7,7 @@
 //! logged with the lock key and the holder's jid:
 //!
 //! ```text
-//! 2026-11-21T20:02:30.411Z pid=4242 tid=2c8 class=UniqueReportJob jid=ecf8fc8053b3a18fd1a94b54 lock=lock:UniqueReportJob holder=0d5a34f6c1b2e3a4b5c6d7e8 INFO: skipped duplicate
+//! 2026-11-21T20:02:30.411Z pid=4242 tid=2c8 class=UniqueReportJob jid=ecf8fc8053b3a18fd1a94b54 lock=oxidekiq:lock:UniqueReportJob holder=0d5a34f6c1b2e3a4b5c6d7e8 INFO: skipped duplicate
 //! ```
 //!
 //! This is "until executed" *while running* (`lock: :while_executing` in sidekiq-unique-jobs terms): the
@@ -37,27 +37,22 @@
 //! }
 //!
 //! let mut registry = Registry::new();
-//! registry.register_with(
-//!     SyncCustomer,
-//!     vec![UniqueJob::<SyncCustomer>::new()
-//!         .key(|(customer_id,): &(u64,)| format!("stripe-{customer_id}"))
+//! registry.register(SyncCustomer).with_key(
+//!     UniqueJob::new()
 //!         .ttl(Duration::from_secs(60))
-//!         .on_conflict(OnConflict::Reschedule(Duration::from_secs(30)))
-//!         .into()],
+//!         .on_conflict(OnConflict::Reschedule(Duration::from_secs(30))),
+//!     |(customer_id,)| format!("stripe-{customer_id}"),
 //! );
 //! ```
 
-use std::fmt;
-use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
-use super::job_lock::{self, Attempt};
-use super::lock_key::LockKey;
+use super::lock_key::{Keyed, LockKey};
 use super::{BoxFuture, Next, ServerMiddleware};
 use crate::error::{JobError, JobResult};
 use crate::keys;
-use crate::worker::{JobContext, Worker};
+use crate::lock::{LockOptions, RedisLock};
+use crate::worker::JobContext;
 
 /// The `error_class` of a duplicate failed with [`OnConflict::Fail`].
 pub const DUPLICATE_ERROR_CLASS: &str = "Oxidekiq::DuplicateJob";
@@ -74,30 +69,32 @@ pub enum OnConflict {
     Fail,
 }
 
-/// The unique-job middleware for worker `W`; see the [module documentation](self).
-pub struct UniqueJob<W: Worker> {
+/// The unique-job middleware; see the [module documentation](self).
+#[derive(Debug, Clone)]
+pub struct UniqueJob {
     /// How the lock is named.
-    key: LockKey<W::Args>,
+    key: LockKey,
     /// How long the lock lives without extension: bounds how long a crashed holder blocks duplicates.
     ttl: Duration,
     /// What a duplicate does.
     on_conflict: OnConflict,
-    /// The worker whose arguments the key reads.
-    _worker: PhantomData<fn() -> W>,
 }
 
-impl<W: Worker> UniqueJob<W> {
+impl UniqueJob {
     /// Keyed by class name, TTL 30 s, duplicates skipped.
     pub fn new() -> Self {
         UniqueJob {
             key: LockKey::Class,
             ttl: Duration::from_secs(30),
             on_conflict: OnConflict::Skip,
-            _worker: PhantomData,
         }
     }
 
-    super::lock_key::lock_key_builders!();
+    /// The lock's TTL (default 30 s); the lock is extended while the job runs longer.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
 
     /// What a duplicate does (default [`OnConflict::Skip`]).
     pub fn on_conflict(mut self, on_conflict: OnConflict) -> Self {
@@ -106,47 +103,39 @@ impl<W: Worker> UniqueJob<W> {
     }
 }
 
-impl<W: Worker> Default for UniqueJob<W> {
+impl Default for UniqueJob {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<W: Worker> fmt::Debug for UniqueJob<W> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UniqueJob")
-            .field("worker", &W::CLASS)
-            .field("key", &self.key)
-            .field("ttl", &self.ttl)
-            .field("on_conflict", &self.on_conflict)
-            .finish()
+impl Keyed for UniqueJob {
+    fn keyed(mut self, key: LockKey) -> Self {
+        self.key = key;
+        self
     }
 }
 
-impl<W: Worker> From<UniqueJob<W>> for Arc<dyn ServerMiddleware> {
-    fn from(m: UniqueJob<W>) -> Self {
-        Arc::new(m)
-    }
-}
-
-impl<W: Worker> ServerMiddleware for UniqueJob<W> {
+impl ServerMiddleware for UniqueJob {
     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
         Box::pin(async move {
-            let Some(name) = self.key.resolve(ctx) else {
+            let Ok(name) = self.key.resolve(ctx) else {
                 return next.run(ctx).await;
             };
-            let key = keys::lock(&name);
-            let holder = match job_lock::try_acquire(&ctx.redis(), &key, ctx.jid(), self.ttl)
-                .await
-                .map_err(JobError::from)?
-            {
-                Attempt::Held(lock) => {
-                    let result = lock.hold_while(next.run(ctx)).await;
-                    lock.release().await;
-                    return result;
-                }
-                Attempt::Busy { holder } => holder,
+            let opts = LockOptions {
+                ttl: self.ttl,
+                ..LockOptions::default()
             };
+            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), opts).held_by(ctx.jid());
+            // One `SET NX PX` on the way in, one `EVALSHA` on the way out; the holder is read only
+            // when the lock is busy.
+            if let Some(guard) = lock.try_lock().await.map_err(JobError::from)? {
+                let result = guard.hold_while(next.run(ctx)).await;
+                guard.release_logged().await;
+                return result;
+            }
+            let key = lock.key();
+            let holder = lock.holder_jid().await.map_err(JobError::from)?;
             let holder_shown = holder.as_deref().unwrap_or("unknown");
             if holder.as_deref() == Some(ctx.jid()) {
                 // An earlier run of this same job died holding the lock; skipping would lose the job.
@@ -176,6 +165,7 @@ impl<W: Worker> ServerMiddleware for UniqueJob<W> {
 
 // The middleware must stay usable as a trait object in a chain.
 fn _obj_safe(_: Box<dyn ServerMiddleware>) {}
-fn _is_middleware<W: Worker>(m: UniqueJob<W>) -> Arc<dyn ServerMiddleware> {
-    m.into()
-}
+const _: fn() = || {
+    fn is_middleware<T: ServerMiddleware>() {}
+    is_middleware::<UniqueJob>();
+};

@@ -3,17 +3,18 @@
 //!
 //! # The life of the lock
 //!
-//! - **Push** ([`NewJob::unique_for`](crate::client::NewJob::unique_for)): one Lua script sets
-//!   `lock:unique:<class>:<sha1 of the canonical args>` to the job's jid with `NX PX <ttl>` and pushes
-//!   the job only if that `SET` succeeded, so "check, then push" cannot race with another client. The
+//! - **Push** ([`NewJob::unique_for`](crate::client::NewJob::unique_for), [`UntilExecuted`] in the
+//!   client's middleware chain): one Lua script sets `oxidekiq:lock:unique:<class>:<sha1 of the
+//!   canonical args>` to the job's jid with `NX PX <ttl>` and pushes the job only if that `SET` succeeded, so "check, then push" cannot race with another client. The
 //!   payload carries the key (`unique_key`) and the TTL in seconds (`unique_ttl`) for the server side. A
 //!   scheduled job's TTL counts from its run time, not from the push.
-//! - **Run** ([`claim`], [`while_running`]): the run takes the lock over with a value of its own,
-//!   `<token>:<jid>` (a fresh token per run, see [`RunLock`]), then extends it every `ttl / 3` while the
-//!   job runs. A `unique_ttl` that is not a sane number of seconds fails the job
+//! - **Run** ([`UntilExecuted`], first in every worker's server chain): the run takes the lock over with
+//!   a value of its own, `<token>:<jid>` (a fresh token per run, see [`RunLock`]), then extends it every
+//!   `ttl / 3` while the job runs. A `unique_ttl` that is not a sane number of seconds fails the job
 //!   (`Oxidekiq::InvalidPayload`) before it runs.
-//! - **Fate** ([`settle`]): done, discarded or dead → compare-and-delete on the run's value; back to the
-//!   retry or schedule set → the TTL is renewed (the job is still pending).
+//! - **Fate**: done, discarded or dead → compare-and-delete on the run's value; back to the retry or
+//!   schedule set → the TTL is renewed (the job is still pending). A failed run learns its fate from
+//!   [`JobContext::after_fate`], once the fate is in Redis.
 //!
 //! Every step compares the stored value before it deletes or extends, so a job never frees a lock a later
 //! job took, and a stale run of a job never frees the lock of a newer run of the same job. A lock never outlives its job by more than its TTL: a process that dies mid-job, or a
@@ -31,20 +32,22 @@
 //! # Ok(()) }
 //! ```
 
-use std::future::Future;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use super::job_lock::{self, ttl_ms};
 use super::lock_key::args_digest;
-use crate::error::{INVALID_PAYLOAD, JobError, Result};
+use super::{BoxFuture, Next, ServerMiddleware};
+use crate::client::{ClientMiddleware, ClientNext, Push, Pushed};
+use crate::error::{INVALID_PAYLOAD, JobError, JobResult, Result};
 use crate::job::{Job, checked_seconds};
 use crate::keys;
-use crate::lock;
+use crate::lock::{self, LockGuard, ttl_ms};
 use crate::redis_conn::Conn;
+use crate::retry::Fate;
 use crate::time::score;
+use crate::worker::JobContext;
 
 /// The payload key holding the lock's full Redis key.
 pub const UNIQUE_KEY_FIELD: &str = "unique_key";
@@ -69,7 +72,8 @@ return 1
 /// The script, sent by SHA1 (computed locally), with the body as fallback on `NOSCRIPT`.
 static PUSH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(PUSH_SCRIPT));
 
-/// The full Redis key of a job's until-executed lock: `lock:unique:<class>:<sha1 of canonical args>`.
+/// The full Redis key of a job's until-executed lock:
+/// `oxidekiq:lock:unique:<class>:<sha1 of canonical args>`.
 pub fn lock_key(class: &str, args: &Value) -> String {
     keys::lock(&format!("unique:{class}:{}", args_digest(args)))
 }
@@ -157,7 +161,7 @@ static CLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAI
 /// presumed dead while that process still runs it). With the jid as the value, a stale run finishing
 /// late would release the lock a newer run of the same job holds, and a duplicate push would then be
 /// accepted while the job still runs. With a token per run, each run extends and releases only its
-/// own value; the newest run takes the lock over from older ones ([`claim`]).
+/// own value; the newest run takes the lock over from older ones.
 #[derive(Debug, Clone)]
 pub struct RunLock {
     /// The full Redis key.
@@ -175,11 +179,15 @@ impl RunLock {
     }
 }
 
-/// At the start of a run: validates the job's lock fields and takes the lock over for this run. `Ok(None)`
+/// At the start of a run: validates the job's lock fields and takes the lock over for this run.
+/// One `EVALSHA` for a job with a lock; nothing for a job without one. `Ok(None)`
 /// when the job has no lock, when another job holds it (this job still runs: it was already pushed), or
 /// when Redis cannot be reached (logged; the lock then expires by its TTL). `Err` when the payload's lock
 /// fields are invalid: the job fails with that error.
-pub async fn claim(conn: &Conn, job: &Job) -> std::result::Result<Option<RunLock>, JobError> {
+pub(crate) async fn claim(
+    conn: &Conn,
+    job: &Job,
+) -> std::result::Result<Option<RunLock>, JobError> {
     let Some((key, ttl)) = unique_lock(job)? else {
         return Ok(None);
     };
@@ -200,26 +208,16 @@ pub async fn claim(conn: &Conn, job: &Job) -> std::result::Result<Option<RunLock
     }
 }
 
-/// Runs `fut` (the job) while extending this run's until-executed lock, if it holds one.
-pub async fn while_running<F: Future>(conn: &Conn, lock: Option<&RunLock>, fut: F) -> F::Output {
-    match lock {
-        Some(l) => job_lock::keep_alive_while(conn, &l.key, &l.value, l.ttl, fut).await,
-        None => fut.await,
-    }
-}
-
 /// After the job's fate is in Redis: `finished` (done, discarded, dead) releases this run's lock;
 /// otherwise (retry, reschedule) renews its TTL. Both compare this run's value, so a stale run never
 /// touches a newer run's lock. Errors are logged: the key then expires by its TTL.
-pub async fn settle(conn: &Conn, lock: Option<&RunLock>, finished: bool) {
-    let Some(RunLock { key, value, ttl }) = lock else {
-        return;
-    };
-    let mut c = conn.clone();
+async fn settle(conn: Conn, lock: RunLock, finished: bool) {
+    let RunLock { key, value, ttl } = lock;
+    let mut c = conn;
     let outcome = if finished {
-        lock::release(&mut c, key, value).await
+        lock::release(&mut c, &key, &value).await
     } else {
-        lock::extend(&mut c, key, value, *ttl).await
+        lock::extend(&mut c, &key, &value, ttl).await
     };
     match outcome {
         Ok(true) => tracing::debug!(lock = %key, released = finished, "unique lock settled"),
@@ -232,6 +230,58 @@ pub async fn settle(conn: &Conn, lock: Option<&RunLock>, finished: bool) {
     }
 }
 
+/// Until-executed as a middleware on both chains. On the client chain (there by default) it writes the
+/// lock's key and TTL into the payload and has the push take the lock in the same script. On the
+/// server chain ([`Next::new`] runs it first, a no-op for a payload without `unique_key`) it claims the
+/// lock for this run (one `EVALSHA`), keeps it while the job runs, and settles it: released when the
+/// job is done; on a failure, once its fate is written ([`JobContext::after_fate`]): released when the
+/// job is dead or discarded, renewed while it waits for a retry or its rescheduled run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UntilExecuted;
+
+impl ServerMiddleware for UntilExecuted {
+    fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
+        Box::pin(async move {
+            let conn = ctx.redis();
+            let Some(run) = claim(&conn, ctx.job()).await? else {
+                return next.run(ctx).await;
+            };
+            let guard = LockGuard::taken(conn.clone(), run.key.clone(), run.value.clone(), run.ttl);
+            let result = guard.hold_while(next.run(ctx)).await;
+            match &result {
+                Ok(()) => settle(conn, run, true).await,
+                Err(_) => ctx.after_fate(move |fate: &Fate| {
+                    let finished = matches!(fate, Fate::Dead | Fate::Discarded);
+                    Box::pin(settle(conn, run, finished))
+                }),
+            }
+            result
+        })
+    }
+}
+
+impl ClientMiddleware for UntilExecuted {
+    /// For a [`NewJob::unique_for`](crate::client::NewJob::unique_for) job: writes the lock's key and
+    /// TTL into the payload and has the push take the lock in the same script; other jobs pass as they
+    /// are.
+    fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed> {
+        if let Some(ttl) = push.job.unique_ttl() {
+            let key = lock_key(push.job.class(), push.job.args());
+            push.job
+                .set_option(UNIQUE_KEY_FIELD, Value::String(key.clone()));
+            push.job.set_option(
+                UNIQUE_TTL_FIELD,
+                crate::time::float_value(ttl.as_secs_f64()),
+            );
+            // A scheduled job is pending from now until it runs: its lock lives that long too.
+            let wait = push.job.at().map_or(0.0, |at| at - crate::time::now());
+            let ttl = ttl + Duration::try_from_secs_f64(wait).unwrap_or(Duration::ZERO);
+            push.guard = Some((key, ttl));
+        }
+        next.run(push)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,7 +290,10 @@ mod tests {
     #[test]
     fn the_lock_key_names_the_class_and_digests_the_args() {
         let k = lock_key("UniqueReportJob", &json!([{"b": 2, "a": 1}]));
-        assert!(k.starts_with("lock:unique:UniqueReportJob:"), "{k}");
+        assert!(
+            k.starts_with("oxidekiq:lock:unique:UniqueReportJob:"),
+            "{k}"
+        );
         assert_eq!(k, lock_key("UniqueReportJob", &json!([{"a": 1, "b": 2}])));
         assert_ne!(k, lock_key("OtherJob", &json!([{"a": 1, "b": 2}])));
     }

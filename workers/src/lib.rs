@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use oxidekiq::error::JobResult;
+use oxidekiq::middleware::Keyed;
 use oxidekiq::middleware::sequential::SequentialJob;
 use oxidekiq::middleware::unique::UniqueJob;
 use oxidekiq::{JobContext, JobError, Registry, Worker};
@@ -348,37 +349,20 @@ pub fn registry() -> Registry {
     r.register(HardWorker)
         .register(NoopJob)
         .register(WelcomeEmailJob)
-        .register_with(
-            UniqueReportJob,
-            vec![
-                UniqueJob::<UniqueReportJob>::new()
-                    .ttl(REPORT_LOCK_TTL)
-                    .into(),
-            ],
-        )
-        .register_with(
-            SequentialReportJob,
-            vec![
-                SequentialJob::<SequentialReportJob>::new()
-                    .ttl(REPORT_LOCK_TTL)
-                    .timeout(Duration::from_secs(60))
-                    .into(),
-            ],
+        .register(UniqueReportJob)
+        .with(UniqueJob::new().ttl(REPORT_LOCK_TTL))
+        .register(SequentialReportJob)
+        .with(
+            SequentialJob::new()
+                .ttl(REPORT_LOCK_TTL)
+                .timeout(Duration::from_secs(60)),
         )
         .register(LatencyJob)
         .register(NoopActiveJob)
         .register(ChaosJob)
-        .register_with(
-            UniqueNoopJob,
-            vec![UniqueJob::<UniqueNoopJob>::new().key_by_args().into()],
-        )
-        .register_with(
-            SequentialNoopJob,
-            vec![
-                SequentialJob::<SequentialNoopJob>::new()
-                    .key_by_args()
-                    .into(),
-            ],
-        );
+        .register(UniqueNoopJob)
+        .with(UniqueJob::new().key_by_args())
+        .register(SequentialNoopJob)
+        .with(SequentialJob::new().key_by_args());
     r
 }
