@@ -130,7 +130,7 @@ impl Text {
     /// a string.
     fn of(raw: &str, value: &str) -> Option<Text> {
         let inner = value.strip_prefix('"')?.strip_suffix('"')?;
-        if !inner.contains('\\') {
+        if !inner.as_bytes().contains(&b'\\') {
             let start = inner.as_ptr() as usize - raw.as_ptr() as usize;
             return Some(Text::At(start, start + inner.len()));
         }
