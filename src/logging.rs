@@ -802,17 +802,22 @@ fn json_debug(field: &Field, value: &dyn fmt::Debug) -> Value {
 mod tests {
     use super::*;
 
+    /// What `log` writes through a `format` [`Logger`] at INFO.
+    fn captured(format: LogFormat, log: impl FnOnce()) -> String {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = Logger::new(LevelFilter::INFO, format, buffer.clone());
+        tracing::subscriber::with_default(subscriber, log);
+        String::from_utf8(buffer.lock().unwrap().clone()).unwrap()
+    }
+
     #[test]
     fn json_lines_carry_the_job_context_and_escape_what_they_hold() {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let subscriber = Logger::new(LevelFilter::INFO, LogFormat::Json, buffer.clone());
-        tracing::subscriber::with_default(subscriber, || {
+        let text = captured(LogFormat::Json, || {
             let span = tracing::info_span!("job", class = %"Evil\nINFO: forged\u{1b}[31m", jid = %"abc", queue = %"q");
             let _in = span.enter();
             tracing::info!(elapsed = format_args!("{:.3}", 0.0071), "done");
             tracing::warn!(count = 3, "line\ntwo");
         });
-        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -844,9 +849,7 @@ mod tests {
 
     #[test]
     fn text_lines_carry_the_job_context_and_are_escaped_whole() {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let subscriber = Logger::new(LevelFilter::INFO, LogFormat::Text, buffer.clone());
-        tracing::subscriber::with_default(subscriber, || {
+        let text = captured(LogFormat::Text, || {
             let span = tracing::info_span!("job", class = %"Evil\nINFO: forged", jid = %"abc", queue = %"q");
             {
                 let _in = span.enter();
@@ -860,7 +863,6 @@ mod tests {
             let again = tracing::info_span!("job", class = %"B", jid = %"j2", queue = %"q");
             again.in_scope(|| tracing::info!("start"));
         });
-        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
         let prefix = format!(" pid={} tid=", std::process::id());
