@@ -85,21 +85,66 @@ pub fn timestamp_seconds(v: &Value) -> Option<f64> {
     }
 }
 
-/// The fields dispatch needs, decoded without copying the rest.
+/// The fields dispatch needs, found without copying anything: each is the raw JSON text of its value,
+/// a slice of the payload.
 #[derive(Deserialize)]
 struct Header<'a> {
     #[serde(default, borrow)]
     class: Option<&'a RawValue>,
-    #[serde(default)]
-    jid: Option<String>,
-    #[serde(default)]
-    queue: Option<String>,
-    #[serde(default)]
+    #[serde(default, borrow)]
+    jid: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    queue: Option<&'a RawValue>,
+    #[serde(default, borrow)]
     wrapped: Option<&'a RawValue>,
     #[serde(default, borrow)]
     args: Option<&'a RawValue>,
     #[serde(default, borrow)]
     retry: Option<&'a RawValue>,
+}
+
+/// `jid` and `queue` as the decoder read them before it borrowed: strings or absent, anything else an
+/// error. Only parsed when one of them is not a plain string, to give serde's own message.
+#[derive(Deserialize)]
+struct Strict {
+    #[serde(default)]
+    #[allow(dead_code)] // read for its type check only
+    jid: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)] // read for its type check only
+    queue: Option<String>,
+}
+
+/// A string field of the payload: where its characters sit in the raw payload when it holds no escape
+/// (nearly always: no copy, no allocation), else its decoded text.
+#[derive(Debug, Clone)]
+enum Text {
+    /// A byte range of `raw`.
+    At(usize, usize),
+    /// Decoded from a string with escapes.
+    Owned(Box<str>),
+}
+
+impl Text {
+    /// The text of a JSON string value `value` (raw JSON text, a slice of `raw`); `None` when it is not
+    /// a string.
+    fn of(raw: &str, value: &str) -> Option<Text> {
+        let inner = value.strip_prefix('"')?.strip_suffix('"')?;
+        if !inner.as_bytes().contains(&b'\\') {
+            let start = inner.as_ptr() as usize - raw.as_ptr() as usize;
+            return Some(Text::At(start, start + inner.len()));
+        }
+        serde_json::from_str::<String>(value)
+            .ok()
+            .map(|s| Text::Owned(s.into_boxed_str()))
+    }
+
+    fn get<'a>(&'a self, raw: &'a str) -> &'a str {
+        match self {
+            Text::At(start, end) => raw.get(*start..*end).unwrap_or_default(),
+            Text::Owned(s) => s,
+        }
+    }
 }
 
 /// A decoded job: the original bytes and its dispatch fields.
@@ -109,13 +154,13 @@ pub struct Job {
     /// table and the panic recovery hold the same bytes without a copy.
     raw: Arc<str>,
     /// `class`, as written.
-    class: String,
+    class: Text,
     /// `wrapped`, when it is a string (ActiveJob's real class).
-    wrapped: Option<String>,
+    wrapped: Option<Text>,
     /// `jid`, or empty when absent (Ruby tolerates a missing jid).
-    jid: String,
+    jid: Text,
     /// `queue` field of the payload (may differ from the list it was fetched from).
-    queue: Option<String>,
+    queue: Option<Text>,
     /// Byte range of the `args` array inside `raw`.
     args: Range<usize>,
     /// The `retry` field; `None` when absent (the worker's option decides).
@@ -157,19 +202,18 @@ impl Job {
                 Err(e) => PayloadError::InvalidJson(e.to_string()),
             });
         }
-        let header: Header<'_> = serde_json::from_str(raw).map_err(|e| {
-            if e.is_data() {
-                PayloadError::Invalid(e.to_string())
-            } else {
-                PayloadError::InvalidJson(e.to_string())
-            }
-        })?;
+        let header: Header<'_> = serde_json::from_str(raw).map_err(header_error)?;
+        let text = |v: Option<&RawValue>| v.map(|v| Text::of(raw, v.get()));
+        let (jid, queue) = match (text(header.jid), text(header.queue)) {
+            (Some(None), _) | (_, Some(None)) => return Err(Self::strict_error(raw)),
+            (jid, queue) => (jid.flatten(), queue.flatten()),
+        };
         let class = match header.class {
             None => return Err(PayloadError::Invalid("`class` is missing".into())),
-            Some(c) => match serde_json::from_str::<String>(c.get()) {
-                Ok(s) if !s.is_empty() => s,
-                Ok(_) => return Err(PayloadError::Invalid("`class` is empty".into())),
-                Err(_) => {
+            Some(c) => match Text::of(raw, c.get()) {
+                Some(t) if !t.get(raw).is_empty() => t,
+                Some(_) => return Err(PayloadError::Invalid("`class` is empty".into())),
+                None => {
                     return Err(PayloadError::Invalid(format!(
                         "`class` is not a string (it is {})",
                         json_kind(c.get())
@@ -190,18 +234,26 @@ impl Job {
                 )));
             }
         };
-        let wrapped = header
-            .wrapped
-            .and_then(|w| serde_json::from_str::<String>(w.get()).ok());
+        let wrapped = text(header.wrapped).flatten();
         let retry = header.retry.map(|r| retry_setting(r.get()));
         Ok(Fields {
             class,
             wrapped,
-            jid: header.jid.unwrap_or_default(),
-            queue: header.queue,
+            jid: jid.unwrap_or(Text::At(0, 0)),
+            queue,
             args,
             retry,
         })
+    }
+
+    /// serde's error for a `jid` or `queue` that is not a string, or a string that does not decode (a
+    /// lone surrogate escape): what reading them as `String`s said before they were borrowed.
+    #[cold]
+    fn strict_error(raw: &str) -> PayloadError {
+        match serde_json::from_str::<Strict>(raw) {
+            Err(e) => header_error(e),
+            Ok(_) => PayloadError::Invalid("`jid` or `queue` is not a string".into()),
+        }
     }
 
     /// The exact bytes Ruby stored.
@@ -221,36 +273,36 @@ impl Job {
 
     /// The `class` field as written (for ActiveJob jobs, the wrapper's name).
     pub fn class(&self) -> &str {
-        &self.class
+        self.class.get(&self.raw)
     }
 
     /// The `wrapped` field, when present.
     pub fn wrapped(&self) -> Option<&str> {
-        self.wrapped.as_deref()
+        self.wrapped.as_ref().map(|w| w.get(&self.raw))
     }
 
     /// True when the job is an ActiveJob wrapper.
     pub fn is_activejob(&self) -> bool {
-        ACTIVEJOB_WRAPPERS.contains(&self.class.as_str())
+        ACTIVEJOB_WRAPPERS.contains(&self.class())
     }
 
     /// The class a worker is registered under: `wrapped` for ActiveJob jobs, else `class`.
     pub fn worker_class(&self) -> &str {
         if self.is_activejob() {
-            self.wrapped.as_deref().unwrap_or(&self.class)
+            self.wrapped().unwrap_or(self.class())
         } else {
-            &self.class
+            self.class()
         }
     }
 
     /// The job id (empty if the payload had none).
     pub fn jid(&self) -> &str {
-        &self.jid
+        self.jid.get(&self.raw)
     }
 
     /// The `queue` field of the payload.
     pub fn queue(&self) -> Option<&str> {
-        self.queue.as_deref()
+        self.queue.as_ref().map(|q| q.get(&self.raw))
     }
 
     /// The `args` array, as JSON text.
@@ -270,10 +322,10 @@ impl Job {
 }
 
 struct Fields {
-    class: String,
-    wrapped: Option<String>,
-    jid: String,
-    queue: Option<String>,
+    class: Text,
+    wrapped: Option<Text>,
+    jid: Text,
+    queue: Option<Text>,
     args: Range<usize>,
     retry: Option<RetrySetting>,
 }
@@ -289,6 +341,15 @@ impl Fields {
             args: self.args,
             retry: self.retry,
         }
+    }
+}
+
+/// A type error in the header is a payload that is not a job; anything else is not JSON.
+fn header_error(e: serde_json::Error) -> PayloadError {
+    if e.is_data() {
+        PayloadError::Invalid(e.to_string())
+    } else {
+        PayloadError::InvalidJson(e.to_string())
     }
 }
 
@@ -508,6 +569,40 @@ mod tests {
                 size: 100,
                 limit: 10
             }
+        ));
+    }
+
+    #[test]
+    fn string_fields_are_read_in_place_or_decoded_when_escaped() {
+        let job = Job::from_str(
+            r#"{"class":"A\u0042","args":[],"jid":"j\"x","queue":"q\n","wrapped":"W"}"#,
+        )
+        .unwrap();
+        assert_eq!(job.class(), "AB");
+        assert_eq!(job.jid(), "j\"x");
+        assert_eq!(job.queue(), Some("q\n"));
+        assert_eq!(job.wrapped(), Some("W"));
+        let plain =
+            Job::from_str(r#"{"class":"C","args":[1],"jid":"abc","queue":"default"}"#).unwrap();
+        assert_eq!(
+            (plain.class(), plain.jid(), plain.queue()),
+            ("C", "abc", Some("default"))
+        );
+        let bare = Job::from_str(r#"{"class":"C","args":[]}"#).unwrap();
+        assert_eq!((bare.jid(), bare.queue(), bare.wrapped()), ("", None, None));
+        for bad in [
+            r#"{"class":"A","args":[],"jid":5}"#,
+            r#"{"class":"A","args":[],"queue":["q"]}"#,
+        ] {
+            let e = Job::from_str(bad).unwrap_err();
+            assert!(
+                matches!(&e, PayloadError::Invalid(m) if m.contains("invalid type")),
+                "{e}"
+            );
+        }
+        assert!(matches!(
+            Job::from_str(r#"{"class":"A","args":[],"jid":"\ud800"}"#),
+            Err(PayloadError::InvalidJson(_))
         ));
     }
 

@@ -9,7 +9,8 @@
 //! fields, then `LEVEL: message`. Lines are appended to a shared buffer that a background thread writes
 //! out every 20 ms, so a job never waits on the terminal and a busy process does not wake a writer
 //! thread per line; past 1 MiB the logging thread writes the buffer itself (back-pressure, no line is
-//! ever dropped).
+//! ever dropped). The subscriber is this module's own [`Logger`], built for the two lines every job
+//! logs: see there for why not `tracing_subscriber`'s.
 //!
 //! Every line is escaped as a whole before it is written ([`write_escaped`]): a newline, a carriage
 //! return, an ANSI escape or a bidirectional override from a payload or from Redis (a class, a jid, a
@@ -17,7 +18,7 @@
 //! crafted payload cannot print a fake line or recolour the terminal. Panic messages are logged
 //! through the same path, with any Redis URL in them redacted.
 //!
-//! `--log-format json` ([`LogFormat::Json`], [`JsonFormat`]) writes one JSON object per line instead,
+//! `--log-format json` ([`LogFormat::Json`]) writes one JSON object per line instead,
 //! for log shippers, with the same fields: `time`, `pid`, `tid`, `level`, `message`, the job's
 //! `class`, `jid`, `queue`, then the event's own fields (`elapsed` as a number):
 //!
@@ -28,16 +29,20 @@
 //! serde_json does the escaping there: a control character in a value is written `\n`, `\u001b`, so
 //! a payload cannot break a line in this format either.
 
+use std::cell::RefCell;
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
-use tracing_subscriber::registry::LookupSpan;
+use tracing::level_filters::LevelFilter;
+use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_core::span::Current;
 
 /// Flushes what is buffered when dropped (at exit).
 #[derive(Debug)]
@@ -67,37 +72,6 @@ fn flush(buffer: &Mutex<Vec<u8>>) {
     }
 }
 
-/// The writer tracing formats into: appends to the shared buffer.
-#[derive(Debug, Clone)]
-struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for SharedBuffer {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let full = match self.0.lock() {
-            Ok(mut b) => {
-                b.extend_from_slice(data);
-                b.len() > FLUSH_AT
-            }
-            Err(_) => false,
-        };
-        if full {
-            flush(&self.0);
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SharedBuffer {
-    type Writer = SharedBuffer;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 /// How log lines are written (`--log-format`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -108,11 +82,428 @@ pub enum LogFormat {
     Json,
 }
 
-/// Formats events as Sidekiq lines.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SidekiqFormat;
+/// The subscriber: spans and events straight into Sidekiq-shaped lines.
+///
+/// It replaces `tracing_subscriber`'s fmt subscriber, whose registry gave every span (one per job) a
+/// `sharded_slab` slot, a type map of extensions and a boxed `String` of formatted fields, and whose
+/// formatter went through `core::fmt` for every piece of a line: a third of a no-op job's instructions.
+/// Here a span is a slot in a small table whose strings keep their capacity from one job to the next,
+/// the current span is a per-thread stack of ids, and a line is built with direct writes into a buffer
+/// reused per thread, then escaped into the shared buffer under one lock.
+pub struct Logger {
+    /// The most verbose level written.
+    max: LevelFilter,
+    /// Text or JSON lines.
+    format: LogFormat,
+    /// Where finished lines go (written out by the flusher thread).
+    out: Arc<Mutex<Vec<u8>>>,
+    /// Live spans, by id - 1.
+    spans: Mutex<Spans>,
+    /// Tells this subscriber's entries on the per-thread span stack from another's (tests install a
+    /// second one with `with_default` on threads that the global one also logs from).
+    instance: usize,
+}
 
-/// Collects an event's message and its other fields as `key=value`; reused per thread, so a log line
+impl fmt::Debug for Logger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Logger")
+            .field("max", &self.max)
+            .field("format", &self.format)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The span table: slots reused through a free list, so a job's span allocates nothing once the table
+/// has grown to the number of jobs in flight.
+#[derive(Default)]
+struct Spans {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Handles alive (`clone_span` / `try_close`), children included: 0 = free.
+    refs: usize,
+    /// The parent span's index, if any (held by one reference while this one lives).
+    parent: Option<usize>,
+    metadata: Option<&'static Metadata<'static>>,
+    /// Text format: the fields as ` name=value` each (tracing_subscriber's `DefaultFields` shape).
+    text: String,
+    /// JSON format: the fields in order, a later record of the same name replacing the value.
+    json: Vec<(&'static str, Value)>,
+}
+
+static INSTANCES: AtomicUsize = AtomicUsize::new(0);
+
+fn index_of(id: &Id) -> usize {
+    (id.into_u64() as usize).wrapping_sub(1)
+}
+
+impl Logger {
+    /// A subscriber writing `format` lines up to `max` into `out`.
+    fn new(max: LevelFilter, format: LogFormat, out: Arc<Mutex<Vec<u8>>>) -> Logger {
+        Logger {
+            max,
+            format,
+            out,
+            spans: Mutex::new(Spans::default()),
+            instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The innermost span this thread has entered, as an index.
+    fn current(&self) -> Option<usize> {
+        STACK
+            .try_with(|s| {
+                s.try_borrow().ok().and_then(|s| {
+                    s.iter()
+                        .rev()
+                        .find(|(i, _)| *i == self.instance)
+                        .map(|(_, id)| *id)
+                })
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Appends the fields of `index`'s span and its ancestors, root first, to `line` (text).
+    fn write_context(spans: &Spans, index: usize, line: &mut String, depth: usize) {
+        let Some(slot) = spans.slots.get(index) else {
+            return;
+        };
+        if let Some(parent) = slot.parent
+            && depth < 64
+        {
+            Self::write_context(spans, parent, line, depth + 1);
+        }
+        line.push_str(&slot.text);
+    }
+
+    /// As [`Logger::write_context`], into a JSON object.
+    fn json_context(spans: &Spans, index: usize, line: &mut Map<String, Value>, depth: usize) {
+        let Some(slot) = spans.slots.get(index) else {
+            return;
+        };
+        if let Some(parent) = slot.parent
+            && depth < 64
+        {
+            Self::json_context(spans, parent, line, depth + 1);
+        }
+        for (k, v) in &slot.json {
+            line.insert((*k).to_string(), v.clone());
+        }
+    }
+
+    fn text_event(&self, event: &Event<'_>) {
+        with_reused(&LINE, |line| {
+            line.clear();
+            write_time(line);
+            PID_TID.with(|p| line.push_str(p));
+            with_reused(&FIELDS, |f| {
+                // The event's own fields first: their `Debug` may run user code, which must not run
+                // while the span table is locked.
+                f.clear();
+                event.record(f);
+                if let Some(current) = self.current()
+                    && let Ok(spans) = self.spans.lock()
+                {
+                    Self::write_context(&spans, current, line, 0);
+                }
+                line.push_str(&f.rest);
+                line.push(' ');
+                line.push_str(level_name(event.metadata().level()));
+                line.push_str(": ");
+                line.push_str(&f.message);
+            });
+            // Escaped as a whole: classes, jids, queues and error messages come from payloads and
+            // Redis, and escaping the finished line covers every field, span or event, in one place.
+            self.append(|out| {
+                let _ = write_escaped(&mut Bytes(out), line);
+                out.push(b'\n');
+            });
+        });
+    }
+
+    fn json_event(&self, event: &Event<'_>) {
+        let mut line = Map::new();
+        let mut time = String::with_capacity(24);
+        write_time(&mut time);
+        line.insert("time".into(), time.into());
+        line.insert("pid".into(), pid().into());
+        let tid = PID_TID.with(|p| {
+            p.rsplit_once("tid=")
+                .map_or_else(String::new, |(_, t)| t.to_string())
+        });
+        line.insert("tid".into(), tid.into());
+        line.insert("level".into(), event.metadata().level().as_str().into());
+        let mut own = Map::new();
+        event.record(&mut JsonVisitor(&mut own));
+        if let Some(current) = self.current()
+            && let Ok(spans) = self.spans.lock()
+        {
+            Self::json_context(&spans, current, &mut line, 0);
+        }
+        let message = own.remove("message").unwrap_or_else(|| "".into());
+        line.extend(own);
+        line.insert("message".into(), message);
+        self.append(|out| {
+            if serde_json::to_writer(&mut *out, &line).is_ok() {
+                out.push(b'\n');
+            }
+        });
+    }
+
+    /// Runs `write` on the shared buffer; past [`FLUSH_AT`] bytes this thread writes them out itself
+    /// (back-pressure: no line is ever dropped).
+    fn append(&self, write: impl FnOnce(&mut Vec<u8>)) {
+        let full = match self.out.lock() {
+            Ok(mut b) => {
+                write(&mut b);
+                b.len() > FLUSH_AT
+            }
+            Err(_) => false,
+        };
+        if full {
+            flush(&self.out);
+        }
+    }
+}
+
+impl Subscriber for Logger {
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if self.enabled(metadata) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        *metadata.level() <= self.max
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(self.max)
+    }
+
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let parent = if let Some(p) = attrs.parent() {
+            Some(index_of(p))
+        } else if attrs.is_contextual() {
+            self.current()
+        } else {
+            None
+        };
+        // The fields are formatted before the table is locked (their `Display` may run user code),
+        // into a per-thread buffer, then copied into the slot's own string.
+        let mut json = Vec::new();
+        with_reused(&SCRATCH, |text| {
+            text.clear();
+            match self.format {
+                LogFormat::Text => attrs.record(&mut SpanText(text)),
+                LogFormat::Json => attrs.record(&mut JsonFieldList(&mut json)),
+            }
+            let Ok(mut spans) = self.spans.lock() else {
+                return None;
+            };
+            let index = match spans.free.pop() {
+                Some(i) => i,
+                None => {
+                    spans.slots.push(Slot::default());
+                    spans.slots.len() - 1
+                }
+            };
+            let parent = parent.filter(|&p| {
+                spans
+                    .slots
+                    .get_mut(p)
+                    .filter(|s| s.refs > 0)
+                    .map(|s| s.refs += 1)
+                    .is_some()
+            });
+            if let Some(slot) = spans.slots.get_mut(index) {
+                slot.refs = 1;
+                slot.parent = parent;
+                slot.metadata = Some(attrs.metadata());
+                slot.text.clear();
+                slot.text.push_str(text);
+                slot.json = std::mem::take(&mut json);
+            }
+            Some(index as u64 + 1)
+        })
+        // A poisoned table (a panic while it was held): the span is not recorded, and an id no slot
+        // has makes its later calls no-ops.
+        .map_or_else(|| Id::from_u64(u64::MAX), Id::from_u64)
+    }
+
+    fn record(&self, span: &Id, values: &Record<'_>) {
+        let mut json = Vec::new();
+        with_reused(&SCRATCH, |text| {
+            text.clear();
+            match self.format {
+                LogFormat::Text => values.record(&mut SpanText(text)),
+                LogFormat::Json => values.record(&mut JsonFieldList(&mut json)),
+            }
+            if let Ok(mut spans) = self.spans.lock()
+                && let Some(slot) = spans.slots.get_mut(index_of(span))
+            {
+                slot.text.push_str(text);
+                for (k, v) in json {
+                    set_field(&mut slot.json, k, v);
+                }
+            }
+        });
+    }
+
+    fn record_follows_from(&self, _span: &Id, _follows: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        match self.format {
+            LogFormat::Text => self.text_event(event),
+            LogFormat::Json => self.json_event(event),
+        }
+    }
+
+    fn enter(&self, span: &Id) {
+        let _ = STACK.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                s.push((self.instance, index_of(span)));
+            }
+        });
+    }
+
+    fn exit(&self, span: &Id) {
+        let index = index_of(span);
+        let _ = STACK.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && let Some(at) = s.iter().rposition(|&e| e == (self.instance, index))
+            {
+                s.remove(at);
+            }
+        });
+    }
+
+    fn clone_span(&self, id: &Id) -> Id {
+        if let Ok(mut spans) = self.spans.lock()
+            && let Some(slot) = spans.slots.get_mut(index_of(id))
+        {
+            slot.refs += 1;
+        }
+        id.clone()
+    }
+
+    fn try_close(&self, id: Id) -> bool {
+        let Ok(mut spans) = self.spans.lock() else {
+            return false;
+        };
+        let mut index = index_of(&id);
+        let mut first = true;
+        let mut closed = false;
+        // A closed span releases its parent's reference, which may close the parent in turn.
+        while let Some(slot) = spans.slots.get_mut(index) {
+            if slot.refs == 0 {
+                break;
+            }
+            slot.refs -= 1;
+            if slot.refs > 0 {
+                break;
+            }
+            let parent = slot.parent.take();
+            slot.metadata = None;
+            slot.json.clear();
+            spans.free.push(index);
+            closed |= first;
+            first = false;
+            match parent {
+                Some(p) => index = p,
+                None => break,
+            }
+        }
+        closed
+    }
+
+    fn current_span(&self) -> Current {
+        let metadata = self.current().and_then(|i| {
+            let spans = self.spans.lock().ok()?;
+            spans.slots.get(i)?.metadata.map(|m| (i, m))
+        });
+        match metadata {
+            Some((i, m)) => Current::new(Id::from_u64(i as u64 + 1), m),
+            None => Current::none(),
+        }
+    }
+}
+
+/// Replaces the value of `name`, or appends it.
+fn set_field(fields: &mut Vec<(&'static str, Value)>, name: &'static str, value: Value) {
+    match fields.iter_mut().find(|(k, _)| *k == name) {
+        Some(slot) => slot.1 = value,
+        None => fields.push((name, value)),
+    }
+}
+
+/// `fmt::Write` into bytes.
+struct Bytes<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for Bytes<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// A span's fields as text, in the shape `tracing_subscriber`'s `DefaultFields` wrote them (which the
+/// line format kept): ` name=value` each, values by `Debug` (so a `%` field prints its `Display`, a
+/// plain string is quoted), a `r#` prefix dropped, `message` without its name.
+struct SpanText<'a>(&'a mut String);
+
+impl Visit for SpanText<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.0.push(' ');
+            self.0.push_str(value);
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.push(' ');
+        let name = field.name();
+        if name != "message" {
+            self.0.push_str(name.strip_prefix("r#").unwrap_or(name));
+            self.0.push('=');
+        }
+        let _ = write!(self.0, "{value:?}");
+    }
+}
+
+/// A span's fields for JSON lines (see [`JsonVisitor`] for the values).
+struct JsonFieldList<'a>(&'a mut Vec<(&'static str, Value)>);
+
+impl Visit for JsonFieldList<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        set_field(self.0, field.name(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        set_field(self.0, field.name(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        set_field(self.0, field.name(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        set_field(self.0, field.name(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        set_field(self.0, field.name(), json_f64(value));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        set_field(self.0, field.name(), json_debug(field, value));
+    }
+}
+
+/// Collects an event's message and its other fields as ` key=value`; reused per thread, so a log line
 /// allocates nothing once the buffers have grown.
 #[derive(Default)]
 struct Fields {
@@ -132,7 +523,10 @@ impl Visit for Fields {
         if field.name() == "message" {
             self.message.push_str(value);
         } else {
-            let _ = write!(self.rest, " {}={}", field.name(), value);
+            self.rest.push(' ');
+            self.rest.push_str(field.name());
+            self.rest.push('=');
+            self.rest.push_str(value);
         }
     }
 
@@ -140,8 +534,21 @@ impl Visit for Fields {
         if field.name() == "message" {
             let _ = write!(self.message, "{value:?}");
         } else {
-            let _ = write!(self.rest, " {}={:?}", field.name(), value);
+            self.rest.push(' ');
+            self.rest.push_str(field.name());
+            self.rest.push('=');
+            let _ = write!(self.rest, "{value:?}");
         }
+    }
+}
+
+fn level_name(level: &Level) -> &'static str {
+    match *level {
+        Level::ERROR => "ERROR",
+        Level::WARN => "WARN",
+        Level::INFO => "INFO",
+        Level::DEBUG => "DEBUG",
+        Level::TRACE => "TRACE",
     }
 }
 
@@ -159,104 +566,65 @@ thread_local! {
         format!(" pid={} tid={}", pid(), crate::processor::to_base36(n ^ u64::from(pid())))
     };
     /// This thread's reusable line buffer (the line before escaping).
-    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+    /// This thread's reusable buffer for a new span's fields.
+    static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
     /// This thread's reusable field buffers.
-    static FIELDS: std::cell::RefCell<Fields> = std::cell::RefCell::new(Fields::default());
+    static FIELDS: RefCell<Fields> = RefCell::new(Fields::default());
     /// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen on this thread.
-    static SECOND: std::cell::RefCell<(i64, String)> = const { std::cell::RefCell::new((i64::MIN, String::new())) };
+    static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    /// The spans this thread is in, innermost last, tagged with their subscriber's instance.
+    static STACK: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `2026-11-21T20:02:30.411Z`: the date part is formatted once per second per thread.
-fn write_time(w: &mut Writer<'_>) -> fmt::Result {
-    let now = chrono::Utc::now();
-    let secs = now.timestamp();
-    let millis = now.timestamp_subsec_millis();
+/// Runs `f` on this thread's buffer in `key`, or on a fresh one when it is in use (a line logged while
+/// another is being formatted: a `Debug` impl that logs) or gone (thread teardown).
+fn with_reused<T: Default, R: Default>(
+    key: &'static std::thread::LocalKey<RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    let mut f = Some(f);
+    let reused = key.try_with(|cell| {
+        let mut fresh = None;
+        let mut borrowed = cell.try_borrow_mut();
+        let buf = match borrowed.as_deref_mut() {
+            Ok(b) => b,
+            Err(_) => fresh.insert(T::default()),
+        };
+        f.take().map(|f| f(buf))
+    });
+    match (reused, f) {
+        (Ok(Some(r)), _) => r,
+        (_, Some(f)) => f(&mut T::default()),
+        // Not reached: `f` is gone only once it has run.
+        (_, None) => R::default(),
+    }
+}
+
+/// `2026-11-21T20:02:30.411Z`: the date part is formatted once per second per thread, the
+/// milliseconds written as three digits (no `core::fmt`, no calendar arithmetic per line).
+fn write_time(out: &mut String) {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
+    let millis = since_epoch.subsec_millis().min(999);
     SECOND.with(|cell| {
         let mut c = cell.borrow_mut();
         if c.0 != secs {
             c.0 = secs;
-            c.1 = now.format("%Y-%m-%dT%H:%M:%S").to_string();
+            c.1 = chrono::DateTime::from_timestamp(secs, 0)
+                .unwrap_or_default()
+                .format("%Y-%m-%dT%H:%M:%S")
+                .to_string();
         }
-        write!(w, "{}.{millis:03}Z", c.1)
-    })
-}
-
-impl<S, N> FormatEvent<S, N> for SidekiqFormat
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        ctx: &FmtContext<'_, S, N>,
-        mut out: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        // The line is built whole, then written with its control characters escaped: queue names,
-        // classes, jids and error messages come from payloads and Redis, and escaping the finished
-        // line covers every field, span or event, in this one place.
-        LINE.with(|cell| {
-            let mut fresh = String::new();
-            let mut borrowed = cell.try_borrow_mut();
-            let line = match borrowed.as_deref_mut() {
-                Ok(l) => l,
-                Err(_) => &mut fresh,
-            };
-            line.clear();
-            self.format_line(ctx, Writer::new(line), event)?;
-            write_escaped(&mut out, line)?;
-            out.write_char('\n')
-        })
+        out.push_str(&c.1);
+    });
+    out.push('.');
+    for d in [millis / 100, millis / 10 % 10, millis % 10] {
+        out.push(char::from(b'0' + d as u8));
     }
-}
-
-impl SidekiqFormat {
-    /// The line, unescaped and without its newline.
-    fn format_line<S, N>(
-        &self,
-        ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result
-    where
-        S: Subscriber + for<'a> LookupSpan<'a>,
-        N: for<'a> FormatFields<'a> + 'static,
-    {
-        write_time(&mut writer)?;
-        PID_TID.with(|p| writer.write_str(p))?;
-        if let Some(scope) = ctx.event_scope() {
-            for span in scope.from_root() {
-                if let Some(fields) = span.extensions().get::<FormattedFields<N>>()
-                    && !fields.is_empty()
-                {
-                    write!(writer, " {fields}")?;
-                }
-            }
-        }
-        let level = match *event.metadata().level() {
-            Level::ERROR => "ERROR",
-            Level::WARN => "WARN",
-            Level::INFO => "INFO",
-            Level::DEBUG => "DEBUG",
-            Level::TRACE => "TRACE",
-        };
-        FIELDS.with(|cell| {
-            // A log line written while formatting another (never in practice) gets fresh buffers.
-            let mut fresh = Fields::default();
-            let mut borrowed = cell.try_borrow_mut();
-            let f = match borrowed.as_deref_mut() {
-                Ok(f) => f,
-                Err(_) => &mut fresh,
-            };
-            f.clear();
-            event.record(f);
-            writer.write_str(&f.rest)?;
-            writer.write_char(' ')?;
-            writer.write_str(level)?;
-            writer.write_str(": ")?;
-            writer.write_str(&f.message)
-        })
-    }
+    out.push('Z');
 }
 
 /// True for a character that must not reach a log line raw: C0 and C1 controls (newline, carriage
@@ -273,7 +641,7 @@ pub fn needs_escape(c: char) -> bool {
 /// `\u{..}` (as Rust's `escape_debug` does). Anything else, backslashes included, is written as is.
 pub fn write_escaped(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
     // Most lines are printable ASCII: one scan, one write.
-    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+    if printable_ascii(s.as_bytes()) {
         return out.write_str(s);
     }
     let mut start = 0;
@@ -290,6 +658,26 @@ pub fn write_escaped(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
         }
     }
     out.write_str(&s[start..])
+}
+
+/// True when every byte is printable ASCII (0x20..0x7f), tested eight bytes at a time: a log line is
+/// about a hundred bytes, and a byte at a time this test cost more than the rest of the line.
+fn printable_ascii(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    const SPACE: u64 = u64::from_ne_bytes([0x20; 8]);
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        let x = u64::from_ne_bytes(word);
+        // A byte below 0x20 (the classic "has a byte less than n" test), or at or above 0x7f
+        // (adding 1 sets its top bit; a byte at or above 0x80 has it already).
+        if (x.wrapping_sub(SPACE) & !x & HIGH) != 0 || ((x.wrapping_add(ONES) | x) & HIGH) != 0 {
+            return false;
+        }
+    }
+    words.remainder().iter().all(|b| (0x20..0x7f).contains(b))
 }
 
 /// `s` with control characters escaped (see [`write_escaped`]), for text written outside the logger.
@@ -320,25 +708,13 @@ pub fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
             }
         });
     let level = if verbose {
-        tracing::level_filters::LevelFilter::DEBUG
+        LevelFilter::DEBUG
     } else {
-        tracing::level_filters::LevelFilter::INFO
+        LevelFilter::INFO
     };
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(SharedBuffer(buffer.clone()));
     // A second init (tests) keeps the first subscriber.
-    let installed = match format {
-        LogFormat::Text => {
-            tracing::subscriber::set_global_default(builder.event_format(SidekiqFormat).finish())
-        }
-        LogFormat::Json => tracing::subscriber::set_global_default(
-            builder
-                .fmt_fields(JsonFields)
-                .event_format(JsonFormat)
-                .finish(),
-        ),
-    };
+    let installed =
+        tracing::subscriber::set_global_default(Logger::new(level, format, buffer.clone()));
     if installed.is_ok() {
         install_panic_hook();
     }
@@ -379,14 +755,9 @@ fn install_panic_hook() {
     }));
 }
 
-/// Formats a span's fields as one JSON object (kept in the span's `FormattedFields`), so
-/// [`JsonFormat`] can merge the job's context into each line without parsing `key=value` text.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct JsonFields;
-
-/// Collects fields into a JSON map: strings and numbers as themselves, anything else as its
+/// Collects an event's fields into a JSON map: strings and numbers as themselves, anything else as its
 /// `Debug` text; `elapsed` (written as `"0.007"`) as a number.
-struct JsonVisitor<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+struct JsonVisitor<'a>(&'a mut Map<String, Value>);
 
 impl Visit for JsonVisitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
@@ -402,95 +773,28 @@ impl Visit for JsonVisitor<'_> {
         self.0.insert(field.name().into(), value.into());
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.insert(
-            field.name().into(),
-            serde_json::Number::from_f64(value).map_or(serde_json::Value::Null, Into::into),
-        );
+        self.0.insert(field.name().into(), json_f64(value));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let text = format!("{value:?}");
-        let v = if field.name() == "elapsed" {
-            text.parse::<f64>()
-                .ok()
-                .and_then(serde_json::Number::from_f64)
-                .map_or_else(|| text.clone().into(), Into::into)
-        } else {
-            text.into()
-        };
-        self.0.insert(field.name().into(), v);
+        self.0.insert(field.name().into(), json_debug(field, value));
     }
 }
 
-impl<'w> FormatFields<'w> for JsonFields {
-    fn format_fields<R: tracing_subscriber::field::RecordFields>(
-        &self,
-        mut writer: Writer<'w>,
-        fields: R,
-    ) -> fmt::Result {
-        let mut map = serde_json::Map::new();
-        fields.record(&mut JsonVisitor(&mut map));
-        let text = serde_json::to_string(&map).map_err(|_| fmt::Error)?;
-        writer.write_str(&text)
-    }
-
-    fn add_fields(
-        &self,
-        current: &'w mut FormattedFields<Self>,
-        fields: &tracing::span::Record<'_>,
-    ) -> fmt::Result {
-        let mut map: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_str(&current.fields).unwrap_or_default();
-        fields.record(&mut JsonVisitor(&mut map));
-        current.fields = serde_json::to_string(&map).map_err(|_| fmt::Error)?;
-        Ok(())
-    }
+/// A float as a JSON number (`null` when not finite).
+fn json_f64(value: f64) -> Value {
+    serde_json::Number::from_f64(value).map_or(Value::Null, Into::into)
 }
 
-/// Formats events as JSON lines (see the module docs).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct JsonFormat;
-
-impl<S> FormatEvent<S, JsonFields> for JsonFormat
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    fn format_event(
-        &self,
-        ctx: &FmtContext<'_, S, JsonFields>,
-        mut out: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        use serde_json::Value;
-        let mut line = serde_json::Map::new();
-        let now = chrono::Utc::now();
-        line.insert(
-            "time".into(),
-            now.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string().into(),
-        );
-        line.insert("pid".into(), pid().into());
-        let tid = PID_TID.with(|p| {
-            p.rsplit_once("tid=")
-                .map_or_else(String::new, |(_, t)| t.to_string())
-        });
-        line.insert("tid".into(), tid.into());
-        line.insert("level".into(), event.metadata().level().as_str().into());
-        if let Some(scope) = ctx.event_scope() {
-            for span in scope.from_root() {
-                if let Some(fields) = span.extensions().get::<FormattedFields<JsonFields>>()
-                    && let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&fields.fields)
-                {
-                    line.extend(map);
-                }
-            }
-        }
-        let mut own = serde_json::Map::new();
-        event.record(&mut JsonVisitor(&mut own));
-        let message = own.remove("message").unwrap_or_else(|| "".into());
-        line.extend(own);
-        line.insert("message".into(), message);
-        let text = serde_json::to_string(&line).map_err(|_| fmt::Error)?;
-        out.write_str(&text)?;
-        out.write_char('\n')
+/// A `Debug` value as its text, except `elapsed`, which is a number.
+fn json_debug(field: &Field, value: &dyn fmt::Debug) -> Value {
+    let text = format!("{value:?}");
+    if field.name() == "elapsed" {
+        text.parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map_or_else(|| text.clone().into(), Into::into)
+    } else {
+        text.into()
     }
 }
 
@@ -498,21 +802,22 @@ where
 mod tests {
     use super::*;
 
+    /// What `log` writes through a `format` [`Logger`] at INFO.
+    fn captured(format: LogFormat, log: impl FnOnce()) -> String {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = Logger::new(LevelFilter::INFO, format, buffer.clone());
+        tracing::subscriber::with_default(subscriber, log);
+        String::from_utf8(buffer.lock().unwrap().clone()).unwrap()
+    }
+
     #[test]
     fn json_lines_carry_the_job_context_and_escape_what_they_hold() {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(SharedBuffer(buffer.clone()))
-            .fmt_fields(JsonFields)
-            .event_format(JsonFormat)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = captured(LogFormat::Json, || {
             let span = tracing::info_span!("job", class = %"Evil\nINFO: forged\u{1b}[31m", jid = %"abc", queue = %"q");
             let _in = span.enter();
             tracing::info!(elapsed = format_args!("{:.3}", 0.0071), "done");
             tracing::warn!(count = 3, "line\ntwo");
         });
-        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -543,6 +848,49 @@ mod tests {
     }
 
     #[test]
+    fn text_lines_carry_the_job_context_and_are_escaped_whole() {
+        let text = captured(LogFormat::Text, || {
+            let span = tracing::info_span!("job", class = %"Evil\nINFO: forged", jid = %"abc", queue = %"q");
+            {
+                let _in = span.enter();
+                tracing::info!("start");
+                tracing::info!(elapsed = format_args!("{:.3}", 0.0071), "done");
+            }
+            tracing::debug!("below the level: not written");
+            tracing::warn!(count = 3, name = "x", "outside\u{1b}[31m");
+            drop(span);
+            // The closed span's slot is reused: nothing of the first job's context is left in it.
+            let again = tracing::info_span!("job", class = %"B", jid = %"j2", queue = %"q");
+            again.in_scope(|| tracing::info!("start"));
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        let prefix = format!(" pid={} tid=", std::process::id());
+        for line in &lines {
+            let (time, rest) = line.split_at(24);
+            assert!(
+                time.ends_with('Z') && time.as_bytes()[10] == b'T' && time.as_bytes()[19] == b'.'
+            );
+            assert!(time[20..23].bytes().all(|b| b.is_ascii_digit()), "{line}");
+            assert!(rest.starts_with(&prefix), "{line}");
+        }
+        let after_tid = |l: &str| l.splitn(4, ' ').nth(3).unwrap().to_string();
+        assert_eq!(
+            after_tid(lines[0]),
+            "class=Evil\\nINFO: forged jid=abc queue=q INFO: start"
+        );
+        assert_eq!(
+            after_tid(lines[1]),
+            "class=Evil\\nINFO: forged jid=abc queue=q elapsed=0.007 INFO: done"
+        );
+        assert_eq!(
+            after_tid(lines[2]),
+            "count=3 name=x WARN: outside\\u{1b}[31m"
+        );
+        assert_eq!(after_tid(lines[3]), "class=B jid=j2 queue=q INFO: start");
+    }
+
+    #[test]
     fn control_characters_are_escaped_and_the_rest_is_kept() {
         assert_eq!(escape("class=Hard jid=abc"), "class=Hard jid=abc");
         assert_eq!(escape("a\nb\r\tc"), "a\\nb\\r\\tc");
@@ -550,5 +898,26 @@ mod tests {
         assert_eq!(escape("x\u{7f}\u{85}y"), "x\\u{7f}\\u{85}y");
         assert_eq!(escape("l\u{2028}r\u{202e}"), "l\\u{2028}r\\u{202e}");
         assert_eq!(escape("héllo ☃ \\n"), "héllo ☃ \\n");
+    }
+
+    #[test]
+    fn the_word_at_a_time_test_agrees_with_a_byte_at_a_time_one() {
+        let slow = |b: &[u8]| b.iter().all(|c| (0x20..0x7f).contains(c));
+        let mut line =
+            b"2026-11-21T20:02:30.411Z pid=4242 tid=2c8 class=HardWorker INFO: done".to_vec();
+        assert!(printable_ascii(&line));
+        for at in 0..line.len() {
+            for bad in [0x00, 0x0a, 0x1b, 0x1f, 0x7f, 0x80, 0xc3, 0xe2, 0xff] {
+                let keep = line[at];
+                line[at] = bad;
+                assert_eq!(printable_ascii(&line), slow(&line), "byte {bad:#x} at {at}");
+                line[at] = keep;
+            }
+        }
+        for b in 0..=255u8 {
+            let word = [b'a', b'b', b, b' ', b'~', b'!', b'0', b'Z', b'q'];
+            assert_eq!(printable_ascii(&word), slow(&word), "{b:#x}");
+            assert_eq!(printable_ascii(&word[1..]), slow(&word[1..]), "{b:#x}");
+        }
     }
 }
