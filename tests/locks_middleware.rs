@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, FixedOffset};
 use oxidekiq::client::{Client, NewJob};
 use oxidekiq::error::JobResult;
-use oxidekiq::launcher::{Handle, Launcher};
+use oxidekiq::launcher::Handle;
 use oxidekiq::middleware::Keyed;
 use oxidekiq::middleware::lock_key::args_digest;
 use oxidekiq::middleware::sequential::SequentialJob;
