@@ -432,33 +432,38 @@ impl Processor {
         entry: Option<&crate::registry::Entry>,
         after: &AfterFate,
     ) -> JobResult {
-        let Some(entry) = entry else {
-            let class = job.worker_class();
-            let e = JobError::new(
-                "NameError",
-                format!(
-                    "uninitialized constant {class}: no Rust worker is registered for {class} in this \
-                     oxidekiq process; register one, or route {class} to a queue only Ruby processes \
-                     read (sidekiq_options queue: \"...\")"
-                ),
-            );
-            return Err(match self.unknown_class {
-                UnknownClass::Retry => e,
-                UnknownClass::Dead => e.kill(),
-            });
-        };
-        let activejob = if job.is_activejob() {
-            match crate::activejob::unwrap(job.args_json()) {
+        // A job refused before its worker runs (no worker for its class, ActiveJob arguments that do not
+        // decode) still passes the built-in until-executed stage, so its lock is settled with its fate
+        // (released when it dies, kept for a retry) as for any other failure.
+        let mut refused = None;
+        let activejob = match entry {
+            None => {
+                let class = job.worker_class();
+                let e = JobError::new(
+                    "NameError",
+                    format!(
+                        "uninitialized constant {class}: no Rust worker is registered for {class} in \
+                         this oxidekiq process; register one, or route {class} to a queue only Ruby \
+                         processes read (sidekiq_options queue: \"...\")"
+                    ),
+                );
+                refused = Some(match self.unknown_class {
+                    UnknownClass::Retry => e,
+                    UnknownClass::Dead => e.kill(),
+                });
+                None
+            }
+            Some(_) if job.is_activejob() => match crate::activejob::unwrap(job.args_json()) {
                 Ok(info) => Some(Arc::new(info)),
                 Err(msg) => {
-                    return Err(JobError::new(
+                    refused = Some(JobError::new(
                         "ArgumentError",
                         format!("cannot decode ActiveJob arguments: {msg}"),
                     ));
+                    None
                 }
-            }
-        } else {
-            None
+            },
+            Some(_) => None,
         };
         let ctx = JobContext::new(
             job.clone(),
@@ -468,9 +473,17 @@ impl Processor {
             activejob,
         )
         .with_after_fate(after.clone());
-        Next::new(&entry.chain, entry.handler.as_ref())
-            .run(&ctx)
-            .await
+        match (entry, refused) {
+            (Some(entry), None) => {
+                Next::new(&entry.chain, entry.handler.as_ref())
+                    .run(&ctx)
+                    .await
+            }
+            (_, refused) => {
+                let refuse = Refuse(std::sync::Mutex::new(refused));
+                Next::new(&[], &refuse).run(&ctx).await
+            }
+        }
     }
 
     /// Runs a Redis write until it succeeds: a job's fate must reach Redis before its ack. Gives up only
@@ -668,5 +681,21 @@ mod tests {
         assert_eq!(to_base36(0), "0");
         assert_eq!(to_base36(35), "z");
         assert_eq!(to_base36(36 * 36 + 1), "101");
+    }
+}
+
+/// The handler of a job refused before its worker runs: answers the refusal once.
+#[derive(Debug)]
+struct Refuse(std::sync::Mutex<Option<JobError>>);
+
+impl crate::middleware::Handler for Refuse {
+    fn call<'a>(&'a self, _: &'a JobContext) -> crate::middleware::BoxFuture<'a, JobResult> {
+        let refused = match self.0.lock() {
+            Ok(mut r) => r.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        Box::pin(async move {
+            Err(refused.unwrap_or_else(|| JobError::new("RuntimeError", "job refused twice")))
+        })
     }
 }

@@ -962,3 +962,44 @@ async fn a_client_middleware_sees_every_push_single_or_bulk_and_may_refuse_it() 
         assert!(queued.iter().any(|p| p.contains(jid.as_str())), "{jid}");
     }
 }
+
+/// A job refused before any worker runs (no worker for its class here) still settles its until-executed
+/// lock with its fate: kept while it waits for a retry, released once it is dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_until_executed_job_of_an_unregistered_class_keeps_its_lock_for_a_retry_and_frees_it_dead()
+ {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let client = Client::connect(&redis.url()).await.unwrap();
+    let job = |n: u64| NewJob::new("NobodyHere", (n,)).unique_for(Duration::from_secs(60));
+    let retried_key = until_executed::lock_key("NobodyHere", &json!([1]));
+    let dead_key = until_executed::lock_key("NobodyHere", &json!([2]));
+    assert!(client.push_unique(job(1)).await.unwrap().is_some());
+
+    // Unknown classes go to the retry set: the job is still pending, so is its lock.
+    let mut config = support::config(&redis.url(), &["default"], 2);
+    config.unknown_class = oxidekiq::config::UnknownClass::Retry;
+    let h = support::launch(config.clone(), Registry::new()).await;
+    wait_for("the retry entry", Duration::from_secs(10), || {
+        c.zcard::<_, usize>("retry").unwrap() == 1
+    })
+    .await;
+    h.stop().await.unwrap();
+    assert!(c.exists::<_, bool>(&retried_key).unwrap());
+    assert_eq!(client.push_unique(job(1)).await.unwrap(), None);
+
+    // Unknown classes go to the dead set: the job is finished, its lock is released.
+    assert!(client.push_unique(job(2)).await.unwrap().is_some());
+    config.unknown_class = oxidekiq::config::UnknownClass::Dead;
+    let h = support::launch(config, Registry::new()).await;
+    wait_for("the dead job", Duration::from_secs(10), || {
+        c.zcard::<_, usize>("dead").unwrap() == 1
+    })
+    .await;
+    wait_for("the dead job's lock to go", Duration::from_secs(5), || {
+        !c.exists::<_, bool>(&dead_key).unwrap()
+    })
+    .await;
+    h.stop().await.unwrap();
+    assert!(client.push_unique(job(2)).await.unwrap().is_some());
+}
