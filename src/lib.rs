@@ -25,6 +25,8 @@ pub mod keys;
 pub mod launcher;
 pub mod lock;
 pub mod logging;
+pub(crate) mod lua;
+pub mod manager;
 pub mod metrics;
 pub mod middleware;
 pub mod migrate;
