@@ -366,6 +366,23 @@ impl Reliable {
             .arg(dead_max);
         let flat: Vec<Vec<u8>> = inv.invoke_async(&mut self.conn.clone()).await?;
         let busy = !flat.is_empty();
+        let (out, failed) = self.read_reply(flat, order);
+        if let Ok(mut o) = self.outstanding.lock() {
+            o.ids.extend(out.iter().map(|u| u.id));
+        }
+        // With fewer than `max` taken, the script looked at every queue of the round.
+        if out.len() < max {
+            self.stalls.unstall(order, &failed);
+        }
+        Ok((out, busy))
+    }
+
+    /// Reads the batch script's records: the units handed out, and the queues that failed (paused here).
+    fn read_reply(
+        &self,
+        flat: Vec<Vec<u8>>,
+        order: &[Arc<str>],
+    ) -> (Vec<UnitOfWork>, Vec<Arc<str>>) {
         let name_of = |q: &[u8]| {
             let i = std::str::from_utf8(q)
                 .ok()
@@ -407,14 +424,7 @@ impl Reliable {
                 }
             }
         }
-        if let Ok(mut o) = self.outstanding.lock() {
-            o.ids.extend(out.iter().map(|u| u.id));
-        }
-        // With fewer than `max` taken, the script looked at every queue of the round.
-        if out.len() < max {
-            self.stalls.unstall(order, &failed);
-        }
-        Ok((out, busy))
+        (out, failed)
     }
 
     /// Blocks until a job arrives on the first queue of the round (moving it into its landing list) or
