@@ -89,7 +89,7 @@ pub fn split_held(rest: &str) -> Option<(&str, &str)> {
 pub const HELD_PATTERN: &str = "oxidekiq:[lw][ao][nr][dk]ing:*";
 
 /// Hash of processes seen without their liveness key: identity → Redis time (ms) when first seen so;
-/// recovery takes their jobs only once they stay so for a grace (see `fetch.rs` `ORPHAN_LUA`).
+/// recovery takes their jobs only once they stay so for a grace (see `fetch/recovery.rs` `ORPHAN_LUA`).
 pub const SUSPECTS: &str = "oxidekiq:suspects";
 
 /// Hash of per-payload recovery counts (SHA1 of the payload → times recovered from a dead process).

@@ -3,7 +3,9 @@
 //! Mirrors `processor.rb`. The outer order is fixed here: job span → retry → stats → the worker's
 //! middleware chain → the worker. "It is worse to lose a job than to run it twice": a job is acknowledged
 //! only once its fate (done, retry, schedule, dead) is in Redis; while that write fails it is retried, and
-//! until it succeeds the job stays in the in-flight table, which the shutdown pushes back.
+//! until it succeeds the job stays in the work table, which the shutdown pushes back. The
+//! [`crate::manager`] feeds the processor units of work and owns the work table and the acker that
+//! `RunState` settles a job into.
 //!
 //! Under reliable fetch a fate write (retry, dead, schedule, hand-off) also removes the job's entry from
 //! the working hash, in the same script, and writes nothing when that entry is gone ([`retry::Token`]).
@@ -146,7 +148,7 @@ impl Processor {
                     .await
                 {
                     // Interrupted at the shutdown deadline: it stays in flight, unacknowledged, and the
-                    // launcher pushes it back to its queue.
+                    // manager pushes it back to its queue.
                     return;
                 }
                 run.settle(&self);
@@ -284,7 +286,7 @@ impl Processor {
     /// - if that path panics too (a bug in the retry path itself), the payload goes to the dead set with
     ///   the error appended to its original bytes, so it is kept for a human to look at.
     ///
-    /// A panic before the job entered the in-flight table (while decoding its bytes, which the fuzz target
+    /// A panic before the job entered the work table (while decoding its bytes, which the fuzz target
     /// covers) leaves it in this process's working hash, unacknowledged: the shutdown's last sweep pushes
     /// it back to its queue (or, if the process dies, recovery does, and a job recovered too often goes to
     /// the dead set). It is not lost; it waits there until then.
@@ -426,7 +428,7 @@ impl Processor {
 /// One job's run, from fetch to ack: its in-flight entry and bytes once it has them (what
 /// [`Processor::after_panic`] needs), and whether its fate is already in Redis.
 ///
-/// A job whose fate is written (done, or its failure in Redis) leaves the in-flight table and is queued
+/// A job whose fate is written (done, or its failure in Redis) leaves the work table and is queued
 /// for acknowledgement at once, by [`RunState::settle`], before any further await: a shutdown
 /// cancellation after that point (issue 11, item 7) must not push it back to its queue as well, and a
 /// panic after it must not fail it a second time.
@@ -436,11 +438,11 @@ struct RunState {
     queue: Arc<str>,
     /// Its id in the working hash.
     id: u64,
-    /// The in-flight table entry and the job's bytes, set once the job is in the table.
+    /// The work table entry and the job's bytes, set once the job is in the table.
     held: Mutex<Option<(u64, Arc<[u8]>)>>,
     /// Set once the job's fate (done, or its retry/dead/schedule entry) is written.
     fate_written: AtomicBool,
-    /// Set once it left the in-flight table and its ack was queued.
+    /// Set once it left the work table and its ack was queued.
     acked: AtomicBool,
 }
 
@@ -455,7 +457,7 @@ impl RunState {
         }
     }
 
-    /// The fate is in Redis: out of the in-flight table and into the acker's queue, once.
+    /// The fate is in Redis: out of the work table and into the acker's queue, once.
     fn settle(&self, p: &Processor) {
         self.fate_written.store(true, Ordering::Release);
         if let Some((entry, _)) = self.held()
@@ -500,7 +502,7 @@ impl RunState {
 /// fate was written, so the failure is written like any other. Why not `futures`' `catch_unwind`: these
 /// dozen lines (pin on the stack, `poll_fn`, no `unsafe`, no allocation) are all of it.
 /// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
-/// state it shares ([`RunState`], the in-flight table) is only read under locks a panic cannot poison
+/// state it shares ([`RunState`], the work table) is only read under locks a panic cannot poison
 /// mid-update.
 pub(crate) async fn catch_unwind<F: std::future::Future>(
     fut: F,

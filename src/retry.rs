@@ -341,7 +341,7 @@ pub(crate) fn to_json(msg: &Map<String, Value>) -> String {
     serde_json::to_string(msg).unwrap_or_else(|_| "{}".to_string())
 }
 
-/// A fetched job's entry in this process's working hash under reliable fetch (`fetch.rs`): the job's
+/// A fetched job's entry in this process's working hash under reliable fetch (`fetch/reliable.rs`): the job's
 /// token. Every write that ends the job's stay in Redis consumes it in the same script (`FATE_LUA`),
 /// so the fate is written at most once and a shutdown push-back, which moves only entries still there,
 /// never duplicates a job whose fate landed. Basic fetch has no working hash, hence no token.

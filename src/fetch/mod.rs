@@ -28,7 +28,6 @@ use tokio::time::Instant;
 use crate::config::{FetchMode, QueueWeight};
 use crate::error::Result;
 use crate::redis_conn::Conn;
-use crate::retry::Token;
 
 pub mod basic;
 pub mod recovery;
@@ -108,15 +107,6 @@ impl UnitOfWork {
         self.raw = Raw::Shared(raw);
     }
 
-    /// The job's working-hash entry under `working_prefix` (reliable fetch): the token its fate write
-    /// consumes ([`Token`]).
-    pub fn token(&self, working_prefix: &str) -> Token {
-        Token {
-            working: format!("{working_prefix}{}", self.queue),
-            id: self.id,
-        }
-    }
-
     /// Ruby's `UnitOfWork#acknowledge`: the job's fate is in Redis. The manager batches these through
     /// [`Fetch::acknowledge`]; this is the single-job form.
     pub async fn acknowledge(self, fetch: &dyn Fetch) -> Result<()> {
@@ -159,8 +149,8 @@ pub trait Fetch: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// The prefix of this process's working hashes, whose entries are the jobs' fate tokens; `None`
-    /// when jobs are not held in Redis.
+    /// The prefix of this process's working hashes, whose entries are the jobs' fate tokens
+    /// ([`crate::retry::Token`]); `None` when jobs are not held in Redis.
     fn working_prefix(&self) -> Option<String> {
         None
     }
