@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::fetch::{self, Fetch, UnitOfWork};
 use crate::job::Job;
 use crate::processor::{Processor, Stats, to_base36};
-use crate::shutdown::ShutdownSignal;
+use crate::shutdown::{Phase, ShutdownSignal};
 use crate::time;
 
 /// A job that is running or whose fate is not yet in Redis: a row of the work table.
@@ -263,7 +263,7 @@ async fn run(
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     let mut processors = JoinSet::new();
     for _ in 0..concurrency {
-        processors.spawn(process_loop(processor.clone(), rx.clone()));
+        processors.spawn(process_loop(processor.clone(), rx.clone(), signal.clone()));
     }
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
@@ -281,13 +281,12 @@ async fn run(
     }
     drop((tasks, fetching_tx, processor));
     let join = async { while loops.join_next().await.is_some() {} };
-    tokio::join!(
+    let (_, _, mut left) = tokio::join!(
         quiet_sweep(&*fetch, fetching_rx, signal.clone()),
         join,
         wait_for(&mut processors, signal)
     );
     // Units still queued were fetched but never started: the shutdown pushes them back.
-    let mut left = Vec::new();
     let mut rx = rx.lock().await;
     while let Ok((unit, _)) = rx.try_recv() {
         left.push(unit);
@@ -296,14 +295,20 @@ async fn run(
 }
 
 /// One long-lived processor: takes the next unit, runs it, frees its slot. Ends when the fetch loops are
-/// gone and nothing is queued.
+/// gone and nothing is queued, or once the shutdown deadline passed: a unit taken then is not started but
+/// returned (the shutdown pushes it back untouched rather than cancel it a moment later).
 async fn process_loop(
     processor: Arc<Processor>,
     rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Task>>>,
-) {
+    signal: ShutdownSignal,
+) -> Option<UnitOfWork> {
     loop {
         let next = rx.lock().await.recv().await;
-        let Some((unit, slot)) = next else { return };
+        // `None`: the fetch loops are gone and nothing is queued.
+        let (unit, slot) = next?;
+        if signal.phase() >= Phase::Cancelled {
+            return Some(unit);
+        }
         // `process` catches a job's panic itself; this guard only keeps the processor alive should its
         // own recovery panic as well (the job then stays held, and the shutdown pushes it back).
         if crate::processor::catch_unwind(processor.clone().process(unit))
@@ -319,22 +324,35 @@ async fn process_loop(
 }
 
 /// Waits for the processors; at the deadline (Cancelled) stops them, after a moment's grace for jobs
-/// that watch the signal. Their jobs stay in the work table, which the shutdown pushes back.
-async fn wait_for(processors: &mut JoinSet<()>, mut signal: ShutdownSignal) {
+/// that watch the signal. Their jobs stay in the work table, which the shutdown pushes back. Returns the
+/// units processors took but did not start.
+async fn wait_for(
+    processors: &mut JoinSet<Option<UnitOfWork>>,
+    mut signal: ShutdownSignal,
+) -> Vec<UnitOfWork> {
+    let mut left = Vec::new();
+    let mut collect = |next: Option<std::result::Result<Option<UnitOfWork>, _>>| match next {
+        Some(r) => {
+            left.extend(r.ok().flatten());
+            true
+        }
+        None => false,
+    };
     tokio::select! {
-        _ = async { while processors.join_next().await.is_some() {} } => return,
+        _ = async { while collect(processors.join_next().await) {} } => return left,
         _ = signal.cancelled() => {}
     }
     let grace = tokio::time::sleep(Duration::from_millis(200));
     tokio::pin!(grace);
     loop {
         tokio::select! {
-            next = processors.join_next() => if next.is_none() { return },
+            next = processors.join_next() => if !collect(next) { return left },
             _ = &mut grace => break,
         }
     }
     processors.abort_all();
-    while processors.join_next().await.is_some() {}
+    while collect(processors.join_next().await) {}
+    left
 }
 
 /// Once no fetch is under way any more (every loop dropped its sender), pushes back what this process
