@@ -19,8 +19,9 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fleet::{self, Fleet};
 use crate::keys;
+use crate::manager::WorkTable;
 use crate::metrics::Metrics;
-use crate::processor::{Stats, WorkTable};
+use crate::processor::Stats;
 use crate::redis_conn::Conn;
 use crate::time;
 
@@ -328,7 +329,7 @@ impl Heartbeat {
             let mut hset_legacy = redis::cmd("HSET");
             hset_legacy.arg(&legacy_key);
             for j in &jobs {
-                let entry = work_entry(&j.queue, &j.raw, j.run_at);
+                let entry = work_entry(&j.unit.queue, j.unit.raw(), j.run_at);
                 let tid = j.tid();
                 hset.arg(&tid).arg(&entry);
                 hset_legacy.arg(&tid).arg(&entry);
@@ -420,6 +421,62 @@ fn add_stats(
         pipe.cmd("INCRBY").arg(base).arg(n).ignore();
         pipe.cmd("INCRBY").arg(&daily).arg(n).ignore();
         pipe.cmd("EXPIRE").arg(&daily).arg(STATS_TTL_SECS).ignore();
+    }
+}
+
+/// The heartbeat loop: a beat every `interval` until `stop` says so. With `alive` (the liveness TTL of a
+/// fetch that holds jobs in Redis) each beat first re-sets this process's liveness key, which orphan
+/// recovery reads. A signal the Web UI left for this process goes to `control`.
+pub async fn run(
+    heartbeat: Arc<Heartbeat>,
+    interval: Duration,
+    alive: Option<Duration>,
+    signal: crate::shutdown::ShutdownSignal,
+    control: tokio::sync::mpsc::UnboundedSender<crate::shutdown::Control>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut failing = false;
+    let mut conn = heartbeat.conn();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let mut errors = Vec::new();
+        if let Some(ttl) = alive {
+            match crate::fetch::mark_alive(&mut conn, &heartbeat.info.identity, ttl).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    "this process's liveness key had expired (a redis stall or a long pause): reclaimed; \
+                     its jobs were taken only if it stayed away past the recovery grace"
+                ),
+                Err(e) => errors.push(e),
+            }
+        }
+        match heartbeat.beat(signal.is_quiet()).await {
+            Ok(Some(name)) => match crate::shutdown::Control::from_signal(&name) {
+                Some(c) => {
+                    tracing::info!(signal = %name, "received signal from the Web UI");
+                    let _ = control.send(c);
+                }
+                None => tracing::warn!(signal = %name, "ignoring unknown remote signal"),
+            },
+            Ok(None) => {}
+            Err(e) => errors.push(e),
+        }
+        if let Some(e) = errors.first()
+            && !failing
+        {
+            tracing::warn!(error = %e, "heartbeat cannot reach redis; retrying");
+        }
+        let ok = errors.is_empty();
+        if ok {
+            crate::prom::metrics().beat();
+        }
+        if ok && failing {
+            tracing::info!("heartbeat reaches redis again");
+        }
+        failing = !ok;
     }
 }
 

@@ -28,7 +28,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
 use crate::error::{Error, Result};
-use crate::processor::WorkTable;
+use crate::manager::WorkTable;
 use crate::prom::{self, Gauges};
 use crate::redis_conn::Conn;
 use crate::shutdown::ShutdownSignal;

@@ -44,15 +44,27 @@ pub fn signals(identity: &str) -> String {
     format!("{identity}-signals")
 }
 
+/// What every working hash's name starts with (reliable fetch): `oxidekiq:working:<identity>:<queue>`.
+pub const WORKING: &str = "oxidekiq:working:";
+
+/// What every landing list's name starts with: `oxidekiq:landing:<identity>:<queue>`.
+pub const LANDING: &str = "oxidekiq:landing:";
+
 /// The prefix of this process's working hashes (reliable fetch); the queue name follows.
 pub fn working_prefix(identity: &str) -> String {
-    format!("oxidekiq:working:{identity}:")
+    format!("{WORKING}{identity}:")
 }
 
 /// The prefix of this process's landing lists (where a blocking fetch puts a job before the batch script
 /// moves it into the working hash); the queue name follows.
 pub fn landing_prefix(identity: &str) -> String {
-    format!("oxidekiq:landing:{identity}:")
+    format!("{LANDING}{identity}:")
+}
+
+/// The key whose presence says a reliable-fetch process is alive: `oxidekiq:alive:<identity>`, refreshed
+/// by its heartbeat, read by orphan recovery.
+pub fn alive(identity: &str) -> String {
+    format!("oxidekiq:alive:{identity}")
 }
 
 /// Splits the part of a working or landing key after its prefix, `<identity>:<queue>`, into identity and
@@ -78,7 +90,7 @@ pub fn split_held(rest: &str) -> Option<(&str, &str)> {
 pub const HELD_PATTERN: &str = "oxidekiq:[lw][ao][nr][dk]ing:*";
 
 /// Hash of processes seen without their liveness key: identity → Redis time (ms) when first seen so;
-/// recovery takes their jobs only once they stay so for a grace (see `fetch.rs` `ORPHAN_LUA`).
+/// recovery takes their jobs only once they stay so for a grace (see `fetch/recovery.rs` `ORPHAN_LUA`).
 pub const SUSPECTS: &str = "oxidekiq:suspects";
 
 /// Hash of per-payload recovery counts (SHA1 of the payload → times recovered from a dead process).

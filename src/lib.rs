@@ -5,7 +5,7 @@
 //! Everything it writes back (retries, dead set, requeues, heartbeats, stats, new jobs) is what Ruby would
 //! write, so the Web UI and `Sidekiq::API` see nothing odd.
 //!
-//! The modules are split by concept and named after Sidekiq's own files, so `fetch.rs` reads next to
+//! The modules are split by concept and named after Sidekiq's own files, so `fetch/` reads next to
 //! `fetch.rb`. `job`, `keys` and `error` depend on nothing internal; only the [`launcher`] knows everything.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -25,6 +25,8 @@ pub mod keys;
 pub mod launcher;
 pub mod lock;
 pub mod logging;
+pub(crate) mod lua;
+pub mod manager;
 pub mod metrics;
 pub mod middleware;
 pub mod migrate;

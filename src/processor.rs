@@ -3,14 +3,15 @@
 //! Mirrors `processor.rb`. The outer order is fixed here: job span → retry → stats → the worker's
 //! middleware chain → the worker. "It is worse to lose a job than to run it twice": a job is acknowledged
 //! only once its fate (done, retry, schedule, dead) is in Redis; while that write fails it is retried, and
-//! until it succeeds the job stays in the in-flight table, which the shutdown pushes back.
+//! until it succeeds the job stays in the work table, which the shutdown pushes back. The
+//! [`crate::manager`] feeds the processor units of work and owns the work table and the acker that
+//! `RunState` settles a job into.
 //!
 //! Under reliable fetch a fate write (retry, dead, schedule, hand-off) also removes the job's entry from
 //! the working hash, in the same script, and writes nothing when that entry is gone ([`retry::Token`]).
 //! So a retry after a lost reply writes nothing twice, and a write cut off by the shutdown deadline after
 //! Redis ran it leaves nothing for the push-back, which moves only entries still there.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,8 +22,9 @@ use tracing::Instrument;
 
 use crate::config::UnknownClass;
 use crate::error::{JobError, JobResult, Result};
-use crate::fetch::{Held, UnitOfWork};
+use crate::fetch::UnitOfWork;
 use crate::job::{Job, PayloadError};
+use crate::manager::WorkTable;
 use crate::middleware::Next;
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
@@ -56,98 +58,6 @@ impl Stats {
     }
 }
 
-/// A job that is running or whose fate is not yet in Redis.
-#[derive(Debug, Clone)]
-pub struct InFlight {
-    /// Queue it was fetched from.
-    pub queue: Arc<str>,
-    /// Its exact bytes, for the push-back at shutdown.
-    pub raw: Arc<[u8]>,
-    /// Its field in the working hash.
-    pub id: u64,
-    /// Epoch seconds when it started (`run_at` of the work hash).
-    pub run_at: i64,
-    /// Sequence number of the entry; its base-36 form is the Busy page's thread id.
-    pub seq: u64,
-}
-
-impl InFlight {
-    /// What a requeue needs.
-    pub fn held(&self) -> Held {
-        Held {
-            queue: self.queue.clone(),
-            id: self.id,
-            raw: self.raw.clone(),
-        }
-    }
-
-    /// The Busy-page thread id (Ruby's `tid` is base 36 too).
-    pub fn tid(&self) -> String {
-        to_base36(self.seq)
-    }
-}
-
-/// The jobs currently in flight, for the Busy page and the shutdown.
-#[derive(Debug, Default)]
-pub struct WorkTable {
-    /// In-flight jobs by sequence number.
-    map: Mutex<HashMap<u64, InFlight>>,
-    /// Next sequence number.
-    next: AtomicU64,
-}
-
-impl WorkTable {
-    fn insert(&self, queue: Arc<str>, id: u64, raw: Arc<[u8]>) -> u64 {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let entry = InFlight {
-            queue,
-            raw,
-            id,
-            run_at: time::now() as i64,
-            seq,
-        };
-        if let Ok(mut m) = self.map.lock() {
-            m.insert(seq, entry);
-        }
-        seq
-    }
-
-    fn remove(&self, id: u64) {
-        if let Ok(mut m) = self.map.lock() {
-            m.remove(&id);
-        }
-    }
-
-    /// A copy of every in-flight job.
-    pub fn snapshot(&self) -> Vec<InFlight> {
-        self.map
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// How many jobs are in flight.
-    pub fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
-    }
-
-    /// True when nothing is in flight.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Takes every in-flight job out of the table (for the push-back).
-    pub fn drain(&self) -> Vec<InFlight> {
-        self.map
-            .lock()
-            .map(|mut m| m.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default()
-    }
-}
-
-/// An acknowledgement waiting to be sent.
-pub type Ack = Held;
-
 /// Everything a job's run needs, shared by all running jobs.
 #[derive(Debug)]
 pub struct Processor {
@@ -159,8 +69,8 @@ pub struct Processor {
     pub stats: Arc<Stats>,
     /// In-flight jobs.
     pub work: Arc<WorkTable>,
-    /// Acks to send, batched by the acker.
-    pub acks: mpsc::UnboundedSender<Ack>,
+    /// Settled jobs, for the manager's acker to acknowledge in batches.
+    pub acks: mpsc::UnboundedSender<UnitOfWork>,
     /// The process's phase.
     pub shutdown: ShutdownSignal,
     /// Largest payload decoded.
@@ -191,13 +101,13 @@ impl Processor {
     }
 
     /// [`Processor::process`] without the panic guard; `run` records what a panic recovery needs.
-    async fn process_unit(self: Arc<Self>, unit: UnitOfWork, run: &RunState) {
-        let queue = unit.queue;
-        let id = unit.id;
-        match Job::parse(unit.raw, self.max_payload_bytes) {
+    async fn process_unit(self: Arc<Self>, mut unit: UnitOfWork, run: &RunState) {
+        let queue = unit.queue.clone();
+        match Job::parse(unit.take_raw(), self.max_payload_bytes) {
             Err((bytes, error)) => {
                 let raw: Arc<[u8]> = Arc::from(bytes);
-                let entry = self.work.insert(queue.clone(), id, raw.clone());
+                unit.share_raw(raw.clone());
+                let entry = self.work.insert(unit);
                 run.entered(entry, &raw);
                 tracing::warn!(queue = %queue, error = %error, "undecodable job sent to the dead set");
                 let now = time::now();
@@ -222,7 +132,8 @@ impl Processor {
             Ok(job) => {
                 let job = Arc::new(job);
                 let raw: Arc<[u8]> = job.shared_raw();
-                let entry = self.work.insert(queue.clone(), id, raw.clone());
+                unit.share_raw(raw.clone());
+                let entry = self.work.insert(unit);
                 run.entered(entry, &raw);
                 let span = tracing::info_span!(
                     "job",
@@ -237,7 +148,7 @@ impl Processor {
                     .await
                 {
                     // Interrupted at the shutdown deadline: it stays in flight, unacknowledged, and the
-                    // launcher pushes it back to its queue.
+                    // manager pushes it back to its queue.
                     return;
                 }
                 run.settle(&self);
@@ -361,7 +272,7 @@ impl Processor {
     /// - if that path panics too (a bug in the retry path itself), the payload goes to the dead set with
     ///   the error appended to its original bytes, so it is kept for a human to look at.
     ///
-    /// A panic before the job entered the in-flight table (while decoding its bytes, which the fuzz target
+    /// A panic before the job entered the work table (while decoding its bytes, which the fuzz target
     /// covers) leaves it in this process's working hash, unacknowledged: the shutdown's last sweep pushes
     /// it back to its queue (or, if the process dies, recovery does, and a job recovered too often goes to
     /// the dead set). It is not lost; it waits there until then.
@@ -519,7 +430,7 @@ impl Processor {
 /// One job's run, from fetch to ack: its in-flight entry and bytes once it has them (what
 /// [`Processor::after_panic`] needs), and whether its fate is already in Redis.
 ///
-/// A job whose fate is written (done, or its failure in Redis) leaves the in-flight table and is queued
+/// A job whose fate is written (done, or its failure in Redis) leaves the work table and is queued
 /// for acknowledgement at once, by [`RunState::settle`], before any further await: a shutdown
 /// cancellation after that point (issue 11, item 7) must not push it back to its queue as well, and a
 /// panic after it must not fail it a second time.
@@ -529,11 +440,11 @@ struct RunState {
     queue: Arc<str>,
     /// Its id in the working hash.
     id: u64,
-    /// The in-flight table entry and the job's bytes, set once the job is in the table.
+    /// The work table entry and the job's bytes, set once the job is in the table.
     held: Mutex<Option<(u64, Arc<[u8]>)>>,
     /// Set once the job's fate (done, or its retry/dead/schedule entry) is written.
     fate_written: AtomicBool,
-    /// Set once it left the in-flight table and its ack was queued.
+    /// Set once it left the work table and its ack was queued.
     acked: AtomicBool,
 }
 
@@ -548,18 +459,14 @@ impl RunState {
         }
     }
 
-    /// The fate is in Redis: out of the in-flight table and into the acker's queue, once.
+    /// The fate is in Redis: out of the work table and into the acker's queue, once.
     fn settle(&self, p: &Processor) {
         self.fate_written.store(true, Ordering::Release);
-        if let Some((entry, raw)) = self.held()
+        if let Some((entry, _)) = self.held()
             && !self.acked.swap(true, Ordering::AcqRel)
+            && let Some(unit) = p.work.remove(entry)
         {
-            p.work.remove(entry);
-            let _ = p.acks.send(Held {
-                queue: self.queue.clone(),
-                id: self.id,
-                raw,
-            });
+            let _ = p.acks.send(unit);
         }
     }
 
@@ -592,14 +499,14 @@ impl RunState {
 
 /// Polls `fut`, turning a panic inside it into `Err` with the panic's payload.
 ///
-/// Why here and not `JoinError::is_panic` on the task: the task is spawned by the launcher, which knows
-/// nothing of the job; catching in the processor keeps the job, its in-flight entry and whether its
+/// Why here and not `JoinError::is_panic` on the task: the manager's processors are long-lived tasks
+/// that know nothing of the job; catching in the processor keeps the job, its in-flight entry and whether its
 /// fate was written, so the failure is written like any other. Why not `futures`' `catch_unwind`: these
 /// dozen lines (pin on the stack, `poll_fn`, no `unsafe`, no allocation) are all of it.
 /// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
-/// state it shares ([`RunState`], the in-flight table) is only read under locks a panic cannot poison
+/// state it shares ([`RunState`], the work table) is only read under locks a panic cannot poison
 /// mid-update.
-async fn catch_unwind<F: std::future::Future>(
+pub(crate) async fn catch_unwind<F: std::future::Future>(
     fut: F,
 ) -> std::result::Result<F::Output, Box<dyn std::any::Any + Send>> {
     let mut fut = std::pin::pin!(fut);

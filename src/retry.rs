@@ -341,7 +341,7 @@ pub(crate) fn to_json(msg: &Map<String, Value>) -> String {
     serde_json::to_string(msg).unwrap_or_else(|_| "{}".to_string())
 }
 
-/// A fetched job's entry in this process's working hash under reliable fetch (`fetch.rs`): the job's
+/// A fetched job's entry in this process's working hash under reliable fetch (`fetch/reliable.rs`): the job's
 /// token. Every write that ends the job's stay in Redis consumes it in the same script (`FATE_LUA`),
 /// so the fate is written at most once and a shutdown push-back, which moves only entries still there,
 /// never duplicates a job whose fate landed. Basic fetch has no working hash, hence no token.
@@ -357,14 +357,15 @@ pub struct Token {
 /// working hash (ignored when ARGV[1], the job's field, is empty: basic fetch), KEYS[2] the key written,
 /// KEYS[3] the `queues` set and KEYS[4] the hand-off counts (push only). ARGV[2] is the write: `zadd`
 /// (retry or schedule set; ARGV[4] the score), `dead` (`DeadSet#kill`, `job_retry.rb send_to_morgue`:
-/// `to_dead` of `fetch.rs`; ARGV[4] score, ARGV[5] trim score, ARGV[6] size limit) or `push` (`client.rb`
-/// `raw_push`: `SADD queues`, `LPUSH`; ARGV[4] queue name, ARGV[5] class to count in KEYS[4] or empty);
+/// the one `to_dead` of [`crate::lua`]; ARGV[4] score, ARGV[5] trim score, ARGV[6] size limit) or `push`
+/// (`client.rb raw_push`: the one `push_job` of [`crate::lua`]; ARGV[4] queue name, ARGV[5] class to
+/// count in KEYS[4] or empty);
 /// ARGV[3] is the member. The entry is checked first: gone means the fate was written by an earlier try
 /// whose reply was lost (or a recovery took the job back), so nothing is written twice. The write comes
 /// before the `HDEL`, through `pcall`: a write that fails removes nothing. Returns {1, ''} when written,
 /// {0, ''} when the entry was gone, {0, error} when the write failed.
 const FATE_LUA: &str = concat!(
-    crate::fetch::lua_common!(),
+    crate::lua::lua_common!(),
     r#"
 local id = ARGV[1]
 if id ~= '' and redis.call('HEXISTS', KEYS[1], id) == 0 then return {0, ''} end
@@ -373,13 +374,11 @@ if op == 'zadd' then
   local r = redis.pcall('ZADD', KEYS[2], ARGV[4], member)
   if failed(r) then return {0, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a sorted set: ' .. r.err} end
 elseif op == 'dead' then
-  local err = to_dead(member, ARGV[4], ARGV[5], tonumber(ARGV[6]))
+  local err = to_dead(KEYS[2], member, ARGV[4], ARGV[5], tonumber(ARGV[6]))
   if err then return {0, err} end
 elseif op == 'push' then
-  local r = redis.pcall('SADD', KEYS[3], ARGV[4])
-  if failed(r) then return {0, KEYS[3] .. ' is a ' .. kind(KEYS[3]) .. ', not a set: ' .. r.err} end
-  r = redis.pcall('LPUSH', KEYS[2], member)
-  if failed(r) then return {0, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a list: ' .. r.err} end
+  local err = push_job(KEYS[3], KEYS[2], ARGV[4], member)
+  if err then return {0, err} end
   if ARGV[5] ~= '' then redis.pcall('HINCRBY', KEYS[4], ARGV[5], 1) end
 else
   return {0, 'unknown fate write ' .. op}
@@ -422,13 +421,14 @@ async fn write_fate(
             inv.key(key).arg(id).arg("zadd").arg(member).arg(score(at));
         }
         FateWrite::Dead { now } => {
+            let (trim_before, dead_max) = crate::lua::dead_trim(now);
             inv.key(keys::DEAD)
                 .arg(id)
                 .arg("dead")
                 .arg(member)
                 .arg(score(now))
-                .arg(score(now - DEAD_TIMEOUT_SECS))
-                .arg(DEAD_MAX_JOBS);
+                .arg(trim_before)
+                .arg(dead_max);
         }
         FateWrite::Push { queue, class } => {
             inv.key(keys::queue(queue))
@@ -443,7 +443,7 @@ async fn write_fate(
     }
     let (written, err): (u8, String) = inv.invoke_async(conn).await?;
     if !err.is_empty() {
-        return Err(crate::fetch::script_error(err));
+        return Err(crate::lua::script_error(err));
     }
     if written == 0 {
         tracing::info!(
@@ -493,7 +493,8 @@ pub async fn apply(
 }
 
 /// `DeadSet#kill` (`job_retry.rb send_to_morgue`): adds the member and trims the set by age and size, in
-/// one script (the same `to_dead` as the fetch and recovery scripts).
+/// one script (the one `to_dead` of [`crate::lua`], as the fetch, recovery and poller scripts). The one
+/// Rust entry point for a dead-set write.
 pub async fn send_to_morgue(conn: &mut Conn, payload: &[u8], now: f64) -> Result<()> {
     kill(conn, payload, now, None).await.map(|_| ())
 }
@@ -509,7 +510,8 @@ pub async fn kill(
     write_fate(conn, token, FateWrite::Dead { now }, payload).await
 }
 
-/// Pushes `payload` to `queue` as Ruby's client does (`SADD queues`, `LPUSH queue:<queue>`), counting it
+/// Pushes `payload` to `queue` as Ruby's client does (`SADD queues`, `LPUSH queue:<queue>`, the one
+/// `push_job` of [`crate::lua`]), counting it
 /// for `class` in [`keys::HANDOFF`] when given, and consuming the job's `token` in the same script: false
 /// when the token was already gone (nothing pushed), so a retry after a lost reply never pushes twice.
 pub async fn push_to_queue(

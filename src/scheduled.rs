@@ -48,35 +48,41 @@ end
 return out
 "#;
 
-/// ARGV: set, then triples (member, queue, new payload); a triple with an empty queue goes to `dead`.
-/// Each write comes before the `ZREM`, through `pcall`: a write that fails leaves its member in the set.
-/// Returns {moved, left in the set by a failed write, the first such error}.
-const ENQUEUE_LUA: &str = r#"
-local set = ARGV[1]
-local moved, failed, first = 0, 0, ''
-for i = 2, #ARGV, 3 do
-  if redis.call('ZSCORE', set, ARGV[i]) then
-    local q = ARGV[i + 1]
-    local key, r
+/// KEYS[1] is the set, KEYS[2] `queues`, KEYS[3] the dead set, then one key per member: its queue, or
+/// the dead set for a member that is not a job. ARGV[1] and ARGV[2] are the dead set's trim score and
+/// size limit, then triples (member, queue name or '' for the dead set, new payload or dead score). A
+/// job goes through the one `push_job` (`SADD queues`, `LPUSH`), a non-job through the one `to_dead`
+/// (trimmed as `DeadSet#kill` trims), both of [`crate::lua`]. Each write comes before the `ZREM`,
+/// through `pcall`: a write that fails leaves its member in the set. Returns {moved, left in the set by
+/// a failed write, the first such error}.
+const ENQUEUE_LUA: &str = concat!(
+    crate::lua::lua_common!(),
+    r#"
+local set, queues, dead = KEYS[1], KEYS[2], KEYS[3]
+local trim_before, dead_max = ARGV[1], tonumber(ARGV[2])
+local moved, fails, first = 0, 0, ''
+for i = 3, #ARGV, 3 do
+  local member, q = ARGV[i], ARGV[i + 1]
+  if redis.call('ZSCORE', set, member) then
+    local key = KEYS[3 + (i / 3)]
+    local err
     if q == '' then
-      key = 'dead'
-      r = redis.pcall('ZADD', key, ARGV[i + 2], ARGV[i])
+      err = to_dead(dead, member, ARGV[i + 2], trim_before, dead_max)
     else
-      key = 'queue:' .. q
-      r = redis.pcall('LPUSH', key, ARGV[i + 2])
+      err = push_job(queues, key, q, ARGV[i + 2])
     end
-    if type(r) == 'table' and r.err then
-      failed = failed + 1
-      if first == '' then first = key .. ' is a ' .. redis.call('TYPE', key).ok .. ': ' .. r.err end
+    if err then
+      fails = fails + 1
+      if first == '' then first = err end
     else
-      if q ~= '' then redis.pcall('SADD', 'queues', q) end
-      redis.call('ZREM', set, ARGV[i])
+      redis.call('ZREM', set, member)
       moved = moved + 1
     end
   end
 end
-return {moved, failed, first}
-"#;
+return {moved, fails, first}
+"#
+);
 
 /// Moves every due job of `set` into its queue; returns how many moved.
 pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -> Result<u64> {
@@ -99,18 +105,24 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
             return Ok(total);
         }
         let mut inv = script.prepare_invoke();
-        inv.arg(set);
+        inv.key(set).key(keys::QUEUES).key(keys::DEAD);
+        let (trim_before, dead_max) = crate::lua::dead_trim(now);
+        inv.arg(trim_before).arg(dead_max);
         for member in &due {
             let job = std::str::from_utf8(member)
                 .ok()
                 .and_then(|m| requeued_payload(m, now, tf));
             match job {
-                Some((queue, payload)) => inv.arg(member).arg(queue).arg(payload),
+                Some((queue, payload)) => {
+                    inv.key(keys::queue(&queue));
+                    inv.arg(member).arg(queue).arg(payload)
+                }
                 None => {
                     tracing::warn!(
                         set,
                         "a member that is not a Sidekiq job moved to the dead set"
                     );
+                    inv.key(keys::DEAD);
                     inv.arg(member).arg("").arg(score(now))
                 }
             };

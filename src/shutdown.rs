@@ -20,6 +20,29 @@ pub enum Phase {
     Cancelled,
 }
 
+/// A control request, whatever its source (OS signal, the Web UI's `<identity>-signals`, a test).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Stop fetching; finish running jobs (TSTP, Web UI Quiet).
+    Quiet,
+    /// Stop: quiet, then running jobs get until the deadline (TERM, INT, Web UI Stop).
+    Stop,
+    /// Log the running jobs (TTIN).
+    Dump,
+}
+
+impl Control {
+    /// The control a signal name stands for (`TSTP`, `TERM`, `INT`, `TTIN`), as the Web UI sends them.
+    pub fn from_signal(name: &str) -> Option<Control> {
+        match name.trim_start_matches("SIG") {
+            "TSTP" | "USR1" => Some(Control::Quiet),
+            "TERM" | "INT" => Some(Control::Stop),
+            "TTIN" | "INFO" => Some(Control::Dump),
+            _ => None,
+        }
+    }
+}
+
 /// The launcher's handle, which moves the phase forward (never back).
 #[derive(Debug)]
 pub struct Shutdown {

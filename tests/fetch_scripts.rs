@@ -10,8 +10,8 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use oxidekiq::config::{FetchMode, QueueWeight};
-use oxidekiq::fetch::{self, Fetcher, Held, RecoveryPolicy};
+use oxidekiq::config::QueueWeight;
+use oxidekiq::fetch::{self, Basic, Fetch, RecoveryPolicy, Reliable};
 use oxidekiq::redis_conn::{self, Conn};
 use oxidekiq::time::TimeFormat;
 use redis::Commands;
@@ -39,10 +39,9 @@ async fn conns(redis: &support::RedisServer) -> (Conn, Conn) {
     (conn, blocking)
 }
 
-async fn fetcher(redis: &support::RedisServer, names: &[&str], identity: &str) -> Fetcher {
+async fn fetcher(redis: &support::RedisServer, names: &[&str], identity: &str) -> Reliable {
     let (conn, blocking) = conns(redis).await;
-    Fetcher::new(
-        FetchMode::Reliable,
+    Reliable::new(
         &queues(names),
         identity,
         conn,
@@ -95,16 +94,16 @@ async fn a_full_landing_list_in_a_later_queue_fills_only_the_rest_of_the_batch()
             .unwrap();
     }
     let f = fetcher(&redis, &["a", "b"], ME).await;
-    let got = f.fetch(4).await.unwrap();
+    let got = f.retrieve_work(4).await.unwrap();
     assert_eq!(got.len(), 4, "a batch of 4");
     let ids: HashSet<u64> = got.iter().map(|u| u.id).collect();
     assert_eq!(ids.len(), 4, "every job has its own id");
     // Each returned job is in the working hash under its id, byte for byte.
     for u in &got {
         let stored: Vec<u8> = c.hget(working(ME, &u.queue), u.id).unwrap();
-        assert_eq!(stored, u.raw);
+        assert_eq!(stored, u.raw());
     }
-    let fetched: Vec<String> = got.iter().map(|u| jid_of(&u.raw)).collect();
+    let fetched: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
     assert_eq!(
         &fetched[..3],
         ["a0", "a1", "a2"],
@@ -120,9 +119,9 @@ async fn a_full_landing_list_in_a_later_queue_fills_only_the_rest_of_the_batch()
     let hash_len: usize = c.hlen(working(ME, "b")).unwrap();
     assert_eq!(hash_len, 1, "no job stored as a field name");
     // The next fetch takes the rest: all eight accounted for, none twice.
-    let more = f.fetch(10).await.unwrap();
+    let more = f.retrieve_work(10).await.unwrap();
     let mut all: Vec<String> = fetched;
-    all.extend(more.iter().map(|u| jid_of(&u.raw)));
+    all.extend(more.iter().map(|u| jid_of(u.raw())));
     all.sort();
     assert_eq!(all, ["a0", "a1", "a2", "b0", "b1", "b2", "b3", "b4"]);
 }
@@ -139,8 +138,8 @@ async fn max_smaller_than_the_landing_list_takes_max_and_leaves_the_rest() {
     }
     let _: () = c.lpush("queue:default", job("q0", "default")).unwrap();
     let f = fetcher(&redis, &["default"], ME).await;
-    let got = f.fetch(3).await.unwrap();
-    let jids: Vec<String> = got.iter().map(|u| jid_of(&u.raw)).collect();
+    let got = f.retrieve_work(3).await.unwrap();
+    let jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
     assert_eq!(jids, ["j0", "j1", "j2"]);
     assert_eq!(list_jids(&mut c, &landing(ME, "default")).len(), 7);
     assert_eq!(list_jids(&mut c, "queue:default"), ["q0"]);
@@ -166,7 +165,7 @@ async fn a_huge_max_sends_a_constant_number_of_arguments_and_takes_a_bounded_bat
         .query(&mut c)
         .unwrap();
     let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut c).unwrap();
-    let got = f.fetch(100_000_000).await.unwrap();
+    let got = f.retrieve_work(100_000_000).await.unwrap();
     assert!(
         !got.is_empty() && got.len() <= fetch::MAX_BATCH,
         "{}",
@@ -213,19 +212,19 @@ async fn a_wrong_type_queue_key_stalls_only_its_queue() {
     let _: () = c.lpush("queue:b", job("b1", "b")).unwrap();
     let f = fetcher(&redis, &["a", "b"], ME).await;
     let got = f
-        .fetch(10)
+        .retrieve_work(10)
         .await
         .expect("one bad key must not fail the fetch");
-    let mut jids: Vec<String> = got.iter().map(|u| jid_of(&u.raw)).collect();
+    let mut jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
     jids.sort();
     assert_eq!(jids, ["b0", "b1", "landed"]);
     let v: String = c.get("queue:a").unwrap();
     assert_eq!(v, "not a list");
     // While queue a is paused, b keeps flowing.
     let _: () = c.lpush("queue:b", job("b2", "b")).unwrap();
-    let got = f.fetch(10).await.unwrap();
+    let got = f.retrieve_work(10).await.unwrap();
     assert_eq!(
-        got.iter().map(|u| jid_of(&u.raw)).collect::<Vec<_>>(),
+        got.iter().map(|u| jid_of(u.raw())).collect::<Vec<_>>(),
         ["b2"]
     );
     // Fixed, it is served again after its backoff.
@@ -233,7 +232,13 @@ async fn a_wrong_type_queue_key_stalls_only_its_queue() {
     let _: () = c.lpush("queue:a", job("a0", "a")).unwrap();
     let mut seen = Vec::new();
     for _ in 0..100 {
-        seen.extend(f.fetch(10).await.unwrap().iter().map(|u| jid_of(&u.raw)));
+        seen.extend(
+            f.retrieve_work(10)
+                .await
+                .unwrap()
+                .iter()
+                .map(|u| jid_of(u.raw())),
+        );
         if !seen.is_empty() {
             break;
         }
@@ -250,23 +255,21 @@ async fn basic_fetch_serves_the_other_queues_past_a_wrong_type_key() {
     let _: () = c.set("queue:a", "not a list").unwrap();
     let _: () = c.lpush("queue:b", job("b0", "b")).unwrap();
     let (conn, blocking) = conns(&redis).await;
-    let f = Fetcher::new(
-        FetchMode::Basic,
+    let f = Basic::new(
         &queues(&["a", "b"]),
-        ME,
         conn,
         blocking,
         Duration::from_millis(200),
     );
     let mut got = Vec::new();
     for _ in 0..10 {
-        got.extend(f.fetch(1).await.expect("not a fetch failure"));
+        got.extend(f.retrieve_work(1).await.expect("not a fetch failure"));
         if !got.is_empty() {
             break;
         }
     }
     assert_eq!(
-        got.iter().map(|u| jid_of(&u.raw)).collect::<Vec<_>>(),
+        got.iter().map(|u| jid_of(u.raw())).collect::<Vec<_>>(),
         ["b0"]
     );
 }
@@ -284,7 +287,7 @@ async fn a_write_failing_inside_the_fetch_script_leaves_the_jobs_in_their_queue(
     let _: () = c.set(working(ME, "a"), "in the way").unwrap();
     let f = fetcher(&redis, &["a"], ME).await;
     let got = f
-        .fetch(10)
+        .retrieve_work(10)
         .await
         .expect("a per-queue error, not a fetch failure");
     assert!(got.is_empty());
@@ -301,26 +304,19 @@ async fn a_push_back_into_a_wrong_type_queue_keeps_the_job_in_the_working_hash()
     let _: () = c.lpush("queue:a", job("a0", "a")).unwrap();
     let _: () = c.lpush("queue:a", job("a1", "a")).unwrap();
     let f = fetcher(&redis, &["a"], ME).await;
-    let got = f.fetch(10).await.unwrap();
+    let got = f.retrieve_work(10).await.unwrap();
     assert_eq!(got.len(), 2);
     let _: () = c.set("queue:a", "not a list").unwrap();
-    let held: Vec<Held> = got
-        .iter()
-        .map(|u| Held {
-            queue: u.queue.clone(),
-            id: u.id,
-            raw: u.raw.clone().into(),
-        })
-        .collect();
+    let held = got;
     let err = f
-        .requeue(&held)
+        .bulk_requeue(&held)
         .await
         .expect_err("the push-back cannot succeed");
     assert!(err.to_string().contains("queue:a is a string"), "{err}");
     assert_eq!(hash_jids(&mut c, &working(ME, "a")).len(), 2);
     // Fixed, it goes through.
     let _: () = c.del("queue:a").unwrap();
-    assert_eq!(f.requeue(&held).await.unwrap(), 2);
+    assert_eq!(f.bulk_requeue(&held).await.unwrap(), 2);
     assert_eq!(list_jids(&mut c, "queue:a").len(), 2);
     assert!(!c.exists::<_, bool>(working(ME, "a")).unwrap());
 }
@@ -360,7 +356,7 @@ async fn reconcile_pushes_back_only_entries_never_handed_out() {
         let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
     }
     let f = fetcher(&redis, &["a"], ME).await;
-    let got = f.fetch(10).await.unwrap();
+    let got = f.retrieve_work(10).await.unwrap();
     assert_eq!(got.len(), 3);
     // What a lost reply leaves: an entry under an id this fetcher never returned.
     let _: () = c.hset(working(ME, "a"), 999_999, job("lost", "a")).unwrap();
@@ -368,15 +364,8 @@ async fn reconcile_pushes_back_only_entries_never_handed_out() {
     assert_eq!(list_jids(&mut c, "queue:a"), ["lost"]);
     assert_eq!(c.hlen::<_, usize>(working(ME, "a")).unwrap(), 3);
     // Acknowledged jobs leave the hash and the outstanding set.
-    let held: Vec<Held> = got
-        .iter()
-        .map(|u| Held {
-            queue: u.queue.clone(),
-            id: u.id,
-            raw: u.raw.clone().into(),
-        })
-        .collect();
-    f.ack(&held).await.unwrap();
+    let held = got;
+    f.acknowledge(&held).await.unwrap();
     assert_eq!(f.outstanding(), 0);
     assert_eq!(c.hlen::<_, usize>(working(ME, "a")).unwrap(), 0);
 }
@@ -398,9 +387,9 @@ async fn oversized_payloads_go_to_the_dead_set_inside_redis_each_as_its_own_memb
         1000,
         std::sync::Arc::new(oxidekiq::fleet::Fleet::new(Some(TimeFormat::Seconds))),
     );
-    let got = f.fetch(10).await.unwrap();
+    let got = f.retrieve_work(10).await.unwrap();
     assert_eq!(
-        got.iter().map(|u| jid_of(&u.raw)).collect::<Vec<_>>(),
+        got.iter().map(|u| jid_of(u.raw())).collect::<Vec<_>>(),
         ["small"]
     );
     assert_eq!(f.take_dead(), 2);
@@ -465,7 +454,7 @@ async fn recovery_spares_a_process_that_reclaims_its_liveness_key() {
     assert_eq!((r.requeued, r.suspects), (0, 0));
     assert_eq!(hash_jids(&mut c, &working(other, "a")), ["w1"]);
     // Gone for good: marked, and after the grace its jobs go back.
-    let _: () = c.del(fetch::alive_key(other)).unwrap();
+    let _: () = c.del(oxidekiq::keys::alive(other)).unwrap();
     let r = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(grace))
         .await
         .unwrap()

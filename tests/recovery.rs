@@ -106,7 +106,7 @@ async fn a_beat_clears_a_suspect_mark_so_a_later_absence_gets_a_full_grace() {
     // Longer than the grace since the first mark, still alive.
     tokio::time::sleep(grace + Duration::from_millis(300)).await;
     // Stall 2: its key is gone (as an expiry during a stall leaves it).
-    let _: () = c.del(fetch::alive_key(other)).unwrap();
+    let _: () = c.del(oxidekiq::keys::alive(other)).unwrap();
     let r = pass(&mut conn, grace).await;
     assert_eq!(
         r.requeued, 0,

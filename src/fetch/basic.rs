@@ -1,0 +1,122 @@
+//! Basic fetch: Sidekiq's open-source `BasicFetch`, `BRPOP queue:a queue:b 2`.
+//!
+//! A job leaves Redis when it is fetched: a process killed while running it loses it, as Sidekiq's
+//! open-source fetch does; acknowledging is a no-op, and the shutdown pushes unfinished jobs back with
+//! `RPUSH`. A `BRPOP` cut short could lose the job its reply carries, so a fetch is never cancelled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{BoxFuture, Fetch, QueueOrder, Setup, Stalls, UnitOfWork};
+use crate::config::QueueWeight;
+use crate::error::Result;
+use crate::keys;
+use crate::redis_conn::Conn;
+
+/// The basic fetcher of one process.
+#[derive(Debug)]
+pub struct Basic {
+    /// Queue order.
+    order: QueueOrder,
+    /// Connection for requeues and key-type checks.
+    conn: Conn,
+    /// Dedicated connection for `BRPOP`.
+    blocking: Conn,
+    /// How long one `BRPOP` may block.
+    block: Duration,
+    /// Queues paused after an error of their own.
+    stalls: Stalls,
+}
+
+impl Basic {
+    /// A basic fetcher over `queues`.
+    pub fn new(queues: &[QueueWeight], conn: Conn, blocking: Conn, block: Duration) -> Self {
+        Basic {
+            order: QueueOrder::new(queues),
+            conn,
+            blocking,
+            block,
+            stalls: Stalls::default(),
+        }
+    }
+
+    /// Built from the launcher's [`Setup`].
+    pub fn from_setup(s: Setup<'_>) -> Self {
+        Basic::new(s.queues, s.conn, s.blocking, s.block)
+    }
+
+    async fn fetch(&self) -> Result<Vec<UnitOfWork>> {
+        let order = self.stalls.usable(self.order.next());
+        if order.is_empty() {
+            tokio::time::sleep(self.block.min(Duration::from_millis(500))).await;
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = order.iter().map(|q| keys::queue(q)).collect();
+        let got: redis::RedisResult<Option<(String, Vec<u8>)>> = redis::cmd("BRPOP")
+            .arg(&keys)
+            .arg(self.block.as_secs_f64())
+            .query_async(&mut self.blocking.clone())
+            .await;
+        let got = match got {
+            Ok(g) => g,
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                // BRPOP fails as a whole: find the culprits, pause them, serve the others next round.
+                let mut conn = self.conn.clone();
+                for (q, k) in order.iter().zip(&keys) {
+                    let t: String = redis::cmd("TYPE").arg(k).query_async(&mut conn).await?;
+                    if t != "list" && t != "none" {
+                        self.stalls
+                            .stall(q, &format!("{k} is a {t}, not a list: {e}"));
+                    }
+                }
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(got
+            .map(|(key, raw)| {
+                let queue = keys
+                    .iter()
+                    .position(|k| *k == key)
+                    .and_then(|i| order.get(i).cloned())
+                    .unwrap_or_else(|| Arc::from(key.as_str()));
+                UnitOfWork::new(queue, 0, raw)
+            })
+            .into_iter()
+            .collect())
+    }
+
+    async fn requeue(&self, units: &[UnitOfWork]) -> Result<u64> {
+        if units.is_empty() {
+            return Ok(0);
+        }
+        let mut pipe = redis::pipe();
+        for h in units {
+            pipe.rpush(keys::queue(&h.queue), h.raw()).ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        Ok(units.len() as u64)
+    }
+}
+
+impl Fetch for Basic {
+    /// At most one job per call, whatever `max`.
+    fn retrieve_work(&self, _max: usize) -> BoxFuture<'_, Result<Vec<UnitOfWork>>> {
+        Box::pin(self.fetch())
+    }
+
+    /// Nothing to acknowledge: the job left Redis when it was fetched.
+    fn acknowledge<'a>(&'a self, _done: &'a [UnitOfWork]) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// `RPUSH queue:<name>` of each job, pipelined.
+    fn bulk_requeue<'a>(&'a self, units: &'a [UnitOfWork]) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(self.requeue(units))
+    }
+
+    /// One loop: its `BRPOP`s would queue on one blocking connection anyway.
+    fn fetch_loops(&self, _concurrency: usize) -> usize {
+        1
+    }
+}

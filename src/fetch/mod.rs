@@ -1,0 +1,423 @@
+//! Taking jobs off the queues, as Sidekiq's `fetch_class`: the [`Fetch`] trait, the unit of work it hands
+//! out, and what its strategies share (queue order, paused queues, the push-back Lua).
+//!
+//! Mirrors `fetch.rb` (PROTOCOL §3). Queue order is Sidekiq's: strict when no queue has a weight, else a
+//! weighted shuffle (`shuffle.uniq` over the list with each queue repeated `weight` times) on every fetch.
+//! A queue whose key has the wrong type is skipped with an error naming the key and its type, retried
+//! with backoff, while the other queues are served.
+//!
+//! Strategies, each in its own file:
+//! - [`reliable`] (the default): a fetched job is always somewhere in Redis, in a working hash of this
+//!   process until its fate is written; [`recovery`] pushes back the jobs of processes that died.
+//! - [`basic`]: Sidekiq's open-source `BRPOP`; a killed process loses its running jobs.
+//!
+//! **Adding a strategy** is one new file and one line: implement [`Fetch`] for a type in
+//! `src/fetch/<name>.rs` (`retrieve_work`, `acknowledge`, `bulk_requeue`, and whichever of the other
+//! methods differ from their defaults), add a `FetchMode` variant in `config`, and one arm to the `match`
+//! in [`new`]. Nothing outside this module branches on the mode: the launcher and the manager ask the
+//! trait (how many fetch loops, whether a fetch may be cut short, whether held jobs need recovery).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use tokio::time::Instant;
+
+use crate::config::{FetchMode, QueueWeight};
+use crate::error::Result;
+use crate::redis_conn::Conn;
+
+pub mod basic;
+pub mod recovery;
+pub mod reliable;
+
+pub use crate::keys::SUSPECTS;
+pub use basic::Basic;
+pub use recovery::{
+    MAX_RECOVERIES, Recovered, RecoveryPolicy, mark_alive, recover_orphans, recovery_loop,
+};
+pub use reliable::Reliable;
+
+/// A boxed future, for the trait's async methods (called once per batch, never per job).
+pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Most jobs one fetch takes, whatever `-c` is: one script's work stays bounded.
+pub const MAX_BATCH: usize = 1000;
+
+/// One fetch stops adding jobs once it holds this many payload bytes (it always takes at least one).
+pub const BATCH_BYTES: usize = 32 * 1024 * 1024;
+
+/// Longest pause of a queue whose key has the wrong type.
+const MAX_STALL: Duration = Duration::from_secs(30);
+
+/// One fetched job, from its fetch to its acknowledgement or push-back (Ruby's `UnitOfWork`): the queue
+/// it came from, its id in this process's working hash (0 with basic fetch), and its exact bytes. The
+/// bytes arrive owned (the reply's buffer) and are shared once decoded ([`UnitOfWork::share_raw`]), so
+/// the same value goes to the job, the work table and the acker without a copy.
+#[derive(Debug, Clone)]
+pub struct UnitOfWork {
+    /// Queue name, without `queue:`.
+    pub queue: Arc<str>,
+    /// Field of the job in this process's working hash (0 with basic fetch).
+    pub id: u64,
+    /// The payload exactly as stored.
+    raw: Raw,
+}
+
+/// A payload as fetched, or shared once decoded.
+#[derive(Debug, Clone)]
+enum Raw {
+    /// The reply's own buffer, before decoding.
+    Owned(Vec<u8>),
+    /// Shared with the decoded job.
+    Shared(Arc<[u8]>),
+}
+
+impl UnitOfWork {
+    /// A unit of `raw` fetched from `queue`, held under `id`.
+    pub fn new(queue: Arc<str>, id: u64, raw: Vec<u8>) -> Self {
+        UnitOfWork {
+            queue,
+            id,
+            raw: Raw::Owned(raw),
+        }
+    }
+
+    /// The payload, byte for byte.
+    pub fn raw(&self) -> &[u8] {
+        match &self.raw {
+            Raw::Owned(v) => v,
+            Raw::Shared(a) => a,
+        }
+    }
+
+    /// Takes the fetched bytes to decode them (no copy before [`UnitOfWork::share_raw`]); give them back
+    /// with `share_raw` before the unit goes anywhere else.
+    pub fn take_raw(&mut self) -> Vec<u8> {
+        match &mut self.raw {
+            Raw::Owned(v) => std::mem::take(v),
+            Raw::Shared(a) => a.to_vec(),
+        }
+    }
+
+    /// The bytes, now shared with the decoded job.
+    pub fn share_raw(&mut self, raw: Arc<[u8]>) {
+        self.raw = Raw::Shared(raw);
+    }
+
+    /// Ruby's `UnitOfWork#acknowledge`: the job's fate is in Redis. The manager batches these through
+    /// [`Fetch::acknowledge`]; this is the single-job form.
+    pub async fn acknowledge(self, fetch: &dyn Fetch) -> Result<()> {
+        fetch.acknowledge(std::slice::from_ref(&self)).await
+    }
+
+    /// Ruby's `UnitOfWork#requeue`: back to the end of its queue served next.
+    pub async fn requeue(self, fetch: &dyn Fetch) -> Result<u64> {
+        fetch.bulk_requeue(std::slice::from_ref(&self)).await
+    }
+}
+
+/// A fetch strategy (`Sidekiq::BasicFetch`'s interface, plus what the manager must know about it).
+pub trait Fetch: Send + Sync + std::fmt::Debug {
+    /// Fetches up to `max` jobs (at most [`MAX_BATCH`]); waits up to the block time when every queue is
+    /// empty and then returns what it has (possibly nothing).
+    fn retrieve_work(&self, max: usize) -> BoxFuture<'_, Result<Vec<UnitOfWork>>>;
+
+    /// Acknowledges jobs whose fate is in Redis (batched by the manager's acker).
+    fn acknowledge<'a>(&'a self, done: &'a [UnitOfWork]) -> BoxFuture<'a, Result<()>>;
+
+    /// Pushes unfinished jobs back to the end of their queue that is served next (`RPUSH`, as Sidekiq's
+    /// `bulk_requeue`). Returns how many moved.
+    fn bulk_requeue<'a>(&'a self, units: &'a [UnitOfWork]) -> BoxFuture<'a, Result<u64>>;
+
+    /// How many fetch loops run side by side for `concurrency` slots.
+    fn fetch_loops(&self, concurrency: usize) -> usize {
+        let _ = concurrency;
+        1
+    }
+
+    /// Whether a fetch under way may be dropped at the shutdown deadline without losing what it took.
+    fn cancel_safe(&self) -> bool {
+        false
+    }
+
+    /// Whether held jobs stay in Redis (so a process of this kind takes part in orphan recovery, keeps
+    /// a liveness key, and a failed push-back is not a loss).
+    fn holds_in_redis(&self) -> bool {
+        false
+    }
+
+    /// The prefix of this process's working hashes, whose entries are the jobs' fate tokens
+    /// ([`crate::retry::Token`]); `None` when jobs are not held in Redis.
+    fn working_prefix(&self) -> Option<String> {
+        None
+    }
+
+    /// Jobs the fetch itself sent to the dead set since the last call (for the processed/failed stats).
+    fn take_dead(&self) -> u64 {
+        0
+    }
+
+    /// How many jobs are handed out and not yet acknowledged or pushed back.
+    fn outstanding(&self) -> usize {
+        0
+    }
+
+    /// After a failed fetch, pushes back what a fetch whose reply was lost left held. Returns how many.
+    fn reconcile(&self) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(async { Ok(0) })
+    }
+
+    /// Pushes back whatever this process holds but never handed out; with `everything`, every held job
+    /// (the shutdown's last sweep, once no job runs and every ack is flushed). Returns how many.
+    fn requeue_leftovers(&self, everything: bool) -> BoxFuture<'_, Result<u64>> {
+        let _ = everything;
+        Box::pin(async { Ok(0) })
+    }
+}
+
+/// What every strategy is built from.
+#[derive(Debug)]
+pub struct Setup<'a> {
+    /// The queues and their weights.
+    pub queues: &'a [QueueWeight],
+    /// This process's identity (`host:pid:hex`), which names its working keys.
+    pub identity: &'a str,
+    /// Connection for scripts, acks and requeues.
+    pub conn: Conn,
+    /// Dedicated connection for blocking waits (`BRPOP`/`BLMOVE`).
+    pub blocking: Conn,
+    /// How long one blocking wait may last.
+    pub block: Duration,
+    /// Payloads longer than this are not handed out (0: no limit).
+    pub max_payload_bytes: usize,
+    /// The live fleet, which decides how `failed_at` is written on a job the fetch sends to the dead set.
+    pub fleet: Arc<crate::fleet::Fleet>,
+}
+
+/// The strategy `mode` names: the one place that maps a mode to its implementation.
+pub fn new(mode: FetchMode, setup: Setup<'_>) -> Arc<dyn Fetch> {
+    match mode {
+        FetchMode::Reliable => Arc::new(Reliable::from_setup(setup)),
+        FetchMode::Basic => Arc::new(Basic::from_setup(setup)),
+    }
+}
+
+/// The queue order of one fetch, Sidekiq's way.
+#[derive(Debug, Clone)]
+pub struct QueueOrder {
+    /// Distinct queue names, in configured order.
+    names: Vec<Arc<str>>,
+    /// Each queue repeated `max(weight, 1)` times, for the weighted shuffle; empty when strict.
+    weighted: Vec<Arc<str>>,
+}
+
+impl QueueOrder {
+    /// Builds the order from the configured queues.
+    pub fn new(queues: &[QueueWeight]) -> Self {
+        let mut names: Vec<Arc<str>> = Vec::new();
+        for q in queues {
+            if !names.iter().any(|n| **n == *q.name) {
+                names.push(Arc::from(q.name.as_str()));
+            }
+        }
+        let strict = queues.iter().all(|q| q.weight == 0);
+        let weighted = if strict {
+            Vec::new()
+        } else {
+            queues
+                .iter()
+                .flat_map(|q| {
+                    std::iter::repeat_n(Arc::from(q.name.as_str()), q.weight.max(1) as usize)
+                })
+                .collect()
+        };
+        QueueOrder { names, weighted }
+    }
+
+    /// The queues to try, in order, for the next fetch.
+    pub fn next(&self) -> Vec<Arc<str>> {
+        if self.weighted.is_empty() {
+            return self.names.clone();
+        }
+        let mut list = self.weighted.clone();
+        list.shuffle(&mut rand::rng());
+        let mut out: Vec<Arc<str>> = Vec::with_capacity(self.names.len());
+        for q in list {
+            if !out.contains(&q) {
+                out.push(q);
+            }
+        }
+        out
+    }
+
+    /// Every queue name.
+    pub fn names(&self) -> &[Arc<str>] {
+        &self.names
+    }
+}
+
+/// A queue paused after an error of its own (a key of the wrong type).
+#[derive(Debug, Clone)]
+struct Stall {
+    /// Not fetched from before this.
+    until: Instant,
+    /// The next pause.
+    backoff: Duration,
+}
+
+/// The queues paused after an error of their own, shared by every strategy.
+#[derive(Debug, Default)]
+struct Stalls(Mutex<HashMap<Arc<str>, Stall>>);
+
+impl Stalls {
+    /// The round's order without the queues that are paused.
+    fn usable(&self, order: Vec<Arc<str>>) -> Vec<Arc<str>> {
+        let Ok(stalls) = self.0.lock() else {
+            return order;
+        };
+        if stalls.is_empty() {
+            return order;
+        }
+        let now = Instant::now();
+        order
+            .into_iter()
+            .filter(|q| stalls.get(q).is_none_or(|s| s.until <= now))
+            .collect()
+    }
+
+    /// Pauses `queue` after an error of its own, with a backoff that doubles up to [`MAX_STALL`].
+    fn stall(&self, queue: &Arc<str>, error: &str) {
+        let Ok(mut stalls) = self.0.lock() else {
+            return;
+        };
+        let backoff = match stalls.get(queue) {
+            Some(s) => (s.backoff * 2).min(MAX_STALL),
+            None => {
+                tracing::warn!(queue = %queue, error,
+                    "cannot fetch from this queue: paused and retried with backoff; the other queues go on");
+                Duration::from_secs(1)
+            }
+        };
+        stalls.insert(
+            queue.clone(),
+            Stall {
+                until: Instant::now() + backoff,
+                backoff,
+            },
+        );
+    }
+
+    /// Ends the pause of queues that were looked at without an error.
+    fn unstall(&self, looked_at: &[Arc<str>], failed: &[Arc<str>]) {
+        let Ok(mut stalls) = self.0.lock() else {
+            return;
+        };
+        if stalls.is_empty() {
+            return;
+        }
+        for q in looked_at {
+            if !failed.contains(q) && stalls.remove(q).is_some() {
+                tracing::info!(queue = %q, "queue fetches again");
+            }
+        }
+    }
+}
+
+/// Pushes every job of a working hash (newest id first, so the oldest is served first) or landing list
+/// `src` to the served end of queue `qkey` (`RPUSH`, as Sidekiq's `bulk_requeue`), counting recoveries in
+/// hash `counts` when `limit` >= 0: a job recovered more than `limit` times goes to dead set `dead`
+/// instead, annotated. Every write comes before the matching removal and goes through `pcall`: a write
+/// that fails stops the move and removes only what was already written elsewhere. Used by the shutdown
+/// sweep ([`reliable`]) and orphan recovery ([`recovery`]); needs `lua_common`.
+macro_rules! lua_move_back {
+    () => {
+        r#"
+local function move_back(src, qkey, limit, counts, dead, score, trim_before, dead_max, failed_at, why)
+  local t = kind(src)
+  local fields, jobs = nil, {}
+  if t == 'hash' then
+    local all = redis.call('HGETALL', src)
+    local pairs_ = {}
+    for i = 1, #all, 2 do pairs_[#pairs_ + 1] = {tonumber(all[i]) or 0, all[i], all[i + 1]} end
+    table.sort(pairs_, function(a, b) return a[1] > b[1] end)
+    fields = {}
+    for i, p in ipairs(pairs_) do fields[i] = p[2]; jobs[i] = p[3] end
+  elseif t == 'list' then
+    jobs = redis.call('LRANGE', src, 0, -1)
+  elseif t == 'none' then
+    return 0, 0, nil
+  else
+    return 0, 0, src .. ' is a ' .. t .. ', not a hash or a list'
+  end
+  local moved, killed, done, err = 0, 0, 0, nil
+  for i = 1, #jobs do
+    local j = jobs[i]
+    local c, h = 1, nil
+    if limit >= 0 then
+      h = redis.sha1hex(j)
+      c = (tonumber(redis.call('HGET', counts, h)) or 0) + 1
+    end
+    if limit >= 0 and c > limit then
+      local msg = 'recovered ' .. (c - 1) .. ' times from processes that died while running it; ' .. why
+      err = to_dead(dead, annotate(j, 'Oxidekiq::TooManyRecoveries', msg, failed_at), score, trim_before, dead_max)
+      if err then break end
+      redis.pcall('HDEL', counts, h)
+      killed = killed + 1
+    else
+      local r = redis.pcall('RPUSH', qkey, j)
+      if failed(r) then err = qkey .. ' is a ' .. kind(qkey) .. ', not a list: ' .. r.err; break end
+      if h then redis.pcall('HINCRBY', counts, h, 1) end
+      moved = moved + 1
+    end
+    done = i
+  end
+  if done == #jobs then
+    redis.call('DEL', src)
+  elseif done > 0 then
+    if fields then
+      for s = 1, done, 1000 do redis.call('HDEL', src, unpack(fields, s, math.min(s + 999, done))) end
+    else
+      redis.call('LTRIM', src, done, -1)
+    end
+  end
+  if limit >= 0 and done > 0 then redis.pcall('EXPIRE', counts, 604800) end
+  return moved, killed, err
+end
+"#
+    };
+}
+use lua_move_back;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qw(name: &str, weight: u32) -> QueueWeight {
+        QueueWeight {
+            name: name.into(),
+            weight,
+        }
+    }
+
+    #[test]
+    fn strict_order_is_the_configured_order_every_time() {
+        let o = QueueOrder::new(&[qw("critical", 0), qw("default", 0), qw("low", 0)]);
+        for _ in 0..10 {
+            let v: Vec<String> = o.next().iter().map(|s| s.to_string()).collect();
+            assert_eq!(v, ["critical", "default", "low"]);
+        }
+    }
+
+    #[test]
+    fn weighted_order_puts_a_queue_first_in_proportion_to_its_weight() {
+        let o = QueueOrder::new(&[qw("a", 3), qw("b", 1)]);
+        let n = 4000;
+        let firsts = (0..n).filter(|_| &*o.next()[0] == "a").count();
+        let share = firsts as f64 / n as f64;
+        assert!((0.70..0.80).contains(&share), "a first {share}");
+        assert_eq!(o.next().len(), 2);
+    }
+}

@@ -1,0 +1,290 @@
+//! Orphan recovery for reliable fetch: the working hashes and landing lists of processes that died go
+//! back to their queues.
+//!
+//! Whether a process is dead is decided inside the script, by Redis's clock, with a grace that lets a
+//! process which merely could not beat (a Redis stall) reclaim its liveness key ([`mark_alive`]) and keep
+//! its jobs. A count per payload sends a job that kills every process it touches to the dead set instead
+//! of looping.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{AsyncCommands, Script};
+
+use crate::error::Result;
+use crate::fleet::Fleet;
+use crate::keys::{self, RECOVERED, SUSPECTS};
+use crate::lua::{dead_trim, lua_common};
+use crate::redis_conn::Conn;
+use crate::shutdown::ShutdownSignal;
+use crate::time::{self, TimeFormat, score};
+
+/// How often one payload may be recovered from a dead process before it goes to the dead set.
+pub const MAX_RECOVERIES: i64 = 3;
+
+/// Lifetime of the recovery lock, renewed once after the key scan.
+const RECOVERY_LOCK_TTL: Duration = Duration::from_secs(30);
+
+/// Keys asked of each SCAN step of a recovery pass.
+const SCAN_COUNT: usize = 1000;
+
+/// Orphan recovery of one process, deciding inside the script whether it is dead. KEYS[1] is its liveness
+/// key, KEYS[2] the hash of suspects (identity → Redis time in ms when first seen without a liveness key),
+/// KEYS[3] the recovery counts, KEYS[4] the dead set, then pairs (working hash or landing list, its queue):
+/// the keys found by the SCAN in Rust, passed here whole. ARGV: grace in ms, recovery limit, dead score,
+/// `failed_at` text, dead trim score, dead max size, identity. A process whose key exists is alive (its
+/// suspect mark goes); one first seen without it is only marked; only one still without it a grace later
+/// (measured by Redis's own clock) has its jobs pushed back. So a process that merely could not beat (a
+/// Redis stall longer than the TTL) re-sets its key on its next beat and keeps its jobs. Returns {state
+/// (0 alive, 1 suspect, 2 recovered), moved, killed, error}.
+const ORPHAN_LUA: &str = concat!(
+    lua_common!(),
+    super::lua_move_back!(),
+    r#"
+-- TIME before writes needs effects replication (the only mode from Redis 7; opt-in before 5).
+if redis.replicate_commands then redis.replicate_commands() end
+local who = ARGV[7]
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HDEL', KEYS[2], who)
+  return {0, 0, 0, ''}
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since = tonumber(redis.call('HGET', KEYS[2], who))
+if not since then
+  redis.call('HSET', KEYS[2], who, string.format('%d', now_ms))
+  return {1, 0, 0, ''}
+end
+if now_ms - since < tonumber(ARGV[1]) then return {1, 0, 0, ''} end
+local limit = tonumber(ARGV[2])
+local moved, killed, errs = 0, 0, {}
+for i = 5, #KEYS, 2 do
+  local m, k, err = move_back(KEYS[i], KEYS[i + 1], limit, KEYS[3], KEYS[4], ARGV[3], ARGV[5], tonumber(ARGV[6]), ARGV[4],
+    'sent to the dead set so it does not take down another process (last owner ' .. who .. ')')
+  moved = moved + m
+  killed = killed + k
+  if err then errs[#errs + 1] = err end
+end
+if #errs == 0 then redis.call('HDEL', KEYS[2], who) end
+return {2, moved, killed, table.concat(errs, '; ')}
+"#
+);
+
+/// Marks `identity` alive for `ttl`. False when the key had expired (a Redis stall or a pause longer
+/// than the TTL): this reclaims it, and the process keeps its jobs unless it stayed away past the grace
+/// of [`recover_orphans`]. It also clears its own suspect mark: a mark left from an earlier absence that
+/// no recovery pass saw end would otherwise date a later absence from the first one, and take the jobs
+/// of a process that is away again only briefly without any grace.
+pub async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -> Result<bool> {
+    let ms = ttl.as_millis().max(1000) as u64;
+    let key = keys::alive(identity);
+    let (existed, (), _): (bool, (), u64) = redis::pipe()
+        .exists(&key)
+        .pset_ex(&key, 1, ms)
+        .hdel(SUSPECTS, identity)
+        .query_async(conn)
+        .await?;
+    Ok(existed)
+}
+
+/// What [`recover_orphans`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recovered {
+    /// Jobs pushed back to their queues.
+    pub requeued: u64,
+    /// Jobs sent to the dead set after too many recoveries.
+    pub killed: u64,
+    /// Processes seen without a liveness key, not yet past the grace.
+    pub suspects: u64,
+}
+
+/// How orphan recovery judges and annotates.
+#[derive(Debug, Clone, Copy)]
+pub struct RecoveryPolicy {
+    /// How long a process must stay without its liveness key (by Redis's clock) before its jobs are
+    /// taken; at least the liveness TTL, so a process that could only not beat reclaims its key first.
+    pub grace: Duration,
+    /// How `failed_at` is written on a job sent to the dead set.
+    pub time_format: TimeFormat,
+}
+
+impl Default for RecoveryPolicy {
+    fn default() -> Self {
+        RecoveryPolicy {
+            grace: Duration::from_secs(15),
+            time_format: TimeFormat::Seconds,
+        }
+    }
+}
+
+/// Pushes back the jobs of every process found dead inside the recovery script (see [`ORPHAN_LUA`]).
+/// One process at a time does it (`SET oxidekiq:recovery-lock <identity> NX PX 30000`, renewed after the
+/// key scan, released by compare-and-delete); returns `None` when another process holds that lock.
+pub async fn recover_orphans(
+    conn: &mut Conn,
+    own_identity: &str,
+    now: f64,
+    policy: RecoveryPolicy,
+) -> Result<Option<Recovered>> {
+    let got: Option<String> = redis::cmd("SET")
+        .arg(keys::RECOVERY_LOCK)
+        .arg(own_identity)
+        .arg("NX")
+        .arg("PX")
+        .arg(RECOVERY_LOCK_TTL.as_millis() as u64)
+        .query_async(conn)
+        .await?;
+    if got.is_none() {
+        return Ok(None);
+    }
+    let result = recover_locked(conn, own_identity, now, policy).await;
+    // Compare-and-delete: a pass that outlasted the lock's 30 s must not free another process's lock.
+    let _ = crate::lock::release(conn, keys::RECOVERY_LOCK, own_identity).await;
+    result.map(Some)
+}
+
+/// The working hashes and landing lists of every process but this one, by process, each with its queue.
+async fn held_by_others(
+    conn: &mut Conn,
+    own_identity: &str,
+) -> Result<Vec<(String, Vec<(String, String)>)>> {
+    let mut held: Vec<String> = Vec::new();
+    // COUNT 1000, not the default 10: a pass walks the whole keyspace, which may hold millions of
+    // unrelated keys (a million took 190 000 round trips at 10, about a thousand at 1000), and each SCAN
+    // step stays short for Redis.
+    let opts = redis::ScanOptions::default()
+        .with_pattern(keys::HELD_PATTERN)
+        .with_count(SCAN_COUNT);
+    let mut iter: redis::AsyncIter<'_, String> = conn.scan_options(opts).await?;
+    while let Some(item) = iter.next_item().await {
+        held.push(item?);
+    }
+    drop(iter);
+    // Every key of one process goes to one script call, so one decision covers all of them.
+    let mut by_process: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    for key in held {
+        let Some(rest) = key
+            .strip_prefix(keys::WORKING)
+            .or_else(|| key.strip_prefix(keys::LANDING))
+        else {
+            continue;
+        };
+        // identity = host:pid:hex12; the queue name is the rest (both may hold ':').
+        let Some((identity, queue)) = keys::split_held(rest) else {
+            continue;
+        };
+        if identity == own_identity {
+            continue;
+        }
+        let (identity, queue) = (identity.to_string(), keys::queue(queue));
+        match by_process.iter_mut().find(|(i, _)| *i == identity) {
+            Some((_, keys)) => keys.push((key, queue)),
+            None => by_process.push((identity, vec![(key, queue)])),
+        }
+    }
+    Ok(by_process)
+}
+
+async fn recover_locked(
+    conn: &mut Conn,
+    own_identity: &str,
+    now: f64,
+    policy: RecoveryPolicy,
+) -> Result<Recovered> {
+    let by_process = held_by_others(conn, own_identity).await?;
+    // A walk of a huge keyspace may have taken a while: go on only while the lock is still ours (and
+    // for another 30 s), so two passes never judge the same processes at once.
+    if !crate::lock::extend(conn, keys::RECOVERY_LOCK, own_identity, RECOVERY_LOCK_TTL).await? {
+        tracing::warn!("orphan recovery lock expired during the key scan; this pass stops");
+        return Ok(Recovered::default());
+    }
+    let holders: Vec<String> = by_process.iter().map(|(i, _)| i.clone()).collect();
+    let mut total = Recovered::default();
+    let script = Script::new(ORPHAN_LUA);
+    let grace_ms = policy.grace.as_millis().max(1) as u64;
+    let (trim_before, dead_max) = dead_trim(now);
+    for (identity, held) in by_process {
+        let mut inv = script.key(keys::alive(&identity));
+        inv.key(SUSPECTS).key(RECOVERED).key(keys::DEAD);
+        for (key, queue) in &held {
+            inv.key(key).key(queue);
+        }
+        inv.arg(grace_ms)
+            .arg(MAX_RECOVERIES)
+            .arg(score(now))
+            .arg(policy.time_format.value(now).to_string())
+            .arg(&trim_before)
+            .arg(dead_max)
+            .arg(&identity);
+        let (state, moved, killed, err): (u8, u64, u64, String) = inv.invoke_async(conn).await?;
+        match state {
+            1 => total.suspects += 1,
+            2 => {
+                if moved + killed > 0 {
+                    tracing::warn!(process = %identity, requeued = moved, dead = killed,
+                        "recovered jobs of a process that died");
+                }
+                if !err.is_empty() {
+                    tracing::error!(process = %identity, error = %err,
+                        "could not push back every job of a dead process; the rest stay in its working keys");
+                }
+            }
+            _ => {}
+        }
+        total.requeued += moved;
+        total.killed += killed;
+    }
+    // A suspect that has no key left (it stopped cleanly, or was recovered) needs no mark.
+    let suspects: Vec<String> = conn.hkeys(SUSPECTS).await?;
+    let gone: Vec<&String> = suspects
+        .iter()
+        .filter(|s| !holders.iter().any(|i| i == *s))
+        .collect();
+    if !gone.is_empty() {
+        let _: () = conn.hdel(SUSPECTS, gone).await?;
+    }
+    Ok(total)
+}
+
+/// One pass, logged.
+async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy) {
+    match recover_orphans(conn, identity, time::now(), policy).await {
+        Ok(Some(r)) if r.requeued + r.killed > 0 => {
+            tracing::info!(
+                requeued = r.requeued,
+                dead = r.killed,
+                "orphan recovery done"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "orphan recovery failed; will try again"),
+    }
+}
+
+/// The recovery loop of a reliable-fetch process: a pass at once, then one every `every` (jittered),
+/// until the process goes quiet.
+pub async fn recovery_loop(
+    mut conn: Conn,
+    identity: String,
+    every: Duration,
+    policy: RecoveryPolicy,
+    fleet: Arc<Fleet>,
+    mut signal: ShutdownSignal,
+) {
+    loop {
+        // The dead entries it may write take the format the live fleet reads now.
+        let policy = RecoveryPolicy {
+            time_format: fleet.time_format(),
+            ..policy
+        };
+        recover(&mut conn, &identity, policy).await;
+        if signal.is_quiet() {
+            return;
+        }
+        let jitter = rand::random::<f64>() * 0.5 + 0.75;
+        tokio::select! {
+            _ = tokio::time::sleep(every.mul_f64(jitter)) => {}
+            _ = signal.quiet() => return,
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! A fetched job's life inside the process: slots, the work table, the acker, push-back at shutdown.
+//!
+//! Mirrors `manager.rb`: `concurrency` long-lived processors take units of work from the fetch loops
+//! through one channel, each holding a slot (a semaphore permit, taken by the fetch loop before it
+//! fetches, so the process never holds more fetched jobs than it has free slots). The processor runs one
+//! job ([`crate::processor`]: decode, middleware, perform, fate); the manager feeds it, keeps the work
+//! table (what is running, for the Busy page, TTIN and the push-back), and settles it: a job whose fate is
+//! in Redis leaves the table and goes to the acker, which acknowledges in batches ([`Fetch::acknowledge`]).
+//! Long-lived processors rather than a task per job: no spawn, teardown or copy of a job's future per job.
+//!
+//! Quiet: the fetch loops stop (a fetch under way ends within the block time, and what it got goes back),
+//! then what this process holds but never handed out goes back. At the shutdown deadline the processors
+//! are told to stop and, after a short grace, dropped; [`Manager::push_back`] then flushes the acks, and
+//! pushes every unfinished job back, byte for byte, to the end of its queue that is served next.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::fetch::{self, Fetch, UnitOfWork};
+use crate::job::Job;
+use crate::processor::{Processor, Stats, to_base36};
+use crate::shutdown::{Phase, ShutdownSignal};
+use crate::time;
+
+/// A job that is running or whose fate is not yet in Redis: a row of the work table.
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// The job.
+    pub unit: UnitOfWork,
+    /// Epoch seconds when it started (`run_at` of the work hash).
+    pub run_at: i64,
+    /// Sequence number of the row; its base-36 form is the Busy page's thread id.
+    pub seq: u64,
+}
+
+impl Running {
+    /// The Busy-page thread id (Ruby's `tid` is base 36 too).
+    pub fn tid(&self) -> String {
+        to_base36(self.seq)
+    }
+}
+
+/// The jobs currently in flight, for the Busy page and the shutdown.
+#[derive(Debug, Default)]
+pub struct WorkTable {
+    /// In-flight jobs by sequence number.
+    map: Mutex<HashMap<u64, Running>>,
+    /// Next sequence number.
+    next: AtomicU64,
+}
+
+impl WorkTable {
+    /// Adds a job that starts now; returns its row's sequence number.
+    pub(crate) fn insert(&self, unit: UnitOfWork) -> u64 {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let row = Running {
+            unit,
+            run_at: time::now() as i64,
+            seq,
+        };
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(seq, row);
+        }
+        seq
+    }
+
+    /// Takes a row out: the job, once (a second call finds nothing).
+    pub(crate) fn remove(&self, seq: u64) -> Option<UnitOfWork> {
+        self.map
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(&seq))
+            .map(|r| r.unit)
+    }
+
+    /// A copy of every in-flight job.
+    pub fn snapshot(&self) -> Vec<Running> {
+        self.map
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many jobs are in flight.
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// True when nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes every in-flight job out of the table (for the push-back).
+    pub fn drain(&self) -> Vec<Running> {
+        self.map
+            .lock()
+            .map(|mut m| m.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A unit of work on its way to a processor, with the slot it holds.
+type Task = (UnitOfWork, OwnedSemaphorePermit);
+
+/// When the last Redis outage began, shared by the fetch loops so an outage is logged once.
+type Outage = Arc<Mutex<Option<Instant>>>;
+
+/// The running manager of one process.
+#[derive(Debug)]
+pub struct Manager {
+    /// The fetch strategy.
+    fetch: Arc<dyn Fetch>,
+    /// In-flight jobs.
+    work: Arc<WorkTable>,
+    /// The fetch loops and processors; ends with the units fetched but never started.
+    jobs: JoinHandle<Vec<UnitOfWork>>,
+    /// Batched acks; ends once every processor is gone and its queue is empty.
+    acker: JoinHandle<()>,
+    /// Set once `jobs` ended: what it handed back.
+    ended: Option<Vec<UnitOfWork>>,
+}
+
+impl Manager {
+    /// Starts `concurrency` processors, the fetch loops that feed them, and the acker that acknowledges
+    /// what `processor` settles (it sends to the other end of `acks`).
+    pub fn start(
+        fetch: Arc<dyn Fetch>,
+        processor: Processor,
+        acks: mpsc::UnboundedReceiver<UnitOfWork>,
+        concurrency: usize,
+        signal: ShutdownSignal,
+    ) -> Manager {
+        let work = processor.work.clone();
+        let acker = tokio::spawn(ack_loop(fetch.clone(), acks));
+        let jobs = tokio::spawn(run(
+            fetch.clone(),
+            Arc::new(processor),
+            concurrency.max(1),
+            signal,
+        ));
+        Manager {
+            fetch,
+            work,
+            jobs,
+            acker,
+            ended: None,
+        }
+    }
+
+    /// Waits until every job ended (quiet and done, or cancelled at the deadline). Cancel-safe.
+    pub async fn jobs_done(&mut self) {
+        if self.ended.is_none() {
+            self.ended = Some((&mut self.jobs).await.unwrap_or_default());
+        }
+    }
+
+    /// True once [`Manager::jobs_done`] returned.
+    pub fn jobs_ended(&self) -> bool {
+        self.ended.is_some()
+    }
+
+    /// Logs who is running (TTIN), never the payload: arguments can hold personal data or secrets, and
+    /// TTIN output goes to the same logs as everything else.
+    pub fn dump(&self) {
+        for j in self.work.snapshot() {
+            let job = std::str::from_utf8(j.unit.raw())
+                .ok()
+                .and_then(|s| Job::from_str(s).ok());
+            tracing::info!(queue = %j.unit.queue, tid = %j.tid(), run_at = j.run_at,
+                class = job.as_ref().map_or("?", |job| job.worker_class()),
+                jid = job.as_ref().map_or("?", |job| job.jid()), "running");
+        }
+    }
+
+    /// After the jobs: flush acks, push back what never finished and anything left in this process's
+    /// working keys. True when all of it reached Redis.
+    pub async fn push_back(&mut self) -> bool {
+        self.jobs_done().await;
+        // Acks of jobs whose fate is in Redis (the acker ends once every processor is gone).
+        let _ = (&mut self.acker).await;
+        let fetch = &*self.fetch;
+        let mut ok = true;
+        // Jobs fetched but never started go back first, then the ones that were running: each RPUSH goes
+        // to the end served next, so the running (older) ones are served first.
+        let mut unfinished = self.ended.take().unwrap_or_default();
+        unfinished.extend(self.work.snapshot().into_iter().map(|r| r.unit));
+        match with_retries(|| fetch.requeue_leftovers(false)).await {
+            Ok(0) => {}
+            Ok(n) => {
+                crate::prom::metrics().pushed_back(n as usize);
+                tracing::info!(count = n, "pushed fetched but unstarted jobs back")
+            }
+            Err(e) => {
+                ok = false;
+                tracing::error!(error = %e, "could not empty this process's working lists")
+            }
+        }
+        if !unfinished.is_empty() {
+            match with_retries(|| fetch.bulk_requeue(&unfinished)).await {
+                Ok(n) => {
+                    self.work.drain();
+                    crate::prom::metrics().pushed_back(n as usize);
+                    tracing::info!(
+                        count = unfinished.len(),
+                        "pushed unfinished jobs back to their queues"
+                    )
+                }
+                Err(e) => {
+                    ok = false;
+                    if fetch.holds_in_redis() {
+                        tracing::error!(error = %e, count = unfinished.len(),
+                            "could not push unfinished jobs back; they stay in this process's working lists for recovery")
+                    } else {
+                        tracing::error!(error = %e, count = unfinished.len(),
+                            "could not push unfinished jobs back; this fetch keeps no copy in redis, so they are lost")
+                    }
+                }
+            }
+        }
+        // Anything still held goes back too: a push-back above that failed half way, and jobs handed out
+        // that never reached a processor (no job runs now, and every ack is flushed).
+        match with_retries(|| fetch.requeue_leftovers(true)).await {
+            Ok(n) => crate::prom::metrics().pushed_back(n as usize),
+            Err(e) => {
+                ok = false;
+                tracing::error!(error = %e, "could not empty this process's working lists");
+            }
+        }
+        ok
+    }
+
+    /// The push-back was cut short (Redis down, or a second stop): stop the acker and say what stays.
+    pub fn abandon(&mut self) {
+        self.acker.abort();
+        let left = self.work.drain().len().max(self.fetch.outstanding());
+        tracing::error!(
+            jobs = left,
+            "unfinished jobs stay in this process's working keys; another oxidekiq process pushes them \
+             back once this one's liveness key expires"
+        );
+    }
+}
+
+/// The fetch loops and the processors. Once every loop has stopped fetching (quiet), whatever this
+/// process holds but never handed out goes back to its queue. Returns the units that were fetched but
+/// never reached a processor (cancelled at the deadline).
+async fn run(
+    fetch: Arc<dyn Fetch>,
+    processor: Arc<Processor>,
+    concurrency: usize,
+    signal: ShutdownSignal,
+) -> Vec<UnitOfWork> {
+    let slots = Arc::new(Semaphore::new(concurrency));
+    let (tasks, rx) = mpsc::unbounded_channel::<Task>();
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let mut processors = JoinSet::new();
+    for _ in 0..concurrency {
+        processors.spawn(process_loop(processor.clone(), rx.clone(), signal.clone()));
+    }
+    let outage: Outage = Arc::default();
+    let mut loops = JoinSet::new();
+    let (fetching_tx, fetching_rx) = mpsc::channel::<()>(1);
+    for _ in 0..fetch.fetch_loops(concurrency) {
+        loops.spawn(fetch_loop(
+            fetch.clone(),
+            processor.stats.clone(),
+            tasks.clone(),
+            slots.clone(),
+            outage.clone(),
+            signal.clone(),
+            fetching_tx.clone(),
+        ));
+    }
+    drop((tasks, fetching_tx, processor));
+    let join = async { while loops.join_next().await.is_some() {} };
+    let (_, _, mut left) = tokio::join!(
+        quiet_sweep(&*fetch, fetching_rx, signal.clone()),
+        join,
+        wait_for(&mut processors, signal)
+    );
+    // Units still queued were fetched but never started: the shutdown pushes them back.
+    let mut rx = rx.lock().await;
+    while let Ok((unit, _)) = rx.try_recv() {
+        left.push(unit);
+    }
+    left
+}
+
+/// One long-lived processor: takes the next unit, runs it, frees its slot. Ends when the fetch loops are
+/// gone and nothing is queued, or once the shutdown deadline passed: a unit taken then is not started but
+/// returned (the shutdown pushes it back untouched rather than cancel it a moment later).
+async fn process_loop(
+    processor: Arc<Processor>,
+    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Task>>>,
+    signal: ShutdownSignal,
+) -> Option<UnitOfWork> {
+    loop {
+        let next = rx.lock().await.recv().await;
+        // `None`: the fetch loops are gone and nothing is queued.
+        let (unit, slot) = next?;
+        if signal.phase() >= Phase::Cancelled {
+            return Some(unit);
+        }
+        // `process` catches a job's panic itself; this guard only keeps the processor alive should its
+        // own recovery panic as well (the job then stays held, and the shutdown pushes it back).
+        if crate::processor::catch_unwind(processor.clone().process(unit))
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                "a job's panic recovery panicked; the job stays held until the shutdown"
+            );
+        }
+        drop(slot);
+    }
+}
+
+/// Waits for the processors; at the deadline (Cancelled) stops them, after a moment's grace for jobs
+/// that watch the signal. Their jobs stay in the work table, which the shutdown pushes back. Returns the
+/// units processors took but did not start.
+async fn wait_for(
+    processors: &mut JoinSet<Option<UnitOfWork>>,
+    mut signal: ShutdownSignal,
+) -> Vec<UnitOfWork> {
+    let mut left = Vec::new();
+    let mut collect = |next: Option<std::result::Result<Option<UnitOfWork>, _>>| match next {
+        Some(r) => {
+            left.extend(r.ok().flatten());
+            true
+        }
+        None => false,
+    };
+    tokio::select! {
+        _ = async { while collect(processors.join_next().await) {} } => return left,
+        _ = signal.cancelled() => {}
+    }
+    let grace = tokio::time::sleep(Duration::from_millis(200));
+    tokio::pin!(grace);
+    loop {
+        tokio::select! {
+            next = processors.join_next() => if !collect(next) { return left },
+            _ = &mut grace => break,
+        }
+    }
+    processors.abort_all();
+    while collect(processors.join_next().await) {}
+    left
+}
+
+/// Once no fetch is under way any more (every loop dropped its sender), pushes back what this process
+/// holds but never handed out.
+async fn quiet_sweep(
+    fetch: &dyn Fetch,
+    mut fetching: mpsc::Receiver<()>,
+    mut signal: ShutdownSignal,
+) {
+    let _ = fetching.recv().await;
+    tokio::select! {
+        r = with_retries(|| fetch.requeue_leftovers(false)) => match r {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "quiet: pushed back jobs fetched but never started"),
+            Err(e) => tracing::warn!(error = %e, "quiet: could not push back jobs fetched but never started; the shutdown tries again"),
+        },
+        _ = signal.cancelled() => {}
+    }
+}
+
+/// Takes the free slots, at most [`fetch::MAX_BATCH`]; waits for the first. `None` once quiet.
+async fn take_slots(
+    slots: &Arc<Semaphore>,
+    signal: &mut ShutdownSignal,
+) -> Option<Vec<OwnedSemaphorePermit>> {
+    let first = tokio::select! {
+        p = slots.clone().acquire_owned() => p.ok()?,
+        _ = signal.quiet() => return None,
+    };
+    let mut permits = vec![first];
+    while permits.len() < fetch::MAX_BATCH {
+        match slots.clone().try_acquire_owned() {
+            Ok(p) => permits.push(p),
+            Err(_) => break,
+        }
+    }
+    Some(permits)
+}
+
+/// One fetch loop: take free slots, fetch that many jobs, hand them to the processors.
+async fn fetch_loop(
+    fetch: Arc<dyn Fetch>,
+    stats: Arc<Stats>,
+    tasks: mpsc::UnboundedSender<Task>,
+    slots: Arc<Semaphore>,
+    outage: Outage,
+    mut signal: ShutdownSignal,
+    fetching: mpsc::Sender<()>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    while !signal.is_quiet() {
+        let Some(permits) = take_slots(&slots, &mut signal).await else {
+            break;
+        };
+        // A fetch is not cut short by quiet: it ends within the block time, and what it got goes back
+        // below. Only the shutdown deadline cuts it, and only when that is safe (what it moved then stays
+        // in this process's working keys, which the shutdown sweeps).
+        let fetched = if fetch.cancel_safe() {
+            let mut cancelled = signal.clone();
+            tokio::select! {
+                r = fetch.retrieve_work(permits.len()) => r,
+                _ = cancelled.cancelled() => break,
+            }
+        } else {
+            fetch.retrieve_work(permits.len()).await
+        };
+        let dead = fetch.take_dead();
+        if dead > 0 {
+            // Oversized payloads the fetch sent to the dead set count as failed runs, as the processor
+            // counts an undecodable one.
+            stats.processed.fetch_add(dead, Ordering::Relaxed);
+            stats.failed.fetch_add(dead, Ordering::Relaxed);
+        }
+        let units = match fetched {
+            Ok(u) => {
+                crate::prom::metrics().fetched(u.len());
+                if outage_ended(&outage) {
+                    backoff = Duration::from_millis(100);
+                    reconcile(&*fetch, signal.clone()).await;
+                }
+                u
+            }
+            Err(e) => {
+                outage_began(&outage, &e);
+                drop(permits);
+                let jitter = rand::random::<f64>() * 0.5 + 0.75;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.mul_f64(jitter)) => {}
+                    _ = signal.quiet() => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        hand_out(&*fetch, units, permits, &tasks, signal.clone()).await;
+    }
+    drop(fetching);
+}
+
+/// Gives each unit a slot and queues it for a processor. Fetched after the shutdown began: straight back
+/// to the queue, as Sidekiq does. More jobs than slots (never, with the batch script's own bound) go back
+/// too rather than run unbounded.
+async fn hand_out(
+    fetch: &dyn Fetch,
+    mut units: Vec<UnitOfWork>,
+    permits: Vec<OwnedSemaphorePermit>,
+    tasks: &mpsc::UnboundedSender<Task>,
+    signal: ShutdownSignal,
+) {
+    let keep = if signal.is_quiet() { 0 } else { permits.len() };
+    if units.len() > keep {
+        let back: Vec<UnitOfWork> = units.drain(keep..).collect();
+        let mut cancelled = signal.clone();
+        tokio::select! {
+            r = with_retries(|| fetch.bulk_requeue(&back)) => if let Err(e) = r {
+                tracing::error!(error = %e, count = back.len(), "could not push back fetched jobs; they stay in the working list for recovery");
+            },
+            _ = cancelled.cancelled() => {}
+        }
+    }
+    for (unit, slot) in units.into_iter().zip(permits) {
+        // The receiver lives until every fetch loop has ended.
+        let _ = tasks.send((unit, slot));
+    }
+}
+
+/// Logs the start of an outage once.
+fn outage_began(outage: &Outage, e: &crate::Error) {
+    if let Ok(mut o) = outage.lock()
+        && o.is_none()
+    {
+        tracing::warn!(error = %e, "redis unavailable: fetch paused, retrying with backoff");
+        *o = Some(Instant::now());
+    }
+}
+
+/// True (and logged) when a fetch succeeded after an outage.
+fn outage_ended(outage: &Outage) -> bool {
+    let Some(since) = outage.lock().ok().and_then(|mut o| o.take()) else {
+        return false;
+    };
+    tracing::info!(
+        after = format_args!("{:.1}s", since.elapsed().as_secs_f64()),
+        "redis reachable again: fetching resumed"
+    );
+    true
+}
+
+/// A fetch whose reply was lost during an outage may have left jobs held that nobody runs: push back
+/// every one that was never handed out. Cut by the shutdown deadline like a fetch: a Redis that hangs
+/// again would hold the stop up to the response timeout per queue; what it did not check stays in this
+/// process's working keys, which the shutdown sweeps.
+async fn reconcile(fetch: &dyn Fetch, mut signal: ShutdownSignal) {
+    tokio::select! {
+        r = fetch.reconcile() => match r {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "pushed back jobs stranded by a lost fetch reply"),
+            Err(e) => tracing::warn!(error = %e, "could not check the working list after an outage"),
+        },
+        _ = signal.cancelled() => {}
+    }
+}
+
+/// Sends batched acks; ends when every sender is gone and the queue is empty. A failing ack is retried
+/// until it succeeds: at shutdown the launcher's clean-up bound ends it (the job then stays held, and a
+/// recovery may run it again: at least once).
+async fn ack_loop(fetch: Arc<dyn Fetch>, mut rx: mpsc::UnboundedReceiver<UnitOfWork>) {
+    let mut batch: Vec<UnitOfWork> = Vec::with_capacity(1024);
+    loop {
+        if batch.is_empty() {
+            match rx.recv().await {
+                Some(a) => batch.push(a),
+                None => return,
+            }
+        }
+        while batch.len() < 4096 {
+            match rx.try_recv() {
+                Ok(a) => batch.push(a),
+                Err(_) => break,
+            }
+        }
+        let mut delay = Duration::from_millis(50);
+        let mut attempts = 0;
+        while let Err(e) = fetch.acknowledge(&batch).await {
+            attempts += 1;
+            if attempts == 1 {
+                tracing::warn!(error = %e, "cannot acknowledge finished jobs; retrying");
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+        batch.clear();
+    }
+}
+
+/// Tries a shutdown write a few times over about five seconds.
+pub(crate) async fn with_retries<T, F, Fut>(mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut last = None;
+    for _ in 0..6 {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(delay).await;
+        delay *= 2;
+    }
+    Err(last.unwrap_or_else(|| crate::Error::Config("no attempt made".into())))
+}
