@@ -356,7 +356,7 @@ pub struct Token {
 /// One fate write, then the end of the job's stay in its working hash, atomically. KEYS[1] is the
 /// working hash (ignored when ARGV[1], the job's field, is empty: basic fetch), KEYS[2] the key written,
 /// KEYS[3] the `queues` set and KEYS[4] the hand-off counts (push only). ARGV[2] is the write: `zadd`
-/// (retry or schedule set; ARGV[4] the score), `dead` (`DeadSet#kill`, `job_retry.rb send_to_morgue`:
+/// (retry or schedule set; ARGV[4] the score), `kill` (`DeadSet#kill`, `job_retry.rb send_to_morgue`:
 /// the one `to_dead` of [`crate::lua`]; ARGV[4] score, ARGV[5] trim score, ARGV[6] size limit) or `push`
 /// (`client.rb raw_push`: the one `push_job` of [`crate::lua`]; ARGV[4] queue name, ARGV[5] class to
 /// count in KEYS[4] or empty);
@@ -373,7 +373,7 @@ local op, member = ARGV[2], ARGV[3]
 if op == 'zadd' then
   local r = redis.pcall('ZADD', KEYS[2], ARGV[4], member)
   if failed(r) then return {0, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a sorted set: ' .. r.err} end
-elseif op == 'dead' then
+elseif op == 'kill' then
   local err = to_dead(KEYS[2], member, ARGV[4], ARGV[5], tonumber(ARGV[6]))
   if err then return {0, err} end
 elseif op == 'push' then
@@ -424,7 +424,7 @@ async fn write_fate(
             let (trim_before, dead_max) = crate::lua::dead_trim(now);
             inv.key(keys::DEAD)
                 .arg(id)
-                .arg("dead")
+                .arg("kill")
                 .arg(member)
                 .arg(score(now))
                 .arg(trim_before)
