@@ -1003,3 +1003,28 @@ async fn an_until_executed_job_of_an_unregistered_class_keeps_its_lock_for_a_ret
     h.stop().await.unwrap();
     assert!(client.push_unique(job(2)).await.unwrap().is_some());
 }
+
+/// An until-executed push whose queue write fails (the queue key holds a string) returns the error and
+/// leaves no lock behind: a later push, once the key is fixed, is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_until_executed_push_that_cannot_write_its_job_leaves_no_lock() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let client = Client::connect(&redis.url()).await.unwrap();
+    let job = || NewJob::new("PlainNoop", (9,)).unique_for(Duration::from_secs(60));
+    let key = until_executed::lock_key("PlainNoop", &json!([9]));
+    let _: () = c.set("queue:default", "not a list").unwrap();
+    let err = client.push_unique(job()).await.unwrap_err().to_string();
+    assert!(
+        err.contains("queue:default") && err.contains("is a string, not a list"),
+        "{err}"
+    );
+    assert!(
+        !c.exists::<_, bool>(&key).unwrap(),
+        "no lock without its job"
+    );
+    let _: () = c.del("queue:default").unwrap();
+    assert!(client.push_unique(job()).await.unwrap().is_some());
+    assert!(c.exists::<_, bool>(&key).unwrap());
+    assert_eq!(c.llen::<_, usize>("queue:default").unwrap(), 1);
+}

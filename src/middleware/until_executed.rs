@@ -54,20 +54,31 @@ pub const UNIQUE_KEY_FIELD: &str = "unique_key";
 /// The payload key holding the lock's TTL in seconds.
 pub const UNIQUE_TTL_FIELD: &str = "unique_ttl";
 
-/// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, then only if it was set: `SADD queues ARGV[3]` and `LPUSH
-/// KEYS[2] ARGV[4]` (no `ARGV[5]`) or `ZADD KEYS[2] ARGV[5] ARGV[4]` (scheduled). Returns 1 if pushed.
-const PUSH_SCRIPT: &str = r"
+/// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, then only if it was set: the one queue push of [`crate::lua`]
+/// (`SADD KEYS[3] ARGV[3]`, `LPUSH KEYS[2] ARGV[4]`) when there is no `ARGV[5]`, else `ZADD KEYS[2]
+/// ARGV[5] ARGV[4]` (scheduled). Returns 1 if pushed, 0 if the lock was held. A write that fails (a key
+/// of the wrong type) deletes the lock it just took and returns the error, so no lock is left without
+/// its job.
+const PUSH_SCRIPT: &str = concat!(
+    crate::lua::lua_common!(),
+    r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
 end
+local err = nil
 if ARGV[5] == nil or ARGV[5] == '' then
-  redis.call('SADD', KEYS[3], ARGV[3])
-  redis.call('LPUSH', KEYS[2], ARGV[4])
+  err = push_job(KEYS[3], KEYS[2], ARGV[3], ARGV[4])
 else
-  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
+  local r = redis.pcall('ZADD', KEYS[2], ARGV[5], ARGV[4])
+  if failed(r) then err = KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a sorted set: ' .. r.err end
+end
+if err then
+  redis.call('DEL', KEYS[1])
+  return redis.error_reply(err)
 end
 return 1
-";
+"
+);
 
 /// The script, sent by SHA1 (computed locally), with the body as fallback on `NOSCRIPT`.
 static PUSH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(PUSH_SCRIPT));
