@@ -94,8 +94,8 @@ pub struct Cli {
     pub verbose: bool,
 
     /// Fetch strategy: reliable keeps in-flight jobs in Redis so a crash loses none; basic is Sidekiq's BRPOP
-    #[arg(long, value_enum, value_name = "MODE")]
-    pub fetch: Option<FetchArg>,
+    #[arg(long, value_name = "MODE", value_parser = fetch_value)]
+    pub fetch: Option<FetchMode>,
 
     /// What happens to a job whose class has no Rust worker: retry (as Sidekiq does) or dead
     #[arg(long, value_enum, value_name = "WHAT")]
@@ -171,13 +171,15 @@ fn sentinel_value(arg: &str) -> Result<crate::sentinel::SentinelNode, String> {
     crate::sentinel::SentinelNode::parse(arg)
 }
 
-/// `--fetch` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FetchArg {
-    /// [`FetchMode::Reliable`].
-    Reliable,
-    /// [`FetchMode::Basic`].
-    Basic,
+/// `--fetch` values: the names of the strategies `src/fetch/` registers.
+fn fetch_value(arg: &str) -> Result<FetchMode, String> {
+    FetchMode::named(arg).ok_or_else(|| {
+        let names: Vec<&str> = crate::fetch::strategy_names().collect();
+        format!(
+            "unknown fetch strategy '{arg}' (one of: {})",
+            names.join(", ")
+        )
+    })
 }
 
 /// `--unknown-class` values.
@@ -387,10 +389,7 @@ pub fn config_from(
         config.redis_ca_file = Some(path.clone());
     }
     if let Some(f) = cli.fetch {
-        config.fetch = match f {
-            FetchArg::Reliable => FetchMode::Reliable,
-            FetchArg::Basic => FetchMode::Basic,
-        };
+        config.fetch = f;
     }
     if let Some(u) = cli.unknown_class {
         config.unknown_class = match u {

@@ -84,7 +84,7 @@ fn defaults_are_sidekiq_64s() {
     assert_eq!(c.timeout, Duration::from_secs(25));
     assert_eq!(queues(&c), vec![("default", 0)]);
     assert!(c.strict_queues());
-    assert_eq!(c.fetch, FetchMode::Reliable);
+    assert_eq!(c.fetch, FetchMode::RELIABLE);
     assert_eq!(c.unknown_class, UnknownClass::Retry);
     assert_eq!(c.millisecond_timestamps, None);
 }
@@ -437,7 +437,7 @@ fn oxidekiq_flags_set_their_fields() {
         &[],
     )
     .unwrap();
-    assert_eq!(c.fetch, FetchMode::Basic);
+    assert_eq!(c.fetch, FetchMode::BASIC);
     assert_eq!(c.unknown_class, UnknownClass::Dead);
     assert_eq!(c.max_payload_bytes, 1024);
     assert_eq!(c.beat_interval, Duration::from_millis(500));

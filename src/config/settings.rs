@@ -44,15 +44,35 @@ pub struct QueueWeight {
     pub weight: u32,
 }
 
-/// Which fetch strategy drains the queues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FetchMode {
+/// Which fetch strategy drains the queues, by its name in [`crate::fetch`]'s table of strategies (`--fetch
+/// NAME`). A new strategy needs no change here: it is a file in `src/fetch/` and a line in that table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchMode(&'static str);
+
+impl FetchMode {
     /// Jobs move atomically into a working list owned by this process and leave it only once their
     /// fate is in Redis; a crashed process's jobs are recovered (the default).
-    #[default]
-    Reliable,
+    pub const RELIABLE: FetchMode = FetchMode("reliable");
     /// Sidekiq's open-source `BRPOP` fetch: a killed process loses its in-flight jobs.
-    Basic,
+    pub const BASIC: FetchMode = FetchMode("basic");
+
+    /// The strategy registered under `name`, if there is one.
+    pub fn named(name: &str) -> Option<FetchMode> {
+        crate::fetch::strategy_names()
+            .find(|n| *n == name)
+            .map(FetchMode)
+    }
+
+    /// Its name, as `--fetch` takes it.
+    pub fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+impl Default for FetchMode {
+    fn default() -> Self {
+        FetchMode::RELIABLE
+    }
 }
 
 /// What happens to a job whose class has no Rust worker registered.
@@ -129,7 +149,7 @@ impl Default for Config {
             tag: None,
             labels: Vec::new(),
             verbose: false,
-            fetch: FetchMode::Reliable,
+            fetch: FetchMode::RELIABLE,
             unknown_class: UnknownClass::Retry,
             max_payload_bytes: 16 * 1024 * 1024,
             beat_interval: Duration::from_secs(5),

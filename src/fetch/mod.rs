@@ -13,8 +13,9 @@
 //!
 //! **Adding a strategy** is one new file and one line: implement [`Fetch`] for a type in
 //! `src/fetch/<name>.rs` (`retrieve_work`, `acknowledge`, `bulk_requeue`, and whichever of the other
-//! methods differ from their defaults), add a `FetchMode` variant in `config`, and one arm to the `match`
-//! in [`new`]. Nothing outside this module branches on the mode: the launcher and the manager ask the
+//! methods differ from their defaults), declare the file with `mod`, and add `("<name>", |s| ...)` to
+//! `STRATEGIES` below; `--fetch <name>` then selects it (the flag checks names against that table). Nothing
+//! outside this module branches on the mode: the launcher and the manager ask the
 //! trait (how many fetch loops, whether a fetch may be cut short, whether held jobs need recovery).
 
 use std::collections::HashMap;
@@ -197,12 +198,26 @@ pub struct Setup<'a> {
     pub fleet: Arc<crate::fleet::Fleet>,
 }
 
-/// The strategy `mode` names: the one place that maps a mode to its implementation.
+/// Every fetch strategy, by the name `--fetch` takes: the one place that maps a mode to its
+/// implementation. A new strategy is a file in `src/fetch/` implementing [`Fetch`], and one line here.
+const STRATEGIES: &[(&str, fn(Setup<'_>) -> Arc<dyn Fetch>)] = &[
+    ("reliable", |s| Arc::new(Reliable::from_setup(s))),
+    ("basic", |s| Arc::new(Basic::from_setup(s))),
+];
+
+/// The names of the registered strategies, in the table's order.
+pub(crate) fn strategy_names() -> impl Iterator<Item = &'static str> {
+    STRATEGIES.iter().map(|(name, _)| *name)
+}
+
+/// The strategy `mode` names. Every [`FetchMode`] names a registered strategy ([`FetchMode::named`]
+/// checks); should one not, reliable fetch is used, the safe one.
 pub fn new(mode: FetchMode, setup: Setup<'_>) -> Arc<dyn Fetch> {
-    match mode {
-        FetchMode::Reliable => Arc::new(Reliable::from_setup(setup)),
-        FetchMode::Basic => Arc::new(Basic::from_setup(setup)),
-    }
+    let build = STRATEGIES
+        .iter()
+        .find(|(name, _)| *name == mode.name())
+        .map_or(STRATEGIES[0].1, |(_, build)| *build);
+    build(setup)
 }
 
 /// The queue order of one fetch, Sidekiq's way.
@@ -419,5 +434,18 @@ mod tests {
         let share = firsts as f64 / n as f64;
         assert!((0.70..0.80).contains(&share), "a first {share}");
         assert_eq!(o.next().len(), 2);
+    }
+
+    #[test]
+    fn every_strategy_is_selectable_by_its_name_and_the_named_modes_are_registered() {
+        let names: Vec<&str> = strategy_names().collect();
+        assert_eq!(names, ["reliable", "basic"]);
+        for name in names {
+            assert_eq!(FetchMode::named(name).map(FetchMode::name), Some(name));
+        }
+        assert_eq!(FetchMode::named("reliable"), Some(FetchMode::RELIABLE));
+        assert_eq!(FetchMode::named("basic"), Some(FetchMode::BASIC));
+        assert_eq!(FetchMode::named("super"), None);
+        assert_eq!(FetchMode::default(), FetchMode::RELIABLE);
     }
 }
