@@ -198,9 +198,12 @@ pub struct Setup<'a> {
     pub fleet: Arc<crate::fleet::Fleet>,
 }
 
+/// How a strategy is built from what the launcher gives it.
+type Build = fn(Setup<'_>) -> Arc<dyn Fetch>;
+
 /// Every fetch strategy, by the name `--fetch` takes: the one place that maps a mode to its
 /// implementation. A new strategy is a file in `src/fetch/` implementing [`Fetch`], and one line here.
-const STRATEGIES: &[(&str, fn(Setup<'_>) -> Arc<dyn Fetch>)] = &[
+const STRATEGIES: &[(&str, Build)] = &[
     ("reliable", |s| Arc::new(Reliable::from_setup(s))),
     ("basic", |s| Arc::new(Basic::from_setup(s))),
 ];
