@@ -11,11 +11,12 @@ COMPONENTS = [
   ["Redis client: commands, reply parsing, socket I/O (redis crate)", /\Aredis::|\Acombine::/],
   ["tokio: task spawn and teardown, I/O driver (epoll), wake-ups, channels", /\Atokio::(runtime|sync|task|util|loom)/],
   ["processor: a job's run and ack (processor.rs, middleware)", /\Aoxidekiq::(processor|middleware)/],
-  ["fetch loop and acker (launcher.rs, fetch.rs, ack)", /\Aoxidekiq::/],
+  ["fetch and the manager: fetch loop, acker, work table (fetch/, manager.rs)", /\Aoxidekiq::(fetch|manager)::/],
+  ["the rest of oxidekiq (launcher.rs, heartbeat, metrics, prom)", /\Aoxidekiq::/],
 ].freeze
 OTHER = "unattributed (runtime start-up, libc/kernel without a Rust caller)"
 LEAVES = [
-  ["malloc / free / realloc", /malloc|_int_free|cfree|realloc|unlink_chunk|__libc_free/],
+  ["malloc / free / realloc", /malloc|_int_free|cfree|realloc|unlink_chunk|__libc_free|\Ami_|\A_mi_/],
   ["memcpy / memmove", /memcpy|memmove/],
   ["kernel: syscalls (socket and log file I/O, futex, scheduling)", /copy_folio|finish_task_switch|_raw_spin|entry_SYSCALL|do_syscall|\Atcp_|__x64_sys|clear_page|\.isra|\Acopy_|\A__schedule|\Aep_|\Afutex|\Aunix_|\Aipt_|\Anf_|\A__fget|\Aext4|\Akmem|\A__d_lookup|\Askb_/],
   ["clock_gettime", /clock_gettime/],
