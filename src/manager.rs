@@ -251,7 +251,7 @@ impl Manager {
 
 /// The fetch loops and the processors. Once every loop has stopped fetching (quiet), whatever this
 /// process holds but never handed out goes back to its queue. Returns the units that were fetched but
-/// never reached a processor (cancelled at the deadline).
+/// never reached a processor (cancelled at the deadline, or fetched after quiet and not pushed back).
 async fn run(
     fetch: Arc<dyn Fetch>,
     processor: Arc<Processor>,
@@ -280,12 +280,19 @@ async fn run(
         ));
     }
     drop((tasks, fetching_tx, processor));
-    let join = async { while loops.join_next().await.is_some() {} };
-    let (_, _, mut left) = tokio::join!(
+    let join = async {
+        let mut stranded = Vec::new();
+        while let Some(r) = loops.join_next().await {
+            stranded.extend(r.unwrap_or_default());
+        }
+        stranded
+    };
+    let (_, stranded, mut left) = tokio::join!(
         quiet_sweep(&*fetch, fetching_rx, signal.clone()),
         join,
         wait_for(&mut processors, signal)
     );
+    left.extend(stranded);
     // Units still queued were fetched but never started: the shutdown pushes them back.
     let mut rx = rx.lock().await;
     while let Ok((unit, _)) = rx.try_recv() {
@@ -351,9 +358,23 @@ async fn wait_for(
         }
     }
     processors.abort_all();
-    while collect(processors.join_next().await) {}
+    // An aborted task ends at its next await; a job stuck in synchronous code never gets there. Its unit
+    // stays in the work table (only settling removes it), so after a bound the shutdown goes on and pushes
+    // it back rather than wait for it forever.
+    let bounded = tokio::time::timeout(ABORT_BOUND, async {
+        while collect(processors.join_next().await) {}
+    });
+    if bounded.await.is_err() {
+        tracing::error!(
+            still_running = processors.len(),
+            "jobs did not stop when cancelled (stuck outside an await?): pushing them back anyway"
+        );
+    }
     left
 }
+
+/// How long cancelled processors get to end before the shutdown goes on without them.
+const ABORT_BOUND: Duration = Duration::from_secs(2);
 
 /// Once no fetch is under way any more (every loop dropped its sender), pushes back what this process
 /// holds but never handed out.
@@ -401,8 +422,9 @@ async fn fetch_loop(
     outage: Outage,
     mut signal: ShutdownSignal,
     fetching: mpsc::Sender<()>,
-) {
+) -> Vec<UnitOfWork> {
     let mut backoff = Duration::from_millis(100);
+    let mut stranded = Vec::new();
     while !signal.is_quiet() {
         let Some(permits) = take_slots(&slots, &mut signal).await else {
             break;
@@ -447,36 +469,49 @@ async fn fetch_loop(
                 continue;
             }
         };
-        hand_out(&*fetch, units, permits, &tasks, signal.clone()).await;
+        stranded.extend(hand_out(&*fetch, units, permits, &tasks, signal.clone()).await);
     }
     drop(fetching);
+    stranded
 }
 
 /// Gives each unit a slot and queues it for a processor. Fetched after the shutdown began: straight back
 /// to the queue, as Sidekiq does. More jobs than slots (never, with the batch script's own bound) go back
-/// too rather than run unbounded.
+/// too rather than run unbounded. Returns the units it could not push back (Redis failing, or the
+/// deadline): the shutdown's push-back takes them, since a fetch that keeps no copy in Redis (basic)
+/// would lose them if they were dropped here.
 async fn hand_out(
     fetch: &dyn Fetch,
     mut units: Vec<UnitOfWork>,
     permits: Vec<OwnedSemaphorePermit>,
     tasks: &mpsc::UnboundedSender<Task>,
     signal: ShutdownSignal,
-) {
+) -> Vec<UnitOfWork> {
     let keep = if signal.is_quiet() { 0 } else { permits.len() };
+    let mut stranded = Vec::new();
     if units.len() > keep {
         let back: Vec<UnitOfWork> = units.drain(keep..).collect();
         let mut cancelled = signal.clone();
-        tokio::select! {
-            r = with_retries(|| fetch.bulk_requeue(&back)) => if let Err(e) = r {
-                tracing::error!(error = %e, count = back.len(), "could not push back fetched jobs; they stay in the working list for recovery");
+        let pushed = tokio::select! {
+            r = with_retries(|| fetch.bulk_requeue(&back)) => match r {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::error!(error = %e, count = back.len(),
+                        "could not push back fetched jobs; the shutdown's push-back tries again");
+                    false
+                }
             },
-            _ = cancelled.cancelled() => {}
+            _ = cancelled.cancelled() => false,
+        };
+        if !pushed {
+            stranded = back;
         }
     }
     for (unit, slot) in units.into_iter().zip(permits) {
         // The receiver lives until every fetch loop has ended.
         let _ = tasks.send((unit, slot));
     }
+    stranded
 }
 
 /// Logs the start of an outage once.
