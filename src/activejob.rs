@@ -77,16 +77,7 @@ const RESERVED_KEYS: [&str; 5] = [
 /// [`Job::args_json`](crate::job::Job::args_json)) into the job's id, execution count and arguments.
 ///
 /// The arguments read as a [`Value::Array`] ([`ActiveJobInfo::arguments`]), decoded as the module
-/// documentation describes.
-///
-/// ```
-/// let args = r#"[{"job_class":"ReportJob","job_id":"1c5086ff-8ff6-4596-9dcc-12a06bff4d0c",
-///   "arguments":[7,{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"pdf"}],
-///   "executions":0}]"#;
-/// let info = oxidekiq::activejob::unwrap(args).unwrap();
-/// assert_eq!(info.job_id, "1c5086ff-8ff6-4596-9dcc-12a06bff4d0c");
-/// assert_eq!(info.arguments(), &serde_json::json!([7, "pdf"]));
-/// ```
+/// documentation describes (example: the test `unwrap_example`).
 ///
 /// Most jobs take a direct path: when the arguments hold no GlobalID and no serialized object, their
 /// decoded form is their own JSON text with the hash markers (`_aj_symbol_keys`, `_aj_ruby2_keywords`,
@@ -775,6 +766,17 @@ mod tests_dispatch;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Was the doc example of [`unwrap`], run as a doctest while the module was public.
+    #[test]
+    fn unwrap_example() {
+        let args = r#"[{"job_class":"ReportJob","job_id":"1c5086ff-8ff6-4596-9dcc-12a06bff4d0c",
+  "arguments":[7,{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"pdf"}],
+  "executions":0}]"#;
+        let info = unwrap(args).unwrap();
+        assert_eq!(info.job_id, "1c5086ff-8ff6-4596-9dcc-12a06bff4d0c");
+        assert_eq!(info.arguments(), &serde_json::json!([7, "pdf"]));
+    }
     use serde_json::json;
 
     fn aj(arguments: &str) -> String {

@@ -35,7 +35,7 @@
 //! use std::time::Duration;
 //! use oxidekiq::lock::{LockOptions, RedisLock};
 //!
-//! # async fn run(conn: oxidekiq::redis_conn::Conn) -> oxidekiq::error::Result<()> {
+//! # async fn run(conn: oxidekiq::worker::Conn) -> oxidekiq::error::Result<()> {
 //! let opts = LockOptions { ttl: Duration::from_secs(10), ..LockOptions::default() };
 //! let lock = RedisLock::new(conn, "report:42", opts); // Redis key `oxidekiq:lock:report:42`
 //!
