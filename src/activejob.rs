@@ -37,15 +37,19 @@ use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
+#[cfg(test)]
+use serde_json::Number;
 use serde_json::value::RawValue;
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 
-use crate::job::{hex, new_jid};
+use crate::job::hex;
+#[cfg(test)]
+use crate::job::new_jid;
 use crate::worker::ActiveJobInfo;
 
 /// The class a Rust client writes for ActiveJob jobs: Rails' adapter name, which every Sidekiq from 6.x
 /// to 8.x accepts (8.x keeps it as an alias of `Sidekiq::ActiveJob::Wrapper`).
-pub const WRAPPER_CLASS: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
+pub(crate) const WRAPPER_CLASS: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
 
 /// `arguments.rb` `GLOBALID_KEY`.
 const GLOBALID_KEY: &str = "_aj_globalid";
@@ -60,6 +64,7 @@ const INDIFFERENT_KEY: &str = "_aj_hash_with_indifferent_access";
 
 /// The keys `arguments.rb` reserves (`RESERVED_KEYS`); a Ruby hash with one of them as an ordinary key
 /// cannot be serialized at all.
+#[cfg(test)]
 const RESERVED_KEYS: [&str; 5] = [
     GLOBALID_KEY,
     SERIALIZER_KEY,
@@ -72,23 +77,14 @@ const RESERVED_KEYS: [&str; 5] = [
 /// [`Job::args_json`](crate::job::Job::args_json)) into the job's id, execution count and arguments.
 ///
 /// The arguments read as a [`Value::Array`] ([`ActiveJobInfo::arguments`]), decoded as the module
-/// documentation describes.
-///
-/// ```
-/// let args = r#"[{"job_class":"ReportJob","job_id":"1c5086ff-8ff6-4596-9dcc-12a06bff4d0c",
-///   "arguments":[7,{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"pdf"}],
-///   "executions":0}]"#;
-/// let info = oxidekiq::activejob::unwrap(args).unwrap();
-/// assert_eq!(info.job_id, "1c5086ff-8ff6-4596-9dcc-12a06bff4d0c");
-/// assert_eq!(info.arguments(), &serde_json::json!([7, "pdf"]));
-/// ```
+/// documentation describes (example: the test `unwrap_example`).
 ///
 /// Most jobs take a direct path: when the arguments hold no GlobalID and no serialized object, their
 /// decoded form is their own JSON text with the hash markers (`_aj_symbol_keys`, `_aj_ruby2_keywords`,
 /// `_aj_hash_with_indifferent_access`, which Rails 6.1 puts on every Hash) cut out, and the worker's type
 /// is deserialized from that text with no intermediate [`Value`]. Everything else, and anything odd,
 /// takes the full decoder, which also gives the precise error.
-pub fn unwrap(args_json: &str) -> Result<ActiveJobInfo, String> {
+pub(crate) fn unwrap(args_json: &str) -> Result<ActiveJobInfo, String> {
     match unwrap_direct(args_json) {
         Some(info) => Ok(info),
         None => unwrap_full(args_json),
@@ -189,7 +185,7 @@ fn unwrap_full(args_json: &str) -> Result<ActiveJobInfo, String> {
 
 /// A job's ActiveJob arguments, in one of two equivalent forms.
 #[derive(Debug, Clone)]
-pub enum Arguments {
+pub(crate) enum Arguments {
     /// JSON text whose plain reading is the decoded arguments ([`scan`] proved it): the worker's type
     /// reads it directly; the [`Value`] is built only if someone asks for it.
     Text {
@@ -211,7 +207,7 @@ impl Arguments {
     }
 
     /// The decoded arguments as a [`Value`].
-    pub fn value(&self) -> &Value {
+    pub(crate) fn value(&self) -> &Value {
         match self {
             Arguments::Text { json, value } => value.get_or_init(|| text_value(json)),
             Arguments::Decoded(v) => v,
@@ -219,7 +215,7 @@ impl Arguments {
     }
 
     /// The decoded arguments as an owned [`Value`].
-    pub fn into_value(self) -> Value {
+    pub(crate) fn into_value(self) -> Value {
         match self {
             Arguments::Text { json, value } => {
                 value.into_inner().unwrap_or_else(|| text_value(&json))
@@ -229,7 +225,7 @@ impl Arguments {
     }
 
     /// Deserializes the arguments as `T`, from the text when there is one.
-    pub fn deserialize<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+    pub(crate) fn deserialize<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         match self {
             Arguments::Text { json, .. } => serde_json::from_str(json),
             Arguments::Decoded(v) => T::deserialize(v),
@@ -237,7 +233,8 @@ impl Arguments {
     }
 
     /// Whether the arguments took the direct path (text read by the worker's type).
-    pub fn is_direct(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_direct(&self) -> bool {
         matches!(self, Arguments::Text { .. })
     }
 }
@@ -250,7 +247,8 @@ fn text_value(json: &str) -> Value {
 
 /// Decodes one serialized ActiveJob argument (an element of `job_data["arguments"]`) into a plain JSON
 /// value, by the rules of [`unwrap`].
-pub fn decode_argument(argument: &Value) -> Result<Value, String> {
+#[cfg(test)]
+pub(crate) fn decode_argument(argument: &Value) -> Result<Value, String> {
     decode(argument, "argument")
 }
 
@@ -653,7 +651,12 @@ fn short(v: &Value) -> String {
 /// `_aj_hash_with_indifferent_access`), which Ruby would read as markers. Ruby's `perform` receives
 /// string-keyed hashes; pass symbols, times or models as strings (or GlobalID strings) and convert them
 /// there. [`check_arguments`] verifies this.
-pub fn job_data(job_class: &str, queue: &str, arguments: Vec<Value>, now: DateTime<Utc>) -> Value {
+pub(crate) fn job_data(
+    job_class: &str,
+    queue: &str,
+    arguments: Vec<Value>,
+    now: DateTime<Utc>,
+) -> Value {
     let mut m = Map::new();
     m.insert("job_class".into(), job_class.into());
     m.insert("job_id".into(), new_job_id().into());
@@ -677,7 +680,13 @@ pub fn job_data(job_class: &str, queue: &str, arguments: Vec<Value>, now: DateTi
 /// class), `args: [job_data]` (see [`job_data`] for what `arguments` may hold), a new `jid`, and
 /// `created_at`/`enqueued_at` as float epoch seconds. LPUSH it to `queue:<queue>` (and SADD the queue
 /// to `queues`) to enqueue it.
-pub fn wrap(job_class: &str, queue: &str, arguments: Vec<Value>, now: DateTime<Utc>) -> Value {
+#[cfg(test)]
+pub(crate) fn wrap(
+    job_class: &str,
+    queue: &str,
+    arguments: Vec<Value>,
+    now: DateTime<Utc>,
+) -> Value {
     let ts = epoch_seconds(now);
     let mut m = Map::new();
     m.insert("retry".into(), Value::Bool(true));
@@ -696,7 +705,8 @@ pub fn wrap(job_class: &str, queue: &str, arguments: Vec<Value>, now: DateTime<U
 
 /// Checks that arguments for [`job_data`] reach Ruby as they are: no hash, at any depth, uses one of
 /// ActiveJob's reserved keys. The error names the path of the first offending key.
-pub fn check_arguments(arguments: &[Value]) -> Result<(), String> {
+#[cfg(test)]
+pub(crate) fn check_arguments(arguments: &[Value]) -> Result<(), String> {
     fn walk(v: &Value, path: &str) -> Result<(), String> {
         match v {
             Value::Array(items) => items
@@ -722,7 +732,7 @@ pub fn check_arguments(arguments: &[Value]) -> Result<(), String> {
 }
 
 /// A new ActiveJob `job_id`: a random UUID v4 in its lowercase 8-4-4-4-12 form, as `SecureRandom.uuid`.
-pub fn new_job_id() -> String {
+pub(crate) fn new_job_id() -> String {
     use rand::RngCore;
     let mut b = [0u8; 16];
     rand::rng().fill_bytes(&mut b);
@@ -739,14 +749,34 @@ pub fn new_job_id() -> String {
 }
 
 /// Epoch seconds with microseconds, as a JSON float (Ruby's `Time.now.to_f`).
+#[cfg(test)]
 fn epoch_seconds(now: DateTime<Utc>) -> Value {
     let secs = now.timestamp() as f64 + f64::from(now.timestamp_subsec_micros()) / 1e6;
     Number::from_f64(secs).map_or(Value::Null, Value::Number)
 }
 
+// Moved from tests/activejob.rs: Ruby/Rails round trips of ActiveJob payloads (needs crate-internal items).
+#[cfg(test)]
+mod tests_ruby;
+// Moved from tests/activejob_dispatch.rs: recorded ActiveJob payloads reaching typed workers (needs
+// crate-internal items).
+#[cfg(test)]
+mod tests_dispatch;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Was the doc example of [`unwrap`], run as a doctest while the module was public.
+    #[test]
+    fn unwrap_example() {
+        let args = r#"[{"job_class":"ReportJob","job_id":"1c5086ff-8ff6-4596-9dcc-12a06bff4d0c",
+  "arguments":[7,{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"pdf"}],
+  "executions":0}]"#;
+        let info = unwrap(args).unwrap();
+        assert_eq!(info.job_id, "1c5086ff-8ff6-4596-9dcc-12a06bff4d0c");
+        assert_eq!(info.arguments(), &serde_json::json!([7, "pdf"]));
+    }
     use serde_json::json;
 
     fn aj(arguments: &str) -> String {

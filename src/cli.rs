@@ -13,7 +13,7 @@
 //!
 //! Sentinel: `--sentinel HOST:PORT` (repeatable) replaces the file's `:redis: :sentinels:` whole;
 //! `--sentinel-master NAME` and `REDIS_SENTINEL_PASSWORD` apply to either, and the Redis URL still gives
-//! the master's password and database (see [`crate::sentinel`]).
+//! the master's password and database (see `sentinel`).
 //!
 //! `-c` and the queue weights of `-q` are bounded ([`config::MAX_CONCURRENCY`],
 //! [`config::MAX_QUEUE_WEIGHT`]), as are `-t` and the intervals ([`config::MAX_SECONDS`]): a value

@@ -34,7 +34,8 @@ use crate::keys;
 use crate::middleware::{BoxFuture, until_executed};
 use crate::redis_conn::{self, Conn};
 use crate::retry::to_json;
-use crate::time::{self, TimeFormat, score};
+pub use crate::time::TimeFormat;
+use crate::time::{self, score};
 
 /// How the client writes timestamps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

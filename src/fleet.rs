@@ -24,11 +24,11 @@ use crate::retry::RetryRules;
 use crate::time::TimeFormat;
 
 /// A Sidekiq version as `major.minor.patch` (missing parts are 0).
-pub type Version = (u32, u32, u32);
+pub(crate) type Version = (u32, u32, u32);
 
 /// Parses `"7.3.9"`, `"8.1"`, `"8.0.0.beta1"` the way `Gem::Version` orders them for our purpose (the
 /// first three numeric segments). `None` for anything that does not start with a number.
-pub fn parse_version(s: &str) -> Option<Version> {
+pub(crate) fn parse_version(s: &str) -> Option<Version> {
     let mut parts = s.trim().split('.').map(|p| p.parse::<u32>().ok());
     let major = parts.next().flatten()?;
     let minor = parts.next().flatten().unwrap_or(0);
@@ -52,7 +52,7 @@ fn is_oxidekiq(info: &Value) -> bool {
 
 /// What one survey of `processes` found. Only live Ruby processes count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Survey {
+pub(crate) struct Survey {
     /// Live Ruby Sidekiq processes.
     pub ruby: usize,
     /// A Ruby process without a parseable `version` (Sidekiq ≤ 7.0.1, hence possibly 6.x).
@@ -69,7 +69,7 @@ pub struct Survey {
 
 impl Survey {
     /// Classifies the `info` JSON of each member of `processes` (`None`: the hash has expired).
-    pub fn classify<'a>(infos: impl IntoIterator<Item = Option<&'a str>>) -> Survey {
+    pub(crate) fn classify<'a>(infos: impl IntoIterator<Item = Option<&'a str>>) -> Survey {
         let mut s = Survey::default();
         for info in infos.into_iter().flatten() {
             let Ok(v) = serde_json::from_str::<Value>(info) else {
@@ -100,7 +100,7 @@ impl Survey {
 
     /// Integer milliseconds only when there is at least one Ruby process and every one is 8.0 or later;
     /// float seconds whenever any reader older than 8.0 is (or may be) alive.
-    pub fn time_format(&self) -> TimeFormat {
+    pub(crate) fn time_format(&self) -> TimeFormat {
         let all_8 = self.ruby > 0 && !self.unversioned && self.oldest.is_some_and(|o| o.0 >= 8);
         if all_8 {
             TimeFormat::Millis
@@ -111,7 +111,7 @@ impl Survey {
 
     /// The retry rules of the oldest live Ruby version (the one whose rules the fleet still runs);
     /// 7.x rules for a process without a version; the newest (8.1) rules when no Ruby process is alive.
-    pub fn retry_rules(&self) -> RetryRules {
+    pub(crate) fn retry_rules(&self) -> RetryRules {
         if self.unversioned {
             return RetryRules::for_version((7, 0, 0));
         }
@@ -123,12 +123,12 @@ impl Survey {
 
     /// Write the 6.4 `<identity>:workers` hash: only while a reader of it may be alive (a Ruby process
     /// older than 6.5, or one without a version), or when no Ruby process tells us who reads.
-    pub fn writes_legacy_workers(&self) -> bool {
+    pub(crate) fn writes_legacy_workers(&self) -> bool {
         self.ruby == 0 || self.unversioned || self.before_6_5
     }
 
     /// Which metrics formats to write: those of the 7.x/8.x processes alive; both when none is.
-    pub fn metrics_formats(&self) -> crate::metrics::Formats {
+    pub(crate) fn metrics_formats(&self) -> crate::metrics::Formats {
         if self.v7 || self.v8 {
             crate::metrics::Formats {
                 v7: self.v7,
@@ -141,7 +141,7 @@ impl Survey {
 }
 
 /// Reads `processes` and the `info` of each member: `SMEMBERS`, then one pipeline of `HGET`s.
-pub async fn survey(conn: &mut Conn) -> Result<Survey> {
+pub(crate) async fn survey(conn: &mut Conn) -> Result<Survey> {
     let ids: Vec<String> = redis::cmd("SMEMBERS")
         .arg(keys::PROCESSES)
         .query_async(conn)
@@ -160,7 +160,7 @@ pub async fn survey(conn: &mut Conn) -> Result<Survey> {
 /// The latest survey, shared by the heartbeat (which writes it every beat) and everything that writes
 /// timestamps or retries (which read it at the moment they write).
 #[derive(Debug, Default)]
-pub struct Fleet {
+pub(crate) struct Fleet {
     /// The latest survey.
     latest: Mutex<Survey>,
     /// A configured timestamp format (`millisecond_timestamps`), which wins over the survey.
@@ -169,7 +169,7 @@ pub struct Fleet {
 
 impl Fleet {
     /// A fleet view; `forced` pins the timestamp format regardless of the survey.
-    pub fn new(forced: Option<TimeFormat>) -> Self {
+    pub(crate) fn new(forced: Option<TimeFormat>) -> Self {
         Fleet {
             latest: Mutex::new(Survey::default()),
             forced,
@@ -177,22 +177,22 @@ impl Fleet {
     }
 
     /// Stores a new survey.
-    pub fn update(&self, s: Survey) {
+    pub(crate) fn update(&self, s: Survey) {
         *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = s;
     }
 
     /// The latest survey.
-    pub fn current(&self) -> Survey {
+    pub(crate) fn current(&self) -> Survey {
         *self.latest.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How to write new payload timestamps now.
-    pub fn time_format(&self) -> TimeFormat {
+    pub(crate) fn time_format(&self) -> TimeFormat {
         self.forced.unwrap_or_else(|| self.current().time_format())
     }
 
     /// The retry rules to follow now.
-    pub fn retry_rules(&self) -> RetryRules {
+    pub(crate) fn retry_rules(&self) -> RetryRules {
         self.current().retry_rules()
     }
 }

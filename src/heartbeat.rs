@@ -26,13 +26,13 @@ use crate::redis_conn::Conn;
 use crate::time;
 
 /// Seconds the identity and work hashes live without a new beat (`launcher.rb`).
-pub const TTL_SECS: i64 = 60;
+pub(crate) const TTL_SECS: i64 = 60;
 /// Lifetime of the daily stats keys (`STATS_TTL`, five years).
-pub const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
+pub(crate) const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 
 /// What this process tells the Busy page about itself.
 #[derive(Debug, Clone)]
-pub struct ProcessInfo {
+pub(crate) struct ProcessInfo {
     /// `host:pid:hex12`, with any ':' of the host name made '-' ([`identity_for`]).
     pub identity: String,
     /// Host name (`DYNO` wins, as in Ruby).
@@ -53,7 +53,7 @@ pub struct ProcessInfo {
 
 impl ProcessInfo {
     /// Identity and host for this OS process.
-    pub fn new(
+    pub(crate) fn new(
         tag: Option<String>,
         labels: Vec<String>,
         concurrency: usize,
@@ -89,7 +89,7 @@ impl ProcessInfo {
     }
 
     /// The `info` JSON: a superset every Sidekiq 6.x, 7.x and 8.x Web UI renders (PROTOCOL §6.3).
-    pub fn info_json(&self) -> String {
+    pub(crate) fn info_json(&self) -> String {
         let names: Vec<&str> = self.queues.iter().map(|(n, _)| n.as_str()).collect();
         let weights: serde_json::Map<String, Value> = self
             .queues
@@ -129,7 +129,7 @@ impl ProcessInfo {
 /// as `node:a` would otherwise make the process's keys read as another identity and queue (whose
 /// liveness key never exists). Nothing reads the host out of the identity: the Web UIs show
 /// `info.hostname`, which keeps the real name; Ruby only compares identities whole.
-pub fn identity_for(hostname: &str, pid: u32, nonce_hex: &str) -> String {
+pub(crate) fn identity_for(hostname: &str, pid: u32, nonce_hex: &str) -> String {
     let host = hostname.replace(':', "-");
     format!("{host}:{pid}:{nonce_hex}")
 }
@@ -144,7 +144,7 @@ fn hostname() -> String {
 }
 
 /// Resident set size in KB (`VmRSS`), as Ruby reports it.
-pub fn rss_kb() -> u64 {
+pub(crate) fn rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -156,7 +156,7 @@ pub fn rss_kb() -> u64 {
 }
 
 /// The in-progress jobs hash entry Ruby writes (`processor.rb`): the payload as a JSON *string*.
-pub fn work_entry(queue: &str, payload: &[u8], run_at: i64) -> String {
+pub(crate) fn work_entry(queue: &str, payload: &[u8], run_at: i64) -> String {
     json!({
         "queue": queue,
         "payload": String::from_utf8_lossy(payload),
@@ -167,7 +167,7 @@ pub fn work_entry(queue: &str, payload: &[u8], run_at: i64) -> String {
 
 /// One heartbeat writer.
 #[derive(Debug)]
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     /// Who we are.
     pub info: ProcessInfo,
     /// Cached `info` JSON.
@@ -193,7 +193,7 @@ pub struct Heartbeat {
 
 impl Heartbeat {
     /// A heartbeat for `info`.
-    pub fn new(
+    pub(crate) fn new(
         info: ProcessInfo,
         conn: Conn,
         stats: Arc<Stats>,
@@ -218,7 +218,7 @@ impl Heartbeat {
 
     /// Registers `classes` as served by this process on each of its `_rust` queues, for `ttl` past each
     /// beat (a few beats: once every serving process is gone, Ruby clients stop routing within it).
-    pub fn serving(mut self, classes: &[&str], ttl: Duration) -> Self {
+    pub(crate) fn serving(mut self, classes: &[&str], ttl: Duration) -> Self {
         self.classes = classes.iter().map(|c| c.to_string()).collect();
         self.serving_keys = self
             .info
@@ -286,18 +286,13 @@ impl Heartbeat {
         }
     }
 
-    /// The fleet view this heartbeat keeps up to date.
-    pub fn fleet(&self) -> Arc<Fleet> {
-        self.fleet.clone()
-    }
-
     /// A clone of the heartbeat's connection.
-    pub fn conn(&self) -> Conn {
+    pub(crate) fn conn(&self) -> Conn {
         self.conn.clone()
     }
 
     /// One beat. Returns the remote signal popped from `<identity>-signals`, if any.
-    pub async fn beat(&self, quiet: bool) -> Result<Option<String>> {
+    pub(crate) async fn beat(&self, quiet: bool) -> Result<Option<String>> {
         let id = &self.info.identity;
         let mut conn = self.conn.clone();
         let rtt_start = Instant::now();
@@ -374,7 +369,7 @@ impl Heartbeat {
 
     /// Leaves the Busy page at shutdown: flush stats, `SREM processes`, `UNLINK` the work hashes. The
     /// identity hash is left to expire, as Ruby leaves it.
-    pub async fn clear(&self) -> Result<()> {
+    pub(crate) async fn clear(&self) -> Result<()> {
         let id = &self.info.identity;
         let (processed, failed) = self.stats.take();
         let metrics = self.metrics.take();
@@ -427,7 +422,7 @@ fn add_stats(
 /// The heartbeat loop: a beat every `interval` until `stop` says so. With `alive` (the liveness TTL of a
 /// fetch that holds jobs in Redis) each beat first re-sets this process's liveness key, which orphan
 /// recovery reads. A signal the Web UI left for this process goes to `control`.
-pub async fn run(
+pub(crate) async fn run(
     heartbeat: Arc<Heartbeat>,
     interval: Duration,
     alive: Option<Duration>,
@@ -478,11 +473,6 @@ pub async fn run(
         }
         failing = !ok;
     }
-}
-
-/// Waits one beat interval; exists so the interval can be shortened in tests through the config.
-pub async fn pause(interval: Duration) {
-    tokio::time::sleep(interval).await
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@
 //! password.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,11 +33,11 @@ use crate::redis_conn::Conn;
 use crate::shutdown::ShutdownSignal;
 
 /// How long `/ready` and `/metrics` wait for Redis.
-pub const REDIS_CHECK: Duration = Duration::from_secs(2);
+pub(crate) const REDIS_CHECK: Duration = Duration::from_secs(2);
 
 /// What the endpoints read.
 #[derive(Debug, Clone)]
-pub struct State {
+pub(crate) struct State {
     /// The shared Redis connection.
     pub conn: Conn,
     /// The jobs in flight (busy slots).
@@ -55,17 +54,11 @@ pub struct State {
 
 /// The running server; dropping it stops accepting and closes the connections it serves.
 #[derive(Debug)]
-pub struct Server {
-    addr: SocketAddr,
+pub(crate) struct Server {
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Server {
-    /// The address it listens on (the port chosen, for `:0`).
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
+impl Server {}
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -75,7 +68,7 @@ impl Drop for Server {
 
 /// Binds `addr` (`host:port`) and serves the endpoints until the [`Server`] is dropped. A bind
 /// failure (address in use, bad address) is an [`Error::Config`] naming the address.
-pub async fn start(addr: &str, state: State) -> Result<Server> {
+pub(crate) async fn start(addr: &str, state: State) -> Result<Server> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| Error::Config(format!("--http {addr}: cannot listen: {e}")))?;
@@ -108,11 +101,11 @@ pub async fn start(addr: &str, state: State) -> Result<Server> {
             });
         }
     });
-    Ok(Server { addr: local, task })
+    Ok(Server { task })
 }
 
 /// Starts the server when the configuration asks for one (`--http ADDR`).
-pub async fn start_if(
+pub(crate) async fn start_if(
     cfg: &crate::config::Config,
     conn: &Conn,
     work: &Arc<WorkTable>,

@@ -1,7 +1,7 @@
 //! The launcher: builds every part, starts the loops, routes controls, and stops in order. Wiring only:
-//! the loops live with their owners (fetch loops and processors in [`crate::manager`], the heartbeat in
-//! [`crate::heartbeat`], orphan recovery in [`crate::fetch::recovery`], the poller in
-//! [`crate::scheduled`]).
+//! the loops live with their owners (fetch loops and processors in `manager`, the heartbeat in
+//! `heartbeat`, orphan recovery in `fetch::recovery`, the poller in
+//! `scheduled`).
 //!
 //! Mirrors `launcher.rb`. Control arrives from OS signals (TSTP quiet; TERM/INT stop; TTIN dump: class,
 //! jid, queue and start time of each running job, never its arguments), from the Web UI through
@@ -36,8 +36,8 @@ use crate::processor::{Processor, Stats};
 use crate::redis_conn::{self, Conn};
 use crate::registry::Registry;
 use crate::scheduled;
-pub use crate::shutdown::Control;
-use crate::shutdown::{Phase, Shutdown, ShutdownSignal};
+pub use crate::shutdown::{Control, Phase};
+use crate::shutdown::{Shutdown, ShutdownSignal};
 use crate::time::TimeFormat;
 
 /// A handle on a running launcher: send it controls, wait for it to end.

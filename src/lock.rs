@@ -3,7 +3,7 @@
 //!
 //! # How it works
 //!
-//! - **Acquire** is one command, `SET oxidekiq:lock:<key> <token> NX PX <ttl>` ([`keys::lock`]): it
+//! - **Acquire** is one command, `SET oxidekiq:lock:<key> <token> NX PX <ttl>` (`keys::lock`): it
 //!   succeeds only when nobody holds the key, and the lock frees itself after `ttl` even if its holder
 //!   dies. The token is 128 random bits in lowercase hex, fresh for every acquisition, so a holder can
 //!   prove the lock is still its own. A lock taken for a job ([`RedisLock::held_by`]) stores
@@ -35,7 +35,7 @@
 //! use std::time::Duration;
 //! use oxidekiq::lock::{LockOptions, RedisLock};
 //!
-//! # async fn run(conn: oxidekiq::redis_conn::Conn) -> oxidekiq::error::Result<()> {
+//! # async fn run(conn: oxidekiq::worker::Conn) -> oxidekiq::error::Result<()> {
 //! let opts = LockOptions { ttl: Duration::from_secs(10), ..LockOptions::default() };
 //! let lock = RedisLock::new(conn, "report:42", opts); // Redis key `oxidekiq:lock:report:42`
 //!
@@ -198,7 +198,7 @@ pub struct RedisLock {
 }
 
 impl RedisLock {
-    /// A lock on the Redis key `oxidekiq:lock:<key>` (see [`keys::lock`]).
+    /// A lock on the Redis key `oxidekiq:lock:<key>` (see `keys::lock`).
     pub fn new(conn: Conn, key: &str, opts: LockOptions) -> Self {
         Self::at(conn, keys::lock(key), opts)
     }

@@ -90,7 +90,7 @@ pub enum LogFormat {
 /// Here a span is a slot in a small table whose strings keep their capacity from one job to the next,
 /// the current span is a per-thread stack of ids, and a line is built with direct writes into a buffer
 /// reused per thread, then escaped into the shared buffer under one lock.
-pub struct Logger {
+pub(crate) struct Logger {
     /// The most verbose level written.
     max: LevelFilter,
     /// Text or JSON lines.
@@ -630,7 +630,7 @@ fn write_time(out: &mut String) {
 /// True for a character that must not reach a log line raw: C0 and C1 controls (newline, carriage
 /// return, the ESC of ANSI sequences, ...), DEL, the Unicode line and paragraph separators (some
 /// viewers break lines there) and the bidirectional overrides that reorder what a reader sees.
-pub fn needs_escape(c: char) -> bool {
+pub(crate) fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}')
         || ('\u{202a}'..='\u{202e}').contains(&c)
@@ -639,7 +639,7 @@ pub fn needs_escape(c: char) -> bool {
 
 /// Writes `s` with every character of [`needs_escape`] written as an escape: `\n`, `\r`, `\t`, else
 /// `\u{..}` (as Rust's `escape_debug` does). Anything else, backslashes included, is written as is.
-pub fn write_escaped(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
+pub(crate) fn write_escaped(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
     // Most lines are printable ASCII: one scan, one write.
     if printable_ascii(s.as_bytes()) {
         return out.write_str(s);
@@ -681,19 +681,14 @@ fn printable_ascii(bytes: &[u8]) -> bool {
 }
 
 /// `s` with control characters escaped (see [`write_escaped`]), for text written outside the logger.
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let _ = write_escaped(&mut out, s);
     out
 }
 
-/// Installs the Sidekiq-shaped logger on stdout; `verbose` turns on debug lines. Keep the guard alive
-/// until exit: dropping it writes out what is still buffered.
-pub fn init(verbose: bool) -> LogGuard {
-    init_with(verbose, LogFormat::Text)
-}
-
-/// As [`init`], in the given format.
+/// Installs the Sidekiq-shaped logger on stdout, in `format`; `verbose` turns on debug lines. Keep the
+/// guard alive until exit: dropping it writes out what is still buffered.
 pub fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
     let buffer = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
     let flusher = Arc::downgrade(&buffer);

@@ -31,7 +31,7 @@ use crate::time;
 
 /// A job that is running or whose fate is not yet in Redis: a row of the work table.
 #[derive(Debug, Clone)]
-pub struct Running {
+pub(crate) struct Running {
     /// The job.
     pub unit: UnitOfWork,
     /// Epoch seconds when it started (`run_at` of the work hash).
@@ -42,14 +42,14 @@ pub struct Running {
 
 impl Running {
     /// The Busy-page thread id (Ruby's `tid` is base 36 too).
-    pub fn tid(&self) -> String {
+    pub(crate) fn tid(&self) -> String {
         to_base36(self.seq)
     }
 }
 
 /// The jobs currently in flight, for the Busy page and the shutdown.
 #[derive(Debug, Default)]
-pub struct WorkTable {
+pub(crate) struct WorkTable {
     /// In-flight jobs by sequence number.
     map: Mutex<HashMap<u64, Running>>,
     /// Next sequence number.
@@ -81,7 +81,7 @@ impl WorkTable {
     }
 
     /// A copy of every in-flight job.
-    pub fn snapshot(&self) -> Vec<Running> {
+    pub(crate) fn snapshot(&self) -> Vec<Running> {
         self.map
             .lock()
             .map(|m| m.values().cloned().collect())
@@ -89,17 +89,12 @@ impl WorkTable {
     }
 
     /// How many jobs are in flight.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.lock().map(|m| m.len()).unwrap_or(0)
     }
 
-    /// True when nothing is in flight.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Takes every in-flight job out of the table (for the push-back).
-    pub fn drain(&self) -> Vec<Running> {
+    pub(crate) fn drain(&self) -> Vec<Running> {
         self.map
             .lock()
             .map(|mut m| m.drain().map(|(_, v)| v).collect())
@@ -115,7 +110,7 @@ type Outage = Arc<Mutex<Option<Instant>>>;
 
 /// The running manager of one process.
 #[derive(Debug)]
-pub struct Manager {
+pub(crate) struct Manager {
     /// The fetch strategy.
     fetch: Arc<dyn Fetch>,
     /// In-flight jobs.
@@ -131,7 +126,7 @@ pub struct Manager {
 impl Manager {
     /// Starts `concurrency` processors, the fetch loops that feed them, and the acker that acknowledges
     /// what `processor` settles (it sends to the other end of `acks`).
-    pub fn start(
+    pub(crate) fn start(
         fetch: Arc<dyn Fetch>,
         processor: Processor,
         acks: mpsc::UnboundedReceiver<UnitOfWork>,
@@ -156,20 +151,20 @@ impl Manager {
     }
 
     /// Waits until every job ended (quiet and done, or cancelled at the deadline). Cancel-safe.
-    pub async fn jobs_done(&mut self) {
+    pub(crate) async fn jobs_done(&mut self) {
         if self.ended.is_none() {
             self.ended = Some((&mut self.jobs).await.unwrap_or_default());
         }
     }
 
     /// True once [`Manager::jobs_done`] returned.
-    pub fn jobs_ended(&self) -> bool {
+    pub(crate) fn jobs_ended(&self) -> bool {
         self.ended.is_some()
     }
 
     /// Logs who is running (TTIN), never the payload: arguments can hold personal data or secrets, and
     /// TTIN output goes to the same logs as everything else.
-    pub fn dump(&self) {
+    pub(crate) fn dump(&self) {
         for j in self.work.snapshot() {
             let job = std::str::from_utf8(j.unit.raw())
                 .ok()
@@ -182,7 +177,7 @@ impl Manager {
 
     /// After the jobs: flush acks, push back what never finished and anything left in this process's
     /// working keys. True when all of it reached Redis.
-    pub async fn push_back(&mut self) -> bool {
+    pub(crate) async fn push_back(&mut self) -> bool {
         self.jobs_done().await;
         // Acks of jobs whose fate is in Redis (the acker ends once every processor is gone).
         let _ = (&mut self.acker).await;
@@ -238,7 +233,7 @@ impl Manager {
     }
 
     /// The push-back was cut short (Redis down, or a second stop): stop the acker and say what stays.
-    pub fn abandon(&mut self) {
+    pub(crate) fn abandon(&mut self) {
         self.acker.abort();
         let left = self.work.drain().len().max(self.fetch.outstanding());
         tracing::error!(

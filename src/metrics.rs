@@ -27,19 +27,19 @@ use crate::keys;
 
 /// Upper bounds (exclusive, in ms) of the first 25 histogram buckets; the 26th holds everything slower
 /// (`Histogram::BUCKET_INTERVALS`, `metrics/shared.rb`, identical in 7.3.9 and 8.1.7).
-pub const BUCKET_BOUNDS_MS: [u64; 25] = [
+pub(crate) const BUCKET_BOUNDS_MS: [u64; 25] = [
     20, 30, 45, 65, 100, 150, 225, 335, 500, 750, 1100, 1700, 2500, 3800, 5750, 8500, 13000, 20000,
     30000, 45000, 65000, 100000, 150000, 225000, 335000,
 ];
 /// Number of histogram buckets.
-pub const BUCKETS: usize = BUCKET_BOUNDS_MS.len() + 1;
+pub(crate) const BUCKETS: usize = BUCKET_BOUNDS_MS.len() + 1;
 /// TTL of the 1-minute hashes and the histograms (`SHORT_TERM`, `HISTOGRAM_TTL`: 8 h).
-pub const SHORT_TERM_SECS: i64 = 8 * 60 * 60;
+pub(crate) const SHORT_TERM_SECS: i64 = 8 * 60 * 60;
 /// TTL of Sidekiq 8's 10-minute hashes (`MID_TERM`, `tracking.rb@v8.1.7`: 3 days).
-pub const MID_TERM_SECS: i64 = 3 * 24 * 60 * 60;
+pub(crate) const MID_TERM_SECS: i64 = 3 * 24 * 60 * 60;
 
 /// The histogram bucket of a job that took `ms` milliseconds (`Histogram#record_time`).
-pub fn bucket(ms: u64) -> usize {
+pub(crate) fn bucket(ms: u64) -> usize {
     BUCKET_BOUNDS_MS
         .iter()
         .position(|b| ms < *b)
@@ -48,7 +48,7 @@ pub fn bucket(ms: u64) -> usize {
 
 /// Which Sidekiq versions' metrics keys to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Formats {
+pub(crate) struct Formats {
     /// Sidekiq 7.x keys.
     pub v7: bool,
     /// Sidekiq 8.x keys.
@@ -57,7 +57,7 @@ pub struct Formats {
 
 /// The counts of one class since the last flush.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClassCounts {
+pub(crate) struct ClassCounts {
     /// Jobs run (`|p`).
     pub processed: u64,
     /// Jobs that failed (`|f`).
@@ -83,7 +83,7 @@ impl ClassCounts {
 
 /// The in-memory counters, shared by every running job and the heartbeat.
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// Counts by class.
     classes: Mutex<HashMap<Box<str>, ClassCounts>>,
 }
@@ -92,7 +92,7 @@ impl Metrics {
     /// Counts one finished job of `class` (its `wrapped || class`) that ran for `elapsed`; `error` is its
     /// failure, if any. A `reschedule` answer is not a failure (as Ruby's iterable-job `Skip`, whose time
     /// counts); every other error is, and its time is not recorded.
-    pub fn track(&self, class: &str, elapsed: Duration, error: Option<&JobError>) {
+    pub(crate) fn track(&self, class: &str, elapsed: Duration, error: Option<&JobError>) {
         let failed = error.is_some_and(|e| !matches!(e.action, RetryAction::Reschedule(_)));
         let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         let mut map = self.classes.lock().unwrap_or_else(|e| e.into_inner());
@@ -111,13 +111,13 @@ impl Metrics {
 
     /// Takes every count, leaving none (the flush gives them back with [`Metrics::restore`] if its
     /// write fails).
-    pub fn take(&self) -> Snapshot {
+    pub(crate) fn take(&self) -> Snapshot {
         let mut map = self.classes.lock().unwrap_or_else(|e| e.into_inner());
         Snapshot(std::mem::take(&mut *map))
     }
 
     /// Adds back counts whose write failed.
-    pub fn restore(&self, s: Snapshot) {
+    pub(crate) fn restore(&self, s: Snapshot) {
         let mut map = self.classes.lock().unwrap_or_else(|e| e.into_inner());
         for (class, c) in s.0 {
             map.entry(class).or_default().merge(&c);
@@ -127,21 +127,21 @@ impl Metrics {
 
 /// Counts taken for one flush.
 #[derive(Debug, Default)]
-pub struct Snapshot(HashMap<Box<str>, ClassCounts>);
+pub(crate) struct Snapshot(HashMap<Box<str>, ClassCounts>);
 
 impl Snapshot {
     /// True when no job ran (Ruby's flush writes nothing then).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// The counts of one class.
-    pub fn get(&self, class: &str) -> Option<&ClassCounts> {
+    pub(crate) fn get(&self, class: &str) -> Option<&ClassCounts> {
         self.0.get(class)
     }
 
     /// Appends the writes of this flush, at `now`, to `pipe` (every command's reply ignored).
-    pub fn write(&self, pipe: &mut redis::Pipeline, now: DateTime<Utc>, formats: Formats) {
+    pub(crate) fn write(&self, pipe: &mut redis::Pipeline, now: DateTime<Utc>, formats: Formats) {
         if self.is_empty() {
             return;
         }
@@ -204,6 +204,10 @@ impl Snapshot {
         pipe.cmd("EXPIRE").arg(key).arg(ttl).ignore();
     }
 }
+
+// Moved from tests/sidekiq_7_8.rs: Sidekiq 7 and 8 metrics, timestamps and retry rules against recordings (needs crate-internal items).
+#[cfg(test)]
+mod tests_sidekiq_7_8;
 
 #[cfg(test)]
 mod tests {

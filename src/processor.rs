@@ -35,7 +35,7 @@ use crate::worker::{AfterFate, JobContext};
 
 /// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
 #[derive(Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// Jobs run, successful or not.
     pub processed: AtomicU64,
     /// Jobs that raised.
@@ -44,7 +44,7 @@ pub struct Stats {
 
 impl Stats {
     /// Takes the counts, leaving zeros (the heartbeat adds them back if its write fails).
-    pub fn take(&self) -> (u64, u64) {
+    pub(crate) fn take(&self) -> (u64, u64) {
         (
             self.processed.swap(0, Ordering::Relaxed),
             self.failed.swap(0, Ordering::Relaxed),
@@ -52,7 +52,7 @@ impl Stats {
     }
 
     /// Adds counts back after a failed flush.
-    pub fn restore(&self, processed: u64, failed: u64) {
+    pub(crate) fn restore(&self, processed: u64, failed: u64) {
         self.processed.fetch_add(processed, Ordering::Relaxed);
         self.failed.fetch_add(failed, Ordering::Relaxed);
     }
@@ -60,7 +60,7 @@ impl Stats {
 
 /// Everything a job's run needs, shared by all running jobs.
 #[derive(Debug)]
-pub struct Processor {
+pub(crate) struct Processor {
     /// Workers by class.
     pub registry: Arc<Registry>,
     /// Shared Redis connection.
@@ -92,7 +92,7 @@ impl Processor {
     /// Runs one fetched job to its fate and queues its ack. A panic anywhere on the way (the worker, a
     /// middleware, oxidekiq's own code) is caught here and becomes the job's failure
     /// ([`Processor::after_panic`]): the job never stays stranded in the working hash and the Busy page.
-    pub async fn process(self: Arc<Self>, unit: UnitOfWork) {
+    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork) {
         let run = RunState::new(unit.queue.clone(), unit.id);
         if let Err(panic) = catch_unwind(self.clone().process_unit(unit, &run)).await {
             self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
@@ -533,7 +533,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// Appends `error_class`/`error_message` to a payload that looks like a JSON object, without decoding
 /// it (Ruby's `JSON.parse` keeps the last of duplicate keys, so these win); anything else stays as is.
-pub fn annotate_undecoded(raw: &[u8], error: &str) -> Vec<u8> {
+pub(crate) fn annotate_undecoded(raw: &[u8], error: &str) -> Vec<u8> {
     annotate_error(raw, crate::error::INVALID_PAYLOAD, error)
 }
 
@@ -555,7 +555,7 @@ fn annotate_error(raw: &[u8], class: &str, error: &str) -> Vec<u8> {
 }
 
 /// `Integer#to_s(36)`.
-pub fn to_base36(mut n: u64) -> String {
+pub(crate) fn to_base36(mut n: u64) -> String {
     const D: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     if n == 0 {
         return "0".into();
@@ -568,6 +568,10 @@ pub fn to_base36(mut n: u64) -> String {
     out.reverse();
     String::from_utf8(out).unwrap_or_default()
 }
+
+// Moved from tests/fate_writes.rs: each fate written once, with its token (needs crate-internal items).
+#[cfg(test)]
+mod tests_fate_writes;
 
 #[cfg(test)]
 mod tests {

@@ -43,17 +43,17 @@ const BATCH_BOUNDS: [f64; 9] = [0.0, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250
 /// At most this many classes get series of their own; the jobs of any further class are counted
 /// under [`OTHER_CLASS`]. Class names come from payloads, so a stream of made-up classes must not
 /// grow the process (or the Prometheus server) without bound.
-pub const MAX_CLASSES: usize = 1000;
+pub(crate) const MAX_CLASSES: usize = 1000;
 
 /// A class name longer than this is counted under [`OTHER_CLASS`] too.
-pub const MAX_CLASS_LEN: usize = 200;
+pub(crate) const MAX_CLASS_LEN: usize = 200;
 
 /// The `class` label of jobs past [`MAX_CLASSES`] or [`MAX_CLASS_LEN`].
-pub const OTHER_CLASS: &str = "(other)";
+pub(crate) const OTHER_CLASS: &str = "(other)";
 
 /// Label set `{class, queue}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassQueue {
+pub(crate) struct ClassQueue {
     /// The job's class (the wrapped class for ActiveJob, as on Sidekiq's Metrics tab).
     pub class: String,
     /// The queue it was fetched from.
@@ -62,21 +62,21 @@ pub struct ClassQueue {
 
 /// Label set `{class}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassLabel {
+pub(crate) struct ClassLabel {
     /// The job's class.
     pub class: String,
 }
 
 /// Label set `{queue}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueLabel {
+pub(crate) struct QueueLabel {
     /// The queue.
     pub queue: String,
 }
 
 /// A histogram with fixed bounds whose observation is a few atomic adds (no lock).
 #[derive(Debug, Clone)]
-pub struct AtomicHistogram {
+pub(crate) struct AtomicHistogram {
     inner: Arc<HistogramInner>,
 }
 
@@ -91,7 +91,7 @@ struct HistogramInner {
 
 impl AtomicHistogram {
     /// A histogram with these upper bounds (ascending); +Inf is added.
-    pub fn new(bounds: &'static [f64]) -> Self {
+    pub(crate) fn new(bounds: &'static [f64]) -> Self {
         AtomicHistogram {
             inner: Arc::new(HistogramInner {
                 bounds,
@@ -102,7 +102,7 @@ impl AtomicHistogram {
     }
 
     /// Counts one observation.
-    pub fn observe(&self, v: f64) {
+    pub(crate) fn observe(&self, v: f64) {
         let i = self
             .inner
             .bounds
@@ -114,15 +114,6 @@ impl AtomicHistogram {
         }
         let micros = (v.max(0.0) * 1e6) as u64;
         self.inner.sum_micros.fetch_add(micros, Ordering::Relaxed);
-    }
-
-    /// How many observations were made.
-    pub fn count(&self) -> u64 {
-        self.inner
-            .counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum()
     }
 }
 
@@ -166,7 +157,7 @@ struct JobHandles {
 
 /// Every metric of the process.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     processed: Family<ClassQueue, Counter>,
     failed: Family<ClassQueue, Counter>,
@@ -208,7 +199,7 @@ fn duration_histogram() -> AtomicHistogram {
 
 impl Metrics {
     /// A fresh set of metrics, registered under their names.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("oxidekiq");
         let processed = Family::<ClassQueue, Counter>::default();
         let failed = Family::<ClassQueue, Counter>::default();
@@ -417,7 +408,13 @@ impl Metrics {
     }
 
     /// A job ran: counts it, and its failure unless it was rescheduled by a limit.
-    pub fn job_ran(&self, class: &str, queue: &str, took: Duration, error: Option<&JobError>) {
+    pub(crate) fn job_ran(
+        &self,
+        class: &str,
+        queue: &str,
+        took: Duration,
+        error: Option<&JobError>,
+    ) {
         let rescheduled =
             error.is_some_and(|e| matches!(e.action, crate::RetryAction::Reschedule(_)));
         let failed = error.is_some() && !rescheduled;
@@ -432,7 +429,7 @@ impl Metrics {
     }
 
     /// A failed job's fate reached Redis.
-    pub fn fate(&self, class: &str, fate: &Fate) {
+    pub(crate) fn fate(&self, class: &str, fate: &Fate) {
         let family = match fate {
             Fate::Retry { .. } => &self.retried,
             Fate::Dead => &self.dead,
@@ -447,7 +444,7 @@ impl Metrics {
     }
 
     /// A job was pushed unchanged to the `--handoff` queue.
-    pub fn handed_off(&self, class: &str) {
+    pub(crate) fn handed_off(&self, class: &str) {
         self.handed_off
             .get_or_create(&ClassLabel {
                 class: self.class_label(class).to_string(),
@@ -456,18 +453,18 @@ impl Metrics {
     }
 
     /// A fetch round brought back `jobs` jobs.
-    pub fn fetched(&self, jobs: usize) {
+    pub(crate) fn fetched(&self, jobs: usize) {
         self.fetches.inc();
         self.fetch_batch.observe(jobs as f64);
     }
 
     /// `n` unfinished jobs went back to their queues.
-    pub fn pushed_back(&self, n: usize) {
+    pub(crate) fn pushed_back(&self, n: usize) {
         self.pushed_back.inc_by(n as u64);
     }
 
     /// A Redis command failed; `reconnects` when the connection was lost with it.
-    pub fn redis_error(&self, reconnects: bool) {
+    pub(crate) fn redis_error(&self, reconnects: bool) {
         self.redis_errors.inc();
         if reconnects {
             self.redis_reconnects.inc();
@@ -475,17 +472,17 @@ impl Metrics {
     }
 
     /// A connection was replaced by a new one (a Sentinel master switch).
-    pub fn reconnected(&self) {
+    pub(crate) fn reconnected(&self) {
         self.redis_reconnects.inc();
     }
 
     /// The connections moved to a new master.
-    pub fn master_switched(&self) {
+    pub(crate) fn master_switched(&self) {
         self.master_switches.inc();
     }
 
     /// A lock attempt: acquired or found held.
-    pub fn lock_attempt(&self, acquired: bool) {
+    pub(crate) fn lock_attempt(&self, acquired: bool) {
         if acquired {
             self.locks_acquired.inc();
         } else {
@@ -494,12 +491,12 @@ impl Metrics {
     }
 
     /// A held lock was lost.
-    pub fn lock_lost(&self) {
+    pub(crate) fn lock_lost(&self) {
         self.locks_lost.inc();
     }
 
     /// A heartbeat reached Redis now.
-    pub fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.last_beat_ms.store(
             chrono::Utc::now().timestamp_millis().max(1) as u64,
             Ordering::Relaxed,
@@ -507,7 +504,7 @@ impl Metrics {
     }
 
     /// Time since the last heartbeat reached Redis; `None` before the first.
-    pub fn since_last_beat(&self) -> Option<Duration> {
+    pub(crate) fn since_last_beat(&self) -> Option<Duration> {
         match self.last_beat_ms.load(Ordering::Relaxed) {
             0 => None,
             ms => {
@@ -518,7 +515,7 @@ impl Metrics {
     }
 
     /// Sets the gauges read at scrape time, then writes every metric in the text format.
-    pub fn encode(&self, gauges: &Gauges) -> Result<String, fmt::Error> {
+    pub(crate) fn encode(&self, gauges: &Gauges) -> Result<String, fmt::Error> {
         self.busy.set(gauges.busy as i64);
         self.concurrency.set(gauges.concurrency as i64);
         for (queue, size, latency) in &gauges.queues {
@@ -539,7 +536,7 @@ impl Metrics {
 
 /// What `/metrics` reads when scraped rather than counting per job.
 #[derive(Debug, Default, Clone)]
-pub struct Gauges {
+pub(crate) struct Gauges {
     /// Jobs in flight.
     pub busy: usize,
     /// `-c`.
@@ -551,7 +548,7 @@ pub struct Gauges {
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 /// The process's metrics.
-pub fn metrics() -> &'static Metrics {
+pub(crate) fn metrics() -> &'static Metrics {
     &METRICS
 }
 

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 /// The handle every part of oxidekiq talks to Redis through; cheap to clone.
 ///
 /// A [`ConnectionManager`] to the configured server, or, with Sentinel, a
-/// [`crate::sentinel::Follower`] that moves to the new master after a failover. Either way it is a
+/// `sentinel::Follower` that moves to the new master after a failover. Either way it is a
 /// [`redis::aio::ConnectionLike`], so every command and pipeline works on it as on a manager, and
 /// each failed command is counted for `/metrics` on the way out.
 #[derive(Clone)]
@@ -111,7 +111,7 @@ impl redis::aio::ConnectionLike for Conn {
 
 /// Where the process's connections go: the URL's server, or the master Sentinel names.
 #[derive(Debug, Clone)]
-pub enum Target {
+pub(crate) enum Target {
     /// The server of the Redis URL.
     Url(Box<redis::Client>),
     /// The master the sentinels name, followed across failovers.
@@ -120,7 +120,7 @@ pub enum Target {
 
 impl Target {
     /// The target `config` describes (with Sentinel, the master is looked up now).
-    pub async fn from_config(config: &crate::config::Config) -> Result<Target> {
+    pub(crate) async fn from_config(config: &crate::config::Config) -> Result<Target> {
         let url = config.redis_url();
         match &config.sentinel {
             None => Ok(Target::Url(Box::new(client_with_ca(
@@ -144,12 +144,12 @@ impl Target {
     }
 
     /// The shared connection (see [`connect`]).
-    pub async fn connect(&self) -> Result<Conn> {
+    pub(crate) async fn connect(&self) -> Result<Conn> {
         self.connect_with(config(Some(RESPONSE_TIMEOUT))).await
     }
 
     /// A connection for blocking commands that block at most `block` (see [`connect_blocking`]).
-    pub async fn connect_blocking(&self, block: Duration) -> Result<Conn> {
+    pub(crate) async fn connect_blocking(&self, block: Duration) -> Result<Conn> {
         self.connect_with(config(Some(block + Duration::from_secs(5))))
             .await
     }
@@ -166,7 +166,7 @@ impl Target {
     }
 
     /// The server for logs, without the password.
-    pub fn describe(&self, url: &str) -> String {
+    pub(crate) fn describe(&self, url: &str) -> String {
         match self {
             Target::Url(_) => redact_url(url),
             Target::Sentinel(m) => format!("sentinel master {} at {}", m.name(), m.addr()),
@@ -181,7 +181,7 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// A `rediss://` URL checks the server's certificate against the system's trust store; use
 /// [`client_with_ca`] for a private CA.
-pub fn client(url: &str) -> Result<redis::Client> {
+pub(crate) fn client(url: &str) -> Result<redis::Client> {
     client_with_ca(url, None)
 }
 
@@ -191,7 +191,7 @@ pub fn client(url: &str) -> Result<redis::Client> {
 /// Errors are [`Error::Config`] naming the URL without its password: a URL that does not parse, a CA
 /// file that cannot be read or holds no certificate, or a CA file given with a URL that is not
 /// `rediss://`.
-pub fn client_with_ca(url: &str, ca_file: Option<&Path>) -> Result<redis::Client> {
+pub(crate) fn client_with_ca(url: &str, ca_file: Option<&Path>) -> Result<redis::Client> {
     install_crypto_provider();
     // redis-rs's parse errors are fixed texts: they never quote the URL.
     let invalid = |e: redis::RedisError| {
@@ -300,12 +300,13 @@ fn config(response_timeout: Option<Duration>) -> ConnectionManagerConfig {
 /// Credentials refused and a TLS handshake that fails (an untrusted certificate, most often) come back
 /// as [`Error::Config`] naming the server and the user, never the password: retrying will not help.
 /// Other failures stay [`Error::Redis`] (callers classify them) with a message naming the server.
-pub async fn connect(client: &redis::Client) -> Result<Conn> {
+pub(crate) async fn connect(client: &redis::Client) -> Result<Conn> {
     connect_with(client, config(Some(RESPONSE_TIMEOUT))).await
 }
 
 /// A connection for blocking commands that block at most `block`; errors as with [`connect`].
-pub async fn connect_blocking(client: &redis::Client, block: Duration) -> Result<Conn> {
+#[cfg(test)]
+pub(crate) async fn connect_blocking(client: &redis::Client, block: Duration) -> Result<Conn> {
     let timeout = block + Duration::from_secs(5);
     connect_with(client, config(Some(timeout))).await
 }
@@ -523,7 +524,7 @@ const SECRET_PARAMS: [&str; 7] = [
 /// with an unencoded `/`, `?` or `#` in it (a URL that does not parse is shown in errors too): no `@`
 /// ever appears in the host or path of a Redis URL, so the rule never hides more than the password,
 /// and an `@` inside a query password stays inside the hidden value.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(i) => (&url[..i + 3], &url[i + 3..]),
         None => ("", url),
@@ -545,7 +546,7 @@ pub fn redact_url(url: &str) -> String {
 
 /// `text` with every word that may be a Redis URL (it holds `://` or `@`) passed through
 /// [`redact_url`]: for free text such as a panic message, where a URL could appear anywhere.
-pub fn redact_urls_in(text: &str) -> String {
+pub(crate) fn redact_urls_in(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while !rest.is_empty() {
@@ -609,6 +610,10 @@ fn redact_query(rest: &str) -> String {
     }
     out
 }
+
+// Moved from tests/security.rs: TLS, ACL users and secrets kept out of every output (needs crate-internal items).
+#[cfg(test)]
+mod tests_security;
 
 #[cfg(test)]
 mod tests {

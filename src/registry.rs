@@ -83,7 +83,7 @@ pub struct Entry {
     /// The worker's `sidekiq_options`.
     pub options: WorkerOptions,
     /// Decodes a payload's arguments as the worker's `Args` without running it (`oxidekiq check`).
-    pub check_args: crate::migrate::check::ArgsCheck,
+    pub(crate) check_args: crate::migrate::check::ArgsCheck,
 }
 
 #[cfg(test)]

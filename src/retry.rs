@@ -30,13 +30,13 @@ use crate::time::{TimeFormat, score};
 use crate::worker::WorkerOptions;
 
 /// Sidekiq's default maximum number of retries (`DEFAULT_MAX_RETRY_ATTEMPTS`).
-pub const DEFAULT_MAX_RETRIES: i64 = 25;
+pub(crate) const DEFAULT_MAX_RETRIES: i64 = 25;
 /// Longest `error_message` stored (`exception.message.to_s[0, 10_000]`).
-pub const MAX_ERROR_MESSAGE: usize = 10_000;
+pub(crate) const MAX_ERROR_MESSAGE: usize = 10_000;
 /// Dead jobs older than this are trimmed (`dead_timeout_in_seconds`, 180 days).
-pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
+pub(crate) const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
 /// The dead set keeps at most this many members (`dead_max_jobs`).
-pub const DEAD_MAX_JOBS: i64 = 10_000;
+pub(crate) const DEAD_MAX_JOBS: i64 = 10_000;
 
 /// Where a failed job ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,14 +60,14 @@ pub enum Fate {
 }
 
 /// The backoff before retry number `count` (0-based): `count**4 + 15 + jitter`.
-pub fn backoff(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {
+pub(crate) fn backoff(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {
     let c = count.max(0) as f64;
     c.powi(4) + 15.0 + jitter(count, rules, rng)
 }
 
 /// The Sidekiq version whose retry rules apply (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryRules {
+pub(crate) struct RetryRules {
     /// 8.0+: jitter `rand(10 * (count + 1))`; before: `rand(10) * (count + 1)`.
     pub jitter_8: bool,
     /// 8.1+: a `retry_for` job is judged by its time budget alone; before: count first, then time.
@@ -76,7 +76,7 @@ pub struct RetryRules {
 
 impl RetryRules {
     /// The rules of Sidekiq `version` (`job_retry.rb@v7.3.9`, `@v8.0.0`, `@v8.1.0`).
-    pub fn for_version(version: (u32, u32, u32)) -> Self {
+    pub(crate) fn for_version(version: (u32, u32, u32)) -> Self {
         RetryRules {
             jitter_8: version.0 >= 8,
             retry_for_only: version >= (8, 1, 0),
@@ -132,7 +132,7 @@ fn exhausted_by_rules(
 }
 
 /// `Base64(zlib(JSON.generate(lines)))`, the compressed form every Sidekiq reads as `error_backtrace`.
-pub fn compress_backtrace(lines: &[String]) -> String {
+pub(crate) fn compress_backtrace(lines: &[String]) -> String {
     let json = serde_json::to_vec(lines).unwrap_or_else(|_| b"[]".to_vec());
     let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
     // Writing into a Vec cannot fail.
@@ -143,7 +143,8 @@ pub fn compress_backtrace(lines: &[String]) -> String {
 
 /// Reads an `error_backtrace` in any form Sidekiq wrote: strict or line-wrapped Base64 of zlib JSON,
 /// or a raw JSON array (very old versions).
-pub fn decompress_backtrace(v: &Value) -> Option<Vec<String>> {
+#[cfg(test)]
+pub(crate) fn decompress_backtrace(v: &Value) -> Option<Vec<String>> {
     use std::io::Read;
     match v {
         Value::Array(_) => serde_json::from_value(v.clone()).ok(),
@@ -164,7 +165,7 @@ pub fn decompress_backtrace(v: &Value) -> Option<Vec<String>> {
 
 /// Everything that decides a failed job's fate, apart from Redis.
 #[derive(Debug)]
-pub struct Failure<'a> {
+pub(crate) struct Failure<'a> {
     /// The job as fetched.
     pub job: &'a Job,
     /// The queue it was fetched from.
@@ -183,7 +184,7 @@ pub struct Failure<'a> {
 
 /// What to write: computed without Redis so tests can check every rule.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// `ZADD retry <at> <payload>`.
     Retry {
         /// The retry-set member.
@@ -208,7 +209,7 @@ pub enum Plan {
 }
 
 /// Decides what Ruby's `JobRetry` would write for this failure.
-pub fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
+pub(crate) fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
     match f.error.action {
         RetryAction::Reschedule(secs) => {
             return Plan::Reschedule {
@@ -346,7 +347,7 @@ pub(crate) fn to_json(msg: &Map<String, Value>) -> String {
 /// so the fate is written at most once and a shutdown push-back, which moves only entries still there,
 /// never duplicates a job whose fate landed. Basic fetch has no working hash, hence no token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Token {
+pub(crate) struct Token {
     /// The working hash, `oxidekiq:working:<identity>:<queue>`.
     pub working: String,
     /// The job's field in it.
@@ -456,7 +457,7 @@ async fn write_fate(
 
 /// Writes the plan to Redis, consuming the job's `token` in the same script (see [`Token`]). The ack of
 /// the fetched job must come after this returns.
-pub async fn apply(
+pub(crate) async fn apply(
     conn: &mut Conn,
     job: &Job,
     plan: &Plan,
@@ -495,13 +496,14 @@ pub async fn apply(
 /// `DeadSet#kill` (`job_retry.rb send_to_morgue`): adds the member and trims the set by age and size, in
 /// one script (the one `to_dead` of [`crate::lua`], as the fetch, recovery and poller scripts). The one
 /// Rust entry point for a dead-set write.
-pub async fn send_to_morgue(conn: &mut Conn, payload: &[u8], now: f64) -> Result<()> {
+#[cfg(test)]
+pub(crate) async fn send_to_morgue(conn: &mut Conn, payload: &[u8], now: f64) -> Result<()> {
     kill(conn, payload, now, None).await.map(|_| ())
 }
 
 /// [`send_to_morgue`] for a fetched job, consuming its `token` in the same script: false when the token
 /// was already gone (nothing written).
-pub async fn kill(
+pub(crate) async fn kill(
     conn: &mut Conn,
     payload: &[u8],
     now: f64,
@@ -514,7 +516,7 @@ pub async fn kill(
 /// `push_job` of [`crate::lua`]), counting it
 /// for `class` in [`keys::HANDOFF`] when given, and consuming the job's `token` in the same script: false
 /// when the token was already gone (nothing pushed), so a retry after a lost reply never pushes twice.
-pub async fn push_to_queue(
+pub(crate) async fn push_to_queue(
     conn: &mut Conn,
     queue: &str,
     payload: &[u8],
@@ -526,7 +528,7 @@ pub async fn push_to_queue(
 
 /// The dead-set member for a payload the runtime could not decode: the original bytes when they are not
 /// a JSON object; otherwise the object with `error_class`, `error_message` and `failed_at` added.
-pub fn undecodable_payload(raw: &[u8], error: &str, now: f64, tf: TimeFormat) -> Vec<u8> {
+pub(crate) fn undecodable_payload(raw: &[u8], error: &str, now: f64, tf: TimeFormat) -> Vec<u8> {
     let Ok(text) = std::str::from_utf8(raw) else {
         return raw.to_vec();
     };
@@ -546,6 +548,14 @@ pub fn undecodable_payload(raw: &[u8], error: &str, now: f64, tf: TimeFormat) ->
         Err(_) => raw.to_vec(),
     }
 }
+
+// Moved from tests/dead_set.rs: the dead set's one writer, checked against Ruby's DeadSet (needs crate-internal items).
+#[cfg(test)]
+mod tests_dead_set;
+
+// Moved from tests/ruby_retry.rs: retries and deaths as Ruby Sidekiq's API and Web UI read them (needs crate-internal items).
+#[cfg(test)]
+mod tests_ruby;
 
 #[cfg(test)]
 mod tests {

@@ -24,12 +24,12 @@ use crate::shutdown::ShutdownSignal;
 use crate::time::{self, TimeFormat, score};
 
 /// Members read and moved per round trip.
-pub const BATCH: usize = 1000;
+pub(crate) const BATCH: usize = 1000;
 
 /// Bytes of due members read per round trip (at least one member, however large): with `BATCH`, it
 /// bounds what a round holds in memory (the members, their rewritten payloads and the script call that
 /// carries both) to a small multiple of the larger of this and the largest member.
-pub const BATCH_BYTES: usize = 2 * 1024 * 1024;
+pub(crate) const BATCH_BYTES: usize = 2 * 1024 * 1024;
 
 /// Reads the due members of set KEYS[1] (score ≤ ARGV[1]) from rank ARGV[2] of the due ones, at most
 /// ARGV[3] of them and, past the first, only while their total stays within ARGV[4] bytes. One member at
@@ -85,7 +85,12 @@ return {moved, fails, first}
 );
 
 /// Moves every due job of `set` into its queue; returns how many moved.
-pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -> Result<u64> {
+pub(crate) async fn enqueue_due(
+    conn: &mut Conn,
+    set: &str,
+    now: f64,
+    tf: TimeFormat,
+) -> Result<u64> {
     let script = Script::new(ENQUEUE_LUA);
     let read = Script::new(READ_DUE_LUA);
     let mut total = 0;
@@ -141,7 +146,7 @@ pub async fn enqueue_due(conn: &mut Conn, set: &str, now: f64, tf: TimeFormat) -
 
 /// The payload as `Client#push` re-pushes it: the same keys with `enqueued_at` = now and no `at`.
 /// `None` when the member is not a job (no string `class`, `args` not an array, no queue).
-pub fn requeued_payload(member: &str, now: f64, tf: TimeFormat) -> Option<(String, String)> {
+pub(crate) fn requeued_payload(member: &str, now: f64, tf: TimeFormat) -> Option<(String, String)> {
     let mut msg: serde_json::Map<String, Value> = serde_json::from_str(member).ok()?;
     if !msg.get("class").is_some_and(Value::is_string)
         || !msg.get("args").is_some_and(Value::is_array)
@@ -159,7 +164,7 @@ pub fn requeued_payload(member: &str, now: f64, tf: TimeFormat) -> Option<(Strin
 }
 
 /// How long to sleep before the next round (`scheduled.rb random_poll_interval`).
-pub fn poll_interval(average: Duration, processes: u64, rng: &mut impl Rng) -> Duration {
+pub(crate) fn poll_interval(average: Duration, processes: u64, rng: &mut impl Rng) -> Duration {
     let count = processes.max(1) as f64;
     let interval = average.as_secs_f64() * count;
     let secs = if count < 10.0 {
@@ -174,7 +179,7 @@ pub fn poll_interval(average: Duration, processes: u64, rng: &mut impl Rng) -> D
 /// still has its `info` (`ProcessSet#cleanup` prunes the others before `scheduled.rb` counts them),
 /// at least 1. A process killed with SIGKILL stays in the set, and counting it would slow every
 /// poller down until something prunes it.
-pub async fn live_process_count(conn: &mut Conn) -> Result<u64> {
+pub(crate) async fn live_process_count(conn: &mut Conn) -> Result<u64> {
     let ids: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
         .arg(keys::PROCESSES)
         .query_async(conn)
@@ -191,7 +196,7 @@ pub async fn live_process_count(conn: &mut Conn) -> Result<u64> {
 }
 
 /// The poller loop: runs until the process goes quiet.
-pub async fn run(
+pub(crate) async fn run(
     mut conn: Conn,
     average: Duration,
     fleet: std::sync::Arc<crate::fleet::Fleet>,
@@ -234,6 +239,10 @@ pub async fn run(
         }
     }
 }
+
+// Moved from tests/ruby_schedule.rs: the scheduled poller beside Ruby Sidekiq (needs crate-internal items).
+#[cfg(test)]
+mod tests_ruby;
 
 #[cfg(test)]
 mod tests {

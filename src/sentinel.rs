@@ -61,16 +61,16 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 
 /// Sentinel's default port.
-pub const DEFAULT_PORT: u16 = 26379;
+pub(crate) const DEFAULT_PORT: u16 = 26379;
 
 /// At most one sentinel lookup per this long, per process.
-pub const LOOKUP_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const LOOKUP_EVERY: Duration = Duration::from_millis(250);
 
 /// How often the sentinels are asked, errors or not. A `SENTINEL FAILOVER` promotes the replica
 /// first and demotes the old master only when the sentinels next look at it (up to ~10 s later):
 /// until then the old master still takes writes, which its resync then throws away. Asking every
 /// second keeps that window short without waiting for an error.
-pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// How long one lookup may take before it counts as failed.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -174,7 +174,7 @@ pub struct SentinelConfig {
 }
 
 /// The current master, shared by every connection of the process.
-pub struct Master {
+pub(crate) struct Master {
     /// The master's name.
     name: String,
     /// The sentinels (redis-rs keeps a connection to each).
@@ -203,7 +203,7 @@ impl Master {
     /// Asks the sentinels for `cfg`'s master (and goes on asking every [`WATCH_EVERY`] while the
     /// returned `Arc` lives); `url` gives the master's credentials, database and
     /// TLS mode, and its host is the master's name unless `cfg` names it.
-    pub async fn discover(cfg: &SentinelConfig, url: &str) -> Result<Arc<Master>> {
+    pub(crate) async fn discover(cfg: &SentinelConfig, url: &str) -> Result<Arc<Master>> {
         let redacted = crate::redis_conn::redact_url(url);
         let info = url.into_connection_info().map_err(|e| {
             Error::Config(format!(
@@ -287,12 +287,12 @@ impl Master {
     }
 
     /// The master's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// `host:port` of the current master.
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         self.current
             .read()
             .map(|c| addr_of(&c.1))
@@ -300,7 +300,7 @@ impl Master {
     }
 
     /// The current generation: it moves each time the master does.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
@@ -319,7 +319,7 @@ impl Master {
 
     /// Asks the sentinels again (unless another lookup ran within [`LOOKUP_EVERY`] or is running);
     /// when they name another server, every connection moves there.
-    pub async fn recheck(&self) {
+    pub(crate) async fn recheck(&self) {
         {
             let Ok(mut last) = self.last_lookup.lock() else {
                 return;
@@ -384,7 +384,7 @@ fn addr_of(client: &redis::Client) -> String {
 }
 
 /// True for an error a failover causes: the connection follows the master after it.
-pub fn suggests_failover(e: &redis::RedisError) -> bool {
+pub(crate) fn suggests_failover(e: &redis::RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -397,7 +397,7 @@ pub fn suggests_failover(e: &redis::RedisError) -> bool {
 
 /// One connection that follows the master: a [`ConnectionManager`] to the current master, replaced
 /// when the master moves.
-pub struct Follower {
+pub(crate) struct Follower {
     master: Arc<Master>,
     config: ConnectionManagerConfig,
     current: RwLock<Option<(u64, ConnectionManager)>>,
@@ -415,7 +415,10 @@ impl fmt::Debug for Follower {
 
 impl Follower {
     /// A connection to `master`'s current server, made now (errors as a first connection's).
-    pub async fn connect(master: Arc<Master>, config: ConnectionManagerConfig) -> Result<Follower> {
+    pub(crate) async fn connect(
+        master: Arc<Master>,
+        config: ConnectionManagerConfig,
+    ) -> Result<Follower> {
         let db = master.node_db();
         let f = Follower {
             master,
@@ -429,7 +432,7 @@ impl Follower {
     }
 
     /// The database of the connection.
-    pub fn db(&self) -> i64 {
+    pub(crate) fn db(&self) -> i64 {
         self.db
     }
 
@@ -466,7 +469,7 @@ impl Follower {
     }
 
     /// Runs one command on the current master.
-    pub async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+    pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let result = match self.manager().await {
             Ok(mut m) => m.req_packed_command(cmd).await,
             Err(e) => Err(e),
@@ -478,7 +481,7 @@ impl Follower {
     }
 
     /// Runs a pipeline on the current master.
-    pub async fn pipeline(
+    pub(crate) async fn pipeline(
         &self,
         pipe: &redis::Pipeline,
         offset: usize,

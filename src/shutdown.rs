@@ -45,7 +45,7 @@ impl Control {
 
 /// The launcher's handle, which moves the phase forward (never back).
 #[derive(Debug)]
-pub struct Shutdown {
+pub(crate) struct Shutdown {
     /// Sender side of the phase channel.
     tx: watch::Sender<Phase>,
 }
@@ -65,20 +65,20 @@ impl Default for Shutdown {
 
 impl Shutdown {
     /// A new handle in the `Running` phase.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let (tx, _rx) = watch::channel(Phase::Running);
         Shutdown { tx }
     }
 
     /// A signal to hand to a loop or a job.
-    pub fn signal(&self) -> ShutdownSignal {
+    pub(crate) fn signal(&self) -> ShutdownSignal {
         ShutdownSignal {
             rx: self.tx.subscribe(),
         }
     }
 
     /// Moves to `phase` if it is later than the current one.
-    pub fn advance(&self, phase: Phase) {
+    pub(crate) fn advance(&self, phase: Phase) {
         self.tx.send_if_modified(|p| {
             if phase > *p {
                 *p = phase;
@@ -90,7 +90,7 @@ impl Shutdown {
     }
 
     /// The current phase.
-    pub fn phase(&self) -> Phase {
+    pub(crate) fn phase(&self) -> Phase {
         *self.tx.borrow()
     }
 }

@@ -7,7 +7,7 @@
 use serde_json::{Number, Value};
 
 /// Epoch seconds, as a float (`Time.now.to_f`).
-pub fn now() -> f64 {
+pub(crate) fn now() -> f64 {
     let t = chrono::Utc::now();
     t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) / 1e6
 }
@@ -34,7 +34,7 @@ impl TimeFormat {
 
 /// A JSON float that always prints with a decimal point (`1700000000.0`, never `1700000000`, which a
 /// Sidekiq 8 reader would take for milliseconds).
-pub fn float_value(secs: f64) -> Value {
+pub(crate) fn float_value(secs: f64) -> Value {
     let mut s = format!("{secs}");
     if !s.contains(['.', 'e', 'E']) {
         s.push_str(".0");
@@ -46,7 +46,7 @@ pub fn float_value(secs: f64) -> Value {
 }
 
 /// A score for a sorted set, as Ruby's `Float#to_s` would print it.
-pub fn score(secs: f64) -> String {
+pub(crate) fn score(secs: f64) -> String {
     let s = format!("{secs}");
     if s.contains('.') { s } else { format!("{s}.0") }
 }

@@ -14,9 +14,10 @@ use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use crate::error::JobResult;
 use crate::job::{Job, RetrySetting};
 use crate::middleware::BoxFuture;
-use crate::redis_conn::Conn;
-use crate::retry::Fate;
-use crate::shutdown::ShutdownSignal;
+// Types a job context hands out, defined in internal modules.
+pub use crate::redis_conn::Conn;
+pub use crate::retry::Fate;
+pub use crate::shutdown::ShutdownSignal;
 
 /// A Rust worker for one Ruby class name.
 ///

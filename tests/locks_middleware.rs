@@ -432,7 +432,7 @@ async fn a_duplicate_is_rescheduled_or_failed_into_the_retry_path_when_configure
     hold(&mut c, "FailedDup", "holderbbbbbbbbbbbbbbbbbb");
     push_raw(&mut c, "RescheduledDup", "[]", "resched000000000000000000");
     push_raw(&mut c, "FailedDup", "[]", "failed000000000000000000");
-    let before = oxidekiq::time::now();
+    let before = support::now();
     let h = launch(&redis.url(), 2, conflict_registry()).await;
     wait_for("both fates", Duration::from_secs(10), || {
         c.zcard::<_, usize>("schedule").unwrap() == 1 && c.zcard::<_, usize>("retry").unwrap() == 1
@@ -448,10 +448,7 @@ async fn a_duplicate_is_rescheduled_or_failed_into_the_retry_path_when_configure
         !member.contains("error_class"),
         "a reschedule is not a failure"
     );
-    assert!(
-        *at >= before + 29.0 && *at <= oxidekiq::time::now() + 31.0,
-        "{at}"
-    );
+    assert!(*at >= before + 29.0 && *at <= support::now() + 31.0, "{at}");
 
     let retried: Vec<String> = c.zrange("retry", 0, -1).unwrap();
     let m: Value = serde_json::from_str(&retried[0]).unwrap();

@@ -514,7 +514,7 @@ fn routes_tells_rust_and_ruby_runs_apart_with_sidekiq_7_metrics() {
         .arg("busy")
         .arg(0)
         .arg("beat")
-        .arg(oxidekiq::time::now())
+        .arg(support::now())
         .arg("quiet")
         .arg("false")
         .ignore()

@@ -216,7 +216,7 @@ async fn a_failing_job_lands_in_the_retry_set_with_ruby_fields_and_keeps_unknown
     let mut c = redis.conn();
     let raw = r#"{"retry":true,"queue":"default","class":"FailingJob","args":[],"jid":"bbbbbbbbbbbbbbbbbbbbbbbb","created_at":1795291260.8,"enqueued_at":1795291260.9,"cattr":{"tenant":7},"locale":"fr"}"#;
     let _: () = c.lpush("queue:default", raw).unwrap();
-    let before = oxidekiq::time::now();
+    let before = support::now();
     let handle = start(&redis.url(), &["default"], 2).await;
     wait_for("retry entry", Duration::from_secs(5), || {
         c.zcard::<_, usize>("retry").unwrap() == 1
@@ -233,7 +233,7 @@ async fn a_failing_job_lands_in_the_retry_set_with_ruby_fields_and_keeps_unknown
     assert_eq!(m["locale"], "fr");
     assert!(m["failed_at"].as_f64().unwrap() >= before);
     assert!(
-        *score >= before + 15.0 && *score <= oxidekiq::time::now() + 24.0,
+        *score >= before + 15.0 && *score <= support::now() + 24.0,
         "{score}"
     );
     let failed: i64 = c.get("stat:failed").unwrap_or(0);
@@ -308,7 +308,7 @@ async fn stop_pushes_unfinished_jobs_back_byte_identical_to_the_served_end() {
 async fn due_scheduled_and_retry_jobs_are_moved_to_their_queues_and_run() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    let now = oxidekiq::time::now();
+    let now = support::now();
     for i in 0..50 {
         let m = format!(
             r#"{{"class":"HardWorker","args":[{i}],"jid":"s{i}","queue":"default","retry":true,"created_at":{now}}}"#

@@ -106,7 +106,7 @@ async fn killed_connections_and_a_stopped_redis_lose_no_job() {
     let done = support::wait_until(Duration::from_secs(60), || accounted(&mut c) == n);
     assert_eq!(
         handle.phase(),
-        oxidekiq::shutdown::Phase::Running,
+        oxidekiq::launcher::Phase::Running,
         "the process stays up"
     );
     handle.stop().await.unwrap();
@@ -381,7 +381,7 @@ async fn quiet_hands_back_a_job_that_a_pending_fetch_took() {
     let phase = handle.phase();
     let held = held_jids(&mut c);
     handle.stop().await.unwrap();
-    assert_eq!(phase, oxidekiq::shutdown::Phase::Quiet, "still quiet");
+    assert_eq!(phase, oxidekiq::launcher::Phase::Quiet, "still quiet");
     assert!(
         back,
         "the late job was not handed back while quiet: held {held:?}"

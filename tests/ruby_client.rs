@@ -6,11 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use oxidekiq::client::{Client, NewJob, TimeMode, detect_time_format};
-use oxidekiq::time::{TimeFormat, now};
+use oxidekiq::client::{Client, NewJob, TimeFormat, TimeMode, detect_time_format};
 use redis::Commands;
 use serde_json::{Map, Value, json};
-use support::{RedisServer, RubySidekiq, ruby_api_json as rb_json, wait_until};
+use support::{RedisServer, RubySidekiq, now, ruby_api_json as rb_json, wait_until};
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))

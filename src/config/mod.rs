@@ -51,6 +51,9 @@ mod erb;
 
 pub use erb::render_erb;
 pub(crate) use file::FileOptions;
+// Types of `Config` fields, defined beside the code that uses them.
+pub use crate::logging::LogFormat;
+pub use crate::sentinel::{SentinelConfig, SentinelNode};
 pub use settings::{
     Config, FetchMode, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_SECONDS,
     MAX_YAML_DEPTH, MAX_YAML_NODES, QueueWeight, UnknownClass, normalize_weights, parse_queue_arg,

@@ -15,7 +15,7 @@ use crate::redis_conn::Conn;
 
 /// The basic fetcher of one process.
 #[derive(Debug)]
-pub struct Basic {
+pub(crate) struct Basic {
     /// Queue order.
     order: QueueOrder,
     /// Connection for requeues and key-type checks.
@@ -30,7 +30,7 @@ pub struct Basic {
 
 impl Basic {
     /// A basic fetcher over `queues`.
-    pub fn new(queues: &[QueueWeight], conn: Conn, blocking: Conn, block: Duration) -> Self {
+    pub(crate) fn new(queues: &[QueueWeight], conn: Conn, blocking: Conn, block: Duration) -> Self {
         Basic {
             order: QueueOrder::new(queues),
             conn,
@@ -41,7 +41,7 @@ impl Basic {
     }
 
     /// Built from the launcher's [`Setup`].
-    pub fn from_setup(s: Setup<'_>) -> Self {
+    pub(crate) fn from_setup(s: Setup<'_>) -> Self {
         Basic::new(s.queues, s.conn, s.blocking, s.block)
     }
 

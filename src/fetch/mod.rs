@@ -30,25 +30,22 @@ use crate::config::{FetchMode, QueueWeight};
 use crate::error::Result;
 use crate::redis_conn::Conn;
 
-pub mod basic;
-pub mod recovery;
-pub mod reliable;
+pub(crate) mod basic;
+pub(crate) mod recovery;
+pub(crate) mod reliable;
 
-pub use crate::keys::SUSPECTS;
-pub use basic::Basic;
-pub use recovery::{
-    MAX_RECOVERIES, Recovered, RecoveryPolicy, mark_alive, recover_orphans, recovery_loop,
-};
-pub use reliable::Reliable;
+pub(crate) use basic::Basic;
+pub(crate) use recovery::{RecoveryPolicy, mark_alive, recover_orphans, recovery_loop};
+pub(crate) use reliable::Reliable;
 
 /// A boxed future, for the trait's async methods (called once per batch, never per job).
-pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// Most jobs one fetch takes, whatever `-c` is: one script's work stays bounded.
-pub const MAX_BATCH: usize = 1000;
+pub(crate) const MAX_BATCH: usize = 1000;
 
 /// One fetch stops adding jobs once it holds this many payload bytes (it always takes at least one).
-pub const BATCH_BYTES: usize = 32 * 1024 * 1024;
+pub(crate) const BATCH_BYTES: usize = 32 * 1024 * 1024;
 
 /// Longest pause of a queue whose key has the wrong type.
 const MAX_STALL: Duration = Duration::from_secs(30);
@@ -58,7 +55,7 @@ const MAX_STALL: Duration = Duration::from_secs(30);
 /// bytes arrive owned (the reply's buffer) and are shared once decoded ([`UnitOfWork::share_raw`]), so
 /// the same value goes to the job, the work table and the acker without a copy.
 #[derive(Debug, Clone)]
-pub struct UnitOfWork {
+pub(crate) struct UnitOfWork {
     /// Queue name, without `queue:`.
     pub queue: Arc<str>,
     /// Field of the job in this process's working hash (0 with basic fetch).
@@ -78,7 +75,7 @@ enum Raw {
 
 impl UnitOfWork {
     /// A unit of `raw` fetched from `queue`, held under `id`.
-    pub fn new(queue: Arc<str>, id: u64, raw: Vec<u8>) -> Self {
+    pub(crate) fn new(queue: Arc<str>, id: u64, raw: Vec<u8>) -> Self {
         UnitOfWork {
             queue,
             id,
@@ -87,7 +84,7 @@ impl UnitOfWork {
     }
 
     /// The payload, byte for byte.
-    pub fn raw(&self) -> &[u8] {
+    pub(crate) fn raw(&self) -> &[u8] {
         match &self.raw {
             Raw::Owned(v) => v,
             Raw::Shared(a) => a,
@@ -96,7 +93,7 @@ impl UnitOfWork {
 
     /// Takes the fetched bytes to decode them (no copy before [`UnitOfWork::share_raw`]); give them back
     /// with `share_raw` before the unit goes anywhere else.
-    pub fn take_raw(&mut self) -> Vec<u8> {
+    pub(crate) fn take_raw(&mut self) -> Vec<u8> {
         match &mut self.raw {
             Raw::Owned(v) => std::mem::take(v),
             Raw::Shared(a) => a.to_vec(),
@@ -104,24 +101,32 @@ impl UnitOfWork {
     }
 
     /// The bytes, now shared with the decoded job.
-    pub fn share_raw(&mut self, raw: Arc<[u8]>) {
+    pub(crate) fn share_raw(&mut self, raw: Arc<[u8]>) {
         self.raw = Raw::Shared(raw);
     }
 
     /// Ruby's `UnitOfWork#acknowledge`: the job's fate is in Redis. The manager batches these through
     /// [`Fetch::acknowledge`]; this is the single-job form.
-    pub async fn acknowledge(self, fetch: &dyn Fetch) -> Result<()> {
+    #[allow(
+        dead_code,
+        reason = "Ruby's UnitOfWork interface; the manager batches through Fetch"
+    )]
+    pub(crate) async fn acknowledge(self, fetch: &dyn Fetch) -> Result<()> {
         fetch.acknowledge(std::slice::from_ref(&self)).await
     }
 
     /// Ruby's `UnitOfWork#requeue`: back to the end of its queue served next.
-    pub async fn requeue(self, fetch: &dyn Fetch) -> Result<u64> {
+    #[allow(
+        dead_code,
+        reason = "Ruby's UnitOfWork interface; the manager batches through Fetch"
+    )]
+    pub(crate) async fn requeue(self, fetch: &dyn Fetch) -> Result<u64> {
         fetch.bulk_requeue(std::slice::from_ref(&self)).await
     }
 }
 
 /// A fetch strategy (`Sidekiq::BasicFetch`'s interface, plus what the manager must know about it).
-pub trait Fetch: Send + Sync + std::fmt::Debug {
+pub(crate) trait Fetch: Send + Sync + std::fmt::Debug {
     /// Fetches up to `max` jobs (at most [`MAX_BATCH`]); waits up to the block time when every queue is
     /// empty and then returns what it has (possibly nothing).
     fn retrieve_work(&self, max: usize) -> BoxFuture<'_, Result<Vec<UnitOfWork>>>;
@@ -181,7 +186,7 @@ pub trait Fetch: Send + Sync + std::fmt::Debug {
 
 /// What every strategy is built from.
 #[derive(Debug)]
-pub struct Setup<'a> {
+pub(crate) struct Setup<'a> {
     /// The queues and their weights.
     pub queues: &'a [QueueWeight],
     /// This process's identity (`host:pid:hex`), which names its working keys.
@@ -215,7 +220,7 @@ pub(crate) fn strategy_names() -> impl Iterator<Item = &'static str> {
 
 /// The strategy `mode` names. Every [`FetchMode`] names a registered strategy ([`FetchMode::named`]
 /// checks); should one not, reliable fetch is used, the safe one.
-pub fn new(mode: FetchMode, setup: Setup<'_>) -> Arc<dyn Fetch> {
+pub(crate) fn new(mode: FetchMode, setup: Setup<'_>) -> Arc<dyn Fetch> {
     let build = STRATEGIES
         .iter()
         .find(|(name, _)| *name == mode.name())
@@ -225,7 +230,7 @@ pub fn new(mode: FetchMode, setup: Setup<'_>) -> Arc<dyn Fetch> {
 
 /// The queue order of one fetch, Sidekiq's way.
 #[derive(Debug, Clone)]
-pub struct QueueOrder {
+pub(crate) struct QueueOrder {
     /// Distinct queue names, in configured order.
     names: Vec<Arc<str>>,
     /// Each queue repeated `max(weight, 1)` times, for the weighted shuffle; empty when strict.
@@ -234,7 +239,7 @@ pub struct QueueOrder {
 
 impl QueueOrder {
     /// Builds the order from the configured queues.
-    pub fn new(queues: &[QueueWeight]) -> Self {
+    pub(crate) fn new(queues: &[QueueWeight]) -> Self {
         let mut names: Vec<Arc<str>> = Vec::new();
         for q in queues {
             if !names.iter().any(|n| **n == *q.name) {
@@ -256,7 +261,7 @@ impl QueueOrder {
     }
 
     /// The queues to try, in order, for the next fetch.
-    pub fn next(&self) -> Vec<Arc<str>> {
+    pub(crate) fn next(&self) -> Vec<Arc<str>> {
         if self.weighted.is_empty() {
             return self.names.clone();
         }
@@ -272,7 +277,7 @@ impl QueueOrder {
     }
 
     /// Every queue name.
-    pub fn names(&self) -> &[Arc<str>] {
+    pub(crate) fn names(&self) -> &[Arc<str>] {
         &self.names
     }
 }
@@ -408,6 +413,14 @@ end
     };
 }
 use lua_move_back;
+
+// Moved from tests/fetch_scripts.rs: the fetch, acknowledge, requeue and recovery scripts on a real Redis (needs crate-internal items).
+#[cfg(test)]
+mod tests_scripts;
+
+// Moved from tests/recovery.rs: recovering a dead process's jobs on a real Redis (needs crate-internal items).
+#[cfg(test)]
+mod tests_recovery;
 
 #[cfg(test)]
 mod tests {

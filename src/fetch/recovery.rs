@@ -20,7 +20,7 @@ use crate::shutdown::ShutdownSignal;
 use crate::time::{self, TimeFormat, score};
 
 /// How often one payload may be recovered from a dead process before it goes to the dead set.
-pub const MAX_RECOVERIES: i64 = 3;
+pub(crate) const MAX_RECOVERIES: i64 = 3;
 
 /// Lifetime of the recovery lock, renewed once after the key scan.
 const RECOVERY_LOCK_TTL: Duration = Duration::from_secs(30);
@@ -75,7 +75,7 @@ return {2, moved, killed, table.concat(errs, '; ')}
 /// of [`recover_orphans`]. It also clears its own suspect mark: a mark left from an earlier absence that
 /// no recovery pass saw end would otherwise date a later absence from the first one, and take the jobs
 /// of a process that is away again only briefly without any grace.
-pub async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -> Result<bool> {
+pub(crate) async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -> Result<bool> {
     let ms = ttl.as_millis().max(1000) as u64;
     let key = keys::alive(identity);
     let (existed, (), _): (bool, (), u64) = redis::pipe()
@@ -89,7 +89,7 @@ pub async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -> Resul
 
 /// What [`recover_orphans`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Recovered {
+pub(crate) struct Recovered {
     /// Jobs pushed back to their queues.
     pub requeued: u64,
     /// Jobs sent to the dead set after too many recoveries.
@@ -100,7 +100,7 @@ pub struct Recovered {
 
 /// How orphan recovery judges and annotates.
 #[derive(Debug, Clone, Copy)]
-pub struct RecoveryPolicy {
+pub(crate) struct RecoveryPolicy {
     /// How long a process must stay without its liveness key (by Redis's clock) before its jobs are
     /// taken; at least the liveness TTL, so a process that could only not beat reclaims its key first.
     pub grace: Duration,
@@ -120,7 +120,7 @@ impl Default for RecoveryPolicy {
 /// Pushes back the jobs of every process found dead inside the recovery script (see [`ORPHAN_LUA`]).
 /// One process at a time does it (`SET oxidekiq:recovery-lock <identity> NX PX 30000`, renewed after the
 /// key scan, released by compare-and-delete); returns `None` when another process holds that lock.
-pub async fn recover_orphans(
+pub(crate) async fn recover_orphans(
     conn: &mut Conn,
     own_identity: &str,
     now: f64,
@@ -263,7 +263,7 @@ async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy) {
 
 /// The recovery loop of a reliable-fetch process: a pass at once, then one every `every` (jittered),
 /// until the process goes quiet.
-pub async fn recovery_loop(
+pub(crate) async fn recovery_loop(
     mut conn: Conn,
     identity: String,
     every: Duration,

@@ -203,7 +203,7 @@ struct QueueKeys {
 
 /// The reliable fetcher of one process.
 #[derive(Debug)]
-pub struct Reliable {
+pub(crate) struct Reliable {
     /// Queue order.
     order: QueueOrder,
     /// This process's identity, part of the note on an oversized job.
@@ -236,7 +236,7 @@ pub struct Reliable {
 
 impl Reliable {
     /// A fetcher for `identity`'s process.
-    pub fn new(
+    pub(crate) fn new(
         queues: &[QueueWeight],
         identity: &str,
         conn: Conn,
@@ -277,14 +277,14 @@ impl Reliable {
     }
 
     /// Built from the launcher's [`Setup`].
-    pub fn from_setup(s: Setup<'_>) -> Self {
+    pub(crate) fn from_setup(s: Setup<'_>) -> Self {
         Reliable::new(s.queues, s.identity, s.conn, s.blocking, s.block)
             .with_payload_limit(s.max_payload_bytes, s.fleet)
     }
 
     /// Sets the payload size limit (0: none) and the fleet whose readers decide how `failed_at` is
     /// written on a payload over it.
-    pub fn with_payload_limit(
+    pub(crate) fn with_payload_limit(
         mut self,
         max_payload_bytes: usize,
         fleet: Arc<crate::fleet::Fleet>,

@@ -9,7 +9,7 @@
 //! # How the distributed limit works
 //!
 //! - The holders of limit `name` are **leases** in the sorted set `oxidekiq:concurrency:<name>` (see
-//!   [`keys::concurrency`]): member = a holder id (`<jid>:<random>`, fresh for every run), score = the
+//!   `keys::concurrency`): member = a holder id (`<jid>:<random>`, fresh for every run), score = the
 //!   lease's expiry in epoch milliseconds, **read from Redis's own clock** (`TIME` inside the script), so
 //!   the clocks of the worker machines never matter.
 //! - **Acquire** is one Lua script: drop every expired lease (`ZREMRANGEBYSCORE -inf now`), then grant

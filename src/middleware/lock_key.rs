@@ -5,7 +5,7 @@
 //! [`SequentialJob`](super::sequential::SequentialJob)) and every limit
 //! ([`ConcurrencyLimit`](super::concurrency::ConcurrencyLimit), [`RateLimit`](super::rate_limit::RateLimit))
 //! names itself; the client's until-executed locks digest the arguments the same way. The name built
-//! here is the `<key>` of `oxidekiq:lock:<key>` ([`keys::lock`](crate::keys::lock)) or of a limit's key.
+//! here is the `<key>` of `oxidekiq:lock:<key>` (`keys::lock`) or of a limit's key.
 //! A key computed from the typed arguments is most easily given at registration, where the worker's
 //! `Args` type is known and the closure needs no annotation:
 //! [`Registration::with_key`](crate::registry::Registration::with_key).

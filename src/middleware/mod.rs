@@ -110,3 +110,7 @@ impl<'a> Next<'a> {
         }
     }
 }
+
+// Moved from tests/limits.rs: concurrency and rate limits on a real Redis (needs crate-internal items).
+#[cfg(test)]
+mod tests_limits;

@@ -4,7 +4,7 @@
 //!
 //! # Sliding window log, not a token bucket
 //!
-//! The starts of limit `name` are a sorted set `oxidekiq:rate:<name>` (see [`keys::rate`]): member = a
+//! The starts of limit `name` are a sorted set `oxidekiq:rate:<name>` (see `keys::rate`): member = a
 //! fresh id per start (`<jid>:<random>`), score = the start time in epoch microseconds **from Redis's clock**
 //! (`TIME` inside the script, so worker clocks never matter). One Lua script trims the starts older than
 //! the period, counts what is left and, if fewer than N, records this start; otherwise it answers how long

@@ -24,12 +24,12 @@ use crate::redis_conn::Conn;
 use crate::registry::{Registry, redact_values};
 
 /// Decodes a payload's `args` as one worker's `Args` type; the registry keeps one per class.
-pub type ArgsCheck = fn(&Job) -> std::result::Result<(), Mismatch>;
+pub(crate) type ArgsCheck = fn(&Job) -> std::result::Result<(), Mismatch>;
 
 /// Why a payload's arguments do not fit: where, what JSON type is there, and serde's message with
 /// every quoted value blanked.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Mismatch {
+pub(crate) struct Mismatch {
     /// The field path inside `args` (`[1]`, `[2].locale`; for ActiveJob, inside `arguments`).
     pub path: String,
     /// The JSON type found at that path (`string`, `number`, `missing`, `array of 3`, …).
@@ -45,7 +45,7 @@ impl std::fmt::Display for Mismatch {
 }
 
 /// The JSON type of a value, never its content.
-pub fn json_type(v: &Value) -> String {
+pub(crate) fn json_type(v: &Value) -> String {
     match v {
         Value::Null => "null".into(),
         Value::Bool(_) => "boolean".into(),
@@ -58,7 +58,7 @@ pub fn json_type(v: &Value) -> String {
 }
 
 /// Decodes `job`'s arguments as `A`, exactly as the worker would receive them.
-pub fn check_args<A: DeserializeOwned>(job: &Job) -> std::result::Result<(), Mismatch> {
+pub(crate) fn check_args<A: DeserializeOwned>(job: &Job) -> std::result::Result<(), Mismatch> {
     let (root, prefix) = if job.is_activejob() {
         match crate::activejob::unwrap(job.args_json()) {
             Ok(info) => (info.into_arguments(), "arguments"),
@@ -121,7 +121,7 @@ fn at_path<'v>(root: &'v Value, path: &serde_path_to_error::Path) -> Option<&'v 
 
 /// A Ruby-side contract in a payload that a job run by oxidekiq would break.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Contract {
+pub(crate) enum Contract {
     /// `lock_digest`: sidekiq-unique-jobs (PROTOCOL §11.1).
     UniqueJobsLock,
     /// `bid`: a Sidekiq Pro batch (PROTOCOL §1.2).
@@ -132,14 +132,14 @@ pub enum Contract {
 
 impl Contract {
     /// Every contract, in report order.
-    pub const ALL: [Contract; 3] = [
+    pub(crate) const ALL: [Contract; 3] = [
         Contract::UniqueJobsLock,
         Contract::ProBatch,
         Contract::EnterpriseUnique,
     ];
 
     /// The payload key that carries it.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Contract::UniqueJobsLock => "lock_digest",
             Contract::ProBatch => "bid",
@@ -157,7 +157,7 @@ impl Contract {
     }
 
     /// What goes wrong when oxidekiq runs such a job.
-    pub fn consequence(self) -> &'static str {
+    pub(crate) fn consequence(self) -> &'static str {
         match self {
             Contract::UniqueJobsLock => {
                 "sidekiq-unique-jobs lock: its Ruby server middleware unlocks the digest when the job \
@@ -177,7 +177,7 @@ impl Contract {
 
     /// The contracts `raw` carries: a substring test first (the hot path of the hand-off sees every
     /// job), then a real look at the top-level keys.
-    pub fn found_in(job: &Job) -> Vec<Contract> {
+    pub(crate) fn found_in(job: &Job) -> Vec<Contract> {
         let raw = job.raw();
         if !Contract::ALL.iter().any(|c| raw.contains(c.quoted_key())) {
             return Vec::new();
@@ -194,7 +194,7 @@ impl Contract {
 
 /// What was found for one class.
 #[derive(Debug, Default, Clone)]
-pub struct ClassReport {
+pub(crate) struct ClassReport {
     /// Payloads decoded.
     pub sampled: usize,
     /// Payloads that fit.
@@ -207,14 +207,14 @@ pub struct ClassReport {
 
 impl ClassReport {
     /// Payloads that did not fit.
-    pub fn failed(&self) -> usize {
+    pub(crate) fn failed(&self) -> usize {
         self.sampled - self.decoded
     }
 }
 
 /// The whole check.
 #[derive(Debug, Default, Clone)]
-pub struct CheckReport {
+pub(crate) struct CheckReport {
     /// By registered class (every one, sampled or not).
     pub classes: BTreeMap<String, ClassReport>,
     /// Payloads read, of every class.
@@ -225,12 +225,12 @@ pub struct CheckReport {
 
 impl CheckReport {
     /// True when any sampled payload did not fit.
-    pub fn any_failed(&self) -> bool {
+    pub(crate) fn any_failed(&self) -> bool {
         self.classes.values().any(|c| c.failed() > 0)
     }
 
     /// The printed report.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -288,7 +288,7 @@ impl CheckReport {
 
 /// How much to read.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Payloads decoded per class at most.
     pub sample: usize,
     /// Payloads read per queue or set at most.
@@ -298,7 +298,7 @@ pub struct Limits {
 const CHUNK: usize = 500;
 
 /// Runs the check against Redis.
-pub async fn run(
+pub(crate) async fn run(
     conn: &mut Conn,
     config: &Config,
     registry: &Registry,

@@ -25,7 +25,7 @@ use crate::shutdown::Phase;
 
 /// The hand-off settings and which classes were already logged.
 #[derive(Debug)]
-pub struct Handoff {
+pub(crate) struct Handoff {
     /// The queue Ruby serves.
     pub queue: String,
     /// Classes whose flagged jobs still run in Rust.
@@ -36,7 +36,7 @@ pub struct Handoff {
 
 impl Handoff {
     /// The hand-off a config asks for, if any.
-    pub fn from_config(config: &Config) -> Option<std::sync::Arc<Handoff>> {
+    pub(crate) fn from_config(config: &Config) -> Option<std::sync::Arc<Handoff>> {
         let queue = config.handoff.clone()?;
         Some(std::sync::Arc::new(Handoff {
             queue,
@@ -46,7 +46,7 @@ impl Handoff {
     }
 
     /// Why `job` should go to Ruby, if it should.
-    pub fn reason(&self, job: &Job, entry: Option<&Entry>) -> Option<String> {
+    pub(crate) fn reason(&self, job: &Job, entry: Option<&Entry>) -> Option<String> {
         if entry.is_none() {
             return Some("no Rust worker is registered for it".into());
         }
@@ -86,7 +86,7 @@ impl Handoff {
 /// reached Redis (leave it in flight: the shutdown pushes it back). The push consumes the job's `token`
 /// (its working-hash entry, reliable fetch) in the same script, so a retry after a lost reply pushes
 /// nothing twice.
-pub async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> Option<bool> {
+pub(crate) async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> Option<bool> {
     let h = p.handoff.as_ref()?;
     let reason = h.reason(job, p.registry.get(job.worker_class()))?;
     let class = job.worker_class();
@@ -150,7 +150,7 @@ pub async fn warn_if_unserved(config: &Config) {
 }
 
 /// True when a live process that is not oxidekiq lists `queue` in its `info` (PROTOCOL §6.3).
-pub async fn live_ruby_serves(
+pub(crate) async fn live_ruby_serves(
     conn: &mut crate::redis_conn::Conn,
     queue: &str,
 ) -> crate::error::Result<bool> {

@@ -10,10 +10,10 @@
 //! The subcommands share the binary's flags and config (Redis URL, `-C`, `-q`): `oxidekiq -q default
 //! check`.
 
-pub mod check;
+pub(crate) mod check;
 pub mod handoff;
-pub mod report;
-pub mod route;
+pub(crate) mod report;
+pub(crate) mod route;
 
 use std::time::Duration;
 

@@ -23,7 +23,7 @@ use crate::registry::Registry;
 
 /// One class's totals over the window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Totals {
+pub(crate) struct Totals {
     /// Jobs run (`|p`).
     pub processed: u64,
     /// Jobs failed (`|f`).
@@ -37,7 +37,7 @@ pub struct Totals {
 impl Totals {
     /// The upper bound (ms, exclusive) of the bucket holding the `q`-quantile job; `None` for the
     /// last, open-ended bucket or an empty histogram.
-    pub fn quantile_bound(&self, q: f64) -> Option<Option<u64>> {
+    pub(crate) fn quantile_bound(&self, q: f64) -> Option<Option<u64>> {
         let total: u64 = self.histogram.iter().sum();
         if total == 0 {
             return None;
@@ -56,7 +56,7 @@ impl Totals {
 
 /// Both versions' metrics over a window: class → totals.
 #[derive(Debug, Clone, Default)]
-pub struct SidekiqMetrics {
+pub(crate) struct SidekiqMetrics {
     /// From the 7.x keys.
     pub v7: BTreeMap<String, Totals>,
     /// From the 8.x keys.
@@ -64,7 +64,7 @@ pub struct SidekiqMetrics {
 }
 
 /// Decodes a histogram string: 26 big-endian u16 counters (missing bytes are zero).
-pub fn decode_histogram(bytes: &[u8]) -> [u64; BUCKETS] {
+pub(crate) fn decode_histogram(bytes: &[u8]) -> [u64; BUCKETS] {
     let mut out = [0u64; BUCKETS];
     for (i, slot) in out.iter_mut().enumerate() {
         let hi = bytes.get(2 * i).copied().unwrap_or(0) as u64;
@@ -75,7 +75,7 @@ pub fn decode_histogram(bytes: &[u8]) -> [u64; BUCKETS] {
 }
 
 /// Reads both versions' metrics for the `minutes` minutes up to `now`.
-pub async fn read_metrics(
+pub(crate) async fn read_metrics(
     conn: &mut Conn,
     now: DateTime<Utc>,
     minutes: i64,
@@ -143,7 +143,7 @@ fn bound(b: Option<Option<u64>>) -> String {
 }
 
 /// The report, as printed.
-pub async fn report(
+pub(crate) async fn report(
     conn: &mut Conn,
     registry: &Registry,
     now: DateTime<Utc>,

@@ -25,7 +25,7 @@ use crate::keys;
 use crate::redis_conn::Conn;
 
 /// Seconds a Ruby client keeps the route table before reading it again (`ruby/oxidekiq.rb` `REFRESH`).
-pub const RUBY_REFRESH_SECS: f64 = 3.0;
+pub(crate) const RUBY_REFRESH_SECS: f64 = 3.0;
 
 /// Moves one job from a `_rust` queue back to its Ruby queue, atomically, write before remove.
 /// KEYS: `queue:<q>_rust`, `queue:<q>`, `queues`; ARGV: the exact job bytes, `<q>`.
@@ -43,7 +43,7 @@ return 1
 const MOVE_CHUNK: i64 = 1000;
 
 /// Sets a class's share (0–100).
-pub async fn set_share(conn: &mut Conn, class: &str, percent: u8) -> Result<()> {
+pub(crate) async fn set_share(conn: &mut Conn, class: &str, percent: u8) -> Result<()> {
     if percent > 100 {
         return Err(Error::Config(format!(
             "route share must be 0–100, got {percent}"
@@ -59,7 +59,7 @@ pub async fn set_share(conn: &mut Conn, class: &str, percent: u8) -> Result<()> 
 }
 
 /// Every route: class → share.
-pub async fn shares(conn: &mut Conn) -> Result<BTreeMap<String, u8>> {
+pub(crate) async fn shares(conn: &mut Conn) -> Result<BTreeMap<String, u8>> {
     let m: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(keys::ROUTES)
         .query_async(conn)
@@ -88,7 +88,7 @@ async fn rust_queues(conn: &mut Conn) -> Result<BTreeSet<String>> {
 
 /// Moves every job of `class` waiting in a `_rust` queue back to its Ruby queue; returns how many,
 /// by Ruby queue.
-pub async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<String, u64>> {
+pub(crate) async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<String, u64>> {
     let script = Script::new(MOVE_BACK_LUA);
     let mut moved = BTreeMap::new();
     for rq in rust_queues(conn).await? {
@@ -140,7 +140,12 @@ pub async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<String, 
 
 /// `route CLASS PERCENT`: sets the share; at 0 also rolls back (see the module documentation). The
 /// `settle` wait is how long the second pass waits for the Ruby clients' caches.
-pub async fn route(conn: &mut Conn, class: &str, percent: u8, settle: Duration) -> Result<String> {
+pub(crate) async fn route(
+    conn: &mut Conn,
+    class: &str,
+    percent: u8,
+    settle: Duration,
+) -> Result<String> {
     set_share(conn, class, percent).await?;
     let mut out = String::new();
     let live = serving(conn).await?;
@@ -241,7 +246,9 @@ async fn recover_dead(conn: &mut Conn, out: &mut String) {
 }
 
 /// Live oxidekiq processes by (`_rust` queue, class), read from the serving keys.
-pub async fn serving(conn: &mut Conn) -> Result<BTreeMap<(String, String), BTreeSet<String>>> {
+pub(crate) async fn serving(
+    conn: &mut Conn,
+) -> Result<BTreeMap<(String, String), BTreeSet<String>>> {
     let mut names: Vec<String> = Vec::new();
     {
         let mut iter: redis::AsyncIter<'_, String> = conn.scan_match(keys::SERVING_PATTERN).await?;
@@ -270,7 +277,7 @@ pub async fn serving(conn: &mut Conn) -> Result<BTreeMap<(String, String), BTree
 }
 
 /// Jobs run and failed per class in the 60 minutes up to `now`, from oxidekiq's own counters.
-pub async fn rust_counts(
+pub(crate) async fn rust_counts(
     conn: &mut Conn,
     now: DateTime<Utc>,
 ) -> Result<BTreeMap<String, (u64, u64)>> {
@@ -284,12 +291,12 @@ pub async fn rust_counts(
 }
 
 /// The minute field of [`keys::ran`].
-pub fn ran_minute(t: DateTime<Utc>) -> String {
+pub(crate) fn ran_minute(t: DateTime<Utc>) -> String {
     t.format("%Y%m%d|%H:%M").to_string()
 }
 
 /// Sums `<Class>|p` and `<Class>|f` fields over hashes: class → (p, f).
-pub fn sum_fields<'a>(
+pub(crate) fn sum_fields<'a>(
     hashes: impl Iterator<Item = &'a BTreeMap<String, u64>>,
 ) -> BTreeMap<String, (u64, u64)> {
     let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
@@ -310,7 +317,7 @@ pub fn sum_fields<'a>(
 }
 
 /// `routes`: one line per route.
-pub async fn list(conn: &mut Conn, now: DateTime<Utc>) -> Result<String> {
+pub(crate) async fn list(conn: &mut Conn, now: DateTime<Utc>) -> Result<String> {
     let shares = shares(conn).await?;
     let live = serving(conn).await?;
     let rust = rust_counts(conn, now).await?;

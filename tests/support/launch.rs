@@ -69,7 +69,7 @@ pub fn fixture_json(path: &str) -> Value {
 /// is higher (the test reads the most jobs that ever ran at once). The job `DECR`s `counter` when it
 /// ends.
 pub async fn count_in(
-    c: &mut oxidekiq::redis_conn::Conn,
+    c: &mut oxidekiq::worker::Conn,
     counter: &str,
     max: &str,
 ) -> redis::RedisResult<()> {

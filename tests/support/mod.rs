@@ -125,7 +125,7 @@ impl RedisServer {
     }
 
     /// An async connection, as the library holds one (a connection manager behind `Conn`).
-    pub async fn async_conn(&self) -> oxidekiq::redis_conn::Conn {
+    pub async fn async_conn(&self) -> oxidekiq::worker::Conn {
         let client = redis::Client::open(self.url()).unwrap();
         redis::aio::ConnectionManager::new(client)
             .await
@@ -145,6 +145,12 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Epoch seconds, as a float (Ruby's `Time.now.to_f`), for timestamps a test writes or compares.
+pub fn now() -> f64 {
+    let t = chrono::Utc::now();
+    t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) / 1e6
 }
 
 /// Polls `cond` every 20 ms until it returns true (→ `true`) or `timeout` passes (→ `false`).

@@ -226,7 +226,10 @@ impl Worker for LatencyJob {
     type Args = Vec<serde_json::Value>;
 
     async fn perform(&self, ctx: &JobContext, _args: Self::Args) -> JobResult {
-        let started = oxidekiq::time::now();
+        // Ruby's `Time.now.to_f`, as the enqueuer wrote `enqueued_at`.
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let enqueued = ctx.job().to_map().ok().and_then(|m| {
             m.get("enqueued_at")
                 .and_then(oxidekiq::job::timestamp_seconds)

@@ -9,7 +9,7 @@
 //! script keeps its highest value in `max_running`; `runs` counts runs per jid; `starts` lists start
 //! times read from Redis's clock (`TIME`, the clock the limits use). A test middleware in front of the
 //! limit counts the jobs that came out rescheduled in `rescheduled`.
-mod support;
+use crate::test_support as support;
 
 use std::time::{Duration, Instant};
 
@@ -551,7 +551,7 @@ async fn a_holder_killed_with_sigkill_frees_its_slot_within_the_lease() {
         "limits-holder",
         &exe,
         &[
-            "limits_holder_process",
+            "middleware::tests_limits::limits_holder_process",
             "--exact",
             "--ignored",
             "--nocapture",

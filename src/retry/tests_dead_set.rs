@@ -3,7 +3,7 @@
 //! payload, orphan recovery's too-often-recovered job and the scheduled poller's non-job member all go
 //! through the one `to_dead` of `src/lua.rs`. Ruby trims the same seeded set in the same run, and each
 //! path must leave exactly what Ruby leaves.
-mod support;
+use crate::test_support as support;
 
 use std::time::Duration;
 
@@ -103,7 +103,7 @@ Sidekiq::DeadSet.new.kill(%q({"class":"A","args":[],"jid":"ruby-kill"}), notify_
         .query(&mut c)
         .unwrap();
     let _: () = c
-        .hset("oxidekiq:recovered", &sha, fetch::MAX_RECOVERIES)
+        .hset("oxidekiq:recovered", &sha, fetch::recovery::MAX_RECOVERIES)
         .unwrap();
     let policy = RecoveryPolicy {
         grace: Duration::from_millis(1),

@@ -4,7 +4,7 @@
 //!
 //! Certificates are made per test with the `openssl` command line tool: a throwaway CA, a server
 //! certificate it signs for `127.0.0.1`, and a second, unrelated CA.
-mod support;
+use crate::test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

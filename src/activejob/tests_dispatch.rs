@@ -1,7 +1,7 @@
 //! Every ActiveJob shape Rails 6.1 writes reaches the Rust worker registered under the ActiveJob class,
 //! with its arguments decoded into plain values and its `job_id`/`executions`; and a real Ruby
 //! `perform_later` reaches a worker with typed arguments.
-mod support;
+use crate::test_support as support;
 
 use std::time::Duration;
 
@@ -80,9 +80,7 @@ async fn every_recorded_activejob_shape_reaches_its_worker_with_decoded_argument
         let queue = job["queue"].as_str().unwrap().to_string();
         // Scheduled members go in the schedule set, due now; the poller moves them.
         if path.file_stem().unwrap() == "scheduled" {
-            let _: () = c
-                .zadd("schedule", &raw, oxidekiq::time::now() - 1.0)
-                .unwrap();
+            let _: () = c.zadd("schedule", &raw, support::now() - 1.0).unwrap();
         } else {
             let _: () = c.lpush(format!("queue:{queue}"), &raw).unwrap();
         }

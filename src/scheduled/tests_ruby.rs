@@ -3,7 +3,7 @@
 //! `Sidekiq::Queue` reads; members that are not jobs reach the dead set; racing pollers never push a
 //! job twice; the sleep between rounds follows Ruby's formula. Times are injected into
 //! `scheduled::enqueue_due` wherever the test is not about real waiting.
-mod support;
+use crate::test_support as support;
 
 use std::time::Duration;
 

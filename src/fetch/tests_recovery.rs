@@ -1,7 +1,7 @@
 //! Orphan recovery and the scheduled poller at the edges an adversarial review found, against a real
 //! `redis-server`: an identity whose host name holds ':', a suspect mark left from an earlier absence,
 //! the recovery lock's release, and due members too large to read a thousand at a time.
-mod support;
+use crate::test_support as support;
 
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ fn policy(grace: Duration) -> RecoveryPolicy {
     }
 }
 
-async fn pass(conn: &mut Conn, grace: Duration) -> fetch::Recovered {
+async fn pass(conn: &mut Conn, grace: Duration) -> fetch::recovery::Recovered {
     fetch::recover_orphans(conn, ME, time::now(), policy(grace))
         .await
         .unwrap()
@@ -95,13 +95,13 @@ async fn a_beat_clears_a_suspect_mark_so_a_later_absence_gets_a_full_grace() {
     // Stall 1: no liveness key; the pass marks it.
     let r = pass(&mut conn, grace).await;
     assert_eq!(r.suspects, 1);
-    let marked: bool = c.hexists(fetch::SUSPECTS, other).unwrap();
+    let marked: bool = c.hexists(oxidekiq::keys::SUSPECTS, other).unwrap();
     assert!(marked);
     // It beats: the mark goes with it.
     fetch::mark_alive(&mut conn, other, Duration::from_secs(10))
         .await
         .unwrap();
-    let marked: bool = c.hexists(fetch::SUSPECTS, other).unwrap();
+    let marked: bool = c.hexists(oxidekiq::keys::SUSPECTS, other).unwrap();
     assert!(!marked, "a beat must clear the process's own suspect mark");
     // Longer than the grace since the first mark, still alive.
     tokio::time::sleep(grace + Duration::from_millis(300)).await;

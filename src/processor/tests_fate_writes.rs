@@ -3,7 +3,7 @@
 //! the shutdown deadline, never leaves the job in two places.
 //!
 //! Both scenarios stall a real Redis with `DEBUG SLEEP` while the write is in flight.
-mod support;
+use crate::test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! job fails is read back through Ruby's own API (`Sidekiq::RetrySet`, `DeadSet`, `SortedEntry`) and
 //! the Web UI, and compared with what a real Ruby `sidekiq` process or `DeadSet#kill` writes.
 //! No test waits for a backoff: due retries are moved with `scheduled::enqueue_due` at an injected time.
-mod support;
+use crate::test_support as support;
 
 use std::time::Duration;
 

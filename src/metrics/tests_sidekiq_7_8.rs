@@ -6,7 +6,7 @@
 //! CI has only Debian's Sidekiq 6.4.1: these tests compare our writes with the recordings and read them
 //! back with 6.4's Ruby and redis-rb. The one `#[ignore]`d test renders the real 7.3.9 and 8.1.7 Metrics
 //! tabs and runs only locally (`fixtures/sidekiq-7-8/live_check.sh`).
-mod support;
+use crate::test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

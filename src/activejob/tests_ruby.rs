@@ -1,6 +1,6 @@
 //! ActiveJob against real Ruby: Rails 6.1's adapter with Sidekiq 6.4 enqueues, Rust unwraps; Rust
 //! enqueues, Rails' `JobWrapper` performs.
-mod support;
+use crate::test_support as support;
 
 use std::process::Command;
 

@@ -5,7 +5,7 @@
 //! Every test accounts for every job it put in: a job is returned by a fetch, or still in a queue, a
 //! landing list, a working hash, the dead set or the schedule, and never in two of them unless the test
 //! says why.
-mod support;
+use crate::test_support as support;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -471,7 +471,10 @@ async fn recovery_spares_a_process_that_reclaims_its_liveness_key() {
     assert_eq!(back, ["l1", "w1"]);
     assert!(!c.exists::<_, bool>(working(other, "a")).unwrap());
     assert!(!c.exists::<_, bool>(landing(other, "a")).unwrap());
-    assert!(!c.hexists::<_, _, bool>(fetch::SUSPECTS, other).unwrap());
+    assert!(
+        !c.hexists::<_, _, bool>(oxidekiq::keys::SUSPECTS, other)
+            .unwrap()
+    );
 }
 
 /// A job recovered from dead processes too often goes to the dead set saying why, with the fields every
@@ -495,7 +498,7 @@ async fn a_job_recovered_too_often_dies_with_its_error_and_a_bad_queue_keeps_its
         .query(&mut c)
         .unwrap();
     let _: () = c
-        .hset("oxidekiq:recovered", &sha, fetch::MAX_RECOVERIES)
+        .hset("oxidekiq:recovered", &sha, fetch::recovery::MAX_RECOVERIES)
         .unwrap();
     let mut conn = redis.async_conn().await;
     let now = oxidekiq::time::now();
