@@ -114,3 +114,8 @@ pub use middleware::{BoxFuture, Keyed, LockKey, Next, ServerMiddleware};
 pub use registry::{Registration, Registry};
 #[doc(inline)]
 pub use worker::{ActiveJobInfo, JobContext, NoArgs, Worker, WorkerOptions};
+
+// The fuzz target's body, built only by `cargo fuzz` (`--cfg fuzzing`): it reaches internal modules.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
