@@ -506,10 +506,12 @@ where
 /// }
 /// ```
 pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
+    // Every error line starts with the program's name, as clap's own do.
+    const PROGRAM: &str = "oxidekiq";
     let (config, command) = match load_command(std::env::args()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("oxidekiq: {e}");
+            eprintln!("{PROGRAM}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -520,7 +522,7 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("oxidekiq: cannot start the runtime: {e}");
+            eprintln!("{PROGRAM}: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -536,7 +538,7 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("oxidekiq: {e}");
+                eprintln!("{PROGRAM}: {e}");
                 ExitCode::from(1)
             }
         };
@@ -547,7 +549,7 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "oxidekiq stopped");
-            eprintln!("oxidekiq: {e}");
+            eprintln!("{PROGRAM}: {e}");
             ExitCode::from(1)
         }
     }
