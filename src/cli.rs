@@ -22,6 +22,7 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, ValueEnum};
@@ -465,6 +466,96 @@ where
     let cli = parse_args(args).unwrap_or_else(|e| e.exit());
     let config = config_from(&cli, &process_env, Path::new("."))?;
     Ok((config, cli.command))
+}
+
+/// Runs an application's workers as the `oxidekiq` binary does: the whole `main` of a worker binary.
+///
+/// Reads the command line ([`std::env::args`]) and the config file as [`load_command`] does, starts
+/// logging and the Tokio runtime, then either runs a migration subcommand (`check`, `route`, `routes`,
+/// `report`: its report on stdout) or the [`Launcher`](crate::launcher::Launcher) until `TERM`/`INT`
+/// or the Web UI's Stop. `registry` is called once, after the flags are read, so `--help` and a usage
+/// mistake build no worker.
+///
+/// The exit code: 0 when the launcher stopped cleanly or a subcommand passed; 1 when it could not
+/// start, Redis failed for good, or a subcommand found a problem; 2 for a bad config file or value
+/// (clap's own usage mistakes also exit with 2, and `--help`/`--version` with 0, before anything runs).
+///
+/// ```no_run
+/// use oxidekiq::{JobContext, JobResult, Registry, Worker};
+///
+/// #[derive(Debug)]
+/// struct HardWorker;
+///
+/// impl Worker for HardWorker {
+///     const CLASS: &'static str = "HardWorker";
+///     type Args = (String, i64);
+///     async fn perform(&self, _ctx: &JobContext, (_name, _count): Self::Args) -> JobResult {
+///         Ok(())
+///     }
+/// }
+///
+/// fn registry() -> Registry {
+///     let mut r = Registry::new();
+///     r.register(HardWorker);
+///     r
+/// }
+///
+/// fn main() -> std::process::ExitCode {
+///     oxidekiq::run(registry)
+/// }
+/// ```
+pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
+    // Every error line starts with the program's name, as clap's own do.
+    const PROGRAM: &str = "oxidekiq";
+    let (config, command) = match load_command(std::env::args()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{PROGRAM}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let _log = crate::logging::init_with(config.verbose, config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{PROGRAM}: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let registry = registry();
+    if let Some(command) = command {
+        return match runtime.block_on(crate::migrate::run(command, &config, &registry)) {
+            Ok((out, ok)) => {
+                print!("{out}");
+                if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("{PROGRAM}: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    runtime.block_on(crate::migrate::handoff::warn_if_unserved(&config));
+    let launcher = crate::launcher::Launcher::new(config, registry);
+    let code = match runtime.block_on(launcher.run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "oxidekiq stopped");
+            eprintln!("{PROGRAM}: {e}");
+            ExitCode::from(1)
+        }
+    };
+    // A job stuck outside an await, which the shutdown gave up on and pushed back, must not keep the
+    // process alive: dropping the runtime would wait for its task forever.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 #[cfg(test)]

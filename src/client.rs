@@ -49,7 +49,22 @@ pub enum TimeMode {
     Auto,
 }
 
-/// A job to push, with Sidekiq's options.
+/// A job to push, with Sidekiq's options (`Worker.set(queue: ...).perform_async`).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::NewJob;
+///
+/// let job = NewJob::new("HardWorker", ("bob", 5))
+///     .queue("critical")
+///     .retry(3)
+///     .tags(["billing"])
+///     .run_in(60.0) // into the schedule set, as `perform_in(60, ...)`
+///     .unique_for(Duration::from_secs(600)); // refused while an equal job is pending
+/// assert_eq!(job.class(), "HardWorker");
+/// assert_eq!(job.args(), &serde_json::json!(["bob", 5]));
+/// ```
 #[derive(Debug, Clone)]
 pub struct NewJob {
     /// Ruby class name.
@@ -222,7 +237,16 @@ impl NewJob {
     }
 }
 
-/// One job on its way through the client chain to Redis.
+/// One job on its way through the client chain to Redis (see [`ClientMiddleware`]).
+///
+/// ```
+/// use oxidekiq::{NewJob, Push};
+///
+/// fn stamp(push: &mut Push) {
+///     push.job.set_option("pushed_by", serde_json::json!("billing"));
+/// }
+/// # let _ = (stamp, NewJob::new("A", ()));
+/// ```
 #[derive(Debug)]
 pub struct Push {
     /// The job; a middleware may change its options ([`NewJob::set_option`]).
@@ -242,12 +266,52 @@ pub type Pushed = Result<Option<String>>;
 
 /// One link of the client chain (Sidekiq's client middleware): called with the push and the rest of
 /// the chain; return without calling `next` to refuse the push.
+///
+/// ```no_run
+/// use oxidekiq::client::Pushed;
+/// use oxidekiq::{BoxFuture, Client, ClientMiddleware, ClientNext, Push};
+///
+/// /// Adds a `tenant` key to every payload, as a Ruby client middleware would.
+/// #[derive(Debug)]
+/// struct Tenant(&'static str);
+///
+/// impl ClientMiddleware for Tenant {
+///     fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed> {
+///         push.job.set_option("tenant", serde_json::json!(self.0));
+///         next.run(push)
+///     }
+/// }
+///
+/// # async fn demo() -> oxidekiq::Result<()> {
+/// let client = Client::connect("redis://127.0.0.1:6379").await?.middleware(Tenant("acme"));
+/// client.perform_async("HardWorker", ("bob", 5)).await?;
+/// # Ok(()) }
+/// ```
 pub trait ClientMiddleware: Send + Sync + std::fmt::Debug + 'static {
     /// Runs around the rest of the chain and the push.
     fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed>;
 }
 
-/// The rest of the client chain, ending in the write to Redis.
+/// The rest of the client chain, ending in the write to Redis: a [`ClientMiddleware`] calls
+/// `next.run(push)` to go on.
+///
+/// ```
+/// use oxidekiq::client::Pushed;
+/// use oxidekiq::{BoxFuture, ClientMiddleware, ClientNext, Push};
+///
+/// /// Refuses every push of a retired class (the caller sees `Ok(None)` from `push_unique`).
+/// #[derive(Debug)]
+/// struct Retired;
+///
+/// impl ClientMiddleware for Retired {
+///     fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed> {
+///         if push.job.class() == "LegacyExportJob" {
+///             return Box::pin(async { Ok(None) });
+///         }
+///         next.run(push)
+///     }
+/// }
+/// ```
 #[derive(Debug)]
 pub struct ClientNext<'a> {
     /// Middleware still to run.
@@ -272,7 +336,20 @@ impl<'a> ClientNext<'a> {
     }
 }
 
-/// A connection that pushes jobs.
+/// A connection that pushes jobs, as Ruby's `Sidekiq::Client`: the payloads are Sidekiq's own, so
+/// Ruby or Rust workers run them.
+///
+/// ```no_run
+/// # async fn demo() -> oxidekiq::Result<()> {
+/// use oxidekiq::{Client, NewJob};
+///
+/// let client = Client::connect("redis://127.0.0.1:6379").await?;
+/// let jid = client.perform_async("HardWorker", ("bob", 5)).await?;
+/// client.perform_in(60.0, "HardWorker", ("later", 1)).await?;
+/// client.push(NewJob::new("HardWorker", ("x", 1)).queue("critical").retry(3)).await?;
+/// client.perform_later("WelcomeEmailJob", "mailers", vec![serde_json::json!(42)]).await?; // ActiveJob
+/// # let _ = jid; Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Client {
     /// Shared connection.

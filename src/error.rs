@@ -7,7 +7,21 @@
 
 use std::fmt;
 
-/// An error of the runtime (not of a job).
+/// An error of the runtime (not of a job): what [`Client`](crate::Client) and
+/// [`Launcher`](crate::Launcher) calls return.
+///
+/// ```
+/// use oxidekiq::Error;
+///
+/// fn explain(e: &Error) -> &'static str {
+///     match e {
+///         e if e.is_connection_error() => "Redis is unreachable: try again later",
+///         Error::Config(_) => "fix the flags or sidekiq.yml",
+///         _ => "see the message",
+///     }
+/// }
+/// assert_eq!(explain(&Error::Config("-c must be at least 1".into())), "fix the flags or sidekiq.yml");
+/// ```
 #[derive(Debug)]
 pub enum Error {
     /// Redis answered with an error or the connection failed.
@@ -72,7 +86,14 @@ impl From<std::io::Error> for Error {
     }
 }
 
-/// Result alias of the runtime.
+/// Result alias of the runtime: [`Error`] unless said otherwise.
+///
+/// ```no_run
+/// async fn enqueue() -> oxidekiq::Result<String> {
+///     let client = oxidekiq::Client::connect("redis://127.0.0.1:6379").await?;
+///     client.perform_async("HardWorker", ("bob", 5)).await
+/// }
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// `error_class` of a job whose payload holds a field the runtime cannot use (a `unique_ttl` out of
@@ -84,7 +105,17 @@ pub const INVALID_PAYLOAD: &str = "Oxidekiq::InvalidPayload";
 pub const PANIC: &str = "Oxidekiq::Panic";
 
 /// What the retry machinery does with a failed job (Sidekiq's `sidekiq_retry_in` answers, plus
-/// `Reschedule`, which is not a failure at all).
+/// `Reschedule`, which is not a failure at all). [`JobError`]'s builders set it.
+///
+/// ```
+/// use oxidekiq::{JobError, RetryAction};
+///
+/// assert_eq!(JobError::msg("busy").action, RetryAction::Default);
+/// assert_eq!(JobError::msg("rate limited").retry_in(60).action, RetryAction::In(60));
+/// assert_eq!(JobError::msg("gone").discard().action, RetryAction::Discard);
+/// assert_eq!(JobError::msg("bad input").kill().action, RetryAction::Kill);
+/// assert_eq!(JobError::reschedule(5.0, "not yet").action, RetryAction::Reschedule(5.0));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RetryAction {
     /// Sidekiq's backoff: `count**4 + 15 + jitter` seconds.
@@ -102,6 +133,33 @@ pub enum RetryAction {
 }
 
 /// A job's failure: what Ruby would store as `error_class` and `error_message`, and what to do next.
+///
+/// Any `std::error::Error` converts with `?` (its type name as the class, the chain of sources in
+/// the message), as with `anyhow`; the builders pick the class and what happens next.
+///
+/// ```
+/// use oxidekiq::{JobContext, JobError, JobResult, Worker};
+///
+/// #[derive(Debug)]
+/// struct ImportJob;
+///
+/// impl Worker for ImportJob {
+///     const CLASS: &'static str = "ImportJob";
+///     type Args = (String,);
+///
+///     async fn perform(&self, _ctx: &JobContext, (count,): Self::Args) -> JobResult {
+///         let n: u32 = count.parse()?; // ParseIntError: the retry set, with Sidekiq's backoff
+///         if n == 0 {
+///             // Like `raise ArgumentError` with `sidekiq_retry_in { :kill }`: straight to the dead set.
+///             return Err(JobError::new("ArgumentError", "nothing to import").kill());
+///         }
+///         if n > 1000 {
+///             return Err(JobError::msg("too many at once").retry_in(300)); // retry in 5 minutes
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
 #[derive(Debug)]
 pub struct JobError {
     /// Shown as `error_class` in the retry and dead sets.
@@ -192,7 +250,19 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for JobError {
     }
 }
 
-/// What a job's run returns.
+/// What a job's run returns: `Ok(())` when done, or the [`JobError`] that decides its retry.
+///
+/// ```
+/// use oxidekiq::{JobError, JobResult};
+///
+/// fn check(amount: f64) -> JobResult {
+///     if amount <= 0.0 {
+///         return Err(JobError::new("ArgumentError", "amount must be positive"));
+///     }
+///     Ok(())
+/// }
+/// assert_eq!(check(-1.0).unwrap_err().class, "ArgumentError");
+/// ```
 pub type JobResult = std::result::Result<(), JobError>;
 
 #[cfg(test)]

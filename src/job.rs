@@ -52,7 +52,17 @@ impl std::fmt::Display for PayloadError {
 
 impl std::error::Error for PayloadError {}
 
-/// The `retry` field as Ruby reads it (`job_retry.rb retry_attempts_from`).
+/// The `retry` field as Ruby reads it (`job_retry.rb retry_attempts_from`), and a worker's default
+/// for it ([`WorkerOptions::retry`](crate::WorkerOptions::retry)).
+///
+/// ```
+/// use oxidekiq::{Job, RetrySetting};
+///
+/// let job = |retry: &str| Job::from_str(&format!(r#"{{"class":"A","args":[],"retry":{retry}}}"#)).unwrap();
+/// assert_eq!(job("true").retry(), Some(RetrySetting::Default));
+/// assert_eq!(job("3").retry(), Some(RetrySetting::Count(3)));
+/// assert_eq!(job("false").retry(), Some(RetrySetting::Disabled));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetrySetting {
     /// `true`, or any truthy non-Integer: the default maximum (25).
@@ -147,7 +157,18 @@ impl Text {
     }
 }
 
-/// A decoded job: the original bytes and its dispatch fields.
+/// A decoded job: the original bytes and its dispatch fields ([`JobContext::job`](crate::JobContext::job)).
+///
+/// ```
+/// use oxidekiq::Job;
+///
+/// let raw = r#"{"class":"HardWorker","args":["bob",5],"retry":true,"queue":"default","jid":"b4a577edbccf1d805744efa9"}"#;
+/// let job = Job::from_str(raw).unwrap();
+/// assert_eq!(job.class(), "HardWorker");
+/// assert_eq!(job.jid(), "b4a577edbccf1d805744efa9");
+/// assert_eq!(job.args_json(), r#"["bob",5]"#);
+/// assert_eq!(job.raw(), raw); // the exact bytes Ruby stored, never re-serialized
+/// ```
 #[derive(Debug, Clone)]
 pub struct Job {
     /// The exact string Ruby stored; acks, requeues and removals use it as is. Shared, so the in-flight

@@ -100,7 +100,32 @@ impl Handle {
     }
 }
 
-/// Builds and runs a process.
+/// Builds and runs a process: what [`run`](crate::run) does after reading the command line, for a
+/// binary that builds its [`Config`] itself.
+///
+/// ```no_run
+/// use oxidekiq::{Config, JobContext, JobResult, Launcher, Registry, Worker};
+///
+/// #[derive(Debug)]
+/// struct HardWorker;
+/// impl Worker for HardWorker {
+///     const CLASS: &'static str = "HardWorker";
+///     type Args = (String, i64);
+///     async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult { Ok(()) }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> oxidekiq::Result<()> {
+///     let mut registry = Registry::new();
+///     registry.register(HardWorker);
+///     let config = Config {
+///         redis_url: Some("redis://127.0.0.1:6379/0".into()),
+///         concurrency: 25,
+///         ..Config::default()
+///     };
+///     Launcher::new(config, registry).run().await // until TERM, INT or the Web UI's Stop
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Launcher {
     /// The configuration.

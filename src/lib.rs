@@ -5,6 +5,53 @@
 //! Everything it writes back (retries, dead set, requeues, heartbeats, stats, new jobs) is what Ruby would
 //! write, so the Web UI and `Sidekiq::API` see nothing odd.
 //!
+//! An application implements [`Worker`] for each Ruby class it moves to Rust, lists them in a
+//! [`Registry`], and hands the registry to [`run`], which is a whole worker binary: Sidekiq's flags
+//! and `sidekiq.yml`, logging, the migration subcommands, and the [`Launcher`] until `TERM`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use oxidekiq::{JobContext, JobError, JobResult, Registry, UniqueJob, Worker};
+//!
+//! /// `HardWorker.perform_async("bob", 5)` in Ruby runs this.
+//! #[derive(Debug)]
+//! struct HardWorker;
+//!
+//! impl Worker for HardWorker {
+//!     const CLASS: &'static str = "HardWorker";
+//!     type Args = (String, u64);
+//!
+//!     async fn perform(&self, _ctx: &JobContext, (name, count): Self::Args) -> JobResult {
+//!         if name.is_empty() {
+//!             return Err(JobError::new("ArgumentError", "no name").kill()); // straight to dead
+//!         }
+//!         tokio::time::sleep(Duration::from_millis(count)).await; // an error here would be a retry
+//!         Ok(())
+//!     }
+//! }
+//!
+//! fn registry() -> Registry {
+//!     let mut registry = Registry::new();
+//!     // At most one HardWorker runs at a time across every process; a duplicate is skipped.
+//!     registry.register(HardWorker).with(UniqueJob::new());
+//!     registry
+//! }
+//!
+//! // `oxidekiq -q default -c 10`, `oxidekiq -C config/sidekiq.yml check`, ...: exit code 0, 1 or 2.
+//! fn main() -> std::process::ExitCode {
+//!     oxidekiq::run(registry)
+//! }
+//! ```
+//!
+//! Everything an application needs is re-exported here: the worker side ([`Worker`], [`JobContext`],
+//! [`JobError`], [`WorkerOptions`]), registration with locks and limits ([`Registry`],
+//! [`Registration`], [`UniqueJob`], [`SequentialJob`], [`ConcurrencyLimit`], [`RateLimit`]), custom
+//! middleware ([`ServerMiddleware`], [`ClientMiddleware`]), enqueuing from Rust ([`Client`],
+//! [`NewJob`]) and running without [`run`] ([`Config`], [`Launcher`]). The public modules ([`cli`],
+//! [`client`], [`config`], [`error`], [`job`], [`launcher`], [`lock`], [`middleware`], [`registry`],
+//! [`worker`]) hold the rest of their API; the others are the runtime's own.
+//!
 //! The modules are split by concept and named after Sidekiq's own files, so `fetch/` reads next to
 //! `fetch.rb`. `job`, `keys` and `error` depend on nothing internal; only the [`launcher`] knows everything.
 #![forbid(unsafe_code)]
@@ -24,19 +71,12 @@ pub mod job;
 pub(crate) mod keys;
 pub mod launcher;
 pub mod lock;
-// Until `cli::run` lands (helper api-docs), the binary (workers/src/main.rs) calls
-// `logging::init_with`, `migrate::run` and `migrate::handoff::warn_if_unserved` itself: those stay `pub`,
-// everything else in the two modules is `pub(crate)`. Make both `pub(crate) mod` once main.rs calls `cli::run`.
-#[doc(hidden)]
-#[allow(rustdoc::private_intra_doc_links)]
-pub mod logging;
+pub(crate) mod logging;
 pub(crate) mod lua;
 pub(crate) mod manager;
 pub(crate) mod metrics;
 pub mod middleware;
-#[doc(hidden)]
-#[allow(rustdoc::private_intra_doc_links)]
-pub mod migrate;
+pub(crate) mod migrate;
 pub(crate) mod processor;
 pub(crate) mod prom;
 pub(crate) mod redis_conn;
@@ -56,7 +96,34 @@ extern crate self as oxidekiq;
 #[path = "../tests/support/mod.rs"]
 mod test_support;
 
-pub use error::{Error, JobError, RetryAction};
-pub use job::Job;
-pub use registry::Registry;
-pub use worker::{JobContext, NoArgs, Worker, WorkerOptions};
+#[doc(inline)]
+pub use cli::run;
+#[doc(inline)]
+pub use client::{Client, ClientMiddleware, ClientNext, NewJob, Push};
+#[doc(inline)]
+pub use config::Config;
+#[doc(inline)]
+pub use error::{Error, JobError, JobResult, Result, RetryAction};
+#[doc(inline)]
+pub use job::{Job, RetrySetting};
+#[doc(inline)]
+pub use launcher::Launcher;
+#[doc(inline)]
+pub use middleware::concurrency::ConcurrencyLimit;
+#[doc(inline)]
+pub use middleware::rate_limit::RateLimit;
+#[doc(inline)]
+pub use middleware::sequential::SequentialJob;
+#[doc(inline)]
+pub use middleware::unique::{OnConflict, UniqueJob};
+#[doc(inline)]
+pub use middleware::{BoxFuture, Keyed, LockKey, Next, ServerMiddleware};
+#[doc(inline)]
+pub use registry::{Registration, Registry};
+#[doc(inline)]
+pub use worker::{ActiveJobInfo, JobContext, NoArgs, Worker, WorkerOptions};
+
+// The fuzz target's body, built only by `cargo fuzz` (`--cfg fuzzing`): it reaches internal modules.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;

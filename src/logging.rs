@@ -46,7 +46,7 @@ use tracing_core::span::Current;
 
 /// Flushes what is buffered when dropped (at exit).
 #[derive(Debug)]
-pub struct LogGuard {
+pub(crate) struct LogGuard {
     /// The shared buffer.
     buffer: Arc<Mutex<Vec<u8>>>,
 }
@@ -689,7 +689,7 @@ pub(crate) fn escape(s: &str) -> String {
 
 /// Installs the Sidekiq-shaped logger on stdout, in `format`; `verbose` turns on debug lines. Keep the
 /// guard alive until exit: dropping it writes out what is still buffered.
-pub fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
+pub(crate) fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
     let buffer = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
     let flusher = Arc::downgrade(&buffer);
     // The flusher ends by itself once the guard and the subscriber's writer are gone.

@@ -117,8 +117,12 @@ pub(crate) struct Manager {
     work: Arc<WorkTable>,
     /// The fetch loops and processors; ends with the units fetched but never started.
     jobs: JoinHandle<Vec<UnitOfWork>>,
-    /// Batched acks; ends once every processor is gone and its queue is empty.
+    /// Batched acks; ends once every processor is gone and its queue is empty, or once told to by
+    /// `drain_acks` and its queue is empty.
     acker: JoinHandle<()>,
+    /// Tells the acker to flush what is queued and end, even if a processor stuck in a job (given up on at
+    /// the deadline) still holds a sender.
+    drain_acks: Arc<tokio::sync::Notify>,
     /// Set once `jobs` ended: what it handed back.
     ended: Option<Vec<UnitOfWork>>,
 }
@@ -134,7 +138,8 @@ impl Manager {
         signal: ShutdownSignal,
     ) -> Manager {
         let work = processor.work.clone();
-        let acker = tokio::spawn(ack_loop(fetch.clone(), acks));
+        let drain_acks = Arc::new(tokio::sync::Notify::new());
+        let acker = tokio::spawn(ack_loop(fetch.clone(), acks, drain_acks.clone()));
         let jobs = tokio::spawn(run(
             fetch.clone(),
             Arc::new(processor),
@@ -146,6 +151,7 @@ impl Manager {
             work,
             jobs,
             acker,
+            drain_acks,
             ended: None,
         }
     }
@@ -179,7 +185,9 @@ impl Manager {
     /// working keys. True when all of it reached Redis.
     pub(crate) async fn push_back(&mut self) -> bool {
         self.jobs_done().await;
-        // Acks of jobs whose fate is in Redis (the acker ends once every processor is gone).
+        // Acks of jobs whose fate is in Redis: every processor has ended or was given up on, so what is
+        // queued now is all there is to flush.
+        self.drain_acks.notify_one();
         let _ = (&mut self.acker).await;
         let fetch = &*self.fetch;
         let mut ok = true;
@@ -549,13 +557,31 @@ async fn reconcile(fetch: &dyn Fetch, mut signal: ShutdownSignal) {
 /// Sends batched acks; ends when every sender is gone and the queue is empty. A failing ack is retried
 /// until it succeeds: at shutdown the launcher's clean-up bound ends it (the job then stays held, and a
 /// recovery may run it again: at least once).
-async fn ack_loop(fetch: Arc<dyn Fetch>, mut rx: mpsc::UnboundedReceiver<UnitOfWork>) {
+async fn ack_loop(
+    fetch: Arc<dyn Fetch>,
+    mut rx: mpsc::UnboundedReceiver<UnitOfWork>,
+    drain: Arc<tokio::sync::Notify>,
+) {
     let mut batch: Vec<UnitOfWork> = Vec::with_capacity(1024);
+    let mut draining = false;
     loop {
         if batch.is_empty() {
-            match rx.recv().await {
-                Some(a) => batch.push(a),
-                None => return,
+            if draining {
+                match rx.try_recv() {
+                    Ok(a) => batch.push(a),
+                    Err(_) => return,
+                }
+            } else {
+                tokio::select! {
+                    a = rx.recv() => match a {
+                        Some(a) => batch.push(a),
+                        None => return,
+                    },
+                    _ = drain.notified() => {
+                        draining = true;
+                        continue;
+                    }
+                }
             }
         }
         while batch.len() < 4096 {

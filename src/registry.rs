@@ -104,7 +104,37 @@ mod tests {
     }
 }
 
-/// Ruby class name → worker.
+/// Ruby class name → worker: every worker the process runs, with its own middleware (locks, limits)
+/// and the middleware that runs around all of them.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{JobContext, JobResult, NoArgs, Registry, SequentialJob, Worker};
+///
+/// #[derive(Debug)]
+/// struct SyncJob;
+/// impl Worker for SyncJob {
+///     const CLASS: &'static str = "SyncJob";
+///     type Args = (u64,);
+///     async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult { Ok(()) }
+/// }
+///
+/// #[derive(Debug)]
+/// struct ReportJob;
+/// impl Worker for ReportJob {
+///     const CLASS: &'static str = "ReportJob";
+///     type Args = NoArgs;
+///     async fn perform(&self, _ctx: &JobContext, _args: NoArgs) -> JobResult { Ok(()) }
+/// }
+///
+/// let mut registry = Registry::new();
+/// registry
+///     .register(SyncJob)
+///     .register(ReportJob)
+///     .with(SequentialJob::new().timeout(Duration::from_secs(120))); // one ReportJob at a time
+/// assert_eq!(registry.classes(), ["ReportJob", "SyncJob"]);
+/// ```
 #[derive(Debug, Default, Clone)]
 pub struct Registry {
     /// Registered workers by Ruby class name.

@@ -54,6 +54,34 @@ pub trait Worker: Send + Sync + 'static {
 }
 
 /// Per-worker options (Ruby's `sidekiq_options`); each applies when the payload does not say otherwise.
+///
+/// ```
+/// use oxidekiq::{JobContext, JobResult, NoArgs, RetrySetting, Worker, WorkerOptions};
+///
+/// /// `sidekiq_options retry: 5, retry_queue: "low", backtrace: 10`
+/// #[derive(Debug)]
+/// struct NightlyJob;
+///
+/// impl Worker for NightlyJob {
+///     const CLASS: &'static str = "NightlyJob";
+///     type Args = NoArgs;
+///
+///     fn options(&self) -> WorkerOptions {
+///         WorkerOptions {
+///             retry: Some(RetrySetting::Count(5)),
+///             retry_queue: Some("low".into()),
+///             backtrace: Some(10),
+///             local_concurrency: Some(2), // at most 2 at once in this process
+///             ..WorkerOptions::default()
+///         }
+///     }
+///
+///     async fn perform(&self, _ctx: &JobContext, _args: NoArgs) -> JobResult {
+///         Ok(())
+///     }
+/// }
+/// # assert_eq!(NightlyJob.options().retry, Some(RetrySetting::Count(5)));
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct WorkerOptions {
     /// Retries when the payload has no `retry` key (default: Sidekiq's 25).
@@ -69,6 +97,24 @@ pub struct WorkerOptions {
 }
 
 /// A worker whose `perform` takes no arguments: deserializes from any array, ignoring its items.
+///
+/// ```
+/// use oxidekiq::{JobContext, JobResult, NoArgs, Worker};
+///
+/// /// `CleanupJob.perform_async` (Ruby: `def perform; end`)
+/// #[derive(Debug)]
+/// struct CleanupJob;
+///
+/// impl Worker for CleanupJob {
+///     const CLASS: &'static str = "CleanupJob";
+///     type Args = NoArgs;
+///
+///     async fn perform(&self, _ctx: &JobContext, NoArgs: NoArgs) -> JobResult {
+///         Ok(())
+///     }
+/// }
+/// # assert_eq!(serde_json::from_str::<NoArgs>("[1, \"extra\"]").unwrap(), NoArgs);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NoArgs;
 
@@ -92,7 +138,27 @@ impl<'de> Deserialize<'de> for NoArgs {
     }
 }
 
-/// What an ActiveJob job carries besides its arguments.
+/// What an ActiveJob job carries besides its arguments ([`JobContext::activejob`]).
+///
+/// ```
+/// use oxidekiq::{JobContext, JobResult, Worker};
+///
+/// /// `WelcomeEmailJob.perform_later(42)`, an ActiveJob job: dispatched on its own class name.
+/// #[derive(Debug)]
+/// struct WelcomeEmailJob;
+///
+/// impl Worker for WelcomeEmailJob {
+///     const CLASS: &'static str = "WelcomeEmailJob";
+///     type Args = (u64,);
+///
+///     async fn perform(&self, ctx: &JobContext, (user_id,): Self::Args) -> JobResult {
+///         if let Some(aj) = ctx.activejob() {
+///             tracing::info!(user_id, job_id = aj.job_id, executions = aj.executions, "welcome");
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ActiveJobInfo {
     /// ActiveJob's own id (a UUID), not Sidekiq's `jid`.
@@ -162,6 +228,33 @@ impl AfterFate {
 }
 
 /// Everything one run of a job can see: the payload, where it came from, Redis, and the shutdown.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{JobContext, JobError, JobResult, Worker};
+///
+/// #[derive(Debug)]
+/// struct ExportJob;
+///
+/// impl Worker for ExportJob {
+///     const CLASS: &'static str = "ExportJob";
+///     type Args = (String,);
+///
+///     async fn perform(&self, ctx: &JobContext, (path,): Self::Args) -> JobResult {
+///         tracing::info!(jid = ctx.jid(), queue = ctx.queue(), path, "export");
+///         // Any Redis command, on the process's shared connection.
+///         let mut redis = ctx.redis();
+///         redis::cmd("INCR").arg("exports").query_async::<i64>(&mut redis).await?;
+///         // A long job stops at the shutdown deadline; it is pushed back to its queue either way.
+///         let mut shutdown = ctx.shutdown();
+///         tokio::select! {
+///             _ = tokio::time::sleep(Duration::from_secs(60)) => Ok(()),
+///             _ = shutdown.cancelled() => Err(JobError::msg("interrupted by shutdown")),
+///         }
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct JobContext {
     /// The decoded payload (with its original bytes).

@@ -1,15 +1,13 @@
 //! The README's code, compiled and run against a real Redis, so it cannot drift from the API.
 mod support;
 
+use std::process::ExitCode;
 use std::time::Duration;
 
-use oxidekiq::client::{Client, NewJob};
-use oxidekiq::error::JobResult;
-use oxidekiq::middleware::concurrency::ConcurrencyLimit;
-use oxidekiq::middleware::rate_limit::RateLimit;
-use oxidekiq::middleware::sequential::SequentialJob;
-use oxidekiq::middleware::unique::{OnConflict, UniqueJob};
-use oxidekiq::{JobContext, JobError, Registry, Worker};
+use oxidekiq::{
+    Client, ConcurrencyLimit, JobContext, JobError, JobResult, NewJob, OnConflict, RateLimit,
+    Registry, SequentialJob, UniqueJob, Worker,
+};
 
 #[derive(Debug)]
 struct ChargeJob;
@@ -46,6 +44,23 @@ impl Worker for ReportJob {
     async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult {
         Ok(())
     }
+}
+
+/// "Writing a worker": the registry function and the one-line `main` of a worker binary.
+pub fn registry() -> oxidekiq::Registry {
+    let mut registry = oxidekiq::Registry::new();
+    registry.register(ChargeJob);
+    registry
+}
+
+fn main_of_a_worker_binary() -> ExitCode {
+    oxidekiq::run(registry)
+}
+
+#[test]
+fn the_readme_main_compiles_and_its_registry_holds_the_worker() {
+    let _main: fn() -> ExitCode = main_of_a_worker_binary;
+    assert_eq!(registry().classes(), ["Billing::ChargeJob"]);
 }
 
 #[test]

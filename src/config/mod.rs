@@ -54,8 +54,26 @@ pub(crate) use file::FileOptions;
 // Types of `Config` fields, defined beside the code that uses them.
 pub use crate::logging::LogFormat;
 pub use crate::sentinel::{SentinelConfig, SentinelNode};
+/// Everything the launcher needs to run; [`run`](crate::run) fills it from the flags, `sidekiq.yml`
+/// and the environment ([`cli::load`](crate::cli::load)), and a binary of its own can build it.
+///
+/// ```
+/// use oxidekiq::Config;
+///
+/// // As `oxidekiq -q critical,2 -q default -c 25` reads it (with `config/sidekiq.yml`, if any):
+/// let config = oxidekiq::cli::load(["oxidekiq", "-q", "critical,2", "-q", "default", "-c", "25"])?;
+/// assert_eq!(config.concurrency, 25);
+/// assert_eq!(config.queues[0].name, "critical");
+///
+/// // Or by hand, starting from Sidekiq's defaults:
+/// let config = Config { concurrency: 25, ..Config::default() };
+/// config.validate()?;
+/// # Ok::<(), oxidekiq::Error>(())
+/// ```
+#[doc(inline)]
+pub use settings::Config;
 pub use settings::{
-    Config, FetchMode, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_SECONDS,
+    FetchMode, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_SECONDS,
     MAX_YAML_DEPTH, MAX_YAML_NODES, QueueWeight, UnknownClass, normalize_weights, parse_queue_arg,
     process_env, sidekiq_environment, web_ui_routable,
 };

@@ -46,8 +46,15 @@ pub struct QueueWeight {
 
 /// Which fetch strategy drains the queues, by its name in [`crate::fetch`]'s table of strategies (`--fetch
 /// NAME`). A new strategy needs no change here: it is a file in `src/fetch/` and a line in that table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct FetchMode(&'static str);
+
+impl std::fmt::Debug for FetchMode {
+    /// Its name (`reliable`), as the start-up line and `Config`'s `Debug` show it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
 
 impl FetchMode {
     /// Jobs move atomically into a working list owned by this process and leave it only once their

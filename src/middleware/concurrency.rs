@@ -178,6 +178,37 @@ pub async fn holders(conn: &mut Conn, name: &str) -> redis::RedisResult<u64> {
 /// Server middleware: at most `limit` jobs hold the named limit at once, across every process.
 ///
 /// See the [module docs](self) for how it works and what happens over the limit.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{ConcurrencyLimit, Keyed, Registry};
+/// # use oxidekiq::{JobContext, JobResult, Worker};
+/// # #[derive(Debug)]
+/// # struct ChargeJob;
+/// # impl Worker for ChargeJob {
+/// #     const CLASS: &'static str = "ChargeJob";
+/// #     type Args = (u64, f64);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+/// # #[derive(Debug)]
+/// # struct ExportJob;
+/// # impl Worker for ExportJob {
+/// #     const CLASS: &'static str = "ExportJob";
+/// #     type Args = (String,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+///
+/// let mut registry = Registry::new();
+/// // At most 3 ChargeJobs per customer at once, across every process.
+/// registry
+///     .register(ChargeJob)
+///     .with_key(ConcurrencyLimit::new(3), |(customer, _)| format!("stripe-{customer}"));
+/// // At most 2 exports at once, sharing the name "warehouse" with any other class that uses it.
+/// registry
+///     .register(ExportJob)
+///     .with(ConcurrencyLimit::new(2).key("warehouse").wait(Duration::from_secs(10)));
+/// ```
 #[derive(Debug, Clone)]
 pub struct ConcurrencyLimit {
     /// Where the limit's name comes from.

@@ -39,7 +39,25 @@ use crate::worker::JobContext;
 /// Computes a name from the job; an `Err` fails the job (arguments that do not fit the closure's type).
 pub type KeyFn = dyn Fn(&JobContext) -> Result<String, JobError> + Send + Sync;
 
-/// How a lock or limit is named for one job.
+/// How a lock or limit is named for one job ([`Keyed::key`]).
+///
+/// ```
+/// use oxidekiq::{Keyed, LockKey, Registry, UniqueJob};
+/// # use oxidekiq::{JobContext, JobResult, Worker};
+/// # #[derive(Debug)]
+/// # struct SyncJob;
+/// # impl Worker for SyncJob {
+/// #     const CLASS: &'static str = "SyncJob";
+/// #     type Args = (u64, String);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+///
+/// let mut registry = Registry::new();
+/// // Named from the job's context: one lock per queue.
+/// registry
+///     .register(SyncJob)
+///     .with(UniqueJob::new().key(LockKey::by_context(|ctx| format!("sync-{}", ctx.queue()))));
+/// ```
 #[derive(Clone, Default)]
 pub enum LockKey {
     /// The worker's class name: one lock (or limit) for every job of the class. The default.
@@ -135,6 +153,39 @@ impl LockKey {
 /// [`RateLimit`](super::rate_limit::RateLimit) share these builder methods, and
 /// [`Registration::with_key`](crate::registry::Registration::with_key) names them from the worker's typed
 /// arguments.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{ConcurrencyLimit, Keyed, Registry, SequentialJob, UniqueJob};
+/// # use oxidekiq::{JobContext, JobResult, Worker};
+/// # #[derive(Debug)]
+/// # struct SyncJob;
+/// # impl Worker for SyncJob {
+/// #     const CLASS: &'static str = "SyncJob";
+/// #     type Args = (u64,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+/// # #[derive(Debug)]
+/// # struct ImportJob;
+/// # impl Worker for ImportJob {
+/// #     const CLASS: &'static str = "ImportJob";
+/// #     type Args = (u64,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+/// # #[derive(Debug)]
+/// # struct ExportJob;
+/// # impl Worker for ExportJob {
+/// #     const CLASS: &'static str = "ExportJob";
+/// #     type Args = (u64,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+///
+/// let mut registry = Registry::new();
+/// registry.register(SyncJob).with(UniqueJob::new().key_by_args()); // one per argument list
+/// registry.register(ImportJob).with(SequentialJob::new().key("warehouse")); // a fixed, shared name
+/// registry.register(ExportJob).with(ConcurrencyLimit::new(1).key("warehouse").wait(Duration::ZERO));
+/// ```
 pub trait Keyed: Sized {
     /// The same lock or limit, named by `key`.
     fn keyed(self, key: LockKey) -> Self;

@@ -44,10 +44,42 @@ use std::sync::Arc;
 use crate::error::JobResult;
 use crate::worker::JobContext;
 
-/// A boxed, sendable future: what middleware and handlers return.
+/// A boxed, sendable future: what middleware and handlers return (`Box::pin(async move { .. })`).
+///
+/// ```
+/// use oxidekiq::{BoxFuture, JobResult};
+///
+/// fn done<'a>() -> BoxFuture<'a, JobResult> {
+///     Box::pin(async { Ok(()) })
+/// }
+/// # let _ = done();
+/// ```
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// One link of the server chain: called with the job and the rest of the chain.
+/// One link of the server chain (Sidekiq's server middleware): called with the job and the rest of
+/// the chain. Added for every worker with [`Registry::middleware`](crate::Registry::middleware), or for
+/// one with [`Registration::with`](crate::Registration::with).
+///
+/// ```
+/// use oxidekiq::{BoxFuture, JobContext, JobResult, Next, Registry, ServerMiddleware};
+///
+/// /// Skips every job while `maintenance` is set; it is acknowledged as done.
+/// #[derive(Debug)]
+/// struct Maintenance(bool);
+///
+/// impl ServerMiddleware for Maintenance {
+///     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
+///         if self.0 {
+///             tracing::info!(jid = ctx.jid(), "skipped for maintenance");
+///             return Box::pin(async { Ok(()) });
+///         }
+///         next.run(ctx)
+///     }
+/// }
+///
+/// let mut registry = Registry::new();
+/// registry.middleware(Maintenance(false));
+/// ```
 pub trait ServerMiddleware: Send + Sync + std::fmt::Debug + 'static {
     /// Runs around the rest of the chain; call `next.run(ctx)` to go on, or return without calling
     /// it to skip the job (it is then acknowledged as done).
@@ -66,7 +98,27 @@ pub type Chain = Arc<[Arc<dyn ServerMiddleware>]>;
 // The traits must stay object-safe: the chain stores them as trait objects.
 fn _obj_safe(_: Box<dyn ServerMiddleware>, _: Box<dyn Handler>) {}
 
-/// The rest of the chain after the current middleware.
+/// The rest of the chain after the current middleware: `next.run(ctx)` runs it and the worker, and
+/// gives their result, which a middleware may look at or change.
+///
+/// ```
+/// use oxidekiq::{BoxFuture, JobContext, JobError, JobResult, Next, ServerMiddleware};
+///
+/// /// Tags every failure's message with the queue it came from.
+/// #[derive(Debug)]
+/// struct QueueInErrors;
+///
+/// impl ServerMiddleware for QueueInErrors {
+///     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
+///         Box::pin(async move {
+///             next.run(ctx).await.map_err(|mut e: JobError| {
+///                 e.message = format!("[{}] {}", ctx.queue(), e.message);
+///                 e
+///             })
+///         })
+///     }
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Next<'a> {
     /// The built-in until-executed stage has still to run (only at the head of the chain).

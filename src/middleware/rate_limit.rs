@@ -126,6 +126,36 @@ async fn start_key(
 /// process.
 ///
 /// See the [module docs](self) for the algorithm and what happens over the limit.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{RateLimit, Registry};
+/// # use oxidekiq::{JobContext, JobResult, Worker};
+/// # #[derive(Debug)]
+/// # struct ChargeJob;
+/// # impl Worker for ChargeJob {
+/// #     const CLASS: &'static str = "ChargeJob";
+/// #     type Args = (u64, f64);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+/// # #[derive(Debug)]
+/// # struct RefundJob;
+/// # impl Worker for RefundJob {
+/// #     const CLASS: &'static str = "RefundJob";
+/// #     type Args = (u64,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+///
+/// // 100 calls a minute to the payment API, shared by both classes (a sliding window).
+/// let payment_api = RateLimit::new("payment-api", 100, Duration::from_secs(60));
+/// let mut registry = Registry::new();
+/// registry
+///     .register(ChargeJob)
+///     .with(payment_api.clone())
+///     .register(RefundJob)
+///     .with(payment_api);
+/// ```
 #[derive(Debug, Clone)]
 pub struct RateLimit {
     /// Where the limit's name comes from.

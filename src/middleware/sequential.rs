@@ -55,7 +55,27 @@ use crate::worker::JobContext;
 /// The `error_class` of a job that waited for its lock until the timeout.
 pub const LOCK_NOT_ACQUIRED: &str = "LockNotAcquired";
 
-/// The sequential-job middleware; see the [module documentation](self).
+/// The sequential-job middleware: jobs under one key run one at a time, each waiting its turn (up
+/// to the timeout, then the retry path); see the [module documentation](self).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{Registry, SequentialJob};
+/// # use oxidekiq::{JobContext, JobResult, Worker};
+/// # #[derive(Debug)]
+/// # struct ReportJob;
+/// # impl Worker for ReportJob {
+/// #     const CLASS: &'static str = "ReportJob";
+/// #     type Args = (u64,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+///
+/// let mut registry = Registry::new();
+/// registry
+///     .register(ReportJob)
+///     .with(SequentialJob::new().timeout(Duration::from_secs(120)));
+/// ```
 #[derive(Debug, Clone)]
 pub struct SequentialJob {
     /// How the lock is named.

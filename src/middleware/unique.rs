@@ -58,6 +58,26 @@ use crate::worker::JobContext;
 pub const DUPLICATE_ERROR_CLASS: &str = "Oxidekiq::DuplicateJob";
 
 /// What happens to a job whose lock someone else holds.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{OnConflict, Registry, UniqueJob};
+/// # use oxidekiq::{JobContext, JobResult, Worker};
+/// # #[derive(Debug)]
+/// # struct SyncJob;
+/// # impl Worker for SyncJob {
+/// #     const CLASS: &'static str = "SyncJob";
+/// #     type Args = (u64,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+///
+/// let mut registry = Registry::new();
+/// // A duplicate tries again in 30 s instead of being skipped.
+/// registry
+///     .register(SyncJob)
+///     .with(UniqueJob::new().on_conflict(OnConflict::Reschedule(Duration::from_secs(30))));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnConflict {
     /// Do not run it; acknowledge it as done and log `skipped duplicate` with the key and the holder.
@@ -69,7 +89,35 @@ pub enum OnConflict {
     Fail,
 }
 
-/// The unique-job middleware; see the [module documentation](self).
+/// The unique-job middleware: while one job holds the lock, a duplicate is skipped (or rescheduled,
+/// or failed: [`OnConflict`]); see the [module documentation](self).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use oxidekiq::{Keyed, Registry, UniqueJob};
+/// # use oxidekiq::{JobContext, JobResult, Worker};
+/// # #[derive(Debug)]
+/// # struct SyncJob;
+/// # impl Worker for SyncJob {
+/// #     const CLASS: &'static str = "SyncJob";
+/// #     type Args = (u64,);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+/// # #[derive(Debug)]
+/// # struct ChargeJob;
+/// # impl Worker for ChargeJob {
+/// #     const CLASS: &'static str = "ChargeJob";
+/// #     type Args = (u64, f64);
+/// #     async fn perform(&self, _: &JobContext, _: Self::Args) -> JobResult { Ok(()) }
+/// # }
+///
+/// let mut registry = Registry::new();
+/// // One SyncJob per argument list at a time; the lock lives 60 s unless the job extends it.
+/// registry.register(SyncJob).with(UniqueJob::new().key_by_args().ttl(Duration::from_secs(60)));
+/// // One ChargeJob per customer at a time, named from the typed arguments.
+/// registry.register(ChargeJob).with_key(UniqueJob::new(), |(customer, _)| format!("charge-{customer}"));
+/// ```
 #[derive(Debug, Clone)]
 pub struct UniqueJob {
     /// How the lock is named.

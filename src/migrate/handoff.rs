@@ -124,7 +124,7 @@ pub(crate) async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> O
 }
 
 /// At start: warns when no live Ruby process serves the hand-off queue (its jobs would wait there).
-pub async fn warn_if_unserved(config: &Config) {
+pub(crate) async fn warn_if_unserved(config: &Config) {
     let Some(queue) = &config.handoff else {
         return;
     };

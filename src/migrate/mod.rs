@@ -11,7 +11,7 @@
 //! check`.
 
 pub(crate) mod check;
-pub mod handoff;
+pub(crate) mod handoff;
 pub(crate) mod report;
 pub(crate) mod route;
 
@@ -84,7 +84,11 @@ async fn connect(config: &Config) -> Result<Conn> {
 }
 
 /// Runs a subcommand; returns what to print and whether it succeeded (the exit status).
-pub async fn run(command: Command, config: &Config, registry: &Registry) -> Result<(String, bool)> {
+pub(crate) async fn run(
+    command: Command,
+    config: &Config,
+    registry: &Registry,
+) -> Result<(String, bool)> {
     let mut conn = connect(config).await?;
     match command {
         Command::Check { sample, scan_limit } => {
