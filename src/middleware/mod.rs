@@ -147,6 +147,10 @@ impl<'a> Next<'a> {
                 until_executed: false,
                 ..self
             };
+            // Most payloads carry no until-executed lock: those skip the stage (and its boxed future).
+            if !until_executed::may_hold_lock(ctx.job()) {
+                return rest.run(ctx);
+            }
             return ServerMiddleware::call(&until_executed::UntilExecuted, ctx, rest);
         }
         match self.rest.split_first() {

@@ -123,12 +123,17 @@ pub(crate) async fn push(
 /// duration arithmetic overflowing.
 pub const MAX_UNIQUE_TTL_SECS: f64 = 10.0 * 365.0 * 24.0 * 3600.0;
 
+/// The cheap test before [`unique_lock`] parses the payload: false when the bytes do not even name the
+/// lock's field, as for most jobs.
+pub(crate) fn may_hold_lock(job: &Job) -> bool {
+    job.raw().contains(UNIQUE_KEY_FIELD)
+}
+
 /// The until-executed lock of a job: its key and TTL, when the payload has them. The TTL is validated
 /// (the payload is never trusted): an error names what is wrong, and the job fails with it. An absent
 /// `unique_ttl` is the 30 s default.
 pub fn unique_lock(job: &Job) -> std::result::Result<Option<(String, Duration)>, JobError> {
-    // Cheap test first: most payloads have no lock, and parsing the whole payload costs more.
-    if !job.raw().contains(UNIQUE_KEY_FIELD) {
+    if !may_hold_lock(job) {
         return Ok(None);
     }
     let Ok(map) = job.to_map() else {
