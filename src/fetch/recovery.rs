@@ -288,3 +288,16 @@ pub(crate) async fn recovery_loop(
         }
     }
 }
+
+/// For tests: records `payload` as recovered `times` already (the count is per payload, by SHA1, as
+/// `ORPHAN_LUA` keeps it), computed by Redis itself.
+#[cfg(test)]
+pub(crate) fn mark_recovered(c: &mut redis::Connection, payload: &str, times: i64) {
+    let sha: String = redis::cmd("EVAL")
+        .arg("return redis.sha1hex(ARGV[1])")
+        .arg(0)
+        .arg(payload)
+        .query(c)
+        .unwrap();
+    let _: () = redis::Commands::hset(c, crate::keys::RECOVERED, &sha, times).unwrap();
+}

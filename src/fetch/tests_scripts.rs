@@ -491,15 +491,7 @@ async fn a_job_recovered_too_often_dies_with_its_error_and_a_bad_queue_keeps_its
         .unwrap();
     let _: () = c.set("queue:bad", "not a list").unwrap();
     // Recovered MAX_RECOVERIES times already (the count is per payload, by SHA1).
-    let sha: String = redis::cmd("EVAL")
-        .arg("return redis.sha1hex(ARGV[1])")
-        .arg(0)
-        .arg(poison)
-        .query(&mut c)
-        .unwrap();
-    let _: () = c
-        .hset("oxidekiq:recovered", &sha, fetch::recovery::MAX_RECOVERIES)
-        .unwrap();
+    fetch::recovery::mark_recovered(&mut c, poison, fetch::recovery::MAX_RECOVERIES);
     let mut conn = redis.async_conn().await;
     let now = oxidekiq::time::now();
     let first = fetch::recover_orphans(&mut conn, ME, now, policy(1))

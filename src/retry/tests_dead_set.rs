@@ -96,15 +96,7 @@ Sidekiq::DeadSet.new.kill(%q({"class":"A","args":[],"jid":"ruby-kill"}), notify_
     let _: () = c
         .hset("oxidekiq:working:otherhost:2:bbbb:default", 1, poison)
         .unwrap();
-    let sha: String = redis::cmd("EVAL")
-        .arg("return redis.sha1hex(ARGV[1])")
-        .arg(0)
-        .arg(poison)
-        .query(&mut c)
-        .unwrap();
-    let _: () = c
-        .hset("oxidekiq:recovered", &sha, fetch::recovery::MAX_RECOVERIES)
-        .unwrap();
+    fetch::recovery::mark_recovered(&mut c, poison, fetch::recovery::MAX_RECOVERIES);
     let policy = RecoveryPolicy {
         grace: Duration::from_millis(1),
         time_format: TimeFormat::Seconds,
