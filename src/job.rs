@@ -13,6 +13,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use header::Header;
+pub(crate) use header::JobDataText;
+
+pub(crate) mod header;
+
 /// The two class names ActiveJob jobs carry (Rails' adapter ≤ Sidekiq 7, Sidekiq's own from 8.0).
 pub const ACTIVEJOB_WRAPPERS: [&str; 2] = [
     "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
@@ -95,24 +100,6 @@ pub fn timestamp_seconds(v: &Value) -> Option<f64> {
     }
 }
 
-/// The fields dispatch needs, found without copying anything: each is the raw JSON text of its value,
-/// a slice of the payload.
-#[derive(Deserialize)]
-struct Header<'a> {
-    #[serde(default, borrow)]
-    class: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    jid: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    queue: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    wrapped: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    args: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    retry: Option<&'a RawValue>,
-}
-
 /// `jid` and `queue` as the decoder read them before it borrowed: strings or absent, anything else an
 /// error. Only parsed when one of them is not a plain string, to give serde's own message.
 #[derive(Deserialize)]
@@ -186,6 +173,18 @@ pub struct Job {
     args: Range<usize>,
     /// The `retry` field; `None` when absent (the worker's option decides).
     retry: Option<RetrySetting>,
+    /// For an ActiveJob wrapper holding one `job_data` hash: where its fields sit, found while the
+    /// payload was decoded ([`header`]), so that unwrapping it does not walk it again.
+    job_data: Option<JobDataRanges>,
+}
+
+/// Byte ranges of `raw`: the raw JSON text of each `job_data` field [`crate::activejob`] reads.
+#[derive(Debug, Clone)]
+struct JobDataRanges {
+    job_class: Option<Range<usize>>,
+    job_id: Option<Range<usize>>,
+    executions: Option<Range<usize>>,
+    arguments: Option<Range<usize>>,
 }
 
 impl Job {
@@ -223,7 +222,7 @@ impl Job {
                 Err(e) => PayloadError::InvalidJson(e.to_string()),
             });
         }
-        let header: Header<'_> = serde_json::from_str(raw).map_err(header_error)?;
+        let header = Header::read(raw).map_err(header_error)?;
         let text = |v: Option<&RawValue>| v.map(|v| Text::of(raw, v.get()));
         let (jid, queue) = match (text(header.jid), text(header.queue)) {
             (Some(None), _) | (_, Some(None)) => return Err(Self::strict_error(raw)),
@@ -242,19 +241,26 @@ impl Job {
                 }
             },
         };
+        let at = |s: &str| {
+            let start = s.as_ptr() as usize - raw.as_ptr() as usize;
+            start..start + s.len()
+        };
         let args = match header.args {
             None => return Err(PayloadError::Invalid("`args` is missing".into())),
-            Some(a) if a.get().starts_with('[') => {
-                let start = a.get().as_ptr() as usize - raw.as_ptr() as usize;
-                start..start + a.get().len()
-            }
+            Some(a) if a.starts_with('[') => at(a),
             Some(a) => {
                 return Err(PayloadError::Invalid(format!(
                     "`args` is not an array (it is {})",
-                    json_kind(a.get())
+                    json_kind(a)
                 )));
             }
         };
+        let job_data = header.job_data.map(|d| JobDataRanges {
+            job_class: d.job_class.map(at),
+            job_id: d.job_id.map(at),
+            executions: d.executions.map(at),
+            arguments: d.arguments.map(at),
+        });
         let wrapped = text(header.wrapped).flatten();
         let retry = header.retry.map(|r| retry_setting(r.get()));
         Ok(Fields {
@@ -264,6 +270,7 @@ impl Job {
             queue,
             args,
             retry,
+            job_data,
         })
     }
 
@@ -336,6 +343,19 @@ impl Job {
         self.retry
     }
 
+    /// For an ActiveJob wrapper whose `args` is one `job_data` hash (read while the payload was
+    /// decoded, when `class` came before `args`): the raw JSON text of its fields. `None` otherwise, and
+    /// [`crate::activejob::unwrap`] reads [`Job::args_json`] itself.
+    pub(crate) fn job_data(&self) -> Option<JobDataText<'_>> {
+        let text = |r: &Option<Range<usize>>| r.clone().and_then(|r| self.raw.get(r));
+        self.job_data.as_ref().map(|d| JobDataText {
+            job_class: text(&d.job_class),
+            job_id: text(&d.job_id),
+            executions: text(&d.executions),
+            arguments: text(&d.arguments),
+        })
+    }
+
     /// The whole payload as an order-keeping map, every key kept (numbers exactly).
     pub fn to_map(&self) -> Result<Map<String, Value>, PayloadError> {
         serde_json::from_str(&self.raw).map_err(|e| PayloadError::InvalidJson(e.to_string()))
@@ -349,6 +369,7 @@ struct Fields {
     queue: Option<Text>,
     args: Range<usize>,
     retry: Option<RetrySetting>,
+    job_data: Option<JobDataRanges>,
 }
 
 impl Fields {
@@ -361,6 +382,7 @@ impl Fields {
             queue: self.queue,
             args: self.args,
             retry: self.retry,
+            job_data: self.job_data,
         }
     }
 }

@@ -364,7 +364,7 @@ impl Processor {
                 });
                 None
             }
-            Some(_) if job.is_activejob() => match crate::activejob::unwrap(job.args_json()) {
+            Some(_) if job.is_activejob() => match crate::activejob::unwrap_job(job) {
                 Ok(info) => Some(Arc::new(info)),
                 Err(msg) => {
                     refused = Some(JobError::new(
