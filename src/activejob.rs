@@ -1049,7 +1049,7 @@ mod tests {
                 job.job_data().is_some(),
                 "{path:?}: fields not found while decoding"
             );
-            assert_eq!(crate::job::header::modes_agree(&raw), Ok(true), "{path:?}");
+            assert_eq!(crate::job::header::both_ways(&raw), Ok(true), "{path:?}");
             let from_job = unwrap_job(&job).unwrap();
             let from_text = unwrap(job.args_json()).unwrap();
             let full = unwrap_full(job.args_json()).unwrap();
@@ -1239,8 +1239,7 @@ mod tests {
             let raw = generated_payload(&mut rng);
             let ctx = format!("seed {seed}: {raw}");
             serde_json::from_str::<Value>(&raw).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-            let fast =
-                crate::job::header::modes_agree(&raw).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let fast = crate::job::header::both_ways(&raw).unwrap_or_else(|e| panic!("{ctx}: {e}"));
             let job = crate::job::Job::from_str(&raw).unwrap_or_else(|e| panic!("{ctx}: {e}"));
             assert!(job.is_activejob(), "{ctx}");
             assert_eq!(job.job_data().is_some(), fast, "{ctx}");

@@ -10,7 +10,6 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use header::Header;
@@ -173,6 +172,9 @@ pub struct Job {
     args: Range<usize>,
     /// The `retry` field; `None` when absent (the worker's option decides).
     retry: Option<RetrySetting>,
+    /// `class` is one of [`ACTIVEJOB_WRAPPERS`] (asked several times per job: the log span, the
+    /// registry, metrics).
+    activejob: bool,
     /// For an ActiveJob wrapper holding one `job_data` hash: where its fields sit, found while the
     /// payload was decoded ([`header`]), so that unwrapping it does not walk it again.
     job_data: Option<JobDataRanges>,
@@ -223,20 +225,20 @@ impl Job {
             });
         }
         let header = Header::read(raw).map_err(header_error)?;
-        let text = |v: Option<&RawValue>| v.map(|v| Text::of(raw, v.get()));
+        let text = |v: Option<&str>| v.map(|v| Text::of(raw, v));
         let (jid, queue) = match (text(header.jid), text(header.queue)) {
             (Some(None), _) | (_, Some(None)) => return Err(Self::strict_error(raw)),
             (jid, queue) => (jid.flatten(), queue.flatten()),
         };
         let class = match header.class {
             None => return Err(PayloadError::Invalid("`class` is missing".into())),
-            Some(c) => match Text::of(raw, c.get()) {
+            Some(c) => match Text::of(raw, c) {
                 Some(t) if !t.get(raw).is_empty() => t,
                 Some(_) => return Err(PayloadError::Invalid("`class` is empty".into())),
                 None => {
                     return Err(PayloadError::Invalid(format!(
                         "`class` is not a string (it is {})",
-                        json_kind(c.get())
+                        json_kind(c)
                     )));
                 }
             },
@@ -261,8 +263,9 @@ impl Job {
             executions: d.executions.map(at),
             arguments: d.arguments.map(at),
         });
+        let activejob = ACTIVEJOB_WRAPPERS.contains(&class.get(raw));
         let wrapped = text(header.wrapped).flatten();
-        let retry = header.retry.map(|r| retry_setting(r.get()));
+        let retry = header.retry.map(retry_setting);
         Ok(Fields {
             class,
             wrapped,
@@ -270,6 +273,7 @@ impl Job {
             queue,
             args,
             retry,
+            activejob,
             job_data,
         })
     }
@@ -311,7 +315,7 @@ impl Job {
 
     /// True when the job is an ActiveJob wrapper.
     pub fn is_activejob(&self) -> bool {
-        ACTIVEJOB_WRAPPERS.contains(&self.class())
+        self.activejob
     }
 
     /// The class a worker is registered under: `wrapped` for ActiveJob jobs, else `class`.
@@ -369,6 +373,7 @@ struct Fields {
     queue: Option<Text>,
     args: Range<usize>,
     retry: Option<RetrySetting>,
+    activejob: bool,
     job_data: Option<JobDataRanges>,
 }
 
@@ -382,6 +387,7 @@ impl Fields {
             queue: self.queue,
             args: self.args,
             retry: self.retry,
+            activejob: self.activejob,
             job_data: self.job_data,
         }
     }

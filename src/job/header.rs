@@ -2,38 +2,35 @@
 //! fields its unwrapping needs ([`crate::activejob`]) in that same pass: without this the `job_data`
 //! hash, most of an ActiveJob payload's bytes, was walked twice (once here, once to unwrap it).
 //!
-//! Two modes read the same grammar. The plain one takes `args` as a [`RawValue`] (what a derived
-//! struct of `Option<&RawValue>` fields did before). The ActiveJob one, used only once `class` was
-//! read as an ActiveJob wrapper, reads `args` as `[{key: value, ...}, ...]`, keeping the raw text of
-//! the four `job_data` fields it needs and skipping the rest, and finds the array's bounds from the
-//! first key of its hash and from the payload's next key (or its closing brace): only whitespace and
-//! one comma can sit between those and the brackets. Whatever that mode does not expect (`args` not
-//! an array of hashes, an empty hash, a key or string with an escape) is an error in it, and
-//! [`Header::read`] then reads the payload again in the plain mode, whose answer (and error) is the one
-//! returned: the plain mode is the reference, the other a shortcut for what Rails writes.
+//! Two readers. [`scan`] is a hand-written one for what Sidekiq clients write: it checks the JSON
+//! grammar as it goes and refuses (`None`) anything it does not expect, a key with an escape, a
+//! field given twice, nesting deeper than [`MAX_DEPTH`] or any grammar error. serde_json's reading of
+//! a struct of optional raw fields ([`Plain`]) is the reference: it reads whatever [`scan`] refused,
+//! and its answer (or error) is the one returned. [`scan`] never accepts a text serde_json refuses and
+//! finds the same fields where it accepts (the tests `generated_payloads_read_the_same_both_ways` and
+//! `mutated_payloads_are_never_accepted_by_scan_alone` compare them); it costs a fraction of the serde
+//! walk, which mattered most for ActiveJob payloads, three times the size of a plain one.
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// The dispatch fields, each the raw JSON text of its value (a slice of the payload).
-#[derive(Default)]
+/// The dispatch fields, each the raw JSON text of its value (a slice of the payload); `None` when
+/// absent or `null` (as an `Option` field reads it).
+#[derive(Default, Debug, PartialEq)]
 pub(super) struct Header<'a> {
-    pub(super) class: Option<&'a RawValue>,
-    pub(super) jid: Option<&'a RawValue>,
-    pub(super) queue: Option<&'a RawValue>,
-    pub(super) wrapped: Option<&'a RawValue>,
-    /// The `args` array's text.
+    pub(super) class: Option<&'a str>,
+    pub(super) jid: Option<&'a str>,
+    pub(super) queue: Option<&'a str>,
+    pub(super) wrapped: Option<&'a str>,
     pub(super) args: Option<&'a str>,
-    pub(super) retry: Option<&'a RawValue>,
-    /// For an ActiveJob wrapper whose `class` came before `args` (as every Sidekiq client writes it):
-    /// what its `job_data` holds.
+    pub(super) retry: Option<&'a str>,
+    /// For an ActiveJob wrapper whose `class` came before `args` (as every Sidekiq client writes it)
+    /// and whose `args` holds one hash naming none of the four fields twice: what that hash holds.
     pub(super) job_data: Option<JobDataText<'a>>,
-    /// An ActiveJob wrapper's `args` that is the payload's last field: where it starts.
-    open_args: Option<usize>,
 }
 
 /// The raw JSON text of the `job_data` fields [`crate::activejob`] reads; `None` when absent.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct JobDataText<'a> {
     pub(crate) job_class: Option<&'a str>,
     pub(crate) job_id: Option<&'a str>,
@@ -41,328 +38,486 @@ pub(crate) struct JobDataText<'a> {
     pub(crate) arguments: Option<&'a str>,
 }
 
+/// The reference reader: serde_json's reading of the six fields.
+#[derive(Deserialize)]
+struct Plain<'a> {
+    #[serde(default, borrow)]
+    class: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    jid: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    queue: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    wrapped: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    args: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    retry: Option<&'a RawValue>,
+}
+
 impl<'a> Header<'a> {
-    /// Reads the header of `raw`, a JSON text starting with `{`: serde_json's answer for a struct of
-    /// optional fields (duplicate fields and trailing characters are errors, unknown keys ignored).
+    /// Reads the header of `raw`, a JSON text: serde_json's answer for a struct of optional fields
+    /// (duplicate fields and trailing characters are errors, unknown keys ignored).
     pub(super) fn read(raw: &'a str) -> Result<Header<'a>, serde_json::Error> {
-        Self::read_in(raw, true).or_else(|_| Self::read_in(raw, false))
-    }
-
-    fn read_in(raw: &'a str, activejob: bool) -> Result<Header<'a>, serde_json::Error> {
-        let mut de = serde_json::Deserializer::from_str(raw);
-        let mut header = de.deserialize_map(HeaderVisitor { raw, activejob })?;
-        de.end()?;
-        if let Some(start) = header.open_args.take() {
-            // The last field: `] }` and whitespace end the payload.
-            let b = raw.as_bytes();
-            let brace = (0..b.len()).rev().find(|&i| !is_ws(b[i]));
-            let close = brace.and_then(|i| (b[i] == b'}').then_some(i));
-            let close = close.and_then(|i| before_ws(b, i, b']'));
-            let Some(close) = close else {
-                return Err(de::Error::custom("args bounds not found"));
-            };
-            header.args = raw.get(start..close + 1);
-        }
-        Ok(header)
-    }
-}
-
-/// A header key, and where it starts in the payload when it holds no escape.
-struct KeyAt<'a> {
-    key: Key,
-    at: Option<&'a str>,
-}
-
-/// A header key: one of the six fields, or any other.
-enum Key {
-    Class,
-    Jid,
-    Queue,
-    Wrapped,
-    Args,
-    Retry,
-    Other,
-}
-
-impl Key {
-    #[inline]
-    fn of(name: &str) -> Key {
-        match name {
-            "class" => Key::Class,
-            "jid" => Key::Jid,
-            "queue" => Key::Queue,
-            "wrapped" => Key::Wrapped,
-            "args" => Key::Args,
-            "retry" => Key::Retry,
-            _ => Key::Other,
+        match scan(raw) {
+            Some(header) => Ok(header),
+            None => Self::read_plain(raw),
         }
     }
-}
 
-impl<'de> de::Deserialize<'de> for KeyAt<'de> {
-    #[inline]
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = KeyAt<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("field identifier")
-            }
-            #[inline]
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<KeyAt<'de>, E> {
-                Ok(KeyAt {
-                    key: Key::of(v),
-                    at: Some(v),
-                })
-            }
-            #[inline]
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeyAt<'de>, E> {
-                Ok(KeyAt {
-                    key: Key::of(v),
-                    at: None,
-                })
-            }
-        }
-        d.deserialize_identifier(V)
+    fn read_plain(raw: &'a str) -> Result<Header<'a>, serde_json::Error> {
+        let p: Plain<'a> = serde_json::from_str(raw)?;
+        let get = |v: Option<&'a RawValue>| v.map(RawValue::get);
+        Ok(Header {
+            class: get(p.class),
+            jid: get(p.jid),
+            queue: get(p.queue),
+            wrapped: get(p.wrapped),
+            args: get(p.args),
+            retry: get(p.retry),
+            job_data: None,
+        })
     }
 }
 
-struct HeaderVisitor<'a> {
-    raw: &'a str,
-    activejob: bool,
-}
+/// Nesting [`scan`] reads (serde_json's own limit is 128); deeper payloads go to serde_json.
+const MAX_DEPTH: usize = 64;
 
-impl<'a> Visitor<'a> for HeaderVisitor<'a> {
-    type Value = Header<'a>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("struct Header")
-    }
-
-    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Header<'a>, M::Error> {
-        let mut h = Header::default();
-        // Each field once, as a derived struct has it; `null` reads as absent (`Option`).
-        #[inline]
-        fn once<'a, M: MapAccess<'a>>(
-            slot: &mut Option<&'a RawValue>,
-            name: &'static str,
-            map: &mut M,
-        ) -> Result<(), M::Error> {
-            if slot.is_some() {
-                return Err(de::Error::duplicate_field(name));
-            }
-            *slot = map.next_value::<Option<&'a RawValue>>()?;
-            Ok(())
-        }
-        let mut args_seen = false;
-        // Where an ActiveJob wrapper's `args` starts, until its end is found: just before the next
-        // key (`] , "key"`), or before the payload's closing brace ([`Header::read_in`]).
-        let mut open: Option<usize> = None;
-        while let Some(KeyAt { key, at }) = map.next_key::<KeyAt<'a>>()? {
-            if let Some(start) = open.take() {
-                let b = self.raw.as_bytes();
-                let close = at
-                    .map(|k| offset(self.raw, k).saturating_sub(1))
-                    .and_then(|q| before_ws(b, q, b','))
-                    .and_then(|c| before_ws(b, c, b']'));
-                let Some(close) = close else {
-                    return Err(de::Error::custom("args bounds not found"));
-                };
-                h.args = self.raw.get(start..close + 1);
-            }
-            match key {
-                Key::Class => once(&mut h.class, "class", &mut map)?,
-                Key::Jid => once(&mut h.jid, "jid", &mut map)?,
-                Key::Queue => once(&mut h.queue, "queue", &mut map)?,
-                Key::Wrapped => once(&mut h.wrapped, "wrapped", &mut map)?,
-                Key::Retry => once(&mut h.retry, "retry", &mut map)?,
-                Key::Args => {
-                    if args_seen {
-                        return Err(de::Error::duplicate_field("args"));
-                    }
-                    args_seen = true;
-                    // Compared as written: a class spelled with escapes takes the plain mode.
-                    let class = h
-                        .class
-                        .and_then(|c| c.get().strip_prefix('"').and_then(|s| s.strip_suffix('"')));
-                    let wrapper = class.is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c));
-                    if self.activejob && wrapper {
-                        let (start, job_data) =
-                            map.next_value_seed(WrapperArgs { raw: self.raw })?;
-                        open = Some(start);
-                        h.job_data = job_data;
+/// The hand-written reader: `None` for anything it does not read exactly as serde_json would.
+fn scan(raw: &str) -> Option<Header<'_>> {
+    let mut r = Reader {
+        s: raw,
+        b: raw.as_bytes(),
+        i: 0,
+    };
+    let mut h = Header::default();
+    r.ws();
+    r.eat(b'{')?;
+    r.ws();
+    if r.eat(b'}').is_none() {
+        loop {
+            let key = r.key()?;
+            r.ws();
+            r.eat(b':')?;
+            r.ws();
+            let slot = match key {
+                b"class" => &mut h.class,
+                b"jid" => &mut h.jid,
+                b"queue" => &mut h.queue,
+                b"wrapped" => &mut h.wrapped,
+                b"retry" => &mut h.retry,
+                b"args" => {
+                    let wrapper = h.class.and_then(|c| c.strip_prefix('"')?.strip_suffix('"'));
+                    let start = r.i;
+                    if wrapper.is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c)) {
+                        h.job_data = r.wrapper_args()?;
                     } else {
-                        h.args = map.next_value::<Option<&'a RawValue>>()?.map(RawValue::get);
+                        r.value(1)?;
                     }
+                    // `null` is an absent `args` to serde (its own error): left to it.
+                    let text = r.s.get(start..r.i)?;
+                    if text == "null" || h.args.replace(text).is_some() {
+                        return None;
+                    }
+                    r.ws();
+                    if r.eat(b',').is_some() {
+                        r.ws();
+                        continue;
+                    }
+                    r.eat(b'}')?;
+                    break;
                 }
-                Key::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        h.open_args = open;
-        Ok(h)
-    }
-}
-
-/// An ActiveJob wrapper's `args`: `[job_data, ...]`, the first element a hash with at least one key.
-/// Gives where the array starts and, when it holds exactly one hash with no field twice, that hash's
-/// fields.
-struct WrapperArgs<'a> {
-    raw: &'a str,
-}
-
-impl<'a> DeserializeSeed<'a> for WrapperArgs<'a> {
-    type Value = (usize, Option<JobDataText<'a>>);
-
-    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'a> Visitor<'a> for WrapperArgs<'a> {
-    type Value = (usize, Option<JobDataText<'a>>);
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an array of job_data hashes")
-    }
-
-    fn visit_seq<S: SeqAccess<'a>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
-        let b = self.raw.as_bytes();
-        let Some(first) = seq.next_element_seed(JobDataFields { raw: self.raw })? else {
-            return Err(de::Error::custom("no job_data"));
-        };
-        // `[ { "` before the first key.
-        let open = first
-            .first_key
-            .map(|k| offset(self.raw, k).saturating_sub(1))
-            .and_then(|q| before_ws(b, q, b'{'))
-            .and_then(|o| before_ws(b, o, b'['));
-        let Some(open) = open else {
-            return Err(de::Error::custom("args bounds not found"));
-        };
-        let mut single = !first.twice;
-        while seq.next_element::<IgnoredAny>()?.is_some() {
-            single = false;
-        }
-        Ok((open, single.then_some(first.fields)))
-    }
-}
-
-/// One `job_data` hash: the four fields' text, and where its first key is.
-struct JobDataFields<'a> {
-    raw: &'a str,
-}
-
-struct JobDataFound<'a> {
-    fields: JobDataText<'a>,
-    first_key: Option<&'a str>,
-    /// One of the four fields was given twice (the full decoder decides what that means).
-    twice: bool,
-}
-
-impl<'a> DeserializeSeed<'a> for JobDataFields<'a> {
-    type Value = JobDataFound<'a>;
-
-    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'a> Visitor<'a> for JobDataFields<'a> {
-    type Value = JobDataFound<'a>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a job_data hash")
-    }
-
-    fn visit_map<M: MapAccess<'a>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-        let mut found = JobDataFound {
-            fields: JobDataText::default(),
-            first_key: None,
-            twice: false,
-        };
-        // `&str` keys and strings borrow from the payload: one with an escape is an error here, and
-        // the plain mode reads the payload then.
-        while let Some(key) = map.next_key::<&'a str>()? {
-            found.first_key.get_or_insert(key);
-            let (slot, value) = match key {
-                // The two strings with their quotes, as the raw text the others are.
-                "job_class" | "job_id" => {
-                    let s = map.next_value::<&'a str>()?;
-                    let at = offset(self.raw, s);
-                    let quoted = self.raw.get(at.wrapping_sub(1)..at + s.len() + 1);
-                    let slot = if key == "job_class" {
-                        &mut found.fields.job_class
-                    } else {
-                        &mut found.fields.job_id
-                    };
-                    (slot, quoted)
-                }
-                "executions" => (
-                    &mut found.fields.executions,
-                    Some(map.next_value::<&'a RawValue>()?.get()),
-                ),
-                "arguments" => (
-                    &mut found.fields.arguments,
-                    Some(map.next_value::<&'a RawValue>()?.get()),
-                ),
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
+                    r.value(1)?;
+                    r.ws();
+                    if r.eat(b',').is_some() {
+                        r.ws();
+                        continue;
+                    }
+                    r.eat(b'}')?;
+                    break;
                 }
             };
-            let Some(value) = value else {
-                return Err(de::Error::custom("job_data string bounds not found"));
-            };
-            found.twice |= slot.replace(value).is_some();
+            let start = r.i;
+            r.value(1)?;
+            let text = r.s.get(start..r.i)?;
+            // Twice is serde's error. `null` reads as an absent `Option`, after which a second one
+            // would go unnoticed here: both are left to serde.
+            if slot.is_some() || text == "null" {
+                return None;
+            }
+            *slot = Some(text);
+            r.ws();
+            if r.eat(b',').is_some() {
+                r.ws();
+                continue;
+            }
+            r.eat(b'}')?;
+            break;
         }
-        Ok(found)
     }
+    r.ws();
+    (r.i == r.b.len()).then_some(h)
 }
 
-/// Where `s`, a slice of `raw`, starts in it.
-fn offset(raw: &str, s: &str) -> usize {
-    s.as_ptr() as usize - raw.as_ptr() as usize
+struct Reader<'a> {
+    s: &'a str,
+    b: &'a [u8],
+    i: usize,
 }
 
-fn is_ws(c: u8) -> bool {
-    matches!(c, b' ' | b'\t' | b'\n' | b'\r')
-}
+impl<'a> Reader<'a> {
+    #[inline]
+    fn ws(&mut self) {
+        while matches!(self.b.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
 
-/// The index of `want` just before `i`, past whitespace.
-fn before_ws(b: &[u8], mut i: usize, want: u8) -> Option<usize> {
-    while i > 0 {
-        i -= 1;
-        match b[i] {
-            c if is_ws(c) => {}
-            c if c == want => return Some(i),
+    #[inline]
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.b.get(self.i) == Some(&c)).then(|| self.i += 1)
+    }
+
+    /// A key with no escape: its bytes, without the quotes.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        let start = self.i + 1;
+        self.string(false)?;
+        self.b.get(start..self.i - 1)
+    }
+
+    /// A string, checked as serde_json checks one it skips: no control character, and only the
+    /// escapes JSON has (`\u` with four hex digits; its value is not checked, as serde_json's
+    /// skipping does not). `escapes: false` refuses any escape. `true` when it held one.
+    fn string(&mut self, escapes: bool) -> Option<bool> {
+        const ONES: u64 = u64::MAX / 255;
+        const HIGHS: u64 = ONES << 7;
+        self.eat(b'"')?;
+        let mut escaped = false;
+        loop {
+            // Eight bytes at a time up to a quote, a backslash or a control character (serde_json's
+            // `skip_to_escape` trick).
+            while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(chunk);
+                let x = u64::from_le_bytes(word);
+                let quote = x ^ (ONES * u64::from(b'"'));
+                let backslash = x ^ (ONES * u64::from(b'\\'));
+                let control = x.wrapping_sub(ONES * 0x20) & !x;
+                let found = (control
+                    | quote.wrapping_sub(ONES) & !quote
+                    | backslash.wrapping_sub(ONES) & !backslash)
+                    & HIGHS;
+                if found != 0 {
+                    self.i += found.trailing_zeros() as usize / 8;
+                    break;
+                }
+                self.i += 8;
+            }
+            let c = *self.b.get(self.i)?;
+            escaped |= c == b'\\';
+            match c {
+                b'"' => {
+                    self.i += 1;
+                    return Some(escaped);
+                }
+                b'\\' if escapes => match *self.b.get(self.i + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
+                    b'u' => {
+                        let hex = self.b.get(self.i + 2..self.i + 6)?;
+                        if !hex.iter().all(u8::is_ascii_hexdigit) {
+                            return None;
+                        }
+                        self.i += 6;
+                    }
+                    _ => return None,
+                },
+                c if c < 0x20 || c == b'\\' => return None,
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    /// Any JSON value, checked; `depth`: the containers it sits in.
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match *self.b.get(self.i)? {
+            b'"' => self.string(true).map(drop),
+            b'{' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                self.ws();
+                if self.eat(b'}').is_some() {
+                    return Some(());
+                }
+                loop {
+                    self.string(true)?;
+                    self.ws();
+                    self.eat(b':')?;
+                    self.ws();
+                    self.value(depth + 1)?;
+                    self.ws();
+                    if self.eat(b',').is_some() {
+                        self.ws();
+                        continue;
+                    }
+                    return self.eat(b'}');
+                }
+            }
+            b'[' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                self.ws();
+                if self.eat(b']').is_some() {
+                    return Some(());
+                }
+                loop {
+                    self.value(depth + 1)?;
+                    self.ws();
+                    if self.eat(b',').is_some() {
+                        self.ws();
+                        continue;
+                    }
+                    return self.eat(b']');
+                }
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.number(),
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        self.b
+            .get(self.i..)?
+            .starts_with(word)
+            .then(|| self.i += word.len())
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
+    fn number(&mut self) -> Option<()> {
+        self.eat(b'-');
+        match *self.b.get(self.i)? {
+            b'0' => self.i += 1,
+            b'1'..=b'9' => {
+                self.digits();
+            }
             _ => return None,
         }
+        if self.eat(b'.').is_some() && self.digits() == 0 {
+            return None;
+        }
+        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        Some(())
     }
-    None
+
+    /// An ActiveJob wrapper's `args`, checked as any value, with the four fields of its first
+    /// element when that is the only one and a hash naming none of them twice.
+    fn wrapper_args(&mut self) -> Option<Option<JobDataText<'a>>> {
+        if self.b.get(self.i) != Some(&b'[') {
+            self.value(1)?;
+            return Some(None);
+        }
+        self.i += 1;
+        self.ws();
+        if self.b.get(self.i) != Some(&b'{') {
+            // Not a hash first: checked as any array (from its first element on).
+            if self.eat(b']').is_some() {
+                return Some(None);
+            }
+            return self.rest_of_array(2).map(|()| None);
+        }
+        self.i += 1;
+        self.ws();
+        let mut fields = JobDataText::default();
+        let mut twice = false;
+        if self.eat(b'}').is_none() {
+            loop {
+                let key_start = self.i + 1;
+                let escaped = self.string(true)?;
+                let key = self.b.get(key_start..self.i - 1)?;
+                self.ws();
+                self.eat(b':')?;
+                self.ws();
+                let start = self.i;
+                self.value(3)?;
+                let slot = match key {
+                    b"job_class" => &mut fields.job_class,
+                    b"job_id" => &mut fields.job_id,
+                    b"executions" => &mut fields.executions,
+                    b"arguments" => &mut fields.arguments,
+                    _ => &mut None,
+                };
+                // An escaped key could spell one of the four: the unwrapping reads the text then.
+                twice |= escaped || slot.replace(self.s.get(start..self.i)?).is_some();
+                self.ws();
+                if self.eat(b',').is_some() {
+                    self.ws();
+                    continue;
+                }
+                self.eat(b'}')?;
+                break;
+            }
+        }
+        self.ws();
+        if self.eat(b']').is_some() {
+            return Some((!twice).then_some(fields));
+        }
+        self.eat(b',')?;
+        self.ws();
+        self.rest_of_array(2).map(|()| None)
+    }
+
+    /// The elements of an array from the current one to its `]`.
+    fn rest_of_array(&mut self, depth: usize) -> Option<()> {
+        loop {
+            self.value(depth)?;
+            self.ws();
+            if self.eat(b',').is_some() {
+                self.ws();
+                continue;
+            }
+            return self.eat(b']');
+        }
+    }
 }
 
-/// Reads `raw` in both modes and says how they differ (`Ok` when they agree: same error-ness, and the
-/// same text for every field). The ActiveJob mode failing where the plain one succeeds is agreement:
-/// [`Header::read`] falls back to the plain mode then.
+/// Reads `raw` with [`scan`] and with serde_json: `Ok(found)` when they agree (`found`: [`scan`]
+/// read it and found `job_data`), or when [`scan`] refused it; `Err` says how they differ.
 #[cfg(test)]
-pub(crate) fn modes_agree(raw: &str) -> Result<bool, String> {
-    let text = |h: &Header<'_>| {
-        let f = |v: Option<&RawValue>| v.map(|v| v.get().to_string());
-        (
-            f(h.class),
-            f(h.jid),
-            f(h.queue),
-            f(h.wrapped),
-            f(h.retry),
-            h.args.map(str::to_string),
-        )
-    };
-    match (Header::read_in(raw, true), Header::read_in(raw, false)) {
-        (Ok(a), Ok(p)) if text(&a) == text(&p) => Ok(a.job_data.is_some()),
-        (Ok(a), Ok(p)) => Err(format!("{:?} / {:?}", text(&a), text(&p))),
-        (Ok(a), Err(e)) => Err(format!("{:?} / plain error {e}", text(&a))),
-        (Err(_), _) => Ok(false),
+pub(crate) fn both_ways(raw: &str) -> Result<bool, String> {
+    let plain = Header::read_plain(raw);
+    match (scan(raw), plain) {
+        (None, _) => Ok(false),
+        (Some(mut s), Ok(p)) => {
+            let found = s.job_data.is_some();
+            s.job_data = None;
+            if s == p {
+                Ok(found)
+            } else {
+                Err(format!("scan {s:?} / serde {p:?}"))
+            }
+        }
+        (Some(s), Err(e)) => Err(format!("scan {s:?} / serde error {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Every recorded payload (`fixtures/`, Sidekiq 6.4 to 8.1 and Rails 6.1).
+    fn recorded() -> Vec<String> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().and_then(|e| e.to_str()) == Some("json") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    if text.trim_start().starts_with('{') {
+                        out.push(text);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(
+            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures")),
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn every_recorded_payload_is_read_by_scan_as_serde_reads_it() {
+        let payloads = recorded();
+        assert!(payloads.len() >= 20, "{} fixtures", payloads.len());
+        for raw in &payloads {
+            assert!(scan(raw).is_some(), "scan refused {raw}");
+            both_ways(raw).unwrap();
+        }
+    }
+
+    #[test]
+    fn scan_refuses_what_it_does_not_read_exactly() {
+        for raw in [
+            r#"{"class":"A","class":"B","args":[]}"#,
+            r#"{"class":null,"class":"B","args":[]}"#,
+            r#"{"class":"A","args":null}"#,
+            r#"{"cl\u0061ss":"A","args":[]}"#,
+            r#"{"class":"A","args":[01]}"#,
+            r#"{"class":"A","args":["\x"]}"#,
+            r#"{"class":"A","args":[1,]}"#,
+            r#"{"class":"A","args":[]} x"#,
+            "{\"class\":\"A\",\"args\":[\"\u{1}\"]}",
+        ] {
+            assert!(scan(raw).is_none(), "{raw}");
+        }
+        let deep = format!(
+            r#"{{"class":"A","args":{}{}}}"#,
+            "[".repeat(MAX_DEPTH),
+            "]".repeat(MAX_DEPTH)
+        );
+        assert!(scan(&deep).is_none());
+        assert!(Header::read(&deep).is_ok());
+    }
+
+    /// Recorded payloads with bytes replaced, inserted or removed: whatever `scan` accepts, serde_json
+    /// accepts too and reads the same.
+    #[test]
+    fn mutated_payloads_are_never_accepted_by_scan_alone() {
+        let seed = rand::random::<u64>();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let payloads = recorded();
+        let alphabet = b"{}[]\",:\\ \t\n0123456789.-+eEtrufalsn\x01\x1fuA";
+        let mut accepted = 0;
+        for _ in 0..20_000 {
+            let mut b = payloads[rng.random_range(0..payloads.len())]
+                .clone()
+                .into_bytes();
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..b.len());
+                let c = alphabet[rng.random_range(0..alphabet.len())];
+                match rng.random_range(0..3) {
+                    0 => b[at] = c,
+                    1 => b.insert(at, c),
+                    _ => {
+                        b.remove(at);
+                    }
+                }
+            }
+            let Ok(raw) = String::from_utf8(b) else {
+                continue;
+            };
+            if let Err(e) = both_ways(&raw) {
+                panic!("seed {seed}: {raw}: {e}");
+            }
+            accepted += usize::from(scan(&raw).is_some());
+        }
+        // Many mutations land inside strings and keep the payload valid.
+        assert!(accepted > 1_000, "seed {seed}: {accepted}");
     }
 }
