@@ -103,70 +103,11 @@ pub(crate) fn unwrap_job(job: &crate::job::Job) -> Result<ActiveJobInfo, String>
     }
 }
 
-/// The direct path: one pass over `[job_data]` that finds the four fields used without building
-/// anything ([`job_data_text`]), then [`direct`]. `None` whenever anything is not as Rails writes it
-/// (the full decoder then decides, and gives the error).
+/// The direct path: the four `job_data` fields found by the payload reader
+/// ([`crate::job::header::job_data`], which also checks the text is JSON), then [`direct`]. `None`
+/// whenever anything is not as Rails writes it (the full decoder then decides, and gives the error).
 fn unwrap_direct(args_json: &str) -> Option<ActiveJobInfo> {
-    direct(job_data_text(args_json)?)
-}
-
-/// The raw text of the four `job_data` fields of `[job_data]`, found by following its structure.
-///
-/// `args_json` is valid JSON here ([`Job`](crate::job::Job) checked it when it took `args` from the
-/// payload), so the walk only follows structure; it never accepts what the full decoder refuses:
-/// [`direct`] checks every field it reads as [`unwrap_full`] does, and a key it would have to unescape,
-/// or a field given twice, sends the job to the full decoder.
-fn job_data_text(args_json: &str) -> Option<JobDataText<'_>> {
-    let b = args_json.as_bytes();
-    let mut i = skip_ws(b, 0);
-    if b.get(i) != Some(&b'[') {
-        return None;
-    }
-    i = skip_ws(b, i + 1);
-    if b.get(i) != Some(&b'{') {
-        return None;
-    }
-    i = skip_ws(b, i + 1);
-    let mut fields = JobDataText::default();
-    if b.get(i) == Some(&b'}') {
-        i += 1;
-    } else {
-        loop {
-            if b.get(i) != Some(&b'"') {
-                return None;
-            }
-            // An escaped key could spell one of the four.
-            let key_end = plain_string_end(b, i)?;
-            let key = &b[i + 1..key_end - 1];
-            let v = after_colon(b, key_end)?;
-            let v_end = value_end(b, v)?;
-            let slot = match key {
-                b"job_class" => &mut fields.job_class,
-                b"job_id" => &mut fields.job_id,
-                b"executions" => &mut fields.executions,
-                b"arguments" => &mut fields.arguments,
-                _ => &mut None,
-            };
-            if slot.replace(args_json.get(v..v_end)?).is_some() {
-                return None;
-            }
-            i = skip_ws(b, v_end);
-            match b.get(i) {
-                Some(b',') => i = skip_ws(b, i + 1),
-                Some(b'}') => {
-                    i += 1;
-                    break;
-                }
-                _ => return None,
-            }
-        }
-    }
-    // Exactly one job_data hash.
-    i = skip_ws(b, i);
-    if b.get(i) != Some(&b']') || skip_ws(b, i + 1) != b.len() {
-        return None;
-    }
-    Some(fields)
+    direct(crate::job::header::job_data(args_json)?)
 }
 
 /// The direct path's decision on `job_data`'s fields: [`ActiveJobInfo`] when each is as
@@ -610,86 +551,15 @@ fn scan(text: &str) -> Scan {
     }
 }
 
-/// The index just past the string that opens at `b[start] == '"'`.
+/// The index just past the string that opens at `b[start] == '"'` ([`crate::job::header::string_at`],
+/// which also refuses what is not JSON); with `escapes: false`, `None` for a string holding an escape.
+fn string_end_in(b: &[u8], start: usize, escapes: bool) -> Option<usize> {
+    let mut i = start;
+    crate::job::header::string_at(b, &mut i, escapes).map(|_| i)
+}
+
 fn string_end(b: &[u8], start: usize) -> Option<usize> {
     string_end_in(b, start, true)
-}
-
-/// [`string_end`] for a string that must hold no escape (a key compared as written): `None` if it does.
-fn plain_string_end(b: &[u8], start: usize) -> Option<usize> {
-    string_end_in(b, start, false)
-}
-
-/// Eight bytes at a time up to the next quote or backslash (the bit trick serde_json's
-/// `skip_to_escape` uses): job_data is mostly string bytes, and a byte-by-byte loop was the direct
-/// path's largest cost.
-#[inline]
-fn string_end_in(b: &[u8], start: usize, escapes: bool) -> Option<usize> {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGHS: u64 = ONES << 7;
-    let mut i = start + 1;
-    loop {
-        while let Some(chunk) = b.get(i..i + 8) {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            let x = u64::from_le_bytes(word);
-            let quote = x ^ (ONES * u64::from(b'"'));
-            let backslash = x ^ (ONES * u64::from(b'\\'));
-            // A byte is zero in `quote` or `backslash`: the lowest flagged byte is the first match.
-            let found = (quote.wrapping_sub(ONES) & !quote
-                | backslash.wrapping_sub(ONES) & !backslash)
-                & HIGHS;
-            if found != 0 {
-                i += found.trailing_zeros() as usize / 8;
-                break;
-            }
-            i += 8;
-        }
-        match *b.get(i)? {
-            b'"' => return Some(i + 1),
-            b'\\' if escapes => i += 2,
-            b'\\' => return None,
-            _ => i += 1,
-        }
-    }
-}
-
-/// The index just past the JSON value that starts at `b[i]`, in text known to be valid JSON: a string
-/// ends at its closing quote, a container at its matching bracket (brackets inside strings skipped), a
-/// number or literal at the next delimiter.
-fn value_end(b: &[u8], i: usize) -> Option<usize> {
-    match *b.get(i)? {
-        b'"' => string_end(b, i),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut j = i;
-            while j < b.len() {
-                match b[j] {
-                    b'"' => {
-                        j = string_end(b, j)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth = depth.checked_sub(1)?;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-            None
-        }
-        _ => {
-            let n = b[i..]
-                .iter()
-                .position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
-                .unwrap_or(b.len() - i);
-            (n > 0).then_some(i + n)
-        }
-    }
 }
 
 fn skip_ws(b: &[u8], mut i: usize) -> usize {

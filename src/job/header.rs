@@ -85,79 +85,62 @@ const MAX_DEPTH: usize = 64;
 
 /// The hand-written reader: `None` for anything it does not read exactly as serde_json would.
 fn scan(raw: &str) -> Option<Header<'_>> {
-    let mut r = Reader {
-        s: raw,
-        b: raw.as_bytes(),
-        i: 0,
-    };
+    let mut r = Reader::new(raw);
     let mut h = Header::default();
     r.ws();
     r.eat(b'{')?;
     r.ws();
-    if r.eat(b'}').is_none() {
-        loop {
-            let key = r.key()?;
-            r.ws();
-            r.eat(b':')?;
-            r.ws();
-            let slot = match key {
-                b"class" => &mut h.class,
-                b"jid" => &mut h.jid,
-                b"queue" => &mut h.queue,
-                b"wrapped" => &mut h.wrapped,
-                b"retry" => &mut h.retry,
-                b"args" => {
-                    let wrapper = h.class.and_then(|c| c.strip_prefix('"')?.strip_suffix('"'));
-                    let start = r.i;
-                    if wrapper.is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c)) {
-                        h.job_data = r.wrapper_args()?;
-                    } else {
-                        r.value(1)?;
-                    }
-                    // `null` is an absent `args` to serde (its own error): left to it.
-                    let text = r.s.get(start..r.i)?;
-                    if text == "null" || h.args.replace(text).is_some() {
-                        return None;
-                    }
-                    r.ws();
-                    if r.eat(b',').is_some() {
-                        r.ws();
-                        continue;
-                    }
-                    r.eat(b'}')?;
-                    break;
-                }
-                _ => {
+    let mut more = r.eat(b'}').is_none();
+    while more {
+        let key = r.key()?;
+        r.colon()?;
+        let start = r.i;
+        let slot = match key {
+            b"class" => &mut h.class,
+            b"jid" => &mut h.jid,
+            b"queue" => &mut h.queue,
+            b"wrapped" => &mut h.wrapped,
+            b"retry" => &mut h.retry,
+            b"args" => {
+                let wrapper = h.class.and_then(|c| c.strip_prefix('"')?.strip_suffix('"'));
+                if wrapper.is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c)) {
+                    h.job_data = r.wrapper_args()?;
+                } else {
                     r.value(1)?;
-                    r.ws();
-                    if r.eat(b',').is_some() {
-                        r.ws();
-                        continue;
-                    }
-                    r.eat(b'}')?;
-                    break;
                 }
-            };
-            let start = r.i;
-            r.value(1)?;
-            let text = r.s.get(start..r.i)?;
-            // Twice is serde's error. `null` reads as an absent `Option`, after which a second one
-            // would go unnoticed here: both are left to serde.
-            if slot.is_some() || text == "null" {
-                return None;
+                &mut h.args
             }
-            *slot = Some(text);
-            r.ws();
-            if r.eat(b',').is_some() {
-                r.ws();
+            _ => {
+                r.value(1)?;
+                more = r.more(b'}')?;
                 continue;
             }
-            r.eat(b'}')?;
-            break;
+        };
+        if key != b"args" {
+            r.value(1)?;
         }
+        let text = r.s.get(start..r.i)?;
+        // Twice is serde's error. `null` reads as an absent `Option`, after which a second one would
+        // go unnoticed here (and a `null` `args` is serde's own error): all left to serde.
+        if slot.is_some() || text == "null" {
+            return None;
+        }
+        *slot = Some(text);
+        more = r.more(b'}')?;
     }
     r.ws();
     (r.i == r.b.len()).then_some(h)
+}
+
+/// The four `job_data` fields of an ActiveJob wrapper's `args` text (`[job_data]`), read and checked
+/// as [`scan`] reads them in a payload: `None` when it is not exactly one hash naming each field at
+/// most once, or not JSON [`scan`] reads.
+pub(crate) fn job_data(args: &str) -> Option<JobDataText<'_>> {
+    let mut r = Reader::new(args);
+    r.ws();
+    let fields = r.wrapper_args()?;
+    r.ws();
+    if r.i == r.b.len() { fields } else { None }
 }
 
 struct Reader<'a> {
@@ -167,6 +150,14 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    fn new(s: &'a str) -> Self {
+        Reader {
+            s,
+            b: s.as_bytes(),
+            i: 0,
+        }
+    }
+
     #[inline]
     fn ws(&mut self) {
         while matches!(self.b.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
@@ -179,6 +170,28 @@ impl<'a> Reader<'a> {
         (self.b.get(self.i) == Some(&c)).then(|| self.i += 1)
     }
 
+    /// `:` between a key and its value, with the whitespace around it.
+    #[inline]
+    fn colon(&mut self) -> Option<()> {
+        self.ws();
+        self.eat(b':')?;
+        self.ws();
+        Some(())
+    }
+
+    /// After a member of a container that `close` ends: `Some(true)` past a comma (another member
+    /// follows), `Some(false)` past `close`.
+    #[inline]
+    fn more(&mut self, close: u8) -> Option<bool> {
+        self.ws();
+        if self.eat(b',').is_some() {
+            self.ws();
+            return Some(true);
+        }
+        self.eat(close)?;
+        Some(false)
+    }
+
     /// A key with no escape: its bytes, without the quotes.
     fn key(&mut self) -> Option<&'a [u8]> {
         let start = self.i + 1;
@@ -186,103 +199,43 @@ impl<'a> Reader<'a> {
         self.b.get(start..self.i - 1)
     }
 
-    /// A string, checked as serde_json checks one it skips: no control character, and only the
-    /// escapes JSON has (`\u` with four hex digits; its value is not checked, as serde_json's
-    /// skipping does not). `escapes: false` refuses any escape. `true` when it held one.
+    /// A string ([`string_at`]): `true` when it held an escape.
+    #[inline]
     fn string(&mut self, escapes: bool) -> Option<bool> {
-        const ONES: u64 = u64::MAX / 255;
-        const HIGHS: u64 = ONES << 7;
-        self.eat(b'"')?;
-        let mut escaped = false;
-        loop {
-            // Eight bytes at a time up to a quote, a backslash or a control character (serde_json's
-            // `skip_to_escape` trick).
-            while let Some(chunk) = self.b.get(self.i..self.i + 8) {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(chunk);
-                let x = u64::from_le_bytes(word);
-                let quote = x ^ (ONES * u64::from(b'"'));
-                let backslash = x ^ (ONES * u64::from(b'\\'));
-                let control = x.wrapping_sub(ONES * 0x20) & !x;
-                let found = (control
-                    | quote.wrapping_sub(ONES) & !quote
-                    | backslash.wrapping_sub(ONES) & !backslash)
-                    & HIGHS;
-                if found != 0 {
-                    self.i += found.trailing_zeros() as usize / 8;
-                    break;
-                }
-                self.i += 8;
-            }
-            let c = *self.b.get(self.i)?;
-            escaped |= c == b'\\';
-            match c {
-                b'"' => {
-                    self.i += 1;
-                    return Some(escaped);
-                }
-                b'\\' if escapes => match *self.b.get(self.i + 1)? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
-                    b'u' => {
-                        let hex = self.b.get(self.i + 2..self.i + 6)?;
-                        if !hex.iter().all(u8::is_ascii_hexdigit) {
-                            return None;
-                        }
-                        self.i += 6;
-                    }
-                    _ => return None,
-                },
-                c if c < 0x20 || c == b'\\' => return None,
-                _ => self.i += 1,
-            }
-        }
+        string_at(self.b, &mut self.i, escapes)
+    }
+
+    /// Past an opening bracket: `Some(true)` when a member follows, `Some(false)` past `close`.
+    #[inline]
+    fn first(&mut self, close: u8) -> Option<bool> {
+        self.i += 1;
+        self.ws();
+        Some(self.eat(close).is_none())
     }
 
     /// Any JSON value, checked; `depth`: the containers it sits in.
     fn value(&mut self, depth: usize) -> Option<()> {
-        match *self.b.get(self.i)? {
+        let c = *self.b.get(self.i)?;
+        match c {
             b'"' => self.string(true).map(drop),
+            b'{' | b'[' if depth >= MAX_DEPTH => None,
             b'{' => {
-                if depth >= MAX_DEPTH {
-                    return None;
-                }
-                self.i += 1;
-                self.ws();
-                if self.eat(b'}').is_some() {
-                    return Some(());
-                }
-                loop {
+                let mut more = self.first(b'}')?;
+                while more {
                     self.string(true)?;
-                    self.ws();
-                    self.eat(b':')?;
-                    self.ws();
+                    self.colon()?;
                     self.value(depth + 1)?;
-                    self.ws();
-                    if self.eat(b',').is_some() {
-                        self.ws();
-                        continue;
-                    }
-                    return self.eat(b'}');
+                    more = self.more(b'}')?;
                 }
+                Some(())
             }
             b'[' => {
-                if depth >= MAX_DEPTH {
-                    return None;
-                }
-                self.i += 1;
-                self.ws();
-                if self.eat(b']').is_some() {
-                    return Some(());
-                }
-                loop {
+                let mut more = self.first(b']')?;
+                while more {
                     self.value(depth + 1)?;
-                    self.ws();
-                    if self.eat(b',').is_some() {
-                        self.ws();
-                        continue;
-                    }
-                    return self.eat(b']');
+                    more = self.more(b']')?;
                 }
+                Some(())
             }
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
@@ -338,66 +291,94 @@ impl<'a> Reader<'a> {
             self.value(1)?;
             return Some(None);
         }
-        self.i += 1;
-        self.ws();
-        if self.b.get(self.i) != Some(&b'{') {
-            // Not a hash first: checked as any array (from its first element on).
-            if self.eat(b']').is_some() {
-                return Some(None);
-            }
-            return self.rest_of_array(2).map(|()| None);
-        }
-        self.i += 1;
-        self.ws();
-        let mut fields = JobDataText::default();
-        let mut twice = false;
-        if self.eat(b'}').is_none() {
-            loop {
+        let mut more = self.first(b']')?;
+        let mut fields = None;
+        if more && self.b.get(self.i) == Some(&b'{') {
+            let mut found = JobDataText::default();
+            let mut twice = false;
+            let mut more_keys = self.first(b'}')?;
+            while more_keys {
                 let key_start = self.i + 1;
                 let escaped = self.string(true)?;
                 let key = self.b.get(key_start..self.i - 1)?;
-                self.ws();
-                self.eat(b':')?;
-                self.ws();
+                self.colon()?;
                 let start = self.i;
                 self.value(3)?;
                 let slot = match key {
-                    b"job_class" => &mut fields.job_class,
-                    b"job_id" => &mut fields.job_id,
-                    b"executions" => &mut fields.executions,
-                    b"arguments" => &mut fields.arguments,
+                    b"job_class" => &mut found.job_class,
+                    b"job_id" => &mut found.job_id,
+                    b"executions" => &mut found.executions,
+                    b"arguments" => &mut found.arguments,
                     _ => &mut None,
                 };
                 // An escaped key could spell one of the four: the unwrapping reads the text then.
                 twice |= escaped || slot.replace(self.s.get(start..self.i)?).is_some();
-                self.ws();
-                if self.eat(b',').is_some() {
-                    self.ws();
-                    continue;
-                }
-                self.eat(b'}')?;
+                more_keys = self.more(b'}')?;
+            }
+            more = self.more(b']')?;
+            // Exactly one job_data hash.
+            fields = (!more && !twice).then_some(found);
+        }
+        while more {
+            self.value(2)?;
+            more = self.more(b']')?;
+        }
+        Some(fields)
+    }
+}
+
+/// The string that opens at `b[*i] == '"'`, checked as serde_json checks one it skips: no control
+/// character, and only the escapes JSON has (`\u` with four hex digits; its value is not checked, as
+/// serde_json's skipping does not). `escapes: false` refuses any escape. Leaves `*i` just past it;
+/// `true` when it held an escape.
+pub(crate) fn string_at(b: &[u8], i: &mut usize, escapes: bool) -> Option<bool> {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGHS: u64 = ONES << 7;
+    if b.get(*i) != Some(&b'"') {
+        return None;
+    }
+    *i += 1;
+    let mut escaped = false;
+    loop {
+        // Eight bytes at a time up to a quote, a backslash or a control character (serde_json's
+        // `skip_to_escape` trick: the lowest flagged byte is the first match).
+        while let Some(chunk) = b.get(*i..*i + 8) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            let x = u64::from_le_bytes(word);
+            let quote = x ^ (ONES * u64::from(b'"'));
+            let backslash = x ^ (ONES * u64::from(b'\\'));
+            let control = x.wrapping_sub(ONES * 0x20) & !x;
+            let found = (control
+                | quote.wrapping_sub(ONES) & !quote
+                | backslash.wrapping_sub(ONES) & !backslash)
+                & HIGHS;
+            if found != 0 {
+                *i += found.trailing_zeros() as usize / 8;
                 break;
             }
+            *i += 8;
         }
-        self.ws();
-        if self.eat(b']').is_some() {
-            return Some((!twice).then_some(fields));
-        }
-        self.eat(b',')?;
-        self.ws();
-        self.rest_of_array(2).map(|()| None)
-    }
-
-    /// The elements of an array from the current one to its `]`.
-    fn rest_of_array(&mut self, depth: usize) -> Option<()> {
-        loop {
-            self.value(depth)?;
-            self.ws();
-            if self.eat(b',').is_some() {
-                self.ws();
-                continue;
+        let c = *b.get(*i)?;
+        escaped |= c == b'\\';
+        match c {
+            b'"' => {
+                *i += 1;
+                return Some(escaped);
             }
-            return self.eat(b']');
+            b'\\' if escapes => match *b.get(*i + 1)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => *i += 2,
+                b'u' => {
+                    let hex = b.get(*i + 2..*i + 6)?;
+                    if !hex.iter().all(u8::is_ascii_hexdigit) {
+                        return None;
+                    }
+                    *i += 6;
+                }
+                _ => return None,
+            },
+            c if c < 0x20 || c == b'\\' => return None,
+            _ => *i += 1,
         }
     }
 }
