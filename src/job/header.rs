@@ -384,8 +384,9 @@ pub(crate) fn string_at(b: &[u8], i: &mut usize, escapes: bool) -> Option<bool> 
 }
 
 /// Reads `raw` with [`scan`] and with serde_json: `Ok(found)` when they agree (`found`: [`scan`]
-/// read it and found `job_data`), or when [`scan`] refused it; `Err` says how they differ.
-#[cfg(test)]
+/// read it and found `job_data`), or when [`scan`] refused it; `Err` says how they differ. The tests
+/// and the fuzz target (`crate::fuzzing`) hold [`scan`] to this.
+#[cfg(any(test, fuzzing))]
 pub(crate) fn both_ways(raw: &str) -> Result<bool, String> {
     let plain = Header::read_plain(raw);
     match (scan(raw), plain) {
