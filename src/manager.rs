@@ -13,7 +13,6 @@
 //! are told to stop and, after a short grace, dropped; [`Manager::push_back`] then flushes the acks, and
 //! pushes every unfinished job back, byte for byte, to the end of its queue that is served next.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,7 +50,7 @@ impl Running {
 #[derive(Debug, Default)]
 pub(crate) struct WorkTable {
     /// In-flight jobs by sequence number.
-    map: Mutex<HashMap<u64, Running>>,
+    map: Mutex<foldhash::HashMap<u64, Running>>,
     /// Next sequence number.
     next: AtomicU64,
 }
