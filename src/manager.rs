@@ -13,12 +13,12 @@
 //! are told to stop and, after a short grace, dropped; [`Manager::push_back`] then flushes the acks, and
 //! pushes every unfinished job back, byte for byte, to the end of its queue that is served next.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -51,7 +51,7 @@ impl Running {
 #[derive(Debug, Default)]
 pub(crate) struct WorkTable {
     /// In-flight jobs by sequence number.
-    map: Mutex<HashMap<u64, Running>>,
+    map: Mutex<foldhash::HashMap<u64, Running>>,
     /// Next sequence number.
     next: AtomicU64,
 }
@@ -104,6 +104,91 @@ impl WorkTable {
 
 /// A unit of work on its way to a processor, with the slot it holds.
 type Task = (UnitOfWork, OwnedSemaphorePermit);
+
+/// The queue from the fetch loops to the processors: a FIFO under a short lock, and one wake-up of one
+/// waiting processor per unit. It replaces an mpsc receiver behind an async mutex, which cost two
+/// wake-ups per job (the channel's, then the mutex's for the next processor in line) and a semaphore
+/// round in the mutex.
+#[derive(Debug, Default)]
+struct Feed {
+    /// Units not yet taken, oldest first.
+    queue: Mutex<VecDeque<Task>>,
+    /// One notification per unit queued; every waiter when the last sender is gone.
+    ready: Notify,
+    /// Live [`FeedSender`]s; none left means nothing more comes.
+    senders: AtomicUsize,
+}
+
+impl Feed {
+    /// The feed and its first sender.
+    fn new() -> (Arc<Feed>, FeedSender) {
+        let feed = Arc::new(Feed::default());
+        (feed.clone(), FeedSender::new(feed))
+    }
+
+    /// The oldest unit, if any.
+    fn try_recv(&self) -> Option<Task> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    /// The oldest unit, waiting for one; `None` once every sender is gone and nothing is queued.
+    /// Cancel-safe: a unit is only taken in `try_recv`, and a notification a cancelled wait received is
+    /// passed on to another waiter by `Notified`'s drop.
+    async fn recv(&self) -> Option<Task> {
+        loop {
+            // Registered before the checks, so a unit queued (or the last sender gone) after them wakes
+            // this wait.
+            let notified = self.ready.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(task) = self.try_recv() {
+                return Some(task);
+            }
+            if self.senders.load(Ordering::Acquire) == 0 {
+                return None;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The sending end of a [`Feed`], one per fetch loop.
+#[derive(Debug)]
+struct FeedSender(Arc<Feed>);
+
+impl FeedSender {
+    fn new(feed: Arc<Feed>) -> FeedSender {
+        feed.senders.fetch_add(1, Ordering::AcqRel);
+        FeedSender(feed)
+    }
+
+    /// Queues a unit and wakes one waiting processor (or leaves the wake for the next one to wait).
+    fn send(&self, task: Task) {
+        self.0
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(task);
+        self.0.ready.notify_one();
+    }
+}
+
+impl Clone for FeedSender {
+    fn clone(&self) -> FeedSender {
+        FeedSender::new(self.0.clone())
+    }
+}
+
+impl Drop for FeedSender {
+    fn drop(&mut self) {
+        if self.0.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.ready.notify_waiters();
+        }
+    }
+}
 
 /// When the last Redis outage began, shared by the fetch loops so an outage is logged once.
 type Outage = Arc<Mutex<Option<Instant>>>;
@@ -262,11 +347,14 @@ async fn run(
     signal: ShutdownSignal,
 ) -> Vec<UnitOfWork> {
     let slots = Arc::new(Semaphore::new(concurrency));
-    let (tasks, rx) = mpsc::unbounded_channel::<Task>();
-    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let (feed, tasks) = Feed::new();
     let mut processors = JoinSet::new();
     for _ in 0..concurrency {
-        processors.spawn(process_loop(processor.clone(), rx.clone(), signal.clone()));
+        processors.spawn(process_loop(
+            processor.clone(),
+            feed.clone(),
+            signal.clone(),
+        ));
     }
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
@@ -297,8 +385,7 @@ async fn run(
     );
     left.extend(stranded);
     // Units still queued were fetched but never started: the shutdown pushes them back.
-    let mut rx = rx.lock().await;
-    while let Ok((unit, _)) = rx.try_recv() {
+    while let Some((unit, _)) = feed.try_recv() {
         left.push(unit);
     }
     left
@@ -309,11 +396,11 @@ async fn run(
 /// returned (the shutdown pushes it back untouched rather than cancel it a moment later).
 async fn process_loop(
     processor: Arc<Processor>,
-    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Task>>>,
+    feed: Arc<Feed>,
     signal: ShutdownSignal,
 ) -> Option<UnitOfWork> {
     loop {
-        let next = rx.lock().await.recv().await;
+        let next = feed.recv().await;
         // `None`: the fetch loops are gone and nothing is queued.
         let (unit, slot) = next?;
         if signal.phase() >= Phase::Cancelled {
@@ -406,6 +493,10 @@ async fn take_slots(
         p = slots.clone().acquire_owned() => p.ok()?,
         _ = signal.quiet() => return None,
     };
+    // Processors that finish in the same turn of the scheduler free their slots once this loop has
+    // yielded: one fetch then takes them all, rather than one Redis round trip (and wake-up) per slot,
+    // which at a low concurrency (-c 10) was most of a job's cost. A yield, not a timer: no delay.
+    tokio::task::yield_now().await;
     let mut permits = vec![first];
     while permits.len() < fetch::MAX_BATCH {
         match slots.clone().try_acquire_owned() {
@@ -420,7 +511,7 @@ async fn take_slots(
 async fn fetch_loop(
     fetch: Arc<dyn Fetch>,
     stats: Arc<Stats>,
-    tasks: mpsc::UnboundedSender<Task>,
+    tasks: FeedSender,
     slots: Arc<Semaphore>,
     outage: Outage,
     mut signal: ShutdownSignal,
@@ -487,7 +578,7 @@ async fn hand_out(
     fetch: &dyn Fetch,
     mut units: Vec<UnitOfWork>,
     permits: Vec<OwnedSemaphorePermit>,
-    tasks: &mpsc::UnboundedSender<Task>,
+    tasks: &FeedSender,
     signal: ShutdownSignal,
 ) -> Vec<UnitOfWork> {
     let keep = if signal.is_quiet() { 0 } else { permits.len() };
@@ -511,8 +602,7 @@ async fn hand_out(
         }
     }
     for (unit, slot) in units.into_iter().zip(permits) {
-        // The receiver lives until every fetch loop has ended.
-        let _ = tasks.send((unit, slot));
+        tasks.send((unit, slot));
     }
     stranded
 }

@@ -16,7 +16,6 @@
 //! As in Ruby, a field exists only once counted: `|ms` only for a class with a success, `|f` only with a
 //! failure, and only successful jobs enter the histogram (failure times say little about performance).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -85,7 +84,7 @@ impl ClassCounts {
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
     /// Counts by class.
-    classes: Mutex<HashMap<Box<str>, ClassCounts>>,
+    classes: Mutex<foldhash::HashMap<Box<str>, ClassCounts>>,
 }
 
 impl Metrics {
@@ -127,7 +126,7 @@ impl Metrics {
 
 /// Counts taken for one flush.
 #[derive(Debug, Default)]
-pub(crate) struct Snapshot(HashMap<Box<str>, ClassCounts>);
+pub(crate) struct Snapshot(foldhash::HashMap<Box<str>, ClassCounts>);
 
 impl Snapshot {
     /// True when no job ran (Ruby's flush writes nothing then).

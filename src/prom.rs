@@ -15,7 +15,6 @@
 //! Queue sizes and latency, busy slots and the concurrency are not counted per job: they are read
 //! when `/metrics` is scraped ([`Gauges`]).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
@@ -143,7 +142,7 @@ impl EncodeMetric for AtomicHistogram {
 }
 
 /// The per-class cache: class → the handles of each queue its jobs came from.
-type HandleCache = HashMap<Box<str>, Vec<(Box<str>, JobHandles)>>;
+type HandleCache = foldhash::HashMap<Box<str>, Vec<(Box<str>, JobHandles)>>;
 
 type HistogramFamily<L> = Family<L, AtomicHistogram, fn() -> AtomicHistogram>;
 

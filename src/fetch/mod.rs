@@ -18,7 +18,6 @@
 //! outside this module branches on the mode: the launcher and the manager ask the
 //! trait (how many fetch loops, whether a fetch may be cut short, whether held jobs need recovery).
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -293,7 +292,7 @@ struct Stall {
 
 /// The queues paused after an error of their own, shared by every strategy.
 #[derive(Debug, Default)]
-struct Stalls(Mutex<HashMap<Arc<str>, Stall>>);
+struct Stalls(Mutex<foldhash::HashMap<Arc<str>, Stall>>);
 
 impl Stalls {
     /// The round's order without the queues that are paused.

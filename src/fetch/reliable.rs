@@ -19,7 +19,6 @@
 //! The working hashes and landing lists of processes that died are pushed back by
 //! [`super::recovery`].
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -164,7 +163,7 @@ return {n, ''}
 #[derive(Debug, Default)]
 struct Outstanding {
     /// Ids of jobs handed out.
-    ids: HashSet<u64>,
+    ids: foldhash::HashSet<u64>,
     /// `[start, end)` ranges of fetches in flight.
     pending: Vec<(u64, u64)>,
 }
@@ -211,7 +210,7 @@ pub(crate) struct Reliable {
     /// `oxidekiq:working:<identity>:`.
     working_prefix: String,
     /// Each queue's keys.
-    keys: HashMap<Arc<str>, QueueKeys>,
+    keys: foldhash::HashMap<Arc<str>, QueueKeys>,
     /// Connection for the batch script, acks and requeues.
     conn: Conn,
     /// Dedicated connection for `BLMOVE`.
