@@ -42,6 +42,9 @@ SCHEDULE_JOBS = Integer(ENV.fetch("SCHEDULE_JOBS", JOBS.to_s))
 LATENCY_RATE = Integer(ENV.fetch("LATENCY_RATE", "5000"))
 LATENCY_SECS = Float(ENV.fetch("LATENCY_SECS", "10"))
 RUN_TIMEOUT = Float(ENV.fetch("RUN_TIMEOUT", "600"))
+# oxidekiq's runtime threads (`--threads`): 1 by default, as the README advises for a box whose other core
+# runs Redis; "cpus" leaves oxidekiq's own default (one per CPU). The drain scenario also measures "cpus".
+THREADS = ENV.fetch("OXIDEKIQ_THREADS", "1")
 SCALE_PROCS = ENV.fetch("SCALE_PROCS", "1,2,4").split(",").map { |x| Integer(x) }
 ALL = %w[drain activejob io latency locks schedule rss scaleout quiet].freeze
 SCENARIOS = ENV.fetch("SCENARIOS", ALL.join(",")).split(",").map(&:strip).reject(&:empty?)
@@ -78,9 +81,9 @@ def oxidekiq_has?(klass)
   @oxi_bin.include?(klass)
 end
 
-def command(system, concurrency, queue: "default", extra: [])
+def command(system, concurrency, queue: "default", extra: [], threads: THREADS)
   case system
-  when :oxidekiq then [OXIDEKIQ, "-q", queue, "-c", concurrency.to_s, *extra]
+  when :oxidekiq then [OXIDEKIQ, "-q", queue, "-c", concurrency.to_s, *(threads == "cpus" ? [] : ["--threads", threads]), *extra]
   # Ruby runs the sidekiq script itself: the pid spawned is the Sidekiq process (its RSS is measured).
   when :ruby then [RbConfig.ruby, SIDEKIQ, "-r", File.join(__dir__, "jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
   when :rusty then [RUSTY, concurrency.to_s]
@@ -262,7 +265,7 @@ end
 # `tail`: the jobs' own duration. At the empty queue every job has started (each system fetches only for
 # a free slot), so the drain is complete `tail` seconds later, whatever the system: it is added to all.
 # `quiet`: nothing but the keyspace event (no CPU readings, no acknowledgement polling).
-def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: false)
+def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: false, threads: THREADS)
   $redis.flushall
   ENQUEUE.fetch(kind).call(jobs)
   queued = $redis.llen(QUEUE)
@@ -270,7 +273,9 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
   $redis.rename(QUEUE, STAGING)
 
   t_spawn = now
-  pids = Array.new(procs) { |k| spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label) }
+  pids = Array.new(procs) do |k|
+    spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label, **(system == :oxidekiq ? { threads: threads } : {}))
+  end
   warm_up(system, pids, label)
   ready = now - t_spawn
   sock = subscribe_del
@@ -317,9 +322,10 @@ end
 $rows = []  # throughput rows
 $notes = []
 
-def measure(scenario, system, concurrency, kind, jobs, tail: 0.0, procs: 1, rounds_n: ROUNDS, quiet: false, record: true)
+def measure(scenario, system, concurrency, kind, jobs, tail: 0.0, procs: 1, rounds_n: ROUNDS, quiet: false, record: true,
+            threads: THREADS)
   measure_alternating([{ scenario: scenario, system: system, concurrency: concurrency, kind: kind, jobs: jobs,
-                         tail: tail, procs: procs, quiet: quiet }], rounds_n: rounds_n, record: record).first
+                         tail: tail, procs: procs, quiet: quiet, threads: threads }], rounds_n: rounds_n, record: record).first
 end
 
 # Measures several configurations round by round in turn (A1 B1 A2 B2 ...), so that a ratio between them
@@ -327,7 +333,9 @@ end
 def measure_alternating(configs, rounds_n: ROUNDS, record: true)
   configs = configs.select { |c| SYSTEMS.include?(c[:system]) }
   configs.each do |c|
-    c[:label] = "#{c[:scenario]}-#{c[:kind]}-#{c[:system]}-c#{c[:concurrency]}#{c[:procs] > 1 ? "-x#{c[:procs]}" : ''}".gsub(%r{[ /]}, "_")
+    c[:threads] ||= THREADS
+    c[:label] = "#{c[:scenario]}-#{c[:kind]}-#{c[:system]}-c#{c[:concurrency]}#{c[:procs] > 1 ? "-x#{c[:procs]}" : ''}" \
+                "#{c[:system] == :oxidekiq && c[:threads] != THREADS ? "-t#{c[:threads]}" : ''}".gsub(%r{[ /]}, "_")
     c[:rounds] = []
     say "#{c[:label]}: #{rounds_n} round(s) of #{c[:jobs]} #{c[:kind]} jobs#{c[:procs] > 1 ? " over #{c[:procs]} processes" : ''}" \
         "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:kind] }.join(', ') + ')' : ''}"
@@ -335,7 +343,8 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
   rounds_n.times do |r|
     configs.each do |c|
       next if c[:error]
-      rec = drain_once(c[:system], c[:concurrency], c[:kind], c[:jobs], c[:label], c[:tail], procs: c[:procs], quiet: c[:quiet])
+      rec = drain_once(c[:system], c[:concurrency], c[:kind], c[:jobs], c[:label], c[:tail], procs: c[:procs], quiet: c[:quiet],
+                       threads: c[:threads])
       say format("  %s round %d: %.3f s, %.0f jobs/s%s%s, ready after %.2f s%s, peak RSS %.1f MB%s", c[:label], r + 1,
                  rec[:seconds], rec[:jobs_per_s],
                  rec[:cpu_us] ? format(", CPU %.1f µs/job (%.0f%% of a core)", rec[:cpu_us], rec[:sys_busy] * 100) : "",
@@ -350,7 +359,9 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
     end
   end
   configs.map do |c|
-    base = { scenario: c[:scenario], system: c[:system], name: SYSTEM_NAMES[c[:system]], concurrency: c[:concurrency],
+    name = SYSTEM_NAMES[c[:system]]
+    name += c[:threads] == "cpus" ? " (a thread per CPU)" : " (#{c[:threads]} threads)" if c[:system] == :oxidekiq && c[:threads] != THREADS
+    base = { scenario: c[:scenario], system: c[:system], name: name, concurrency: c[:concurrency],
              kind: c[:kind], procs: c[:procs], jobs: c[:jobs] }
     row = if c[:error]
             base.merge(error: c[:error])
@@ -389,6 +400,8 @@ $schedule = []
 
 def scenario_drain
   ox = [10, 25, 200].to_h { |c| [c, measure("no-op drain", :oxidekiq, c, :noop, JOBS)] }
+  # oxidekiq's own default, one runtime thread per CPU, for comparison (not a candidate for "best").
+  measure("no-op drain", :oxidekiq, 200, :noop, JOBS, threads: "cpus") unless THREADS == "cpus"
   rb = [10, 25].to_h { |c| [c, measure("no-op drain", :ruby, c, :noop, JOBS)] }
   ru = [10, 25, 50].to_h { |c| [c, measure("no-op drain", :rusty, c, :noop, JOBS)] }
   [10, 25].each do |c|
@@ -571,7 +584,7 @@ $quiet = []
 # and no acknowledgement polling, only the keyspace event. Compared with the measured rounds' medians.
 def scenario_quiet
   pick = lambda do |system, fallback|
-    rows = $rows.select { |r| r[:scenario] == "no-op drain" && r[:system] == system && r[:median] }
+    rows = $rows.select { |r| r[:scenario] == "no-op drain" && r[:system] == system && r[:median] && r[:name] == SYSTEM_NAMES[system] }
     best(rows) || { concurrency: fallback }
   end
   [[:ruby, 10], [:rusty, 50], [:oxidekiq, 200]].each do |system, fallback|
@@ -703,7 +716,8 @@ puts out
 
 md = +"# oxidekiq benchmark results\n\n"
 md << "- date: #{meta[:date]}\n- machine: #{meta[:machine][:nproc]} CPUs, #{meta[:machine][:cpu]}, #{meta[:machine][:mem_gb]} GB, #{meta[:machine][:kernel]}\n"
-md << "- oxidekiq: commit #{meta[:oxidekiq][:commit]} (#{meta[:oxidekiq][:version]}, #{OXIDEKIQ.delete_prefix("#{ROOT}/")})\n"
+md << "- oxidekiq: commit #{meta[:oxidekiq][:commit]} (#{meta[:oxidekiq][:version]}, #{OXIDEKIQ.delete_prefix("#{ROOT}/")}), " \
+      "#{THREADS == 'cpus' ? 'a runtime thread per CPU' : "`--threads #{THREADS}`"} unless a row says otherwise\n"
 md << "- peers: Ruby Sidekiq #{meta[:sidekiq]} (Ruby #{meta[:ruby]}, ActiveJob #{meta[:activejob]}), rusty-sidekiq #{meta[:rusty_sidekiq]}; Redis #{meta[:redis]}\n"
 md << "- load average (1, 5, 15 min) at the start: #{meta[:loadavg_start]}; at the end: #{File.read('/proc/loadavg').split.first(3).join(' ')}; " \
       "the others column: cores busy with anything but the drainer and Redis during the drain (max over rounds)\n"

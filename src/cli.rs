@@ -66,6 +66,12 @@ pub struct Cli {
     #[arg(short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
     pub concurrency: Option<usize>,
 
+    /// Threads that run jobs, 1 to 1024 [default: one per CPU]. One thread spends the least CPU per job (no
+    /// hand-offs between threads); run one process per core with `--threads 1`, as Sidekiq runs one
+    /// process per core, or leave the default for jobs that use much CPU each
+    #[arg(long, value_name = "INT", value_parser = threads_value)]
+    pub threads: Option<usize>,
+
     /// Seconds running jobs get to finish after TERM before they are pushed back, at most 86400 [default: 25]
     #[arg(short = 't', long, value_name = "SECONDS", value_parser = seconds_value)]
     pub timeout: Option<Duration>,
@@ -273,6 +279,17 @@ fn concurrency_value(arg: &str) -> Result<usize, String> {
     }
 }
 
+/// `--threads` values.
+fn threads_value(arg: &str) -> Result<usize, String> {
+    match arg.trim().parse::<usize>() {
+        Ok(n) if (1..=config::MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "must be a whole number from 1 to {}",
+            config::MAX_THREADS
+        )),
+    }
+}
+
 /// A path, where an empty value (`REDIS_CA_FILE=`) is accepted here and means "unset" later.
 fn path_value(arg: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(arg))
@@ -351,6 +368,9 @@ pub fn config_from(
         tracing::debug!(file = %path.display(), environment = %environment, "config file read");
     }
 
+    if cli.threads.is_some() {
+        config.threads = cli.threads;
+    }
     if let Some(c) = cli.concurrency {
         config.concurrency = c;
     } else if !concurrency_given && let Some(threads) = env("RAILS_MAX_THREADS") {
@@ -515,10 +535,11 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
         }
     };
     let _log = crate::logging::init_with(config.verbose, config.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{PROGRAM}: cannot start the runtime: {e}");
@@ -601,9 +622,20 @@ mod tests {
             &["oxidekiq", "-t", "0"],
             &["oxidekiq", "--fetch", "fast"],
             &["oxidekiq", "-c", "many"],
+            &["oxidekiq", "--threads", "0"],
+            &["oxidekiq", "--threads", "1025"],
         ] {
             assert!(parse_args(args.iter().copied()).is_err(), "{args:?}");
         }
+    }
+
+    #[test]
+    fn the_threads_flag_reaches_the_config() {
+        let c = config_from(&parse(&[]), &no_env, Path::new("/nonexistent-dir")).unwrap();
+        assert_eq!(c.threads, None, "one thread per CPU unless asked");
+        let cli = parse(&["--threads", "1"]);
+        let c = config_from(&cli, &no_env, Path::new("/nonexistent-dir")).unwrap();
+        assert_eq!(c.threads, Some(1));
     }
 
     #[test]

@@ -14,6 +14,10 @@ use crate::redis_conn::redact_url;
 /// split in several. 10 000 is far beyond any real setting and still cheap.
 pub const MAX_CONCURRENCY: usize = 10_000;
 
+/// The most runtime threads `--threads` takes: far more than any machine's cores, and each thread is a
+/// stack of its own.
+pub const MAX_THREADS: usize = 1024;
+
 /// The largest queue weight. A weighted fetch lists each queue `weight` times and shuffles the list
 /// on every fetch (`fetch.rb`), so the cost of a fetch grows with the weights; 1 000 already gives a
 /// 1:1000 ratio, finer than any priority scheme needs (Sidekiq's docs use 1 to 7).
@@ -105,6 +109,8 @@ pub struct Config {
     pub redis_ca_file: Option<PathBuf>,
     /// How many jobs run at once (`-c`).
     pub concurrency: usize,
+    /// Threads of the runtime that runs the jobs (`--threads`); `None`: one per CPU.
+    pub threads: Option<usize>,
     /// The queues to fetch from, in configured order (`-q`).
     pub queues: Vec<QueueWeight>,
     /// How long running jobs get after TERM before they are pushed back (`-t`).
@@ -148,6 +154,7 @@ impl Default for Config {
             redis_url: None,
             redis_ca_file: None,
             concurrency: 10,
+            threads: None,
             queues: vec![QueueWeight {
                 name: "default".into(),
                 weight: 0,
@@ -178,6 +185,7 @@ impl fmt::Debug for Config {
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("redis_ca_file", &self.redis_ca_file)
             .field("concurrency", &self.concurrency)
+            .field("threads", &self.threads)
             .field("queues", &self.queues)
             .field("timeout", &self.timeout)
             .field("tag", &self.tag)
