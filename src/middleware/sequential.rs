@@ -135,7 +135,9 @@ impl ServerMiddleware for SequentialJob {
             let Ok(name) = self.key.resolve(ctx) else {
                 return next.run(ctx).await;
             };
-            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), self.opts).held_by(ctx.jid());
+            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), self.opts)
+                .held_by(ctx.jid())
+                .batched();
             let started = Instant::now();
             match lock.lock().await {
                 Ok(guard) => {
