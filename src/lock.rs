@@ -17,7 +17,9 @@
 //!   release, and nothing in between unless its holder outlives a third of its TTL.
 //! - The job middleware take their locks batched (`RedisLock::batched`): the same `SET NX PX`, sent in
 //!   one pipeline with those of every other job starting meanwhile, and a release that compares and
-//!   deletes many keys in one `EVALSHA` (`lock_batch`).
+//!   deletes many keys in one `EVALSHA` (`lock_batch`). A job's release is queued, not waited for
+//!   (`LockGuard::release_detached`): its slot moves on while the batch task sends it, before any
+//!   acquire queued after it, and a graceful stop waits for every queued release to reach Redis.
 //! - A [`LockGuard`] can run a **keeper**: a task that re-`PEXPIRE`s the lock every `ttl / 3` while the
 //!   guard lives ([`LockGuard::keep_alive`]), or the same loop polled beside a future in the caller's own
 //!   task ([`LockGuard::hold_while`], what the middleware use: it cannot outlive the job). If the
@@ -458,19 +460,31 @@ impl LockGuard {
         release(&mut self.conn, &self.key, &self.token).await
     }
 
+    /// [`LockGuard::release_logged`] without waiting for Redis, for a job's lock whose job has ended: a
+    /// batched guard without a keeper task queues its release on the connection's batch task
+    /// (`lock_batch`), which sends it with the next batch and logs its outcome the same way; the
+    /// launcher flushes that queue before the process exits. Any other guard is released and logged
+    /// here.
+    pub(crate) async fn release_detached(mut self) {
+        if !self.batched || self.keeper.is_some() {
+            return self.release_logged().await;
+        }
+        let req = crate::lock_batch::Release {
+            key: std::mem::take(&mut self.key),
+            token: std::mem::take(&mut self.token),
+        };
+        self.conn
+            .lock_batcher()
+            .release_detached(&self.conn, req)
+            .await;
+    }
+
     /// [`LockGuard::release`] for a job's lock: a failure is logged, not returned. The key then expires
     /// by its TTL, and the job's own result matters more than its lock's clean-up.
     pub(crate) async fn release_logged(self) {
         let key = self.key.clone();
-        match self.release().await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(lock = %key, "lock had expired or changed hands before release")
-            }
-            Err(e) => {
-                tracing::warn!(lock = %key, error = %e, "cannot release lock; it expires by its ttl")
-            }
-        }
+        // No span of its own: the line is written in the caller's (the job's).
+        crate::lock_batch::log_release(&tracing::Span::none(), &key, self.release().await);
     }
 }
 

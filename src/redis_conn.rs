@@ -50,6 +50,15 @@ impl Conn {
             })
         })
     }
+
+    /// Waits until every job-lock release queued on this connection's batch task (`lock_batch`) has
+    /// reached Redis (or its failure was logged); at once if no lock was ever taken through it. The
+    /// launcher's stop calls it after the jobs have ended, so no released lock outlives the process.
+    pub(crate) async fn flush_lock_releases(&self) {
+        if let Some(batcher) = self.locks.get() {
+            batcher.flush().await;
+        }
+    }
 }
 
 #[derive(Clone)]

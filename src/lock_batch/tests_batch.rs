@@ -1,5 +1,6 @@
 //! The lock batcher against a real redis-server: many concurrent acquires and releases, contention on
-//! one key, `NOSCRIPT` after `SCRIPT FLUSH`, and a Redis error in the middle of a batch.
+//! one key, `NOSCRIPT` after `SCRIPT FLUSH`, Redis refusing a batch, releases not waited for (their
+//! order before later acquires, and the flush a stop waits on).
 use std::sync::Arc;
 
 use super::*;
@@ -162,20 +163,26 @@ async fn release_falls_back_to_eval_after_script_flush() {
 
 /// A batch already queued in full before its task first runs: the test knows exactly what one batch
 /// holds.
-async fn one_batch<R, F>(conn: Conn, reqs: Vec<R>, exec: F) -> Vec<Result<bool>>
-where
-    R: Send + 'static,
-    F: for<'a> AsyncBatch<'a, R>,
-{
+async fn one_batch(
+    conn: Conn,
+    releases: Vec<Release>,
+    acquires: Vec<Acquire>,
+) -> Vec<Result<bool>> {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut answers = Vec::new();
-    for req in reqs {
+    for r in releases {
         let (reply, answer) = oneshot::channel();
-        tx.send((req, reply)).unwrap();
+        tx.send(Request::Release(r, Outcome::Caller(reply)))
+            .unwrap();
+        answers.push(answer);
+    }
+    for a in acquires {
+        let (reply, answer) = oneshot::channel();
+        tx.send(Request::Acquire(a, reply)).unwrap();
         answers.push(answer);
     }
     drop(tx);
-    run(conn, rx, exec).await;
+    run(conn, rx).await;
     let mut out = Vec::new();
     for a in answers {
         out.push(a.await.unwrap());
@@ -183,15 +190,58 @@ where
     out
 }
 
+/// `ACL SETUSER default <rule>`: `-del` makes the release script fail in Redis (its `DEL` is refused),
+/// `+del` undoes it.
+fn acl_del(c: &mut redis::Connection, rule: &str) {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg(rule)
+        .query(c)
+        .unwrap();
+}
+
 #[tokio::test]
-async fn a_release_script_that_fails_halfway_answers_every_caller_with_the_error() {
+async fn a_release_script_that_fails_answers_every_caller_with_the_error_and_acquires_still_run() {
+    let server = RedisServer::start();
+    let conn = server.async_conn().await;
+    let mut c = server.conn();
+    for k in ["oxidekiq:lock:a", "oxidekiq:lock:b"] {
+        let _: () = redis::cmd("SET").arg(k).arg("t").query(&mut c).unwrap();
+    }
+    acl_del(&mut c, "-del");
+    let answers = one_batch(
+        conn,
+        vec![rel("oxidekiq:lock:a", "t"), rel("oxidekiq:lock:b", "t")],
+        vec![acq("oxidekiq:lock:new", "n")],
+    )
+    .await;
+    acl_del(&mut c, "+del");
+    assert_eq!(answers.len(), 3);
+    for (i, a) in answers[..2].iter().enumerate() {
+        let e = a
+            .as_ref()
+            .expect_err("no caller of a failed release is told released");
+        assert!(
+            e.to_string().contains("can't run this command"),
+            "caller {i}: {e}"
+        );
+    }
+    // The acquire in the same pipeline is its own command: it ran and says so.
+    assert!(*answers[2].as_ref().unwrap());
+    assert_eq!(get(&mut c, "oxidekiq:lock:a").as_deref(), Some("t"));
+    assert_eq!(get(&mut c, "oxidekiq:lock:b").as_deref(), Some("t"));
+    assert_eq!(get(&mut c, "oxidekiq:lock:new").as_deref(), Some("n"));
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_holds_no_token_so_it_is_not_released_and_the_others_are() {
     let server = RedisServer::start();
     let conn = server.async_conn().await;
     let mut c = server.conn();
     for k in ["oxidekiq:lock:a", "oxidekiq:lock:c"] {
         let _: () = redis::cmd("SET").arg(k).arg("t").query(&mut c).unwrap();
     }
-    // A key of another type: the script's GET fails there, after it deleted the first key.
     let _: () = redis::cmd("HSET")
         .arg("oxidekiq:lock:b")
         .arg("f")
@@ -203,17 +253,97 @@ async fn a_release_script_that_fails_halfway_answers_every_caller_with_the_error
         rel("oxidekiq:lock:b", "t"),
         rel("oxidekiq:lock:c", "t"),
     ];
-    let answers = one_batch(conn, reqs, release_batch).await;
-    assert_eq!(answers.len(), 3);
-    for (i, a) in answers.iter().enumerate() {
-        let e = a
-            .as_ref()
-            .expect_err("no caller of a failed batch is told released");
-        assert!(e.to_string().contains("WRONGTYPE"), "caller {i}: {e}");
-    }
-    // The script did stop halfway: the key before the bad one is gone, the one after is not.
+    let answers = one_batch(conn, reqs, Vec::new()).await;
+    let answers: Vec<bool> = answers.into_iter().map(|a| a.unwrap()).collect();
+    assert_eq!(answers, [true, false, true]);
     assert_eq!(get(&mut c, "oxidekiq:lock:a"), None);
-    assert_eq!(get(&mut c, "oxidekiq:lock:c").as_deref(), Some("t"));
+    assert_eq!(get(&mut c, "oxidekiq:lock:c"), None);
+    let kind: String = redis::cmd("TYPE")
+        .arg("oxidekiq:lock:b")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(kind, "hash");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_release_is_in_redis_once_flush_returns() {
+    let server = RedisServer::start();
+    let conn = server.async_conn().await;
+    let mut c = server.conn();
+    let n = 300;
+    let batcher = conn.lock_batcher();
+    for i in 0..n {
+        let key = format!("oxidekiq:lock:flush:{i}");
+        assert!(batcher.acquire(&conn, acq(&key, "t")).await.unwrap());
+    }
+    for i in 0..n {
+        let key = format!("oxidekiq:lock:flush:{i}");
+        batcher.release_detached(&conn, rel(&key, "t")).await;
+    }
+    conn.flush_lock_releases().await;
+    // Read at once, not waited for: flush returned only after every queued release had its reply.
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("oxidekiq:lock:flush:*")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_queued_after_a_detached_release_of_its_key_finds_it_free_even_after_script_flush()
+ {
+    let server = RedisServer::start();
+    let conn = server.async_conn().await;
+    let mut c = server.conn();
+    let batcher = conn.lock_batcher();
+    for round in 0..200 {
+        let key = format!("oxidekiq:lock:order:{}", round % 7);
+        if round % 50 == 25 {
+            // Redis forgets the script: the release goes again with EVAL, after this batch's SETs.
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut c).unwrap();
+        }
+        let held = format!("held{round}");
+        assert!(
+            batcher.acquire(&conn, acq(&key, &held)).await.unwrap(),
+            "round {round}"
+        );
+        // One job ends and the next of its key starts at once, in the order a slot does it.
+        batcher.release_detached(&conn, rel(&key, &held)).await;
+        let next = format!("next{round}");
+        assert!(
+            batcher.acquire(&conn, acq(&key, &next)).await.unwrap(),
+            "round {round}: the release queued first was sent after the acquire"
+        );
+        batcher.release_detached(&conn, rel(&key, &next)).await;
+    }
+    conn.flush_lock_releases().await;
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("oxidekiq:lock:order:*")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_release_and_an_acquire_of_one_key_in_one_batch_release_first_even_on_noscript() {
+    let server = RedisServer::start();
+    let conn = server.async_conn().await;
+    let mut c = server.conn();
+    for (round, flush) in [(0, false), (1, true)] {
+        let key = format!("oxidekiq:lock:same:{round}");
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("old")
+            .query(&mut c)
+            .unwrap();
+        if flush {
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut c).unwrap();
+        }
+        let answers = one_batch(conn.clone(), vec![rel(&key, "old")], vec![acq(&key, "new")]).await;
+        let answers: Vec<bool> = answers.into_iter().map(|a| a.unwrap()).collect();
+        assert_eq!(answers, [true, true], "round {round}");
+        assert_eq!(get(&mut c, &key).as_deref(), Some("new"), "round {round}");
+    }
 }
 
 #[tokio::test]
@@ -237,7 +367,7 @@ async fn an_acquire_batch_that_redis_refuses_answers_every_caller_with_the_error
     let reqs = (0..5)
         .map(|i| acq(&format!("oxidekiq:lock:oom:{i}"), "t"))
         .collect();
-    let answers = one_batch(conn, reqs, acquire_batch).await;
+    let answers = one_batch(conn, Vec::new(), reqs).await;
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
@@ -257,36 +387,21 @@ async fn an_acquire_batch_that_redis_refuses_answers_every_caller_with_the_error
 }
 
 #[tokio::test]
-async fn without_its_tasks_a_batcher_sends_each_command_itself() {
+async fn without_its_task_a_batcher_sends_each_command_itself() {
     let server = RedisServer::start();
     let conn = server.async_conn().await;
-    let (acquire, _) = mpsc::unbounded_channel();
-    let (release, _) = mpsc::unbounded_channel();
-    // Both receivers dropped: as after the runtime that ran the tasks shut down.
-    let batcher = Arc::new(Batcher { acquire, release });
-    assert!(
-        batcher
-            .acquire(&conn, acq("oxidekiq:lock:solo", "t"))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !batcher
-            .acquire(&conn, acq("oxidekiq:lock:solo", "u"))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !batcher
-            .release(&conn, rel("oxidekiq:lock:solo", "u"))
-            .await
-            .unwrap()
-    );
-    assert!(
-        batcher
-            .release(&conn, rel("oxidekiq:lock:solo", "t"))
-            .await
-            .unwrap()
-    );
-    assert_eq!(get(&mut server.conn(), "oxidekiq:lock:solo"), None);
+    let (queue, _) = mpsc::unbounded_channel();
+    // The receiver dropped: as after the runtime that ran the task shut down.
+    let batcher = Arc::new(Batcher { queue });
+    let solo = "oxidekiq:lock:solo";
+    assert!(batcher.acquire(&conn, acq(solo, "t")).await.unwrap());
+    assert!(!batcher.acquire(&conn, acq(solo, "u")).await.unwrap());
+    assert!(!batcher.release(&conn, rel(solo, "u")).await.unwrap());
+    assert!(batcher.release(&conn, rel(solo, "t")).await.unwrap());
+    assert_eq!(get(&mut server.conn(), solo), None);
+    assert!(batcher.acquire(&conn, acq(solo, "v")).await.unwrap());
+    // Detached, with nobody to queue it for: sent before returning.
+    batcher.release_detached(&conn, rel(solo, "v")).await;
+    assert_eq!(get(&mut server.conn(), solo), None);
+    batcher.flush().await;
 }

@@ -147,7 +147,7 @@ impl ServerMiddleware for SequentialJob {
                         tracing::info!(lock = %guard.key(), waited, "lock acquired");
                     }
                     let result = guard.hold_while(next.run(ctx)).await;
-                    guard.release_logged().await;
+                    guard.release_detached().await;
                     result
                 }
                 Err(Error::LockNotAcquired(_)) => {
