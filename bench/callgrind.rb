@@ -4,6 +4,7 @@
 #
 #   ruby bench/callgrind.rb                      # 20 000 NoopJob, -c 200
 #   KIND=activejob JOBS=20000 ruby bench/callgrind.rb
+#   KIND=unique ruby bench/callgrind.rb          # UniqueNoopJob (KIND=sequential: SequentialNoopJob)
 #   OXIDEKIQ_BIN=... OUT=/tmp/cg.out CONC=200 ruby bench/callgrind.rb
 #   NATIVE=1 ruby bench/callgrind.rb             # no valgrind: peak RSS (VmHWM) of the same drain
 #
@@ -56,6 +57,10 @@ begin
         "class" => ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper, "wrapped" => NoopActiveJob,
         "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i, { "locale" => "en" }).serialize] }
       )
+    elsif %w[unique sequential].include?(KIND)
+      # The lock benchmark's probes (bench/driver.rb): a no-op behind a lock keyed by its arguments.
+      klass = KIND == "unique" ? "UniqueNoopJob" : "SequentialNoopJob"
+      Sidekiq::Client.push_bulk("class" => klass, "args" => idx.map { |i| [i] })
     else
       Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { |i| [i] })
     end

@@ -412,8 +412,14 @@ impl Parts {
     /// The manager's push-back, bounded by `end_by` and by a second stop. True when all of it reached
     /// Redis; then a fetch that holds jobs in Redis drops its liveness key (nothing is left to recover).
     async fn push_back(&mut self, end_by: Instant) -> bool {
+        let (manager, conn) = (&mut self.manager, &self.conn);
         let cleaned = tokio::select! {
-            r = self.manager.push_back() => r,
+            r = async {
+                let r = manager.push_back().await;
+                // Job locks whose release was queued, not awaited, as their jobs ended (`lock_batch`).
+                conn.flush_lock_releases().await;
+                r
+            } => r,
             _ = tokio::time::sleep_until(end_by) => {
                 tracing::error!("shutdown deadline reached before the clean-up ended (is redis reachable?)");
                 false

@@ -71,6 +71,7 @@ pub mod job;
 pub(crate) mod keys;
 pub mod launcher;
 pub mod lock;
+pub(crate) mod lock_batch;
 pub(crate) mod logging;
 pub(crate) mod lua;
 pub(crate) mod manager;

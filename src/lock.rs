@@ -15,6 +15,11 @@
 //!   know the script (restart, `SCRIPT FLUSH`) it answers `NOSCRIPT` and we send the body with `EVAL`,
 //!   which also caches it for the next `EVALSHA`. So a lock costs one round trip to take and one to
 //!   release, and nothing in between unless its holder outlives a third of its TTL.
+//! - The job middleware take their locks batched (`RedisLock::batched`): the same `SET NX PX`, sent in
+//!   one pipeline with those of every other job starting meanwhile, and a release that compares and
+//!   deletes many keys in one `EVALSHA` (`lock_batch`). A job's release is queued, not waited for
+//!   (`LockGuard::release_detached`): its slot moves on while the batch task sends it, before any
+//!   acquire queued after it, and a graceful stop waits for every queued release to reach Redis.
 //! - A [`LockGuard`] can run a **keeper**: a task that re-`PEXPIRE`s the lock every `ttl / 3` while the
 //!   guard lives ([`LockGuard::keep_alive`]), or the same loop polled beside a future in the caller's own
 //!   task ([`LockGuard::hold_while`], what the middleware use: it cannot outlive the job). If the
@@ -195,6 +200,8 @@ pub struct RedisLock {
     opts: LockOptions,
     /// The job a lock is taken for: its values are then `<token>:<jid>` ([`RedisLock::held_by`]).
     jid: Option<String>,
+    /// Acquire and release go through the connection's batch tasks ([`crate::lock_batch`]).
+    batched: bool,
 }
 
 impl RedisLock {
@@ -210,7 +217,15 @@ impl RedisLock {
             key: full_key,
             opts,
             jid: None,
+            batched: false,
         }
+    }
+
+    /// Acquires and releases in batches with the other jobs' locks on this connection
+    /// ([`crate::lock_batch`]): the same commands, fewer round trips. What the job middleware use.
+    pub(crate) fn batched(mut self) -> Self {
+        self.batched = true;
+        self
     }
 
     /// Takes the lock for the job `jid`: the stored value is `<token>:<jid>`, so whoever finds it busy
@@ -237,22 +252,29 @@ impl RedisLock {
             None => new_token(),
         };
         let mut conn = self.conn.clone();
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&self.key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms(self.opts.ttl))
-            .query_async(&mut conn)
-            .await?;
-        crate::prom::metrics().lock_attempt(set.is_some());
-        Ok(set.map(|_| LockGuard {
+        let set = if self.batched {
+            let req = crate::lock_batch::acquire_req(&self.key, &token, self.opts.ttl);
+            conn.lock_batcher().acquire(&conn, req).await?
+        } else {
+            redis::cmd("SET")
+                .arg(&self.key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms(self.opts.ttl))
+                .query_async::<Option<redis::Value>>(&mut conn)
+                .await?
+                .is_some()
+        };
+        crate::prom::metrics().lock_attempt(set);
+        Ok(set.then(|| LockGuard {
             conn,
             key: self.key.clone(),
             token,
             ttl: self.opts.ttl,
             lost: Arc::new(AtomicBool::new(false)),
             keeper: None,
+            batched: self.batched,
         }))
     }
 
@@ -326,6 +348,8 @@ pub struct LockGuard {
     lost: Arc<AtomicBool>,
     /// The extension task, once [`LockGuard::keep_alive`] started it.
     keeper: Option<Keeper>,
+    /// Released through the connection's batch task ([`RedisLock::batched`]).
+    batched: bool,
 }
 
 impl LockGuard {
@@ -338,6 +362,7 @@ impl LockGuard {
             ttl,
             lost: Arc::new(AtomicBool::new(false)),
             keeper: None,
+            batched: false,
         }
     }
 
@@ -365,12 +390,16 @@ impl LockGuard {
             return;
         }
         let (stop, mut stopped) = oneshot::channel();
-        let keep = self.keeper_loop();
+        let period = keeper_period(self.ttl);
+        let keep = self.extender(Instant::now());
         let task = tokio::spawn(async move {
             tokio::select! {
                 // A message or a dropped sender: either way the guard is done.
                 _ = &mut stopped => {}
-                () = keep => {}
+                () = async {
+                    tokio::time::sleep(period).await;
+                    keep.await;
+                } => {}
             }
         });
         self.keeper = Some(Keeper { stop, task });
@@ -380,22 +409,31 @@ impl LockGuard {
     /// is spawned, so the extension cannot outlive `fut`, and a dropped `fut` stops it too. A lost lock
     /// does not stop `fut` (a running job cannot be stopped safely); the keeper logs it and ends.
     pub async fn hold_while<F: Future>(&self, fut: F) -> F::Output {
-        let keeper = self.keeper_loop();
+        // `fut` is polled first (`biased`), and the keeper builds nothing until its first pause has
+        // passed: a job that ends at its first poll never registers a timer or clones its lock's key.
+        let keeper = async {
+            let started = Instant::now();
+            tokio::time::sleep(keeper_period(self.ttl)).await;
+            self.extender(started).await;
+        };
         tokio::pin!(fut);
         tokio::select! {
+            biased;
             out = &mut fut => out,
             () = keeper => fut.await,
         }
     }
 
-    /// The keeper's loop ([`keep`]) for this guard, owning what it needs.
-    fn keeper_loop(&self) -> impl Future<Output = ()> + Send + 'static {
-        keep(
+    /// The keeper's loop after its first pause ([`keep_extending`]) for this guard, owning what it
+    /// needs; `started` is when the lock was taken.
+    fn extender(&self, started: Instant) -> impl Future<Output = ()> + Send + 'static {
+        keep_extending(
             self.conn.clone(),
             self.key.clone(),
             self.token.clone(),
             self.ttl,
             Arc::clone(&self.lost),
+            started,
         )
     }
 
@@ -412,22 +450,41 @@ impl LockGuard {
             // The task only ends; a JoinError would mean it panicked or was aborted, nothing to undo.
             let _ = keeper.task.await;
         }
+        if self.batched {
+            let req = crate::lock_batch::Release {
+                key: std::mem::take(&mut self.key),
+                token: std::mem::take(&mut self.token),
+            };
+            return self.conn.lock_batcher().release(&self.conn, req).await;
+        }
         release(&mut self.conn, &self.key, &self.token).await
+    }
+
+    /// [`LockGuard::release_logged`] without waiting for Redis, for a job's lock whose job has ended: a
+    /// batched guard without a keeper task queues its release on the connection's batch task
+    /// (`lock_batch`), which sends it with the next batch and logs its outcome the same way; the
+    /// launcher flushes that queue before the process exits. Any other guard is released and logged
+    /// here.
+    pub(crate) async fn release_detached(mut self) {
+        if !self.batched || self.keeper.is_some() {
+            return self.release_logged().await;
+        }
+        let req = crate::lock_batch::Release {
+            key: std::mem::take(&mut self.key),
+            token: std::mem::take(&mut self.token),
+        };
+        self.conn
+            .lock_batcher()
+            .release_detached(&self.conn, req)
+            .await;
     }
 
     /// [`LockGuard::release`] for a job's lock: a failure is logged, not returned. The key then expires
     /// by its TTL, and the job's own result matters more than its lock's clean-up.
     pub(crate) async fn release_logged(self) {
         let key = self.key.clone();
-        match self.release().await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(lock = %key, "lock had expired or changed hands before release")
-            }
-            Err(e) => {
-                tracing::warn!(lock = %key, error = %e, "cannot release lock; it expires by its ttl")
-            }
-        }
+        // No span of its own: the line is written in the caller's (the job's).
+        crate::lock_batch::log_release(&tracing::Span::none(), &key, self.release().await);
     }
 }
 
@@ -439,14 +496,25 @@ impl Drop for LockGuard {
     }
 }
 
-/// The keeper's loop: extends the lock every `ttl / 3`; returns once the lock is lost (someone else's
-/// token, or no extension succeeded for a whole TTL). Does no Redis I/O before the first third of the
-/// TTL has passed, so a short job's lock costs nothing between its acquire and its release.
-async fn keep(mut conn: Conn, key: String, token: String, ttl: Duration, lost: Arc<AtomicBool>) {
-    let period = (ttl / 3).max(Duration::from_millis(1));
-    let mut last_extended = Instant::now();
+/// The keeper's pause between extensions: a third of the TTL, at least 1 ms.
+fn keeper_period(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(1))
+}
+
+/// The keeper's loop after its first pause (callers wait `ttl / 3` first, so a short job's lock costs
+/// nothing between its acquire and its release): extends now, then every `ttl / 3`, and returns once
+/// the lock is lost (someone else's token, or no extension succeeded for a whole TTL).
+/// `last_extended` is when the lock was taken.
+async fn keep_extending(
+    mut conn: Conn,
+    key: String,
+    token: String,
+    ttl: Duration,
+    lost: Arc<AtomicBool>,
+    mut last_extended: Instant,
+) {
+    let period = keeper_period(ttl);
     loop {
-        tokio::time::sleep(period).await;
         match extend(&mut conn, &key, &token, ttl).await {
             Ok(true) => last_extended = Instant::now(),
             Ok(false) => {
@@ -465,6 +533,7 @@ async fn keep(mut conn: Conn, key: String, token: String, ttl: Duration, lost: A
                 tracing::warn!(lock = %key, error = %e, "lock extension failed, will retry");
             }
         }
+        tokio::time::sleep(period).await;
     }
 }
 

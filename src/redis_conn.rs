@@ -34,6 +34,31 @@ use crate::error::{Error, Result};
 #[derive(Clone)]
 pub struct Conn {
     inner: ConnInner,
+    /// The job-lock batch tasks of this connection, spawned on first use ([`Conn::lock_batcher`]).
+    locks: std::sync::Arc<std::sync::OnceLock<crate::lock_batch::Batcher>>,
+}
+
+impl Conn {
+    /// The batch tasks that send job locks' acquires and releases over this connection (see
+    /// `lock_batch`); spawned on first use, on the caller's runtime. Their own handle has an empty slot
+    /// of its own, so they end once every clone of this connection is gone.
+    pub(crate) fn lock_batcher(&self) -> &crate::lock_batch::Batcher {
+        self.locks.get_or_init(|| {
+            crate::lock_batch::Batcher::spawn(Conn {
+                inner: self.inner.clone(),
+                locks: std::sync::Arc::default(),
+            })
+        })
+    }
+
+    /// Waits until every job-lock release queued on this connection's batch task (`lock_batch`) has
+    /// reached Redis (or its failure was logged); at once if no lock was ever taken through it. The
+    /// launcher's stop calls it after the jobs have ended, so no released lock outlives the process.
+    pub(crate) async fn flush_lock_releases(&self) {
+        if let Some(batcher) = self.locks.get() {
+            batcher.flush().await;
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -55,6 +80,7 @@ impl From<ConnectionManager> for Conn {
     fn from(m: ConnectionManager) -> Self {
         Conn {
             inner: ConnInner::Direct(m),
+            locks: std::sync::Arc::default(),
         }
     }
 }
@@ -161,6 +187,7 @@ impl Target {
                 inner: ConnInner::Sentinel(std::sync::Arc::new(
                     crate::sentinel::Follower::connect(master.clone(), cfg).await?,
                 )),
+                locks: std::sync::Arc::default(),
             }),
         }
     }

@@ -769,17 +769,26 @@ impl Monitor {
         }
     }
 
-    /// `(command, lock key)` of every command a client sent that names an `oxidekiq:lock:` key.
+    /// `(command, lock key)` for every `oxidekiq:lock:` key each command a client sent names (once per
+    /// key and command: a batched release names many keys in one `EVALSHA`).
     fn lock_commands(&self) -> Vec<(String, String)> {
         self.lines
             .lock()
             .unwrap()
             .iter()
             .filter(|l| !l.contains(" lua]"))
-            .filter_map(|l| {
+            .flat_map(|l| {
                 let quoted: Vec<&str> = l.split('"').skip(1).step_by(2).collect();
-                let key = quoted.iter().find(|t| t.starts_with("oxidekiq:lock:"))?;
-                Some((quoted[0].to_uppercase(), key.to_string()))
+                let mut keys: Vec<&str> = quoted
+                    .iter()
+                    .copied()
+                    .filter(|t| t.starts_with("oxidekiq:lock:"))
+                    .collect();
+                keys.dedup();
+                let command = quoted.first().map(|c| c.to_uppercase()).unwrap_or_default();
+                keys.into_iter()
+                    .map(move |k| (command.clone(), k.to_string()))
+                    .collect::<Vec<_>>()
             })
             .collect()
     }

@@ -133,13 +133,26 @@ impl LockKey {
         match self {
             LockKey::Class => Ok(ctx.class().to_string()),
             LockKey::ByArgs => {
-                let args: Value = match ctx.activejob() {
-                    Some(aj) => aj.arguments().clone(),
-                    None => serde_json::from_str(ctx.args_json()).map_err(|e| {
-                        JobError::new("ArgumentError", format!("cannot digest the arguments: {e}"))
-                    })?,
+                let parsed: Value;
+                let args = match ctx.activejob() {
+                    Some(aj) => aj.arguments(),
+                    None => {
+                        parsed = serde_json::from_str(ctx.args_json()).map_err(|e| {
+                            JobError::new(
+                                "ArgumentError",
+                                format!("cannot digest the arguments: {e}"),
+                            )
+                        })?;
+                        &parsed
+                    }
                 };
-                Ok(format!("{}:{}", ctx.class(), args_digest(&args)))
+                // `<class>:<digest>`, built in place (this runs for every job of the class).
+                let class = ctx.class();
+                let mut name = String::with_capacity(class.len() + 1 + 40);
+                name.push_str(class);
+                name.push(':');
+                name.push_str(&args_digest(args));
+                Ok(name)
             }
             LockKey::Fixed(name) => Ok(name.clone()),
             LockKey::Computed(f) => f(ctx),
@@ -211,7 +224,7 @@ pub fn args_digest(args: &Value) -> String {
 /// integers and long decimals are exact; only an exponent's spelling is normalized, `1e3` → `1e+3`),
 /// strings use serde_json's escaping.
 pub fn canonical_json(v: &Value) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(64);
     write_canonical(v, &mut out);
     out
 }
@@ -243,12 +256,24 @@ fn write_canonical(v: &Value, out: &mut String) {
             out.push(']');
         }
         Value::String(s) => write_string(s, out),
-        // null, booleans and numbers have one spelling; numbers keep the text they were read with.
-        other => out.push_str(&other.to_string()),
+        // Numbers keep the text they were read with (`arbitrary_precision`: what their `Display`
+        // writes too); null and booleans have one spelling.
+        Value::Number(n) => out.push_str(n.as_str()),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Null => out.push_str("null"),
     }
 }
 
+/// `s` as a JSON string, escaped as serde_json escapes it: only `"`, `\` and control characters
+/// below U+0020 are (serde_json's `ESCAPE` table), so a string without them is written as is.
 fn write_string(s: &str, out: &mut String) {
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     // Serializing a string to JSON cannot fail.
     out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
@@ -295,6 +320,142 @@ mod tests {
             canonical_json(&json!(["a\"b\n", "é"])),
             "[\"a\\\"b\\n\",\"é\"]"
         );
+    }
+
+    /// The canonical form as it was first written (serde_json's own `to_string` for every string and
+    /// scalar): the fast paths above must give exactly this text, or every lock key would change.
+    fn reference(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(map) => {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                out.push('{');
+                for (i, (k, v)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::to_string(k).unwrap());
+                    out.push(':');
+                    reference(v, out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    reference(v, out);
+                }
+                out.push(']');
+            }
+            Value::String(s) => out.push_str(&serde_json::to_string(s).unwrap()),
+            other => out.push_str(&other.to_string()),
+        }
+    }
+
+    /// Pieces random JSON texts are built from: numbers spelled every way JSON allows, strings with
+    /// every kind of character serde_json escapes or passes through, keys that sort differently by
+    /// bytes than by characters.
+    const NUMBERS: &[&str] = &[
+        "0",
+        "-0",
+        "7",
+        "-12",
+        "1.0",
+        "1.50",
+        "0.10000000000000000001",
+        "1e3",
+        "1E3",
+        "1e+3",
+        "-2.5e-7",
+        "6.02E+23",
+        "12345678901234567890123",
+        "-9223372036854775809",
+        "18446744073709551616",
+        "3.0e0",
+    ];
+    const STRINGS: &[&str] = &[
+        r#""""#,
+        r#""plain""#,
+        r#""a\"b""#,
+        r#""back\\slash""#,
+        r#""\n\t\r\b\f""#,
+        r#""\u0000\u001f\u007f""#,
+        r#""\u00e9 é""#,
+        r#""\ud83d\ude00 😀""#,
+        r#""\u2028\u2029""#,
+        r#""\/slash""#,
+        r#""tab\u0009""#,
+        r#""Zürich""#,
+        r#""a:b""#,
+    ];
+
+    fn random_json(depth: u32, out: &mut String) {
+        let pick = |n: usize| rand::random_range(0..n);
+        match if depth == 0 { pick(4) } else { pick(6) } {
+            0 => out.push_str(NUMBERS[pick(NUMBERS.len())]),
+            1 => out.push_str(STRINGS[pick(STRINGS.len())]),
+            2 => out.push_str(["true", "false", "null"][pick(3)]),
+            3 => out.push_str(" [ ] "),
+            4 => {
+                out.push_str("[ ");
+                for i in 0..pick(4) {
+                    if i > 0 {
+                        out.push_str(" , ");
+                    }
+                    random_json(depth - 1, out);
+                }
+                out.push(']');
+            }
+            _ => {
+                out.push('{');
+                for i in 0..pick(5) {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(STRINGS[pick(STRINGS.len())]);
+                    out.push_str(" :\n");
+                    random_json(depth - 1, out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    #[test]
+    fn the_canonical_text_and_digest_are_what_they_always_were_for_varied_arguments() {
+        let mut cases: Vec<String> = [
+            "[]",
+            "[1]",
+            "[1,2,3]",
+            r#"[{"b":2,"a":1}]"#,
+            r#"[{"é":1,"z":2,"a\"":3,"":4}]"#,
+            r#"["\u0000", "\u001b[31m", "x\ny"]"#,
+            "[1.0, 1, -0, 1e3, 1E-3]",
+            r#"[{"_aj_globalid":"gid://app/User/1"},{"_aj_symbol_keys":[]}]"#,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for _ in 0..2000 {
+            let mut text = String::from("[");
+            random_json(4, &mut text);
+            text.push(']');
+            cases.push(text);
+        }
+        for text in &cases {
+            let v: Value = serde_json::from_str(text).unwrap();
+            let mut expected = String::new();
+            reference(&v, &mut expected);
+            assert_eq!(canonical_json(&v), expected, "{text}");
+            assert_eq!(
+                args_digest(&v),
+                crate::job::hex(&Sha1::digest(expected.as_bytes())),
+                "{text}"
+            );
+        }
     }
 
     #[test]

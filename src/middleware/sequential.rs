@@ -135,7 +135,9 @@ impl ServerMiddleware for SequentialJob {
             let Ok(name) = self.key.resolve(ctx) else {
                 return next.run(ctx).await;
             };
-            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), self.opts).held_by(ctx.jid());
+            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), self.opts)
+                .held_by(ctx.jid())
+                .batched();
             let started = Instant::now();
             match lock.lock().await {
                 Ok(guard) => {
@@ -145,7 +147,7 @@ impl ServerMiddleware for SequentialJob {
                         tracing::info!(lock = %guard.key(), waited, "lock acquired");
                     }
                     let result = guard.hold_while(next.run(ctx)).await;
-                    guard.release_logged().await;
+                    guard.release_detached().await;
                     result
                 }
                 Err(Error::LockNotAcquired(_)) => {

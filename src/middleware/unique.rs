@@ -174,12 +174,15 @@ impl ServerMiddleware for UniqueJob {
                 ttl: self.ttl,
                 ..LockOptions::default()
             };
-            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), opts).held_by(ctx.jid());
-            // One `SET NX PX` on the way in, one `EVALSHA` on the way out; the holder is read only
-            // when the lock is busy.
+            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), opts)
+                .held_by(ctx.jid())
+                .batched();
+            // One `SET NX PX` on the way in, one `EVALSHA` on the way out, each sent in a batch with
+            // the other jobs' (`lock_batch`); the release is queued, not waited for (the job is over).
+            // The holder is read only when the lock is busy.
             if let Some(guard) = lock.try_lock().await.map_err(JobError::from)? {
                 let result = guard.hold_while(next.run(ctx)).await;
-                guard.release_logged().await;
+                guard.release_detached().await;
                 return result;
             }
             let key = lock.key();
