@@ -147,6 +147,8 @@ struct Plan {
     queues: Vec<(String, u32)>,
     /// Concurrency of each process slot.
     concurrency: Vec<usize>,
+    /// Runtime threads of every process (`--threads`; `None`: the default, one per CPU).
+    threads: Option<usize>,
     /// (seconds since the start, event), sorted.
     events: Vec<(f64, Event)>,
     /// How long the chaos phase lasts (the last event comes before).
@@ -172,6 +174,10 @@ impl Plan {
         let concurrency: Vec<usize> = (0..procs)
             .map(|_| (500f64.powf(rng.random::<f64>())).round().clamp(1.0, 500.0) as usize)
             .collect();
+        // Drawn from a generator of its own, so every other draw of a seed is what it was before
+        // `--threads` existed.
+        let threads = [None, Some(1), Some(2)]
+            [StdRng::seed_from_u64(seed ^ 0x7468_7265_6164_73).random_range(0..3)];
         let chaos_secs = rng.random_range(8.0..14.0);
         let mut events: Vec<(f64, Event)> = Vec::new();
         let mut n = 0usize;
@@ -237,6 +243,7 @@ impl Plan {
         Plan {
             queues,
             concurrency,
+            threads,
             events,
             chaos_secs,
         }
@@ -278,10 +285,11 @@ impl Plan {
             *kinds.entry(k).or_default() += 1;
         }
         format!(
-            "queues=[{}]{} c={:?} jobs={} faults={:?}",
+            "queues=[{}]{} c={:?} threads={} jobs={} faults={:?}",
             queues.join(" "),
             if self.strict() { "strict" } else { "weighted" },
             self.concurrency,
+            self.threads.map_or("cpus".to_string(), |n| n.to_string()),
             self.jobs().count(),
             kinds
         )
@@ -491,6 +499,9 @@ impl<'a> Run<'a> {
             "--poll-interval".into(),
             "0.5".into(),
         ];
+        if let Some(n) = self.plan.threads {
+            args.extend(["--threads".into(), n.to_string()]);
+        }
         for (q, w) in &self.plan.queues {
             args.push("-q".into());
             args.push(if *w == 0 || strict_override {
