@@ -177,7 +177,7 @@ impl Plan {
         // Drawn from a generator of its own, so every other draw of a seed is what it was before
         // `--threads` existed.
         let threads = [None, Some(1), Some(2)]
-            [StdRng::seed_from_u64(seed ^ 0x7468_7265_6164_73).random_range(0..3)];
+            [StdRng::seed_from_u64(seed ^ 0x0074_6872_6561_6473).random_range(0..3)];
         let chaos_secs = rng.random_range(8.0..14.0);
         let mut events: Vec<(f64, Event)> = Vec::new();
         let mut n = 0usize;
