@@ -66,9 +66,9 @@ pub struct Cli {
     #[arg(short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
     pub concurrency: Option<usize>,
 
-    /// Threads that run jobs, 1 to 1024 [default: one per CPU]. One thread spends the least CPU per job (no
-    /// hand-offs between threads); run one process per core with `--threads 1`, as Sidekiq runs one
-    /// process per core, or leave the default for jobs that use much CPU each
+    /// Threads that run jobs, 1 to 1024 [default: one per CPU]. One thread spends the least CPU per job, but
+    /// a job that blocks its thread then also stops the heartbeat and TERM handling: only for workers
+    /// that never block (blocking work in spawn_blocking)
     #[arg(long, value_name = "INT", value_parser = threads_value)]
     pub threads: Option<usize>,
 

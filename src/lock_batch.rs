@@ -42,7 +42,8 @@
 //!
 //! A batch that fails (connection lost, a Redis error in the script) answers **every** caller in its
 //! group with that error: nobody is told "released" or "acquired" without Redis's own answer. A `SET`
-//! refused by Redis fails every acquire of its batch. A job whose acquire fails fails as before; a
+//! refused by Redis (a TTL it cannot take, OOM) fails that acquire alone: the others of its pipeline
+//! get their own replies, so one class's bad option cannot fail every locked job beside it. A job whose acquire fails fails as before; a
 //! release that fails is logged with its key, and the key expires by its TTL. On `NOSCRIPT` (Redis
 //! restarted, `SCRIPT FLUSH`) the releases are sent again with `EVAL`, then the acquires that found
 //! their key taken are tried once more, so the order above holds there too. When the batch task is
@@ -194,7 +195,8 @@ async fn alone(conn: &Conn, req: Request) -> Result<bool> {
     let mut conn = conn.clone();
     match req {
         Request::Acquire(a, _) => {
-            Ok(acquire_batch(&mut conn, std::slice::from_ref(&a)).await? == [true])
+            let mut got = acquire_batch(&mut conn, std::slice::from_ref(&a)).await?;
+            got.pop().unwrap_or(Ok(false))
         }
         Request::Release(r, _) => {
             Ok(release_batch(&mut conn, std::slice::from_ref(&r)).await? == [true])
@@ -310,24 +312,29 @@ pub(crate) fn log_release(span: &tracing::Span, key: &str, r: Result<bool>) {
 }
 
 /// `answers` when Redis gave one per request, else an error.
-fn same_count(answers: Vec<bool>, requests: usize) -> Result<Vec<bool>> {
+fn same_count<T>(answers: Vec<T>, requests: usize) -> Result<Vec<T>> {
     if answers.len() == requests {
         return Ok(answers);
     }
-    Err(Error::Redis(redis::RedisError::from((
+    Err(count_error(answers.len(), requests))
+}
+
+/// Redis answered `got` replies to `requests` commands.
+fn count_error(got: usize, requests: usize) -> Error {
+    Error::Redis(redis::RedisError::from((
         ErrorKind::Parse,
         "lock batch: Redis answered a different number of replies",
-        format!("{} for {} requests", answers.len(), requests),
-    ))))
+        format!("{got} for {requests} requests"),
+    )))
 }
 
 /// Answers each caller of a batch with its own reply, or every caller with the batch's error.
-fn answer_all(replies: &mut Vec<Answer>, r: Result<Vec<bool>>) {
+fn answer_all(replies: &mut Vec<Answer>, r: Acquired) {
     match r.and_then(|v| same_count(v, replies.len())) {
         Ok(answers) => {
-            for (reply, ok) in replies.drain(..).zip(answers) {
+            for (reply, this) in replies.drain(..).zip(answers) {
                 // A caller that stopped waiting (its job was cancelled) needs no answer.
-                let _ = reply.send(Ok(ok));
+                let _ = reply.send(this);
             }
         }
         Err(e) => {
@@ -403,10 +410,13 @@ fn parse_set(v: Value) -> Result<bool> {
     Ok(!matches!(v.extract_error()?, Value::Nil))
 }
 
-/// The acquires' answers from their `SET` replies; any refused `SET` fails them all.
-fn parse_sets(replies: impl Iterator<Item = Value>) -> Result<Vec<bool>> {
+/// Each acquire's answer from its own `SET` reply: a refused `SET` fails only its own acquire.
+fn parse_sets(replies: impl Iterator<Item = Value>) -> Vec<Result<bool>> {
     replies.map(parse_set).collect()
 }
+
+/// The acquires' answers: each its own, or one error for all when the pipeline itself failed.
+type Acquired = Result<Vec<Result<bool>>>;
 
 /// One round trip for a batch: the releases (`EVALSHA`, when there are any), then the acquires (`SET
 /// NX PX` each), in one pipeline. Returns the releases' answers and the acquires' answers.
@@ -418,7 +428,7 @@ pub(crate) async fn exchange(
     conn: &mut Conn,
     releases: &[Release],
     acquires: &[Acquire],
-) -> (Result<Vec<bool>>, Result<Vec<bool>>) {
+) -> (Result<Vec<bool>>, Acquired) {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     if !releases.is_empty() {
@@ -434,19 +444,15 @@ pub(crate) async fn exchange(
     };
     let mut replies = replies.into_iter();
     let Some(first) = (!releases.is_empty()).then(|| replies.next()).flatten() else {
-        return (Ok(Vec::new()), parse_sets(replies));
+        return (Ok(Vec::new()), Ok(parse_sets(replies)));
     };
     let acquired = parse_sets(replies);
     match first {
         Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript) => {
             let released = release_by_eval(conn, releases).await;
-            let acquired = match acquired {
-                Ok(got) => retry_taken(conn, acquires, got).await,
-                Err(e) => Err(e),
-            };
-            (released, acquired)
+            (released, Ok(retry_taken(conn, acquires, acquired).await))
         }
-        first => (parse_released(first, releases.len()), acquired),
+        first => (parse_released(first, releases.len()), Ok(acquired)),
     }
 }
 
@@ -457,29 +463,46 @@ async fn release_by_eval(conn: &mut Conn, releases: &[Release]) -> Result<Vec<bo
 }
 
 /// The acquires of a batch whose releases went after them (`NOSCRIPT`): those that found their key
-/// taken try once more.
+/// taken try once more (if that pipeline fails, each of them gets its error).
 async fn retry_taken(
     conn: &mut Conn,
     acquires: &[Acquire],
-    mut got: Vec<bool>,
-) -> Result<Vec<bool>> {
-    let again: Vec<usize> = (0..got.len()).filter(|&i| !got[i]).collect();
+    mut got: Vec<Result<bool>>,
+) -> Vec<Result<bool>> {
+    let again: Vec<usize> = (0..got.len())
+        .filter(|&i| matches!(got[i], Ok(false)))
+        .collect();
     if again.is_empty() {
-        return Ok(got);
+        return got;
     }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     add_sets(&mut pipe, again.iter().map(|&i| &acquires[i]));
-    let replies: Vec<Value> = pipe.query_async(conn).await?;
-    for (i, ok) in again.into_iter().zip(parse_sets(replies.into_iter())?) {
-        got[i] = ok;
+    match pipe.query_async::<Vec<Value>>(conn).await {
+        Ok(replies) if replies.len() == again.len() => {
+            for (i, r) in again.into_iter().zip(parse_sets(replies.into_iter())) {
+                got[i] = r;
+            }
+        }
+        Ok(replies) => {
+            let e = count_error(replies.len(), again.len());
+            for i in again {
+                got[i] = Err(copy_error(&e));
+            }
+        }
+        Err(e) => {
+            let e = Error::from(e);
+            for i in again {
+                got[i] = Err(copy_error(&e));
+            }
+        }
     }
-    Ok(got)
+    got
 }
 
 /// One pipeline of `SET <key> <value> NX PX <ttl>`, one per request, in order; true where the key
-/// was set. A Redis error on any of them fails the whole batch.
-pub(crate) async fn acquire_batch(conn: &mut Conn, reqs: &[Acquire]) -> Result<Vec<bool>> {
+/// was set, each with its own error where Redis refused it.
+pub(crate) async fn acquire_batch(conn: &mut Conn, reqs: &[Acquire]) -> Acquired {
     exchange(conn, &[], reqs).await.1
 }
 

@@ -144,10 +144,15 @@ impl Feed {
             let notified = self.ready.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
+            // Senders are counted before the queue is read: a sender pushes before it leaves, so a
+            // count of 0 read first means nothing more can arrive and the read below sees the last
+            // unit. Read the other way round, a unit sent between the two reads by the last sender
+            // would be left in the feed.
+            let closed = self.senders.load(Ordering::Acquire) == 0;
             if let Some(task) = self.try_recv() {
                 return Some(task);
             }
-            if self.senders.load(Ordering::Acquire) == 0 {
+            if closed {
                 return None;
             }
             notified.await;

@@ -123,9 +123,12 @@ async fn two_acquires_and_two_releases_of_one_key_in_one_batch_behave_as_one_at_
     let server = RedisServer::start();
     let mut conn = server.async_conn().await;
     let key = "oxidekiq:lock:twice";
-    let got = acquire_batch(&mut conn, &[acq(key, "a"), acq(key, "b")])
+    let got: Vec<bool> = acquire_batch(&mut conn, &[acq(key, "a"), acq(key, "b")])
         .await
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
     assert_eq!(got, vec![true, false]);
     let gone = release_batch(&mut conn, &[rel(key, "b"), rel(key, "a"), rel(key, "a")])
         .await
@@ -384,6 +387,32 @@ async fn an_acquire_batch_that_redis_refuses_answers_every_caller_with_the_error
     for i in 0..5 {
         assert_eq!(get(&mut c, &format!("oxidekiq:lock:oom:{i}")), None);
     }
+}
+
+#[tokio::test]
+async fn a_set_redis_refuses_fails_only_its_own_acquire() {
+    let server = RedisServer::start();
+    let conn = server.async_conn().await;
+    let mut c = server.conn();
+    // A TTL Redis cannot take (`PX` past its range): that one `SET` is refused, the others beside it
+    // in the same pipeline succeed and must be told so, or their jobs fail holding a lock.
+    let bad = Acquire {
+        ttl_ms: u64::MAX,
+        ..acq("oxidekiq:lock:refused", "t")
+    };
+    let reqs = vec![
+        acq("oxidekiq:lock:before", "t"),
+        bad,
+        acq("oxidekiq:lock:after", "t"),
+    ];
+    let answers = one_batch(conn, Vec::new(), reqs).await;
+    assert!(matches!(answers[0], Ok(true)), "{:?}", answers[0]);
+    // Redis's own words for it vary by version ("out of range", "invalid expire time").
+    assert!(answers[1].is_err(), "the refused SET is an error");
+    assert!(matches!(answers[2], Ok(true)), "{:?}", answers[2]);
+    assert_eq!(get(&mut c, "oxidekiq:lock:before").as_deref(), Some("t"));
+    assert_eq!(get(&mut c, "oxidekiq:lock:after").as_deref(), Some("t"));
+    assert_eq!(get(&mut c, "oxidekiq:lock:refused"), None);
 }
 
 #[tokio::test]
