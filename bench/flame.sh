@@ -5,6 +5,8 @@
 #
 #   bash bench/flame.sh                 # no-op drain, 100 000 NoopJob, -c 200
 #   KIND=activejob bash bench/flame.sh  # the ActiveJob no-op drain
+#   THREADS=cpus bash bench/flame.sh    # oxidekiq's default runtime (a thread per CPU); default 1, as
+#                                       # bench/run.sh runs it (OXIDEKIQ_THREADS there)
 #
 # Needs perf (Debian: linux-perf) and inferno (`cargo install inferno`: inferno-collapse-perf,
 # inferno-flamegraph on PATH, or INFERNO_BIN=dir). Writes bench/results/flame-<kind>.svg and
@@ -17,6 +19,9 @@ cd "$root"
 KIND="${KIND:-noop}"
 JOBS="${JOBS:-100000}"
 CONC="${CONC:-200}"
+THREADS="${THREADS:-1}"
+threads_flag=()
+[ "$THREADS" = cpus ] || threads_flag=(--threads "$THREADS")
 OXIDEKIQ_BIN="${OXIDEKIQ_BIN:-$root/target/release/oxidekiq}"
 export PATH="${INFERNO_BIN:+$INFERNO_BIN:}$PATH"
 for tool in perf inferno-collapse-perf inferno-flamegraph; do
@@ -60,7 +65,7 @@ ruby -r "$root/bench/jobs.rb" -e '
   end' "$JOBS" "$KIND"
 rc rename queue:default bench:staging >/dev/null
 
-"$OXIDEKIQ_BIN" -q default -c "$CONC" >"$work/oxidekiq.log" 2>&1 &
+"$OXIDEKIQ_BIN" -q default -c "$CONC" "${threads_flag[@]}" >"$work/oxidekiq.log" 2>&1 &
 ox_pid=$!
 rc lpush queue:default '{"class":"NoopJob","args":[0],"jid":"0123456789abcdef01234567","queue":"default","retry":true,"created_at":1.0,"enqueued_at":1.0}' >/dev/null
 until [ "$(rc llen queue:default)" = 0 ]; do sleep 0.05; done
@@ -78,10 +83,10 @@ wait "$perf_pid" || true
 
 mkdir -p bench/results
 perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf >"$work/folded"
-inferno-flamegraph --minwidth 0.5 --title "oxidekiq $KIND drain: $JOBS jobs, -c $CONC ($(git rev-parse --short HEAD))" \
+inferno-flamegraph --minwidth 0.5 --title "oxidekiq $KIND drain: $JOBS jobs, -c $CONC, threads $THREADS ($(git rev-parse --short HEAD))" \
   <"$work/folded" >"bench/results/flame-$KIND.svg"
 {
-  echo "oxidekiq $KIND drain: $JOBS jobs, -c $CONC, commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ)," \
+  echo "oxidekiq $KIND drain: $JOBS jobs, -c $CONC, threads $THREADS, commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ)," \
     "load average $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
   ruby "$root/bench/flame_summary.rb" "$work/folded"
