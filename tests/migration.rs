@@ -441,6 +441,13 @@ fn handoff_pushes_unknown_classes_and_flagged_jobs_to_ruby_unchanged() {
         .unwrap();
     assert_eq!(counts.get("Legacy::Mailer"), Some(&2));
     assert_eq!(counts.get("HardWorker"), Some(&1));
+    // Log lines reach the file through the writer thread's buffer (flushed every 20 ms): wait for the
+    // line, then give a second one, if any, several flushes to show up before counting.
+    assert!(ox.wait_for_log(
+        "handing off jobs of Legacy::Mailer",
+        Duration::from_secs(20)
+    ));
+    std::thread::sleep(Duration::from_millis(300));
     let log = ox.log();
     assert_eq!(
         log.matches("handing off jobs of Legacy::Mailer").count(),
