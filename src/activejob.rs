@@ -846,16 +846,11 @@ mod tests {
     #[test]
     fn every_recorded_fixture_gives_the_same_typed_args_on_both_paths() {
         use std::collections::{BTreeMap, HashMap};
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/activejob-6.1");
+        let dir = "fixtures/activejob-6.1";
         let mut seen = 0;
         let mut direct = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
-            }
+        for (path, raw) in crate::test_support::fixture_files("activejob-6.1") {
             let name = path.file_stem().unwrap().to_str().unwrap().to_string();
-            let raw = std::fs::read_to_string(&path).unwrap();
             let job = crate::job::Job::from_str(&raw).unwrap();
             let info = unwrap(job.args_json()).unwrap();
             let full = unwrap_full(job.args_json()).unwrap();
@@ -906,14 +901,8 @@ mod tests {
 
     #[test]
     fn every_recorded_fixture_is_unwrapped_from_the_fields_found_while_decoding() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/activejob-6.1");
         let mut seen = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
-            }
-            let raw = std::fs::read_to_string(&path).unwrap();
+        for (path, raw) in crate::test_support::fixture_files("activejob-6.1") {
             let job = crate::job::Job::from_str(&raw).unwrap();
             assert!(
                 job.job_data().is_some(),
@@ -933,7 +922,7 @@ mod tests {
             same_typed::<Vec<Value>>(&raw, &from_job, &full);
             seen += 1;
         }
-        assert_eq!(seen, 9, "fixtures read from {dir}");
+        assert_eq!(seen, 9, "fixtures read from fixtures/activejob-6.1");
     }
 
     /// A random wrapper payload: Rails' shape most of the time, and now and then what Rails never

@@ -65,17 +65,9 @@ fn config(url: &str) -> Config {
 async fn every_recorded_activejob_shape_reaches_its_worker_with_decoded_arguments() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/activejob-6.1");
     let mut expected = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
-        }
-        let raw = std::fs::read_to_string(&path)
-            .unwrap()
-            .trim_end()
-            .to_string();
+    for (path, raw) in support::fixture_files("activejob-6.1") {
+        let raw = raw.trim_end().to_string();
         let job: Value = serde_json::from_str(&raw).unwrap();
         let queue = job["queue"].as_str().unwrap().to_string();
         // Scheduled members go in the schedule set, due now; the poller moves them.

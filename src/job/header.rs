@@ -412,25 +412,11 @@ mod tests {
 
     /// Every recorded payload (`fixtures/`, Sidekiq 6.4 to 8.1 and Rails 6.1).
     fn recorded() -> Vec<String> {
-        fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    walk(&path, out);
-                } else if path.extension().and_then(|e| e.to_str()) == Some("json") {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    if text.trim_start().starts_with('{') {
-                        out.push(text);
-                    }
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(
-            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures")),
-            &mut out,
-        );
-        out
+        crate::test_support::fixture_files("")
+            .into_iter()
+            .map(|(_, text)| text)
+            .filter(|text| text.trim_start().starts_with('{'))
+            .collect()
     }
 
     #[test]

@@ -59,6 +59,33 @@ pub fn fixture(path: &str) -> String {
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
 }
 
+/// Every `.json` file under `fixtures/<dir>` (`""`: all of them), sub-directories included, sorted by
+/// path: each path with its text.
+pub fn fixture_files(dir: &str) -> Vec<(std::path::PathBuf, String)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, String)>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir:?}: {e}"));
+        for entry in entries {
+            let path = entry.unwrap_or_else(|e| panic!("{dir:?}: {e}")).path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().and_then(|e| e.to_str()) == Some("json") {
+                let text =
+                    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+                out.push((path, text));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(dir),
+        &mut out,
+    );
+    out.sort();
+    out
+}
+
 /// `fixtures/<path>` parsed as JSON.
 pub fn fixture_json(path: &str) -> Value {
     let text = fixture(path);

@@ -19,7 +19,9 @@ mod launch;
 mod process;
 mod ruby;
 
-pub use launch::{config, count_in, fixture, fixture_json, launch, strict_queues, wait_for};
+pub use launch::{
+    config, count_in, fixture, fixture_files, fixture_json, launch, strict_queues, wait_for,
+};
 pub use process::{LoggedProcess, Oxidekiq, RubySidekiq};
 pub use ruby::{RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, web_ui_get};
 
