@@ -364,8 +364,16 @@ async fn run(
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
     let (fetching_tx, fetching_rx) = mpsc::channel::<()>(1);
-    for _ in 0..fetch.fetch_loops(concurrency) {
+    let loop_count = fetch.fetch_loops(concurrency).max(1);
+    // Each loop fetches at most its share of the slots. Without a bound, the loop that woke first took
+    // every slot freed in that turn: one batch of the whole concurrency went round while the other loops
+    // fetched a job or two, so with one runtime thread oxidekiq and Redis took turns (a 100k no-op drain
+    // at -c 200 spent 40% of its time parked with all four fetches in flight; batch sizes were 190-200 or
+    // 1-9). With shares, Redis fills one loop's batch while the processors run another's.
+    let share = concurrency.div_ceil(loop_count).clamp(1, fetch::MAX_BATCH);
+    for _ in 0..loop_count {
         loops.spawn(fetch_loop(
+            share,
             fetch.clone(),
             processor.stats.clone(),
             tasks.clone(),
@@ -489,8 +497,9 @@ async fn quiet_sweep(
     }
 }
 
-/// Takes the free slots, at most [`fetch::MAX_BATCH`]; waits for the first. `None` once quiet.
+/// Takes the free slots, at most `share`; waits for the first. `None` once quiet.
 async fn take_slots(
+    share: usize,
     slots: &Arc<Semaphore>,
     signal: &mut ShutdownSignal,
 ) -> Option<Vec<OwnedSemaphorePermit>> {
@@ -503,7 +512,7 @@ async fn take_slots(
     // which at a low concurrency (-c 10) was most of a job's cost. A yield, not a timer: no delay.
     tokio::task::yield_now().await;
     let mut permits = vec![first];
-    while permits.len() < fetch::MAX_BATCH {
+    while permits.len() < share {
         match slots.clone().try_acquire_owned() {
             Ok(p) => permits.push(p),
             Err(_) => break,
@@ -512,8 +521,9 @@ async fn take_slots(
     Some(permits)
 }
 
-/// One fetch loop: take free slots, fetch that many jobs, hand them to the processors.
+/// One fetch loop: take free slots (at most `share`), fetch that many jobs, hand them to the processors.
 async fn fetch_loop(
+    share: usize,
     fetch: Arc<dyn Fetch>,
     stats: Arc<Stats>,
     tasks: FeedSender,
@@ -525,7 +535,7 @@ async fn fetch_loop(
     let mut backoff = Duration::from_millis(100);
     let mut stranded = Vec::new();
     while !signal.is_quiet() {
-        let Some(permits) = take_slots(&slots, &mut signal).await else {
+        let Some(permits) = take_slots(share, &slots, &mut signal).await else {
             break;
         };
         // A fetch is not cut short by quiet: it ends within the block time, and what it got goes back
