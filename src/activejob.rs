@@ -42,6 +42,8 @@ use serde_json::Number;
 use serde_json::{Map, Value};
 
 #[cfg(test)]
+use crate::job::header::ARGS_MAX_DEPTH as MAX_DEPTH;
+#[cfg(test)]
 use crate::job::new_jid;
 use crate::job::{JobDataText, hex};
 use crate::worker::ActiveJobInfo;
@@ -51,15 +53,15 @@ use crate::worker::ActiveJobInfo;
 pub(crate) const WRAPPER_CLASS: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
 
 /// `arguments.rb` `GLOBALID_KEY`.
-const GLOBALID_KEY: &str = "_aj_globalid";
+pub(crate) const GLOBALID_KEY: &str = "_aj_globalid";
 /// `arguments.rb` `OBJECT_SERIALIZER_KEY`.
-const SERIALIZER_KEY: &str = "_aj_serialized";
+pub(crate) const SERIALIZER_KEY: &str = "_aj_serialized";
 /// `arguments.rb` `SYMBOL_KEYS_KEY`.
-const SYMBOL_KEYS_KEY: &str = "_aj_symbol_keys";
+pub(crate) const SYMBOL_KEYS_KEY: &str = "_aj_symbol_keys";
 /// `arguments.rb` `RUBY2_KEYWORDS_KEY`.
-const RUBY2_KEYWORDS_KEY: &str = "_aj_ruby2_keywords";
+pub(crate) const RUBY2_KEYWORDS_KEY: &str = "_aj_ruby2_keywords";
 /// `arguments.rb` `WITH_INDIFFERENT_ACCESS_KEY`.
-const INDIFFERENT_KEY: &str = "_aj_hash_with_indifferent_access";
+pub(crate) const INDIFFERENT_KEY: &str = "_aj_hash_with_indifferent_access";
 
 /// The keys `arguments.rb` reserves (`RESERVED_KEYS`); a Ruby hash with one of them as an ordinary key
 /// cannot be serialized at all.
@@ -112,16 +114,18 @@ fn unwrap_direct(args_json: &str) -> Option<ActiveJobInfo> {
 
 /// The direct path's decision on `job_data`'s fields: [`ActiveJobInfo`] when each is as
 /// [`unwrap_full`] accepts it and the arguments need no decoding beyond cutting hash markers out
-/// ([`scan`]); `None` sends the job to the full decoder.
+/// ([`Markers`](crate::job::Markers), noted while the fields were read); `None` sends the job to the
+/// full decoder.
 fn direct(fields: JobDataText<'_>) -> Option<ActiveJobInfo> {
+    use crate::job::header::{JOB_CLASS, JOB_ID};
     // A non-empty string (`""` is the only empty one; escapes are left to the full decoder).
     let job_class = fields.job_class?;
-    if !job_class.starts_with('"') || job_class.len() < 3 || job_class.contains('\\') {
+    if fields.plain & JOB_CLASS == 0 || job_class.len() < 3 {
         return None;
     }
     let job_id = fields.job_id?;
     let job_id = match job_id.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
-        Some(plain) if !plain.contains('\\') => plain.to_owned(),
+        Some(plain) if fields.plain & JOB_ID != 0 => plain.to_owned(),
         _ => serde_json::from_str::<String>(job_id).ok()?,
     };
     // Rails 6.1 `deserialize` takes a missing or null `executions` as nil and counts from 0.
@@ -136,10 +140,9 @@ fn direct(fields: JobDataText<'_>) -> Option<ActiveJobInfo> {
     if !raw.starts_with('[') {
         return None;
     }
-    let arguments = match scan(raw) {
-        Scan::Plain => Arguments::text(raw.to_owned()),
-        Scan::Stripped(text) => Arguments::text(text),
-        Scan::Full => match serde_json::from_str::<Value>(raw).ok()? {
+    let arguments = match fields.markers.strip(raw) {
+        Some(text) => Arguments::text(text),
+        None => match serde_json::from_str::<Value>(raw).ok()? {
             Value::Array(items) => Arguments::Decoded(decode_list(&items, "arguments").ok()?),
             _ => return None,
         },
@@ -206,8 +209,9 @@ fn unwrap_full(args_json: &str) -> Result<ActiveJobInfo, String> {
 /// A job's ActiveJob arguments, in one of two equivalent forms.
 #[derive(Debug, Clone)]
 pub(crate) enum Arguments {
-    /// JSON text whose plain reading is the decoded arguments ([`scan`] proved it): the worker's type
-    /// reads it directly; the [`Value`] is built only if someone asks for it.
+    /// JSON text whose plain reading is the decoded arguments ([`Markers`](crate::job::Markers)
+    /// proved it): the worker's type reads it directly; the [`Value`] is built only if someone asks
+    /// for it.
     Text {
         /// The arguments' text, hash markers cut out.
         json: String,
@@ -259,8 +263,10 @@ impl Arguments {
     }
 }
 
-/// `json` as a [`Value`]. [`scan`] accepted it, so it is a valid JSON array nested no deeper than
-/// [`MAX_DEPTH`] (serde_json's own limit is 128): the fallback is never taken.
+/// `json` as a [`Value`]. The payload reader checked it ([`Markers`](crate::job::Markers)), so it is
+/// a valid JSON array whose markers were followed no deeper than
+/// [`ARGS_MAX_DEPTH`](crate::job::header::ARGS_MAX_DEPTH) (serde_json's own limit is 128): the
+/// fallback is never taken.
 fn text_value(json: &str) -> Value {
     serde_json::from_str(json).unwrap_or(Value::Array(Vec::new()))
 }
@@ -420,193 +426,30 @@ fn decode_hash(map: &Map<String, Value>, path: &str) -> Result<Value, String> {
     Ok(Value::Object(out))
 }
 
-/// What [`scan`] found in the arguments' text.
+/// What the payload reader's [`Markers`](crate::job::Markers) say of an arguments text (the tests'
+/// view of them).
+#[cfg(test)]
 #[derive(Debug, PartialEq)]
 enum Scan {
     /// No key of ActiveJob's at all: the text is the decoded arguments.
     Plain,
     /// Only well-formed hash markers, at most one per hash: the text without them is the decoded
-    /// arguments (`deserialize_hash` does nothing else to such a hash).
+    /// arguments.
     Stripped(String),
-    /// A GlobalID, a serialized object, a malformed or repeated marker, an escaped key, or nesting
-    /// deeper than [`MAX_DEPTH`]: the full decoder must run.
+    /// The full decoder must run.
     Full,
 }
 
-/// Nesting the direct path accepts; deeper arguments take the full decoder.
-const MAX_DEPTH: usize = 32;
-
-/// Reads the text of `job_data["arguments"]` (valid JSON: serde_json checked it when it took it as a
-/// [`RawValue`](serde_json::value::RawValue)) and decides whether its plain reading, after cutting out hash markers, is what
-/// `arguments.rb deserialize_argument` gives. Only keys matter: an ActiveJob marker is always a hash key,
-/// and a key holding a backslash could spell one in escapes, so such a key sends the job to the full
-/// decoder. Ruby's JSON never writes a duplicate key (a Ruby hash has none), so the plain reading and
-/// the [`Value`] reading agree on every hash.
+/// The arguments text `text` as the direct path reads it ([`crate::job::header::markers`]).
+#[cfg(test)]
 fn scan(text: &str) -> Scan {
-    let b = text.as_bytes();
-    // Per open container: is it a hash, has it a marker, where is its last comma.
-    let mut stack = [(false, false, 0usize); MAX_DEPTH];
-    let mut depth = 0usize;
-    // The next string is a key: just after `{` or a comma inside a hash.
-    let mut want_key = false;
-    // The text without the markers cut so far, allocated at the first cut; `from`: where the next
-    // uncut stretch starts.
-    let mut out: Option<String> = None;
-    let mut from = 0;
-    let mut cut = |a: usize, z: usize| {
-        let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
-        o.push_str(text.get(from..a).unwrap_or_default());
-        from = z;
-    };
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'{' | b'[' => {
-                if depth == MAX_DEPTH {
-                    return Scan::Full;
-                }
-                stack[depth] = (b[i] == b'{', false, 0);
-                depth += 1;
-                want_key = b[i] == b'{';
-                i += 1;
-            }
-            b'}' | b']' => {
-                depth = depth.saturating_sub(1);
-                want_key = false;
-                i += 1;
-            }
-            b',' => {
-                if let Some(top) = depth.checked_sub(1).map(|d| &mut stack[d]) {
-                    top.2 = i;
-                    want_key = top.0;
-                }
-                i += 1;
-            }
-            b'"' => {
-                // A key holding an escape could spell a marker: the full decoder reads it.
-                let Some(end) = string_end_in(b, i, !want_key) else {
-                    return Scan::Full;
-                };
-                if !want_key {
-                    i = end;
-                    continue;
-                }
-                want_key = false;
-                let key = &b[i + 1..end - 1];
-                if !key.starts_with(b"_aj_") {
-                    i = end;
-                    continue;
-                }
-                let marker_end = match key {
-                    k if k == SYMBOL_KEYS_KEY.as_bytes() || k == RUBY2_KEYWORDS_KEY.as_bytes() => {
-                        after_colon(b, end).and_then(|v| key_names_end(b, v))
-                    }
-                    k if k == INDIFFERENT_KEY.as_bytes() => {
-                        after_colon(b, end).and_then(|v| bool_end(b, v))
-                    }
-                    k if k == GLOBALID_KEY.as_bytes() || k == SERIALIZER_KEY.as_bytes() => None,
-                    // Another `_aj_` key is an ordinary key (`deserialize_hash` keeps it).
-                    _ => {
-                        i = end;
-                        continue;
-                    }
-                };
-                let (Some(value_end), Some(top)) =
-                    (marker_end, depth.checked_sub(1).map(|d| &mut stack[d]))
-                else {
-                    return Scan::Full;
-                };
-                if top.1 {
-                    return Scan::Full;
-                }
-                top.1 = true;
-                if top.2 > 0 {
-                    // Not the first member: cut from the comma before it.
-                    cut(top.2, value_end);
-                } else {
-                    // The first member: cut it and the comma after it, if any.
-                    let next = skip_ws(b, value_end);
-                    let to = if b.get(next) == Some(&b',') {
-                        next + 1
-                    } else {
-                        value_end
-                    };
-                    cut(i, to);
-                    // The member now first must not be taken for one after a comma.
-                    want_key = to > value_end;
-                    i = to;
-                    continue;
-                }
-                i = value_end;
-            }
-            _ => i += 1,
-        }
-    }
-    match out {
-        None => Scan::Plain,
-        Some(mut o) => {
-            o.push_str(text.get(from..).unwrap_or_default());
-            Scan::Stripped(o)
-        }
-    }
-}
-
-/// The index just past the string that opens at `b[start] == '"'` ([`crate::job::header::string_at`],
-/// which also refuses what is not JSON); with `escapes: false`, `None` for a string holding an escape.
-fn string_end_in(b: &[u8], start: usize, escapes: bool) -> Option<usize> {
-    let mut i = start;
-    crate::job::header::string_at(b, &mut i, escapes).map(|_| i)
-}
-
-fn string_end(b: &[u8], start: usize) -> Option<usize> {
-    string_end_in(b, start, true)
-}
-
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
-}
-
-/// The start of the value after a key that ends at `i` (`"key" : value`).
-fn after_colon(b: &[u8], i: usize) -> Option<usize> {
-    let i = skip_ws(b, i);
-    (b.get(i) == Some(&b':')).then(|| skip_ws(b, i + 1))
-}
-
-/// The end of `[ "name", ... ]` starting at `i` (what `_aj_symbol_keys` and `_aj_ruby2_keywords`
-/// hold); `None` for anything else.
-fn key_names_end(b: &[u8], i: usize) -> Option<usize> {
-    if b.get(i) != Some(&b'[') {
-        return None;
-    }
-    let mut i = skip_ws(b, i + 1);
-    if b.get(i) == Some(&b']') {
-        return Some(i + 1);
-    }
-    loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
-        }
-        i = skip_ws(b, string_end(b, i)?);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b']') => return Some(i + 1),
-            _ => return None,
-        }
-    }
-}
-
-/// The end of `true` or `false` at `i` (what `_aj_hash_with_indifferent_access` holds).
-fn bool_end(b: &[u8], i: usize) -> Option<usize> {
-    let rest = b.get(i..)?;
-    if rest.starts_with(b"true") {
-        Some(i + 4)
-    } else if rest.starts_with(b"false") {
-        Some(i + 5)
-    } else {
-        None
+    match crate::job::header::markers(text) {
+        Some(m) => match (m.cuts(), m.strip(text)) {
+            (Some([]), _) => Scan::Plain,
+            (_, Some(stripped)) => Scan::Stripped(stripped),
+            _ => Scan::Full,
+        },
+        None => Scan::Full,
     }
 }
 

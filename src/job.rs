@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use header::Header;
-pub(crate) use header::JobDataText;
+pub(crate) use header::{JobDataText, Markers};
 
 pub(crate) mod header;
 
@@ -123,10 +123,10 @@ enum Text {
 
 impl Text {
     /// The text of a JSON string value `value` (raw JSON text, a slice of `raw`); `None` when it is not
-    /// a string.
-    fn of(raw: &str, value: &str) -> Option<Text> {
+    /// a string. `plain`: the payload reader saw it to be a string without an escape.
+    fn of(raw: &str, value: &str, plain: bool) -> Option<Text> {
         let inner = value.strip_prefix('"')?.strip_suffix('"')?;
-        if !inner.as_bytes().contains(&b'\\') {
+        if plain || !inner.as_bytes().contains(&b'\\') {
             let start = inner.as_ptr() as usize - raw.as_ptr() as usize;
             return Some(Text::At(start, start + inner.len()));
         }
@@ -178,6 +178,8 @@ pub struct Job {
     /// For an ActiveJob wrapper holding one `job_data` hash: where its fields sit, found while the
     /// payload was decoded ([`header`]), so that unwrapping it does not walk it again.
     job_data: Option<JobDataRanges>,
+    /// The payload may carry a top-level `unique_key` ([`Job::may_name_unique_key`]).
+    unique_key: bool,
 }
 
 /// Byte ranges of `raw`: the raw JSON text of each `job_data` field [`crate::activejob`] reads.
@@ -187,6 +189,8 @@ struct JobDataRanges {
     job_id: Option<Range<usize>>,
     executions: Option<Range<usize>>,
     arguments: Option<Range<usize>>,
+    plain: u8,
+    markers: Markers,
 }
 
 impl Job {
@@ -225,14 +229,17 @@ impl Job {
             });
         }
         let header = Header::read(raw).map_err(header_error)?;
-        let text = |v: Option<&str>| v.map(|v| Text::of(raw, v));
-        let (jid, queue) = match (text(header.jid), text(header.queue)) {
+        let text = |v: Option<&str>, bit: u8| v.map(|v| Text::of(raw, v, header.plain & bit != 0));
+        let (jid, queue) = match (
+            text(header.jid, header::JID),
+            text(header.queue, header::QUEUE),
+        ) {
             (Some(None), _) | (_, Some(None)) => return Err(Self::strict_error(raw)),
             (jid, queue) => (jid.flatten(), queue.flatten()),
         };
         let class = match header.class {
             None => return Err(PayloadError::Invalid("`class` is missing".into())),
-            Some(c) => match Text::of(raw, c) {
+            Some(c) => match Text::of(raw, c, header.plain & header::CLASS != 0) {
                 Some(t) if !t.get(raw).is_empty() => t,
                 Some(_) => return Err(PayloadError::Invalid("`class` is empty".into())),
                 None => {
@@ -262,9 +269,11 @@ impl Job {
             job_id: d.job_id.map(at),
             executions: d.executions.map(at),
             arguments: d.arguments.map(at),
+            plain: d.plain,
+            markers: d.markers,
         });
         let activejob = ACTIVEJOB_WRAPPERS.contains(&class.get(raw));
-        let wrapped = text(header.wrapped).flatten();
+        let wrapped = text(header.wrapped, header::WRAPPED).flatten();
         let retry = header.retry.map(retry_setting);
         Ok(Fields {
             class,
@@ -275,6 +284,7 @@ impl Job {
             retry,
             activejob,
             job_data,
+            unique_key: header.unique_key,
         })
     }
 
@@ -357,7 +367,16 @@ impl Job {
             job_id: text(&d.job_id),
             executions: text(&d.executions),
             arguments: text(&d.arguments),
+            plain: d.plain,
+            markers: d.markers,
         })
+    }
+
+    /// False when the payload has no top-level `unique_key` (the until-executed lock's field), as for
+    /// most jobs: known from the decoding, which read every top-level key (or, when serde_json read
+    /// the header, whether the text names it at all).
+    pub(crate) fn may_name_unique_key(&self) -> bool {
+        self.unique_key
     }
 
     /// The whole payload as an order-keeping map, every key kept (numbers exactly).
@@ -375,6 +394,7 @@ struct Fields {
     retry: Option<RetrySetting>,
     activejob: bool,
     job_data: Option<JobDataRanges>,
+    unique_key: bool,
 }
 
 impl Fields {
@@ -389,6 +409,7 @@ impl Fields {
             retry: self.retry,
             activejob: self.activejob,
             job_data: self.job_data,
+            unique_key: self.unique_key,
         }
     }
 }

@@ -123,10 +123,11 @@ pub(crate) async fn push(
 /// duration arithmetic overflowing.
 pub const MAX_UNIQUE_TTL_SECS: f64 = 10.0 * 365.0 * 24.0 * 3600.0;
 
-/// The cheap test before [`unique_lock`] parses the payload: false when the bytes do not even name the
-/// lock's field, as for most jobs.
+/// The cheap test before [`unique_lock`] parses the payload: false when the payload has no top-level
+/// field of the lock, as for most jobs (noted while the payload was decoded: no second walk of its
+/// bytes).
 pub(crate) fn may_hold_lock(job: &Job) -> bool {
-    job.raw().contains(UNIQUE_KEY_FIELD)
+    job.may_name_unique_key()
 }
 
 /// The until-executed lock of a job: its key and TTL, when the payload has them. The TTL is validated
