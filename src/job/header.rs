@@ -257,9 +257,29 @@ pub(crate) fn markers(arguments: &str) -> Option<Markers> {
     let mut r = Reader::new(arguments);
     let mut m = Markers::default();
     r.ws();
-    r.marked(3, 0, 0, &mut m)?;
+    r.marked(Nest::ARGUMENTS, 0, &mut m)?;
     r.ws();
     (r.i == r.b.len()).then_some(m)
+}
+
+/// Where a value inside ActiveJob `arguments` sits: `depth` containers in the payload, `args` of them
+/// inside `arguments`.
+#[derive(Clone, Copy)]
+struct Nest {
+    depth: usize,
+    args: usize,
+}
+
+impl Nest {
+    /// `arguments` itself: in `job_data`, in the wrapper's `args`, in the payload.
+    const ARGUMENTS: Nest = Nest { depth: 3, args: 0 };
+
+    fn inner(self) -> Nest {
+        Nest {
+            depth: self.depth + 1,
+            args: self.args + 1,
+        }
+    }
 }
 
 struct Reader<'a> {
@@ -475,7 +495,7 @@ impl<'a> Reader<'a> {
                 };
                 if key == b"arguments" {
                     let mut markers = Markers::default();
-                    self.marked(3, 0, start, &mut markers)?;
+                    self.marked(Nest::ARGUMENTS, start, &mut markers)?;
                     found.markers = markers;
                 } else if self.string_value(3)? {
                     found.plain |= bit;
@@ -496,43 +516,30 @@ impl<'a> Reader<'a> {
     }
 
     /// Any value inside ActiveJob `arguments` whose text starts at `base`, checked as
-    /// [`Reader::value`] checks it, its ActiveJob keys noted in `m`; `depth`: the containers it sits
-    /// in, `args_depth`: those inside `arguments`.
-    fn marked(
-        &mut self,
-        depth: usize,
-        args_depth: usize,
-        base: usize,
-        m: &mut Markers,
-    ) -> Option<()> {
+    /// [`Reader::value`] checks it, its ActiveJob keys noted in `m`.
+    fn marked(&mut self, at: Nest, base: usize, m: &mut Markers) -> Option<()> {
         match self.peek() {
-            b'{' | b'[' if args_depth >= ARGS_MAX_DEPTH => {
+            b'{' | b'[' if at.args >= ARGS_MAX_DEPTH => {
                 m.full();
-                self.value(depth)
+                self.value(at.depth)
             }
-            b'{' | b'[' if depth >= MAX_DEPTH => None,
-            b'{' => self.marked_hash(depth, args_depth, base, m),
+            b'{' | b'[' if at.depth >= MAX_DEPTH => None,
+            b'{' => self.marked_hash(at, base, m),
             b'[' => {
                 let mut more = self.first(b']')?;
                 while more {
-                    self.marked(depth + 1, args_depth + 1, base, m)?;
+                    self.marked(at.inner(), base, m)?;
                     more = self.more(b']')?;
                 }
                 Some(())
             }
-            _ => self.value(depth),
+            _ => self.string_value(at.depth).map(drop),
         }
     }
 
     /// A hash inside ActiveJob `arguments` ([`Reader::marked`]): at most one well-formed marker is
     /// cut (with the comma before it, or, first in its hash, with the one after it).
-    fn marked_hash(
-        &mut self,
-        depth: usize,
-        args_depth: usize,
-        base: usize,
-        m: &mut Markers,
-    ) -> Option<()> {
+    fn marked_hash(&mut self, at: Nest, base: usize, m: &mut Markers) -> Option<()> {
         let mut more = self.first(b'}')?;
         let mut marker = false;
         // The last comma between members of this hash.
@@ -546,7 +553,7 @@ impl<'a> Reader<'a> {
             let key = self.b.get(key_start + 1..self.i - 1)?;
             self.colon()?;
             let value_start = self.i;
-            self.marked(depth + 1, args_depth + 1, base, m)?;
+            self.marked(at.inner(), base, m)?;
             let value_end = self.i;
             if key.starts_with(b"_aj_") {
                 let value = self.b.get(value_start..value_end)?;
