@@ -228,7 +228,8 @@ impl Job {
                 Err(e) => PayloadError::InvalidJson(e.to_string()),
             });
         }
-        let header = Header::read(raw).map_err(header_error)?;
+        let mut header = Header::default();
+        Header::read_into(raw, &mut header).map_err(header_error)?;
         let text = |v: Option<&str>, bit: u8| v.map(|v| Text::of(raw, v, header.plain & bit != 0));
         let (jid, queue) = match (
             text(header.jid, header::JID),

@@ -157,11 +157,19 @@ struct Plain<'a> {
 impl<'a> Header<'a> {
     /// Reads the header of `raw`, a JSON text: serde_json's answer for a struct of optional fields
     /// (duplicate fields and trailing characters are errors, unknown keys ignored).
+    #[cfg(test)]
     pub(super) fn read(raw: &'a str) -> Result<Header<'a>, serde_json::Error> {
-        match scan(raw) {
-            Some(header) => Ok(header),
-            None => Self::read_plain(raw),
+        let mut h = Header::default();
+        Self::read_into(raw, &mut h).map(|()| h)
+    }
+
+    /// [`Header::read`] into `h`, which must be [`Header::default`]: the header is big, and written
+    /// where the decoder keeps it rather than moved there.
+    pub(super) fn read_into(raw: &'a str, h: &mut Header<'a>) -> Result<(), serde_json::Error> {
+        if scan_into(raw, h).is_none() {
+            *h = Self::read_plain(raw)?;
         }
+        Ok(())
     }
 
     fn read_plain(raw: &'a str) -> Result<Header<'a>, serde_json::Error> {
@@ -185,9 +193,15 @@ impl<'a> Header<'a> {
 const MAX_DEPTH: usize = 64;
 
 /// The hand-written reader: `None` for anything it does not read exactly as serde_json would.
+#[cfg(any(test, fuzzing))]
 fn scan(raw: &str) -> Option<Header<'_>> {
-    let mut r = Reader::new(raw);
     let mut h = Header::default();
+    scan_into(raw, &mut h).map(|()| h)
+}
+
+/// [`scan`] into `h` (a [`Header::default`]); what it holds after `None` is meaningless.
+fn scan_into<'a>(raw: &'a str, h: &mut Header<'a>) -> Option<()> {
+    let mut r = Reader::new(raw);
     r.ws();
     r.eat(b'{')?;
     r.ws();
@@ -205,7 +219,7 @@ fn scan(raw: &str) -> Option<Header<'_>> {
             b"args" => {
                 let wrapper = h.class.and_then(|c| c.strip_prefix('"')?.strip_suffix('"'));
                 if wrapper.is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c)) {
-                    h.job_data = r.wrapper_args()?;
+                    r.wrapper_args(&mut h.job_data)?;
                 } else {
                     r.value(1)?;
                 }
@@ -236,7 +250,7 @@ fn scan(raw: &str) -> Option<Header<'_>> {
         more = r.more(b'}')?;
     }
     r.ws();
-    (r.i == r.b.len()).then_some(h)
+    (r.i == r.b.len()).then_some(())
 }
 
 /// The four `job_data` fields of an ActiveJob wrapper's `args` text (`[job_data]`), read and checked
@@ -245,7 +259,8 @@ fn scan(raw: &str) -> Option<Header<'_>> {
 pub(crate) fn job_data(args: &str) -> Option<JobDataText<'_>> {
     let mut r = Reader::new(args);
     r.ws();
-    let fields = r.wrapper_args()?;
+    let mut fields = None;
+    r.wrapper_args(&mut fields)?;
     r.ws();
     if r.i == r.b.len() { fields } else { None }
 }
@@ -469,15 +484,14 @@ impl<'a> Reader<'a> {
 
     /// An ActiveJob wrapper's `args`, checked as any value, with the four fields of its first
     /// element when that is the only one and a hash naming none of them twice.
-    fn wrapper_args(&mut self) -> Option<Option<JobDataText<'a>>> {
+    fn wrapper_args(&mut self, out: &mut Option<JobDataText<'a>>) -> Option<()> {
         if self.peek() != b'[' {
-            self.value(1)?;
-            return Some(None);
+            return self.value(1);
         }
         let mut more = self.first(b']')?;
-        let mut fields = None;
         if more && self.peek() == b'{' {
-            let mut found = JobDataText::default();
+            // Filled in place (it is big): cleared again unless it is exactly one job_data hash.
+            let found = out.insert(JobDataText::default());
             let mut twice = false;
             let mut more_keys = self.first(b'}')?;
             while more_keys {
@@ -494,9 +508,7 @@ impl<'a> Reader<'a> {
                     _ => (&mut None, 0),
                 };
                 if key == b"arguments" {
-                    let mut markers = Markers::default();
-                    self.marked(Nest::ARGUMENTS, start, &mut markers)?;
-                    found.markers = markers;
+                    self.marked(Nest::ARGUMENTS, start, &mut found.markers)?;
                 } else if self.string_value(3)? {
                     found.plain |= bit;
                 }
@@ -505,14 +517,15 @@ impl<'a> Reader<'a> {
                 more_keys = self.more(b'}')?;
             }
             more = self.more(b']')?;
-            // Exactly one job_data hash.
-            fields = (!more && !twice).then_some(found);
+            if more || twice {
+                *out = None;
+            }
         }
         while more {
             self.value(2)?;
             more = self.more(b']')?;
         }
-        Some(fields)
+        Some(())
     }
 
     /// Any value inside ActiveJob `arguments` whose text starts at `base`, checked as
