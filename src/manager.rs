@@ -373,11 +373,13 @@ async fn run(
     let share = concurrency.div_ceil(loop_count).clamp(1, fetch::MAX_BATCH);
     for _ in 0..loop_count {
         loops.spawn(fetch_loop(
-            share,
             fetch.clone(),
             processor.stats.clone(),
             tasks.clone(),
-            slots.clone(),
+            Share {
+                slots: slots.clone(),
+                max: share,
+            },
             outage.clone(),
             signal.clone(),
             fetching_tx.clone(),
@@ -497,14 +499,19 @@ async fn quiet_sweep(
     }
 }
 
-/// Takes the free slots, at most `share`; waits for the first. `None` once quiet.
+/// The slots, and how many of them one fetch loop takes at most.
+struct Share {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+/// Takes the free slots, at most the loop's share; waits for the first. `None` once quiet.
 async fn take_slots(
-    share: usize,
-    slots: &Arc<Semaphore>,
+    share: &Share,
     signal: &mut ShutdownSignal,
 ) -> Option<Vec<OwnedSemaphorePermit>> {
     let first = tokio::select! {
-        p = slots.clone().acquire_owned() => p.ok()?,
+        p = share.slots.clone().acquire_owned() => p.ok()?,
         _ = signal.quiet() => return None,
     };
     // Processors that finish in the same turn of the scheduler free their slots once this loop has
@@ -512,8 +519,8 @@ async fn take_slots(
     // which at a low concurrency (-c 10) was most of a job's cost. A yield, not a timer: no delay.
     tokio::task::yield_now().await;
     let mut permits = vec![first];
-    while permits.len() < share {
-        match slots.clone().try_acquire_owned() {
+    while permits.len() < share.max {
+        match share.slots.clone().try_acquire_owned() {
             Ok(p) => permits.push(p),
             Err(_) => break,
         }
@@ -523,11 +530,10 @@ async fn take_slots(
 
 /// One fetch loop: take free slots (at most `share`), fetch that many jobs, hand them to the processors.
 async fn fetch_loop(
-    share: usize,
     fetch: Arc<dyn Fetch>,
     stats: Arc<Stats>,
     tasks: FeedSender,
-    slots: Arc<Semaphore>,
+    share: Share,
     outage: Outage,
     mut signal: ShutdownSignal,
     fetching: mpsc::Sender<()>,
@@ -535,7 +541,7 @@ async fn fetch_loop(
     let mut backoff = Duration::from_millis(100);
     let mut stranded = Vec::new();
     while !signal.is_quiet() {
-        let Some(permits) = take_slots(share, &slots, &mut signal).await else {
+        let Some(permits) = take_slots(&share, &mut signal).await else {
             break;
         };
         // A fetch is not cut short by quiet: it ends within the block time, and what it got goes back
