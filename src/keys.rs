@@ -103,9 +103,15 @@ pub(crate) const RECOVERY_LOCK: &str = "oxidekiq:recovery-lock";
 // Versions before this one wrote locks as `lock:<key>`: during a rolling upgrade an old and a new
 // process do not see each other's locks (a payload that carries its own `unique_key` keeps it).
 
+/// The prefix of every named lock's key ([`lock`]).
+pub(crate) const LOCK_PREFIX: &str = "oxidekiq:lock:";
+
 /// The key of a named lock (unique, sequential and until-executed locks): `oxidekiq:lock:<key>`.
 pub(crate) fn lock(key: &str) -> String {
-    format!("oxidekiq:lock:{key}")
+    let mut k = String::with_capacity(LOCK_PREFIX.len() + key.len());
+    k.push_str(LOCK_PREFIX);
+    k.push_str(key);
+    k
 }
 
 /// `ZSET` of the leases of the concurrency limit `name` (member = holder id, score = expiry in ms):

@@ -99,13 +99,41 @@ pub fn script_sha1(source: &str) -> String {
 
 /// A fresh random token: 128 bits from the thread's CSPRNG, lowercase hex.
 pub(crate) fn new_token() -> String {
-    let bytes: [u8; TOKEN_BYTES] = rand::random();
-    hex(&bytes)
+    let mut s = String::with_capacity(TOKEN_BYTES * 2);
+    push_token(&mut s);
+    s
 }
 
-/// The value a lock taken for the job `jid` stores: `<token>:<jid>`.
+/// The value a lock taken for the job `jid` stores: `<token>:<jid>`, built in one allocation (it is
+/// made for every locked job).
 pub(crate) fn job_value(jid: &str) -> String {
-    format!("{}:{jid}", new_token())
+    let mut s = String::with_capacity(TOKEN_BYTES * 2 + 1 + jid.len());
+    push_token(&mut s);
+    s.push(':');
+    s.push_str(jid);
+    s
+}
+
+/// Appends a fresh token ([`new_token`]) to `out`.
+fn push_token(out: &mut String) {
+    let bytes: [u8; TOKEN_BYTES] = rand::random();
+    push_hex(out, &bytes);
+}
+
+/// Appends `bytes` in lowercase hex to `out`: what `crate::job::hex` writes, through a buffer on the
+/// stack and one copy instead of a `char` push (with its capacity check) per digit.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 64];
+    for chunk in bytes.chunks(buf.len() / 2) {
+        let text = &mut buf[..chunk.len() * 2];
+        for (pair, b) in text.chunks_exact_mut(2).zip(chunk) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 15)];
+        }
+        // Hex digits are ASCII: this never fails.
+        out.push_str(std::str::from_utf8(text).unwrap_or_default());
+    }
 }
 
 /// The jid part of a lock value, if it has the `<token>:<jid>` shape of [`job_value`].
@@ -548,6 +576,16 @@ mod tests {
             script_sha1("abc"),
             "a9993e364706816aba3e25717850c26c9cd0d89d"
         );
+    }
+
+    #[test]
+    fn push_hex_writes_what_hex_writes() {
+        let bytes: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+        for n in [0, 1, 16, 20, 31, 32, 33, 255, bytes.len()] {
+            let mut out = String::from("x");
+            push_hex(&mut out, &bytes[..n]);
+            assert_eq!(out, format!("x{}", hex(&bytes[..n])));
+        }
     }
 
     #[test]

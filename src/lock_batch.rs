@@ -299,13 +299,15 @@ fn settle_releases(reqs: &[Release], outcomes: &mut Vec<Outcome>, r: Result<Vec<
 
 /// The log line of a detached release, as [`crate::lock::LockGuard::release_logged`] writes it.
 pub(crate) fn log_release(span: &tracing::Span, key: &str, r: Result<bool>) {
-    let _in_job = span.enter();
+    // The span is entered only for a line to write: a clean release (nearly all) writes none.
     match r {
         Ok(true) => {}
         Ok(false) => {
+            let _in_job = span.enter();
             tracing::warn!(lock = %key, "lock had expired or changed hands before release")
         }
         Err(e) => {
+            let _in_job = span.enter();
             tracing::warn!(lock = %key, error = %e, "cannot release lock; it expires by its ttl")
         }
     }
@@ -359,15 +361,14 @@ fn copy_error(e: &Error) -> Error {
 
 /// The compare-and-delete of `reqs` with `EVALSHA` (`by_sha`) or `EVAL` with the body.
 fn release_cmd(reqs: &[Release], by_sha: bool) -> redis::Cmd {
-    let mut c = if by_sha {
-        let mut c = redis::cmd("EVALSHA");
-        c.arg(RELEASE_MANY_SHA.as_str());
-        c
+    // Sized up front, as `add_sets` does: one buffer for every key and token of the batch.
+    let data: usize = reqs.iter().map(|r| r.key.len() + r.token.len()).sum();
+    let mut c = redis::Cmd::with_capacity(3 + 2 * reqs.len(), data + 64);
+    if by_sha {
+        c.arg("EVALSHA").arg(RELEASE_MANY_SHA.as_str());
     } else {
-        let mut c = redis::cmd("EVAL");
-        c.arg(RELEASE_MANY_SCRIPT);
-        c
-    };
+        c.arg("EVAL").arg(RELEASE_MANY_SCRIPT);
+    }
     c.arg(reqs.len());
     for r in reqs {
         c.arg(&r.key);
@@ -381,12 +382,16 @@ fn release_cmd(reqs: &[Release], by_sha: bool) -> redis::Cmd {
 /// Adds one `SET <key> <value> NX PX <ttl>` per request to `pipe`.
 fn add_sets<'a>(pipe: &mut redis::Pipeline, reqs: impl IntoIterator<Item = &'a Acquire>) {
     for r in reqs {
-        pipe.cmd("SET")
+        // Sized up front (a TTL has at most 20 digits): a `Cmd` grown one argument at a time
+        // reallocates its buffers several times, for every locked job.
+        let mut set = redis::Cmd::with_capacity(6, 3 + r.key.len() + r.value.len() + 4 + 20);
+        set.arg("SET")
             .arg(&r.key)
             .arg(&r.value)
             .arg("NX")
             .arg("PX")
             .arg(r.ttl_ms.max(1));
+        pipe.add_command(set);
     }
 }
 

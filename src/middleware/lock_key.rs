@@ -34,6 +34,7 @@ use serde_json::Value;
 use sha1::{Digest, Sha1};
 
 use crate::error::JobError;
+use crate::keys;
 use crate::worker::JobContext;
 
 /// Computes a name from the job; an `Err` fails the job (arguments that do not fit the closure's type).
@@ -127,31 +128,31 @@ impl LockKey {
         LockKey::Computed(Arc::new(move |ctx: &JobContext| Ok(f(ctx))))
     }
 
+    /// The Redis key of this job's lock, `oxidekiq:lock:<name>` (`keys::lock` of [`LockKey::resolve`]),
+    /// built in one allocation for a class or argument name: the lock middleware ask for it for every
+    /// job.
+    pub(crate) fn lock_key(&self, ctx: &JobContext) -> Result<String, JobError> {
+        match self {
+            LockKey::Class => Ok(keys::lock(ctx.class())),
+            LockKey::ByArgs => {
+                let mut key =
+                    String::with_capacity(keys::LOCK_PREFIX.len() + ctx.class().len() + 1 + 40);
+                key.push_str(keys::LOCK_PREFIX);
+                push_args_name(ctx, &mut key)?;
+                Ok(key)
+            }
+            LockKey::Fixed(_) | LockKey::Computed(_) => Ok(keys::lock(&self.resolve(ctx)?)),
+        }
+    }
+
     /// This job's name (without any prefix). `Err` when the arguments do not decode: a limit fails the
     /// job with it; a lock runs the worker unlocked, which fails at once with its own `ArgumentError`.
     pub fn resolve(&self, ctx: &JobContext) -> Result<String, JobError> {
         match self {
             LockKey::Class => Ok(ctx.class().to_string()),
             LockKey::ByArgs => {
-                let parsed: Value;
-                let args = match ctx.activejob() {
-                    Some(aj) => aj.arguments(),
-                    None => {
-                        parsed = serde_json::from_str(ctx.args_json()).map_err(|e| {
-                            JobError::new(
-                                "ArgumentError",
-                                format!("cannot digest the arguments: {e}"),
-                            )
-                        })?;
-                        &parsed
-                    }
-                };
-                // `<class>:<digest>`, built in place (this runs for every job of the class).
-                let class = ctx.class();
-                let mut name = String::with_capacity(class.len() + 1 + 40);
-                name.push_str(class);
-                name.push(':');
-                name.push_str(&args_digest(args));
+                let mut name = String::with_capacity(ctx.class().len() + 1 + 40);
+                push_args_name(ctx, &mut name)?;
                 Ok(name)
             }
             LockKey::Fixed(name) => Ok(name.clone()),
@@ -214,9 +215,124 @@ pub trait Keyed: Sized {
     }
 }
 
+/// Appends `<class>:<digest>`, the name of [`LockKey::ByArgs`], to `out`.
+///
+/// Plain arguments (`[42]`, `["a",1.5,null]`) are usually already in canonical form as the payload
+/// carries them ([`is_canonical`]): their text is digested as it is, without parsing it into a
+/// `Value` and writing it back (which would give the same text).
+fn push_args_name(ctx: &JobContext, out: &mut String) -> Result<(), JobError> {
+    out.push_str(ctx.class());
+    out.push(':');
+    let raw = ctx.args_json();
+    match ctx.activejob() {
+        Some(aj) => push_digest(out, &canonical_json(aj.arguments())),
+        None if is_canonical(raw) => push_digest(out, raw),
+        None => {
+            let parsed: Value = serde_json::from_str(raw).map_err(|e| {
+                JobError::new("ArgumentError", format!("cannot digest the arguments: {e}"))
+            })?;
+            push_digest(out, &canonical_json(&parsed));
+        }
+    }
+    Ok(())
+}
+
+/// Appends the SHA1 of `canonical`, in lowercase hex, to `out`.
+fn push_digest(out: &mut String, canonical: &str) {
+    crate::lock::push_hex(out, &Sha1::digest(canonical.as_bytes()));
+}
+
+/// Arrays [`is_canonical`] reads; deeper texts go through serde_json (whose own limit is 128).
+const MAX_PLAIN_DEPTH: usize = 64;
+
+/// True when `text` is valid JSON that [`canonical_json`] writes back unchanged: no whitespace, no
+/// object (its keys would need sorting), strings without any escape, numbers without an exponent
+/// (whose spelling is normalized), arrays nested at most [`MAX_PLAIN_DEPTH`] deep. Anything else,
+/// valid or not, is false and left to serde_json.
+fn is_canonical(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    let mut depth = 0;
+    loop {
+        // A value starts at `i`.
+        match b.get(i) {
+            Some(b'[') => {
+                depth += 1;
+                i += 1;
+                if depth > MAX_PLAIN_DEPTH {
+                    return false;
+                }
+                if b.get(i) != Some(&b']') {
+                    continue;
+                }
+                depth -= 1;
+                i += 1;
+            }
+            Some(b'"') => match b[i + 1..]
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+            {
+                Some(n) if b[i + 1 + n] == b'"' => i += n + 2,
+                _ => return false,
+            },
+            Some(b't') if b[i..].starts_with(b"true") => i += 4,
+            Some(b'f') if b[i..].starts_with(b"false") => i += 5,
+            Some(b'n') if b[i..].starts_with(b"null") => i += 4,
+            _ => match number_end(b, i) {
+                Some(end) => i = end,
+                None => return false,
+            },
+        }
+        // After a value: arrays that close, then a comma, or the end of the text.
+        loop {
+            match b.get(i) {
+                Some(b']') if depth > 0 => {
+                    depth -= 1;
+                    i += 1;
+                }
+                Some(b',') if depth > 0 => {
+                    i += 1;
+                    break;
+                }
+                None if depth == 0 => return true,
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// The end of the JSON number without an exponent that starts at `i` (`-`, then `0` or a digit run
+/// without a leading zero, then maybe `.` and at least one digit); `None` if none starts there.
+fn number_end(b: &[u8], mut i: usize) -> Option<usize> {
+    let digits = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        i
+    };
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    i = match b.get(i)? {
+        b'0' => i + 1,
+        b'1'..=b'9' => digits(i + 1),
+        _ => return None,
+    };
+    if b.get(i) == Some(&b'.') {
+        let end = digits(i + 1);
+        if end == i + 1 {
+            return None;
+        }
+        i = end;
+    }
+    Some(i)
+}
+
 /// The SHA1, in lowercase hex, of [`canonical_json`] of `args`.
 pub fn args_digest(args: &Value) -> String {
-    crate::job::hex(&Sha1::digest(canonical_json(args).as_bytes()))
+    let mut out = String::with_capacity(40);
+    push_digest(&mut out, &canonical_json(args));
+    out
 }
 
 /// JSON text with object keys sorted (by their UTF-8 bytes) at every depth and no whitespace; numbers
@@ -441,6 +557,98 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// What `is_canonical` promises: a text it accepts is valid JSON whose canonical form is the text
+    /// itself, so digesting it as it is gives the key the parse would.
+    fn check_plain(text: &str) {
+        if is_canonical(text) {
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(canonical_json(&v), text);
+        }
+    }
+
+    #[test]
+    fn plain_arguments_are_their_own_canonical_form_and_the_rest_is_parsed() {
+        for plain in [
+            "[]",
+            "[42]",
+            r#"[1,"two",null,true,false,[2.5,-0,[]],"é 😀",0.10000000000000000001,-7]"#,
+            "[[[[]]],[]]",
+        ] {
+            assert!(is_canonical(plain), "{plain}");
+            check_plain(plain);
+        }
+        for other in [
+            r#"[{"a":1}]"#,
+            "[1e3]",
+            "[1E3]",
+            "[ 1]",
+            "[1,\n2]",
+            r#"["a\n"]"#,
+            r#"["a\"b"]"#,
+            "[\"a\tb\"]",
+            "[01]",
+            "[1.]",
+            "[.5]",
+            "[-]",
+            "[+1]",
+            "[1,]",
+            "[,1]",
+            "[",
+            "]",
+            "[1]]",
+            "[[1]",
+            "[tru]",
+            "[nul]",
+            "[1][2]",
+            r#"["unterminated]"#,
+            "",
+        ] {
+            assert!(!is_canonical(other), "{other}");
+        }
+        assert!(!is_canonical(&format!(
+            "{}{}",
+            "[".repeat(65),
+            "]".repeat(65)
+        )));
+        assert!(is_canonical(&format!(
+            "{}{}",
+            "[".repeat(64),
+            "]".repeat(64)
+        )));
+    }
+
+    #[test]
+    fn a_text_read_as_plain_always_gives_the_parsed_key() {
+        let alphabet: Vec<char> = "[]{}\",.:-+0123456789eEtrufalsn \\x\n".chars().collect();
+        let mut plain = 0;
+        for _ in 0..3000 {
+            let mut text = String::from("[");
+            random_json(3, &mut text);
+            text.push(']');
+            let v: Value = serde_json::from_str(&text).unwrap();
+            // The payload's own compact writing (Ruby's JSON writes no whitespace either).
+            let compact = serde_json::to_string(&v).unwrap();
+            for t in [&text, &compact] {
+                check_plain(t);
+                plain += usize::from(is_canonical(t));
+            }
+            // And texts one edit away from it, valid or not.
+            let mut chars: Vec<char> = compact.chars().collect();
+            let at = rand::random_range(0..=chars.len());
+            match rand::random_range(0..3) {
+                0 if at < chars.len() => {
+                    chars.remove(at);
+                }
+                1 if at < chars.len() => {
+                    chars[at] = alphabet[rand::random_range(0..alphabet.len())]
+                }
+                _ => chars.insert(at, alphabet[rand::random_range(0..alphabet.len())]),
+            }
+            check_plain(&chars.into_iter().collect::<String>());
+        }
+        assert!(plain > 100, "only {plain} texts took the plain path");
     }
 
     #[test]

@@ -48,7 +48,6 @@ use tokio::time::Instant;
 use super::lock_key::{Keyed, LockKey};
 use super::{BoxFuture, Next, ServerMiddleware};
 use crate::error::{Error, JobError, JobResult};
-use crate::keys;
 use crate::lock::{LockOptions, RedisLock};
 use crate::worker::JobContext;
 
@@ -132,10 +131,10 @@ impl Keyed for SequentialJob {
 impl ServerMiddleware for SequentialJob {
     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
         Box::pin(async move {
-            let Ok(name) = self.key.resolve(ctx) else {
+            let Ok(key) = self.key.lock_key(ctx) else {
                 return next.run(ctx).await;
             };
-            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), self.opts)
+            let lock = RedisLock::at(ctx.redis(), key, self.opts)
                 .held_by(ctx.jid())
                 .batched();
             let started = Instant::now();

@@ -50,7 +50,6 @@ use std::time::Duration;
 use super::lock_key::{Keyed, LockKey};
 use super::{BoxFuture, Next, ServerMiddleware};
 use crate::error::{JobError, JobResult};
-use crate::keys;
 use crate::lock::{LockOptions, RedisLock};
 use crate::worker::JobContext;
 
@@ -167,14 +166,14 @@ impl Keyed for UniqueJob {
 impl ServerMiddleware for UniqueJob {
     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
         Box::pin(async move {
-            let Ok(name) = self.key.resolve(ctx) else {
+            let Ok(key) = self.key.lock_key(ctx) else {
                 return next.run(ctx).await;
             };
             let opts = LockOptions {
                 ttl: self.ttl,
                 ..LockOptions::default()
             };
-            let lock = RedisLock::at(ctx.redis(), keys::lock(&name), opts)
+            let lock = RedisLock::at(ctx.redis(), key, opts)
                 .held_by(ctx.jid())
                 .batched();
             // One `SET NX PX` on the way in, one `EVALSHA` on the way out, each sent in a batch with
