@@ -297,25 +297,36 @@ impl Field {
             _ => Field::Other,
         }
     }
+
+    /// The field of `RAILS_KEYS[at]`.
+    fn rails(at: usize) -> Field {
+        match at {
+            0 => Field::JobClass,
+            1 => Field::JobId,
+            5 => Field::Arguments,
+            6 => Field::Executions,
+            _ => Field::Other,
+        }
+    }
 }
 
 /// The `job_data` keys in the order ActiveJob's `serialize` writes them (Rails 6.1 `core.rb`; Rails
 /// 7.1+ adds `scheduled_at` last), each quoted with its colon as compact JSON writes it: the reader
 /// compares the next key's bytes with the one expected instead of reading a string and matching it
 /// against every name. Any other key, or the same ones in another order or spacing, is read as any key.
-const RAILS_KEYS: [(&[u8], Field); 12] = [
-    (b"\"job_class\":", Field::JobClass),
-    (b"\"job_id\":", Field::JobId),
-    (b"\"provider_job_id\":", Field::Other),
-    (b"\"queue_name\":", Field::Other),
-    (b"\"priority\":", Field::Other),
-    (b"\"arguments\":", Field::Arguments),
-    (b"\"executions\":", Field::Executions),
-    (b"\"exception_executions\":", Field::Other),
-    (b"\"locale\":", Field::Other),
-    (b"\"timezone\":", Field::Other),
-    (b"\"enqueued_at\":", Field::Other),
-    (b"\"scheduled_at\":", Field::Other),
+const RAILS_KEYS: [&[u8]; 12] = [
+    b"\"job_class\":",
+    b"\"job_id\":",
+    b"\"provider_job_id\":",
+    b"\"queue_name\":",
+    b"\"priority\":",
+    b"\"arguments\":",
+    b"\"executions\":",
+    b"\"exception_executions\":",
+    b"\"locale\":",
+    b"\"timezone\":",
+    b"\"enqueued_at\":",
+    b"\"scheduled_at\":",
 ];
 
 /// Where a value inside ActiveJob `arguments` sits: `depth` containers in the payload, `args` of them
@@ -542,8 +553,9 @@ impl<'a> Reader<'a> {
             while more_keys {
                 let (field, escaped) = match RAILS_KEYS.get(next) {
                     // The key Rails writes next, and its colon: one comparison of bytes.
-                    Some(&(lit, field)) if bytes_at(self.b, self.i, lit) => {
+                    Some(&lit) if bytes_at(self.b, self.i, lit) => {
                         self.i += lit.len();
+                        let field = Field::rails(next);
                         next += 1;
                         self.ws();
                         (field, false)
@@ -556,7 +568,7 @@ impl<'a> Reader<'a> {
                         // Back in step with Rails' order after a key it has in another place.
                         if let Some(at) = RAILS_KEYS
                             .iter()
-                            .position(|(lit, _)| lit.get(1..lit.len() - 2) == Some(key))
+                            .position(|lit| lit.get(1..lit.len() - 2) == Some(key))
                         {
                             next = at + 1;
                         }
@@ -564,20 +576,28 @@ impl<'a> Reader<'a> {
                     }
                 };
                 let start = self.i;
-                let (slot, bit) = match field {
-                    Field::JobClass => (&mut found.job_class, JOB_CLASS),
-                    Field::JobId => (&mut found.job_id, JOB_ID),
-                    Field::Executions => (&mut found.executions, 0),
-                    Field::Arguments => (&mut found.arguments, 0),
-                    Field::Other => (&mut None, 0),
-                };
                 if field == Field::Arguments {
                     self.marked(Nest::ARGUMENTS, start, &mut found.markers)?;
                 } else if self.string_value(3)? {
-                    found.plain |= bit;
+                    found.plain |= match field {
+                        Field::JobClass => JOB_CLASS,
+                        Field::JobId => JOB_ID,
+                        _ => 0,
+                    };
                 }
+                let slot = match field {
+                    Field::JobClass => Some(&mut found.job_class),
+                    Field::JobId => Some(&mut found.job_id),
+                    Field::Executions => Some(&mut found.executions),
+                    Field::Arguments => Some(&mut found.arguments),
+                    // Its text is not kept: no slice of it is taken.
+                    Field::Other => None,
+                };
                 // An escaped key could spell one of the four: the unwrapping reads the text then.
-                twice |= escaped || slot.replace(self.s.get(start..self.i)?).is_some();
+                twice |= escaped;
+                if let Some(slot) = slot {
+                    twice |= slot.replace(self.s.get(start..self.i)?).is_some();
+                }
                 more_keys = self.more(b'}')?;
             }
             more = self.more(b']')?;
