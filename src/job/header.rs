@@ -277,6 +277,58 @@ pub(crate) fn markers(arguments: &str) -> Option<Markers> {
     (r.i == r.b.len()).then_some(m)
 }
 
+/// Which of the `job_data` fields [`JobDataText`] holds a key names.
+#[derive(Clone, Copy, PartialEq)]
+enum Field {
+    JobClass,
+    JobId,
+    Executions,
+    Arguments,
+    Other,
+}
+
+impl Field {
+    fn of(key: &[u8]) -> Field {
+        match key {
+            b"job_class" => Field::JobClass,
+            b"job_id" => Field::JobId,
+            b"executions" => Field::Executions,
+            b"arguments" => Field::Arguments,
+            _ => Field::Other,
+        }
+    }
+
+    /// The field of `RAILS_KEYS[at]`.
+    fn rails(at: usize) -> Field {
+        match at {
+            0 => Field::JobClass,
+            1 => Field::JobId,
+            5 => Field::Arguments,
+            6 => Field::Executions,
+            _ => Field::Other,
+        }
+    }
+}
+
+/// The `job_data` keys in the order ActiveJob's `serialize` writes them (Rails 6.1 `core.rb`; Rails
+/// 7.1+ adds `scheduled_at` last), each quoted with its colon as compact JSON writes it: the reader
+/// compares the next key's bytes with the one expected instead of reading a string and matching it
+/// against every name. Any other key, or the same ones in another order or spacing, is read as any key.
+const RAILS_KEYS: [&[u8]; 12] = [
+    b"\"job_class\":",
+    b"\"job_id\":",
+    b"\"provider_job_id\":",
+    b"\"queue_name\":",
+    b"\"priority\":",
+    b"\"arguments\":",
+    b"\"executions\":",
+    b"\"exception_executions\":",
+    b"\"locale\":",
+    b"\"timezone\":",
+    b"\"enqueued_at\":",
+    b"\"scheduled_at\":",
+];
+
 /// Where a value inside ActiveJob `arguments` sits: `depth` containers in the payload, `args` of them
 /// inside `arguments`.
 #[derive(Clone, Copy)]
@@ -397,10 +449,12 @@ impl<'a> Reader<'a> {
     /// Any value ([`Reader::value`]): `true` when it is a string without an escape.
     #[inline(always)]
     fn string_value(&mut self, depth: usize) -> Option<bool> {
-        if self.peek() == b'"' {
-            self.string_seen().map(|escaped| !escaped)
-        } else {
-            self.value(depth).map(|()| false)
+        match self.peek() {
+            b'"' => self.string_seen().map(|escaped| !escaped),
+            // `null` and numbers (most of `job_data` besides strings) without the call to `value`.
+            b'n' => self.literal(b"null").map(|()| false),
+            b'0'..=b'9' => self.number().map(|()| false),
+            _ => self.value(depth).map(|()| false),
         }
     }
 
@@ -493,27 +547,57 @@ impl<'a> Reader<'a> {
             // Filled in place (it is big): cleared again unless it is exactly one job_data hash.
             let found = out.insert(JobDataText::default());
             let mut twice = false;
+            // Where the next key of Rails' order is expected in RAILS_KEYS.
+            let mut next = 0;
             let mut more_keys = self.first(b'}')?;
             while more_keys {
-                let key_start = self.i + 1;
-                let escaped = self.string(true)?;
-                let key = self.b.get(key_start..self.i - 1)?;
-                self.colon()?;
-                let start = self.i;
-                let (slot, bit) = match key {
-                    b"job_class" => (&mut found.job_class, JOB_CLASS),
-                    b"job_id" => (&mut found.job_id, JOB_ID),
-                    b"executions" => (&mut found.executions, 0),
-                    b"arguments" => (&mut found.arguments, 0),
-                    _ => (&mut None, 0),
+                let (field, escaped) = match RAILS_KEYS.get(next) {
+                    // The key Rails writes next, and its colon: one comparison of bytes.
+                    Some(&lit) if bytes_at(self.b, self.i, lit) => {
+                        self.i += lit.len();
+                        let field = Field::rails(next);
+                        next += 1;
+                        self.ws();
+                        (field, false)
+                    }
+                    _ => {
+                        let key_start = self.i + 1;
+                        let escaped = self.string(true)?;
+                        let key = self.b.get(key_start..self.i - 1)?;
+                        self.colon()?;
+                        // Back in step with Rails' order after a key it has in another place.
+                        if let Some(at) = RAILS_KEYS
+                            .iter()
+                            .position(|lit| lit.get(1..lit.len() - 2) == Some(key))
+                        {
+                            next = at + 1;
+                        }
+                        (Field::of(key), escaped)
+                    }
                 };
-                if key == b"arguments" {
+                let start = self.i;
+                if field == Field::Arguments {
                     self.marked(Nest::ARGUMENTS, start, &mut found.markers)?;
                 } else if self.string_value(3)? {
-                    found.plain |= bit;
+                    found.plain |= match field {
+                        Field::JobClass => JOB_CLASS,
+                        Field::JobId => JOB_ID,
+                        _ => 0,
+                    };
                 }
+                let slot = match field {
+                    Field::JobClass => Some(&mut found.job_class),
+                    Field::JobId => Some(&mut found.job_id),
+                    Field::Executions => Some(&mut found.executions),
+                    Field::Arguments => Some(&mut found.arguments),
+                    // Its text is not kept: no slice of it is taken.
+                    Field::Other => None,
+                };
                 // An escaped key could spell one of the four: the unwrapping reads the text then.
-                twice |= escaped || slot.replace(self.s.get(start..self.i)?).is_some();
+                twice |= escaped;
+                if let Some(slot) = slot {
+                    twice |= slot.replace(self.s.get(start..self.i)?).is_some();
+                }
                 more_keys = self.more(b'}')?;
             }
             more = self.more(b']')?;
@@ -608,6 +692,39 @@ impl<'a> Reader<'a> {
             more = self.more(b'}')?;
         }
         Some(())
+    }
+}
+
+/// Whether `b` holds `lit` at `i`: eight bytes at a time (the last eight overlapping the ones
+/// before) when it has eight or more, which is what a short key needs (`==` on slices calls `memcmp`).
+#[inline(always)]
+fn bytes_at(b: &[u8], i: usize, lit: &[u8]) -> bool {
+    let word = |s: &[u8], at: usize| {
+        let mut w = [0u8; 8];
+        match s.get(at..at + 8) {
+            Some(chunk) => {
+                w.copy_from_slice(chunk);
+                Some(u64::from_le_bytes(w))
+            }
+            None => None,
+        }
+    };
+    let (Some(here), n) = (b.get(i..i + lit.len()), lit.len()) else {
+        return false;
+    };
+    if n < 8 {
+        return here == lit;
+    }
+    let mut at = 0;
+    loop {
+        let at_now = at.min(n - 8);
+        if word(here, at_now) != word(lit, at_now) {
+            return false;
+        }
+        if at_now + 8 >= n {
+            return true;
+        }
+        at += 8;
     }
 }
 
