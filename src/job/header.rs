@@ -184,7 +184,10 @@ impl<'a> Header<'a> {
             retry: get(p.retry),
             job_data: None,
             plain: 0,
-            unique_key: raw.contains(crate::middleware::until_executed::UNIQUE_KEY_FIELD),
+            // A key spelled with an escape (`unique\u005fkey`) reads as `unique_key` too: any `\u`
+            // keeps the lock test on (this path is rare, so the cost is nil).
+            unique_key: raw.contains(crate::middleware::until_executed::UNIQUE_KEY_FIELD)
+                || raw.contains("\\u"),
         })
     }
 }
