@@ -925,3 +925,30 @@ mod tests {
         assert!(accepted > 1_000, "seed {seed}: {accepted}");
     }
 }
+
+#[cfg(test)]
+mod tests_unique_key {
+    use crate::job::Job;
+
+    fn names_unique_key(raw: &str) -> bool {
+        match Job::parse(raw.as_bytes().to_vec(), 1 << 20) {
+            Ok(job) => job.may_name_unique_key(),
+            Err((_, e)) => panic!("{raw}: {e}"),
+        }
+    }
+
+    /// The lock test may only be skipped when the payload surely has no top-level `unique_key`; an
+    /// escaped spelling of the key (read by serde_json, not the hand-written reader) keeps it on
+    /// (review R1: `unique\u005fkey` used to skip its lock).
+    #[test]
+    fn a_unique_key_spelled_any_way_keeps_the_lock_test_on() {
+        let plain = r#"{"class":"X","args":[],"jid":"j1","unique_key":"k","unique_ttl":60}"#;
+        let escaped = r#"{"class":"X","args":[],"jid":"j1","unique\u005fkey":"k","unique_ttl":60}"#;
+        let first = r#"{"class":"X","args":[],"jid":"j1","\u0075nique_key":"k","unique_ttl":60}"#;
+        let none = r#"{"class":"X","args":["unique"],"jid":"j1"}"#;
+        assert!(names_unique_key(plain));
+        assert!(names_unique_key(escaped));
+        assert!(names_unique_key(first));
+        assert!(!names_unique_key(none));
+    }
+}
