@@ -62,9 +62,13 @@ FileUtils.mkdir_p(RESULTS)
 FileUtils.mkdir_p(WORK)
 
 $redis = Redis.new(url: REDIS_URL)
-# The one keyspace event the drains wait on: a key deleted (a list popped empty is deleted, whatever popped
-# it: BRPOP, BLMOVE, RPOP in a script). Only generic events are on, so each pop costs Redis one flag test.
-$redis.config(:set, "notify-keyspace-events", "Eg")
+# The one keyspace event the drains wait on: the drained key deleted (a list popped empty is deleted,
+# whatever popped it: BRPOP, BLMOVE, RPOP in a script). Only generic events are on, so each pop costs Redis
+# one flag test, and only on the key's own channel (`__keyspace@0__:<key>`): a deleted key nobody subscribed
+# to publishes to no one. (Until session 6 the driver listened on `__keyevent@0__:del`, the channel of every
+# deleted key, so each lock a job released sent the driver a message: Redis CPU and wake-ups that are not
+# the system's.)
+$redis.config(:set, "notify-keyspace-events", "Kg")
 REDIS_PID = Integer($redis.info("server").fetch("process_id"))
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -146,11 +150,13 @@ def enqueue_plain(klass, total, &args)
 end
 
 # What `perform_later` pushes (Rails 6.1's Sidekiq adapter), in bulk: JobWrapper around the serialized job.
+# The job's arguments are the plain NoopJob's (`[i]`), so the ratio to plain is the cost of the wrapping
+# alone (until session 6 the ActiveJob job also carried a `{"locale" => "en"}` hash the plain job did not).
 def enqueue_activejob(total)
   push_chunks(total) do |idx|
     Sidekiq::Client.push_bulk(
       "class" => ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper, "wrapped" => NoopActiveJob,
-      "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i, { "locale" => "en" }).serialize] }
+      "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i).serialize] }
     )
   end
 end
@@ -188,28 +194,32 @@ end
 def cpu_snapshot(pids) = { sys: pids.sum { |p| cpu_seconds(p) || 0.0 }, redis: cpu_seconds(REDIS_PID) || 0.0,
                            machine: machine_busy_seconds }
 
-# A second connection in SUBSCRIBE mode on `__keyevent@0__:del`, spoken in raw RESP so the driver can
-# sleep in select(2) on it (and wake every 0.5 s only to check that the drainers are alive).
-def subscribe_del
+# A second connection in SUBSCRIBE mode on `key`'s own keyspace channel, spoken in raw RESP so the
+# driver can sleep in select(2) on it (and wake every 0.5 s only to check that the drainers are alive).
+def subscribe_del(key)
   uri = URI(REDIS_URL)
   sock = TCPSocket.new(uri.host, uri.port)
   sock.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1)
-  sock.write("*2\r\n$9\r\nSUBSCRIBE\r\n$18\r\n__keyevent@0__:del\r\n")
+  channel = "__keyspace@0__:#{key}"
+  sock.write("*2\r\n$9\r\nSUBSCRIBE\r\n$#{channel.bytesize}\r\n#{channel}\r\n")
   buf = +""
-  until buf.include?("__keyevent@0__:del") && buf.count("\n") >= 6 # *3 $9 subscribe $18 channel :1
+  until buf.include?(channel) && buf.count("\n") >= 6 # *3 $9 subscribe $n channel :1
     raise "no answer to SUBSCRIBE" unless IO.select([sock], nil, nil, 5)
     buf << sock.readpartial(4096)
   end
   sock
 end
 
-# Blocks until Redis deletes `key` (the queue popped empty). Returns the monotonic time it was seen.
+# Blocks until Redis deletes `key` (the queue popped empty): the `del` event on the channel of
+# `subscribe_del(key)` (its other events, such as the release's `rename_to`, are not it). Returns the
+# monotonic time it was seen.
 def wait_deleted(sock, key, pids, label, t0)
   buf = +""
+  event = "__keyspace@0__:#{key}\r\n$3\r\ndel\r\n"
   loop do
     if IO.select([sock], nil, nil, 0.5)
       buf << sock.readpartial(65_536)
-      return now if buf.include?("\r\n#{key}\r\n")
+      return now if buf.include?(event)
       buf = buf[-200..] if buf.size > 4096
     else
       raise "#{label}: a drainer exited early (see #{WORK}/#{label}*.log)" unless pids.all? { |p| alive?(p) }
@@ -278,7 +288,7 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
   end
   warm_up(system, pids, label)
   ready = now - t_spawn
-  sock = subscribe_del
+  sock = subscribe_del(QUEUE)
   unless quiet
     $redis.config(:resetstat)
     before = cpu_snapshot(pids)
@@ -531,7 +541,7 @@ def scenario_schedule
     at = Time.now.to_f - 1
     push_chunks(SCHEDULE_JOBS) { |idx| Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { |i| [i] }, "at" => at) }
     raise "schedule holds #{$redis.zcard('schedule')} of #{SCHEDULE_JOBS}" unless $redis.zcard("schedule") == SCHEDULE_JOBS
-    sock = subscribe_del
+    sock = subscribe_del("schedule")
     t0 = now
     pid = spawn_system(:oxidekiq, 10, label, queue: "bench_idle", extra: ["--poll-interval", "0.1"])
     # The first promotion is polled every 2 ms, only until it happens (during oxidekiq's start, before any

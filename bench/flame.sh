@@ -58,7 +58,7 @@ ruby -r "$root/bench/jobs.rb" -e '
   (0...n).each_slice(1000) do |idx|
     if ARGV[1] == "activejob"
       Sidekiq::Client.push_bulk("class" => ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper, "wrapped" => NoopActiveJob,
-        "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i, { "locale" => "en" }).serialize] })
+        "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i).serialize] })
     else
       Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { |i| [i] })
     end
