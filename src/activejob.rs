@@ -154,6 +154,29 @@ fn direct(fields: JobDataText<'_>) -> Option<ActiveJobInfo> {
     })
 }
 
+/// Decodes `job`'s ActiveJob arguments every way there is ([`unwrap_job`] with the fields the payload
+/// reader noted, [`unwrap`] from the text, [`unwrap_full`]) and says how they differ, if they do: the
+/// same job id, execution count and decoded arguments (a [`Value`] and a `Vec<Value>` read from each),
+/// or the same error. The fuzz target (`crate::fuzzing`) holds the direct paths to this.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn every_path_agrees(job: &crate::job::Job) -> Result<(), String> {
+    let typed = |info: &ActiveJobInfo| {
+        (
+            info.args::<Value>().map_err(|e| e.to_string()),
+            info.args::<Vec<Value>>().map_err(|e| e.to_string()),
+        )
+    };
+    match (
+        unwrap_job(job),
+        unwrap(job.args_json()),
+        unwrap_full(job.args_json()),
+    ) {
+        (Ok(a), Ok(b), Ok(full)) if a == full && b == full && typed(&a) == typed(&full) => Ok(()),
+        (Err(a), Err(b), Err(full)) if a == full && b == full => Ok(()),
+        (a, b, full) => Err(format!("{a:?} / {b:?} / full {full:?}")),
+    }
+}
+
 /// The full decoder: the whole `job_data` hash as a [`Value`], every field checked, with errors that
 /// say what is wrong.
 fn unwrap_full(args_json: &str) -> Result<ActiveJobInfo, String> {
@@ -946,6 +969,7 @@ mod tests {
             assert!(job.is_activejob(), "{ctx}");
             assert_eq!(job.job_data().is_some(), fast, "{ctx}");
             found += usize::from(fast);
+            every_path_agrees(&job).unwrap_or_else(|e| panic!("{ctx}: {e}"));
             let from_job = unwrap_job(&job);
             match (
                 &from_job,

@@ -826,7 +826,9 @@ pub(crate) fn both_ways(raw: &str) -> Result<bool, String> {
         (None, _) => Ok(false),
         (Some(mut s), Ok(p)) => {
             let found = s.job_data.is_some();
-            // What only the hand-written reader notes (serde_json's reading leaves each unknown).
+            notes_hold(raw, &s)?;
+            // What only the hand-written reader notes (serde_json's reading leaves each unknown),
+            // checked above.
             s.job_data = None;
             s.plain = 0;
             s.unique_key = p.unique_key;
@@ -838,6 +840,69 @@ pub(crate) fn both_ways(raw: &str) -> Result<bool, String> {
         }
         (Some(s), Err(e)) => Err(format!("scan {s:?} / serde error {e}")),
     }
+}
+
+/// What [`scan`] notes beyond the fields, held to serde_json's reading of `raw`: each `plain` bit
+/// names a string field without a backslash; `unique_key` says exactly whether the payload has that
+/// top-level key; the `job_data` fields are the texts of those keys of the one hash in `args`, and
+/// their `plain` bits name strings without a backslash.
+#[cfg(any(test, fuzzing))]
+fn notes_hold(raw: &str, s: &Header<'_>) -> Result<(), String> {
+    use std::collections::HashMap;
+    let unescaped = |text: Option<&str>| {
+        text.is_some_and(|t| t.len() >= 2 && t.starts_with('"') && !t.contains('\\'))
+    };
+    for (bit, text) in [
+        (CLASS, s.class),
+        (JID, s.jid),
+        (QUEUE, s.queue),
+        (WRAPPED, s.wrapped),
+    ] {
+        if s.plain & bit != 0 && !unescaped(text) {
+            return Err(format!("plain bit {bit} on {text:?}"));
+        }
+    }
+    // Keys borrowed (scan refused any with an escape) and values left as text, as `Plain` reads them.
+    let top: HashMap<&str, &RawValue> = serde_json::from_str(raw).map_err(|e| e.to_string())?;
+    let unique_key = top.contains_key(crate::middleware::until_executed::UNIQUE_KEY_FIELD);
+    if s.unique_key != unique_key {
+        return Err(format!(
+            "unique_key noted {}, present {unique_key}",
+            s.unique_key
+        ));
+    }
+    let Some(jd) = s.job_data else {
+        return Ok(());
+    };
+    // The one hash of `args`, its fields as texts (no key of it has an escape when the reader noted
+    // its fields; serde_json keeps the last of a duplicate key, the reader gives up on a duplicate of
+    // the four, so the texts agree).
+    let hashes: Vec<HashMap<&str, &RawValue>> =
+        serde_json::from_str(s.args.ok_or("job_data without args")?).map_err(|e| e.to_string())?;
+    let [hash] = hashes.as_slice() else {
+        return Err(format!("job_data noted in {} hashes", hashes.len()));
+    };
+    let get = |k: &str| hash.get(k).map(|v| v.get());
+    for (name, noted, bit) in [
+        ("job_class", jd.job_class, Some(JOB_CLASS)),
+        ("job_id", jd.job_id, Some(JOB_ID)),
+        ("executions", jd.executions, None),
+        ("arguments", jd.arguments, None),
+    ] {
+        if noted != get(name) {
+            return Err(format!(
+                "job_data {name}: noted {noted:?}, serde {:?}",
+                get(name)
+            ));
+        }
+        if let Some(bit) = bit
+            && jd.plain & bit != 0
+            && !unescaped(noted)
+        {
+            return Err(format!("job_data plain bit {bit} on {noted:?}"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
