@@ -33,7 +33,8 @@
 //!
 //! [`job_data`] and [`wrap`] go the other way, for a Rust client enqueuing an ActiveJob job Ruby runs.
 
-use std::sync::OnceLock;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
@@ -97,7 +98,7 @@ pub(crate) fn unwrap(args_json: &str) -> Result<ActiveJobInfo, String> {
 /// looked for again; the answer is the same.
 pub(crate) fn unwrap_job(job: &crate::job::Job) -> Result<ActiveJobInfo, String> {
     match job.job_data() {
-        Some(fields) => match direct(fields) {
+        Some(fields) => match direct(fields, Some(job.shared_text())) {
             Some(info) => Ok(info),
             None => unwrap_full(job.args_json()),
         },
@@ -109,14 +110,15 @@ pub(crate) fn unwrap_job(job: &crate::job::Job) -> Result<ActiveJobInfo, String>
 /// ([`crate::job::header::job_data`], which also checks the text is JSON), then [`direct`]. `None`
 /// whenever anything is not as Rails writes it (the full decoder then decides, and gives the error).
 fn unwrap_direct(args_json: &str) -> Option<ActiveJobInfo> {
-    direct(crate::job::header::job_data(args_json)?)
+    direct(crate::job::header::job_data(args_json)?, None)
 }
 
 /// The direct path's decision on `job_data`'s fields: [`ActiveJobInfo`] when each is as
 /// [`unwrap_full`] accepts it and the arguments need no decoding beyond cutting hash markers out
 /// ([`Markers`](crate::job::Markers), noted while the fields were read); `None` sends the job to the
-/// full decoder.
-fn direct(fields: JobDataText<'_>) -> Option<ActiveJobInfo> {
+/// full decoder. `payload`: the whole text the fields are slices of, when it is shared: arguments with
+/// no marker to cut are then that text's range, not a copy.
+fn direct(fields: JobDataText<'_>, payload: Option<&Arc<str>>) -> Option<ActiveJobInfo> {
     use crate::job::header::{JOB_CLASS, JOB_ID};
     // A non-empty string (`""` is the only empty one; escapes are left to the full decoder).
     let job_class = fields.job_class?;
@@ -140,9 +142,18 @@ fn direct(fields: JobDataText<'_>) -> Option<ActiveJobInfo> {
     if !raw.starts_with('[') {
         return None;
     }
-    let arguments = match fields.markers.strip(raw) {
-        Some(text) => Arguments::text(text),
-        None => match serde_json::from_str::<Value>(raw).ok()? {
+    let arguments = match (fields.markers.cuts(), payload) {
+        (Some([]), Some(payload)) => {
+            let start = (raw.as_ptr() as usize).checked_sub(payload.as_ptr() as usize)?;
+            let range = start..start + raw.len();
+            // The slice is the payload's own (a range of it): checked, never assumed.
+            if payload.get(range.clone())?.as_ptr() != raw.as_ptr() {
+                return None;
+            }
+            Arguments::text(ArgumentsText::Shared(payload.clone(), range))
+        }
+        (Some(_), _) => Arguments::text(ArgumentsText::Owned(fields.markers.strip(raw)?)),
+        (None, _) => match serde_json::from_str::<Value>(raw).ok()? {
             Value::Array(items) => Arguments::Decoded(decode_list(&items, "arguments").ok()?),
             _ => return None,
         },
@@ -237,7 +248,7 @@ pub(crate) enum Arguments {
     /// for it.
     Text {
         /// The arguments' text, hash markers cut out.
-        json: String,
+        json: ArgumentsText,
         /// Built from `json` on first use.
         value: OnceLock<Value>,
     },
@@ -245,8 +256,27 @@ pub(crate) enum Arguments {
     Decoded(Value),
 }
 
+/// The text of [`Arguments::Text`].
+#[derive(Debug, Clone)]
+pub(crate) enum ArgumentsText {
+    /// With hash markers cut out, or read from a text that is not shared.
+    Owned(String),
+    /// As it is in the payload: a range of the job's shared text (no copy).
+    Shared(Arc<str>, Range<usize>),
+}
+
+impl ArgumentsText {
+    fn as_str(&self) -> &str {
+        match self {
+            ArgumentsText::Owned(s) => s,
+            // `direct` checked the range.
+            ArgumentsText::Shared(text, range) => text.get(range.clone()).unwrap_or("[]"),
+        }
+    }
+}
+
 impl Arguments {
-    fn text(json: String) -> Self {
+    fn text(json: ArgumentsText) -> Self {
         Arguments::Text {
             json,
             value: OnceLock::new(),
@@ -256,7 +286,7 @@ impl Arguments {
     /// The decoded arguments as a [`Value`].
     pub(crate) fn value(&self) -> &Value {
         match self {
-            Arguments::Text { json, value } => value.get_or_init(|| text_value(json)),
+            Arguments::Text { json, value } => value.get_or_init(|| text_value(json.as_str())),
             Arguments::Decoded(v) => v,
         }
     }
@@ -264,9 +294,9 @@ impl Arguments {
     /// The decoded arguments as an owned [`Value`].
     pub(crate) fn into_value(self) -> Value {
         match self {
-            Arguments::Text { json, value } => {
-                value.into_inner().unwrap_or_else(|| text_value(&json))
-            }
+            Arguments::Text { json, value } => value
+                .into_inner()
+                .unwrap_or_else(|| text_value(json.as_str())),
             Arguments::Decoded(v) => v,
         }
     }
@@ -274,7 +304,7 @@ impl Arguments {
     /// Deserializes the arguments as `T`, from the text when there is one.
     pub(crate) fn deserialize<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         match self {
-            Arguments::Text { json, .. } => serde_json::from_str(json),
+            Arguments::Text { json, .. } => serde_json::from_str(json.as_str()),
             Arguments::Decoded(v) => T::deserialize(v),
         }
     }
@@ -283,6 +313,18 @@ impl Arguments {
     #[cfg(test)]
     pub(crate) fn is_direct(&self) -> bool {
         matches!(self, Arguments::Text { .. })
+    }
+
+    /// Whether the arguments are a range of the payload's shared text (the direct path, no marker).
+    #[cfg(test)]
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(
+            self,
+            Arguments::Text {
+                json: ArgumentsText::Shared(..),
+                ..
+            }
+        )
     }
 }
 
@@ -768,6 +810,7 @@ mod tests {
     #[test]
     fn every_recorded_fixture_is_unwrapped_from_the_fields_found_while_decoding() {
         let mut seen = 0;
+        let mut shared = 0;
         for (path, raw) in crate::test_support::fixture_files("activejob-6.1") {
             let job = crate::job::Job::from_str(&raw).unwrap();
             assert!(
@@ -786,9 +829,20 @@ mod tests {
             );
             same_typed::<Value>(&raw, &from_job, &full);
             same_typed::<Vec<Value>>(&raw, &from_job, &full);
+            // Arguments with no marker to cut are the payload's own range, not a copy; read from a
+            // text alone, they are copied.
+            let no_cut = job.job_data().unwrap().markers.cuts() == Some(&[]);
+            assert_eq!(
+                from_job.arguments.is_shared(),
+                from_job.arguments.is_direct() && no_cut,
+                "{path:?}"
+            );
+            assert!(!from_text.arguments.is_shared(), "{path:?}");
+            shared += usize::from(from_job.arguments.is_shared());
             seen += 1;
         }
         assert_eq!(seen, 9, "fixtures read from fixtures/activejob-6.1");
+        assert!(shared >= 1, "no fixture's arguments were shared");
     }
 
     /// A random wrapper payload: Rails' shape most of the time, and now and then what Rails never

@@ -314,6 +314,11 @@ impl Job {
         Arc::from(self.raw.clone())
     }
 
+    /// The payload's text, shared (no copy).
+    pub(crate) fn shared_text(&self) -> &Arc<str> {
+        &self.raw
+    }
+
     /// The `class` field as written (for ActiveJob jobs, the wrapper's name).
     pub fn class(&self) -> &str {
         self.class.get(&self.raw)

@@ -332,6 +332,36 @@ const RAILS_KEYS: [&[u8]; 12] = [
     b"\"scheduled_at\":",
 ];
 
+/// The length of `RAILS_KEYS[next]` when `b` holds it at `i`, else 0. Each arm compares with a literal
+/// of known length, which the compiler turns into a few word compares with constants (the generic
+/// comparison of slices from the table calls `memcmp`): this runs for every key of every ActiveJob
+/// job.
+#[inline(always)]
+fn rails_key_at(b: &[u8], i: usize, next: usize) -> usize {
+    #[inline(always)]
+    fn at<const N: usize>(b: &[u8], i: usize, lit: &[u8; N]) -> usize {
+        match b.get(i..i + N) {
+            Some(here) if here == lit => N,
+            _ => 0,
+        }
+    }
+    match next {
+        0 => at(b, i, b"\"job_class\":"),
+        1 => at(b, i, b"\"job_id\":"),
+        2 => at(b, i, b"\"provider_job_id\":"),
+        3 => at(b, i, b"\"queue_name\":"),
+        4 => at(b, i, b"\"priority\":"),
+        5 => at(b, i, b"\"arguments\":"),
+        6 => at(b, i, b"\"executions\":"),
+        7 => at(b, i, b"\"exception_executions\":"),
+        8 => at(b, i, b"\"locale\":"),
+        9 => at(b, i, b"\"timezone\":"),
+        10 => at(b, i, b"\"enqueued_at\":"),
+        11 => at(b, i, b"\"scheduled_at\":"),
+        _ => 0,
+    }
+}
+
 /// Where a value inside ActiveJob `arguments` sits: `depth` containers in the payload, `args` of them
 /// inside `arguments`.
 #[derive(Clone, Copy)]
@@ -506,6 +536,7 @@ impl<'a> Reader<'a> {
             .then(|| self.i += word.len())
     }
 
+    #[inline(always)]
     fn digits(&mut self) -> usize {
         let start = self.i;
         while self.peek().is_ascii_digit() {
@@ -515,6 +546,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
+    #[inline]
     fn number(&mut self) -> Option<()> {
         self.eat(b'-');
         match self.peek() {
@@ -554,10 +586,10 @@ impl<'a> Reader<'a> {
             let mut next = 0;
             let mut more_keys = self.first(b'}')?;
             while more_keys {
-                let (field, escaped) = match RAILS_KEYS.get(next) {
+                let (field, escaped) = match rails_key_at(self.b, self.i, next) {
                     // The key Rails writes next, and its colon: one comparison of bytes.
-                    Some(&lit) if bytes_at(self.b, self.i, lit) => {
-                        self.i += lit.len();
+                    n if n > 0 => {
+                        self.i += n;
                         let field = Field::rails(next);
                         next += 1;
                         self.ws();
@@ -628,7 +660,12 @@ impl<'a> Reader<'a> {
             b'[' => {
                 let mut more = self.first(b']')?;
                 while more {
-                    self.marked(at.inner(), base, m)?;
+                    // A scalar element (most arguments) without the call for a container.
+                    if matches!(self.peek(), b'{' | b'[') {
+                        self.marked(at.inner(), base, m)?;
+                    } else {
+                        self.string_value(at.depth + 1)?;
+                    }
                     more = self.more(b']')?;
                 }
                 Some(())
@@ -695,39 +732,6 @@ impl<'a> Reader<'a> {
             more = self.more(b'}')?;
         }
         Some(())
-    }
-}
-
-/// Whether `b` holds `lit` at `i`: eight bytes at a time (the last eight overlapping the ones
-/// before) when it has eight or more, which is what a short key needs (`==` on slices calls `memcmp`).
-#[inline(always)]
-fn bytes_at(b: &[u8], i: usize, lit: &[u8]) -> bool {
-    let word = |s: &[u8], at: usize| {
-        let mut w = [0u8; 8];
-        match s.get(at..at + 8) {
-            Some(chunk) => {
-                w.copy_from_slice(chunk);
-                Some(u64::from_le_bytes(w))
-            }
-            None => None,
-        }
-    };
-    let (Some(here), n) = (b.get(i..i + lit.len()), lit.len()) else {
-        return false;
-    };
-    if n < 8 {
-        return here == lit;
-    }
-    let mut at = 0;
-    loop {
-        let at_now = at.min(n - 8);
-        if word(here, at_now) != word(lit, at_now) {
-            return false;
-        }
-        if at_now + 8 >= n {
-            return true;
-        }
-        at += 8;
     }
 }
 
@@ -988,6 +992,22 @@ mod tests {
         }
         // Many mutations land inside strings and keep the payload valid.
         assert!(accepted > 1_000, "seed {seed}: {accepted}");
+    }
+
+    /// The literals `rails_key_at` compares are the table's, each at its own place.
+    #[test]
+    fn rails_keys_are_compared_in_their_order() {
+        for (at, lit) in RAILS_KEYS.iter().enumerate() {
+            for next in 0..=RAILS_KEYS.len() {
+                let want = if next == at { lit.len() } else { 0 };
+                assert_eq!(rails_key_at(lit, 0, next), want, "key {at} at {next}");
+            }
+            // Cut short, or one byte off: no match.
+            assert_eq!(rails_key_at(&lit[..lit.len() - 1], 0, at), 0);
+            let mut off = lit.to_vec();
+            off[lit.len() / 2] ^= 1;
+            assert_eq!(rails_key_at(&off, 0, at), 0);
+        }
     }
 }
 
