@@ -169,6 +169,7 @@ impl Processor {
             return handed;
         }
         let start = Instant::now();
+        state.started(start);
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
         // What the chain's middleware ask to run once a failure's fate is written (`fail`).
@@ -177,19 +178,7 @@ impl Processor {
         // One clock read for the log line and both metrics (each read is a vDSO call).
         let took = start.elapsed();
         let elapsed = took.as_secs_f64();
-        self.stats.processed.fetch_add(1, Ordering::Relaxed);
-        // The one metrics hook (`Metrics::Middleware` wraps the job in Ruby): class, time, outcome.
-        self.metrics.track(
-            job.wrapped().unwrap_or(job.class()),
-            took,
-            result.as_ref().err(),
-        );
-        crate::prom::metrics().job_ran(
-            job.wrapped().unwrap_or(job.class()),
-            &queue,
-            took,
-            result.as_ref().err(),
-        );
+        self.count_run(state, &job, &queue, took, result.as_ref().err());
         let error = match result {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
@@ -202,6 +191,28 @@ impl Processor {
         // The failure path is boxed: it is rare, and its state would otherwise make every job's task
         // (copied in at spawn) larger.
         Box::pin(self.fail(job, queue, entry, error, elapsed, after, state)).await
+    }
+
+    /// Counts a run that ended (with `error` when it failed), once per job whatever the path: in the
+    /// processed stat, in the per-class metrics (the one hook; `Metrics::Middleware` wraps the job in
+    /// Ruby) and in the Prometheus counters. A run that panicked is counted by
+    /// [`Processor::after_panic`] unless it was already, as Sidekiq counts a raised job (`stats`'s
+    /// `ensure`, `ExecutionTracker#track`'s `ensure`). The failed stat is the fate's ([`Processor::fail`]).
+    fn count_run(
+        &self,
+        state: &RunState,
+        job: &Job,
+        queue: &str,
+        took: Duration,
+        error: Option<&JobError>,
+    ) {
+        if state.counted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stats.processed.fetch_add(1, Ordering::Relaxed);
+        let class = job.wrapped().unwrap_or(job.class());
+        self.metrics.track(class, took, error);
+        crate::prom::metrics().job_ran(class, queue, took, error);
     }
 
     /// A failed run: write its fate (retry, dead, discard, reschedule) and say whether it has one.
@@ -304,6 +315,9 @@ impl Processor {
             let retried = match job {
                 Some(job) => {
                     let error = JobError::new(crate::error::PANIC, format!("panicked: {message}"));
+                    // The run ended here: counted as a failure, as a raised job is.
+                    let took = run.took();
+                    self.count_run(run, &job, &queue, took, Some(&error));
                     let entry = self.registry.get(job.worker_class());
                     let failing =
                         self.fail(job, queue.clone(), entry, error, 0.0, AfterFate::default(), run);
@@ -448,6 +462,10 @@ struct RunState {
     fate_written: AtomicBool,
     /// Set once it left the work table and its ack was queued.
     acked: AtomicBool,
+    /// When its worker's chain started (a lock, not a `OnceLock`: cheaper to set, on every job).
+    started: Mutex<Option<Instant>>,
+    /// Set once the run is counted ([`Processor::count_run`]).
+    counted: AtomicBool,
 }
 
 impl RunState {
@@ -458,6 +476,8 @@ impl RunState {
             held: Mutex::new(None),
             fate_written: AtomicBool::new(false),
             acked: AtomicBool::new(false),
+            started: Mutex::new(None),
+            counted: AtomicBool::new(false),
         }
     }
 
@@ -492,6 +512,21 @@ impl RunState {
             Ok(h) => h.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    fn started(&self, at: Instant) {
+        if let Ok(mut s) = self.started.lock() {
+            *s = Some(at);
+        }
+    }
+
+    /// How long the run has taken since its chain started (0 if it never started).
+    fn took(&self) -> Duration {
+        let started = match self.started.lock() {
+            Ok(s) => *s,
+            Err(poisoned) => *poisoned.into_inner(),
+        };
+        started.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     fn is_fate_written(&self) -> bool {

@@ -97,6 +97,12 @@ struct Fates {
     dead: Vec<Value>,
     /// Jids that ran to completion.
     ran: Vec<String>,
+    /// `stat:processed` and `stat:failed` after the stop (which flushes them).
+    processed: u64,
+    failed: u64,
+    /// The execution metrics' `<Class>|p` and `<Class>|f` fields, their value in each `j|` key that
+    /// has them (the minute's key of each Sidekiq version's format, and 8.x's rollup).
+    metrics: std::collections::BTreeMap<String, Vec<u64>>,
 }
 
 impl Fates {
@@ -127,6 +133,24 @@ fn read_fates(c: &mut redis::Connection) -> Fates {
             .map(|m| serde_json::from_str(m).unwrap())
             .collect(),
         ran: c.lrange("ran", 0, -1).unwrap(),
+        processed: c
+            .get::<_, Option<u64>>("stat:processed")
+            .unwrap()
+            .unwrap_or(0),
+        failed: c.get::<_, Option<u64>>("stat:failed").unwrap().unwrap_or(0),
+        metrics: {
+            let mut m = std::collections::BTreeMap::new();
+            let keys: Vec<String> = c.keys("j|*").unwrap();
+            for k in keys {
+                let fields: std::collections::HashMap<String, u64> = c.hgetall(&k).unwrap();
+                for (f, n) in fields {
+                    if f.ends_with("|p") || f.ends_with("|f") {
+                        m.entry(f).or_insert_with(Vec::new).push(n);
+                    }
+                }
+            }
+            m
+        },
     }
 }
 
@@ -233,6 +257,21 @@ async fn a_panic_in_a_worker_or_a_middleware_is_a_failure_in_the_retry_set_with_
     assert_first_backoff(v, *score);
     // The process went on.
     assert!(fates.ran.contains(&"after".to_string()));
+    // Counted as Sidekiq counts a raised job: processed and failed, in the stats and the metrics.
+    assert_eq!((fates.processed, fates.failed), (3, 2), "{fates:?}");
+    let once = |field: &str| {
+        let v = fates.metrics.get(field);
+        assert!(
+            v.is_some_and(|v| !v.is_empty() && v.iter().all(|&n| n == 1)),
+            "{field} counted once in every metrics key: {fates:?}"
+        );
+    };
+    for class in ["PanicJob", "GuardedJob"] {
+        once(&format!("{class}|p"));
+        once(&format!("{class}|f"));
+    }
+    once("NoopJob|p");
+    assert!(!fates.metrics.contains_key("NoopJob|f"), "{fates:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
