@@ -742,7 +742,7 @@ md << md_table(HEAD, table) << "\n\n" unless table.empty?
 md << md_table(["ratio (medians)", "value", "compared"], ratio_rows) << "\n\n" unless ratio_rows.empty?
 md << "Enqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s:\n\n" << md_table(LAT_HEAD, lat_rows) << "\n\n" unless lat_rows.empty?
 md << md_table(IDLE_HEAD, idle_rows) << "\n\n" unless idle_rows.empty?
-cmd_rows = $rows.select { |r| r[:commands] && %w[no-op\ drain ActiveJob\ no-op].include?(r[:scenario]) }.map do |r|
+cmd_rows = $rows.select { |r| r[:commands] && %w[no-op\ drain ActiveJob\ no-op locks].include?(r[:scenario]) }.map do |r|
   top = r[:commands].first(4).map { |name, (calls, us)| format("%s %.3g (%.2f µs)", name, calls, us) }.join(", ")
   [r[:scenario], r[:name], r[:concurrency].to_s, top]
 end
