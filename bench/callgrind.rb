@@ -7,7 +7,11 @@
 #   KIND=activejob-locale ruby bench/callgrind.rb # the ActiveJob payload with an extra {"locale" => "en"} hash
 #   KIND=unique ruby bench/callgrind.rb          # UniqueNoopJob (KIND=sequential: SequentialNoopJob)
 #   OXIDEKIQ_BIN=... OUT=/tmp/cg.out CONC=200 ruby bench/callgrind.rb
-#   NATIVE=1 ruby bench/callgrind.rb             # no valgrind: peak RSS (VmHWM) of the same drain
+#   NATIVE=1 ruby bench/callgrind.rb             # no valgrind: peak RSS (VmHWM) of the same drain, and
+#                                                # user/system CPU per job of oxidekiq and Redis (rough:
+#                                                # the drain's end is polled, the box is not kept quiet)
+#   REDIS=1 ruby bench/callgrind.rb              # count redis-server's instructions per job instead
+#                                                # (oxidekiq runs natively; OUT is Redis's profile)
 #
 # A private redis-server on a free port (never 6379); the jobs are enqueued with Ruby Sidekiq's client as
 # bench/driver.rb does, then parked (RENAME); oxidekiq starts under `valgrind --tool=callgrind
@@ -43,8 +47,11 @@ end
 
 port = 6379
 port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] } while port == 6379
-redis_pid = Process.spawn("redis-server", "--port", port.to_s, "--bind", "127.0.0.1", "--save", "",
+REDIS_CG = ENV["REDIS"] == "1"
+redis_vg = REDIS_CG ? ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=#{OUT}"] : []
+redis_pid = Process.spawn(*redis_vg, "redis-server", "--port", port.to_s, "--bind", "127.0.0.1", "--save", "",
                           "--appendonly", "no", "--dir", WORK, out: File.join(WORK, "redis.log"), err: [:child, :out])
+counted = REDIS_CG ? redis_pid : nil
 pids = [redis_pid]
 begin
   url = "redis://127.0.0.1:#{port}/0"
@@ -73,7 +80,7 @@ begin
   redis.rename("queue:default", "bench:staging")
 
   log = File.join(WORK, "oxidekiq.log")
-  native = ENV["NATIVE"] == "1"
+  native = ENV["NATIVE"] == "1" || REDIS_CG
   valgrind = native ? [] : ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=#{OUT}"]
   vg = Process.spawn({ "REDIS_URL" => url, "RUST_LOG" => nil },
                      *valgrind, OXIDEKIQ, "-q", "default", "-c", CONC.to_s, *EXTRA,
@@ -89,23 +96,30 @@ begin
   sleep 1
   hwm = ->(field) { File.foreach("/proc/#{vg}/status").grep(/^#{field}:/).first.to_s.split[1].to_i / 1024.0 }
   rss_idle = hwm.call("VmRSS")
-  unless native
-    system("callgrind_control", "-i", "on", vg.to_s, out: File::NULL) or raise "callgrind_control -i on failed"
+  counted ||= vg unless native
+  if counted
+    system("callgrind_control", "-i", "on", counted.to_s, out: File::NULL) or raise "callgrind_control -i on failed"
   end
+  # user and system CPU seconds of a process (clock ticks of /proc/<pid>/stat)
+  cpu = ->(pid) { File.read("/proc/#{pid}/stat").split(")").last.split.values_at(11, 12).map { |t| t.to_f / 100 } }
+  cpu0 = [cpu.call(vg), cpu.call(redis_pid)]
   t0 = now
   redis.rename("bench:staging", "queue:default")
   wait_until("the drain", 1800) { redis.llen("queue:default").zero? && in_flight.call.zero? }
   secs = now - t0
+  cpu1 = [cpu.call(vg), cpu.call(redis_pid)]
   sleep 1 # the log writer's last batch
-  if native
-    printf("%s: %d jobs, -c %d: peak RSS %.1f MB (%.1f MB after the probe job), %.2f s\n",
-           KIND, JOBS, CONC, hwm.call("VmHWM"), rss_idle, secs)
+  if native && !REDIS_CG
+    us = ->(i, k) { (cpu1[i][k] - cpu0[i][k]) * 1e6 / JOBS }
+    printf("%s: %d jobs, -c %d: peak RSS %.1f MB (%.1f MB after the probe job), %.2f s; CPU us/job " \
+           "(user/system, polled every 0.1 s): oxidekiq %.1f/%.1f, Redis %.1f/%.1f\n",
+           KIND, JOBS, CONC, hwm.call("VmHWM"), rss_idle, secs, us.call(0, 0), us.call(0, 1), us.call(1, 0), us.call(1, 1))
     Process.kill("TERM", vg)
     Process.wait(vg)
     pids.delete(vg)
     exit
   end
-  system("callgrind_control", "-d", vg.to_s, out: File::NULL) or raise "callgrind_control -d failed"
+  system("callgrind_control", "-d", counted.to_s, out: File::NULL) or raise "callgrind_control -d failed"
   Process.kill("TERM", vg)
   Process.wait(vg)
   pids.delete(vg)
