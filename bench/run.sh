@@ -5,7 +5,7 @@
 #   JOBS=10000 ROUNDS=1 SCENARIOS=drain,io bash bench/run.sh   # a quick look
 #
 # Scenarios (SCENARIOS, comma-separated; default all): drain, activejob, io, latency, locks, schedule, rss,
-# scaleout, quiet. Sizes: JOBS (100000), ROUNDS (3), IO_JOBS and LOCK_JOBS (JOBS/5), SCHEDULE_JOBS (JOBS),
+# scaleout, quiet. Sizes: JOBS (100000), ROUNDS (3), IO_JOBS (JOBS/5), LOCK_JOBS and SCHEDULE_JOBS (JOBS),
 # SCALE_PROCS (1,2,4 oxidekiq processes) and SCALE_CONC (200 each), LATENCY_RATE (5000), LATENCY_SECS (10),
 # RUN_TIMEOUT (600 s per drain); SYSTEMS (oxidekiq,ruby,rusty) limits who runs.
 # SKIP_SETUP=1 skips the package check, SKIP_BUILD=1 the builds.
