@@ -18,15 +18,9 @@
 # --instr-atstart=no`, takes a probe job (start-up and the first job's lazy set-up are not counted), then
 # `callgrind_control -i on` starts the count, the queue is released, and once every job is acknowledged
 # `callgrind_control -d` dumps it. Prints instructions per job; `callgrind_annotate OUT` shows where.
-require "rbconfig"
-require "socket"
-require "tmpdir"
-require_relative "jobs"
+require_relative "probe_support"
+include ProbeSupport
 
-Sidekiq.logger.level = Logger::WARN
-ActiveJob::Base.logger = Logger.new(nil)
-
-ROOT = File.expand_path("..", __dir__)
 OXIDEKIQ = ENV.fetch("OXIDEKIQ_BIN", File.join(ROOT, "target/release/oxidekiq"))
 KIND = ENV.fetch("KIND", "noop")
 JOBS = Integer(ENV.fetch("JOBS", "20000"))
@@ -34,54 +28,18 @@ CONC = Integer(ENV.fetch("CONC", "200"))
 WORK = Dir.mktmpdir("oxidekiq-callgrind")
 OUT = ENV.fetch("OUT", File.join(WORK, "callgrind.out"))
 EXTRA = ENV.fetch("EXTRA", "").split
-
-def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-def wait_until(what, secs)
-  deadline = now + secs
-  until yield
-    raise "timed out waiting for #{what}" if now > deadline
-    sleep 0.1
-  end
-end
-
-port = 6379
-port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] } while port == 6379
 REDIS_CG = ENV["REDIS"] == "1"
-redis_vg = REDIS_CG ? ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=#{OUT}"] : []
-redis_pid = Process.spawn(*redis_vg, "redis-server", "--port", port.to_s, "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--dir", WORK, out: File.join(WORK, "redis.log"), err: [:child, :out])
+
+redis_pid, url, redis = start_redis(WORK, REDIS_CG ? callgrind(OUT) : [])
 counted = REDIS_CG ? redis_pid : nil
 pids = [redis_pid]
 begin
-  url = "redis://127.0.0.1:#{port}/0"
-  Sidekiq.configure_client { |c| c.redis = { url: url, size: 2 } }
-  redis = Redis.new(url: url)
-  wait_until("redis", 10) { redis.ping == "PONG" rescue false }
-
-  (0...JOBS).each_slice(1000) do |idx|
-    if KIND.start_with?("activejob")
-      # The benchmark's ActiveJob payload carries the plain job's arguments; activejob-locale adds the
-      # `{"locale" => "en"}` hash the benchmark used until session 6.
-      extra = KIND == "activejob-locale" ? [{ "locale" => "en" }] : []
-      Sidekiq::Client.push_bulk(
-        "class" => ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper, "wrapped" => NoopActiveJob,
-        "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i, *extra).serialize] }
-      )
-    elsif %w[unique sequential].include?(KIND)
-      # The lock benchmark's probes (bench/driver.rb): a no-op behind a lock keyed by its arguments.
-      klass = KIND == "unique" ? "UniqueNoopJob" : "SequentialNoopJob"
-      Sidekiq::Client.push_bulk("class" => klass, "args" => idx.map { |i| [i] })
-    else
-      Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { |i| [i] })
-    end
-  end
-  raise "enqueued #{redis.llen('queue:default')} of #{JOBS}" unless redis.llen("queue:default") == JOBS
+  enqueue(redis, KIND, JOBS)
   redis.rename("queue:default", "bench:staging")
 
   log = File.join(WORK, "oxidekiq.log")
   native = ENV["NATIVE"] == "1" || REDIS_CG
-  valgrind = native ? [] : ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=#{OUT}"]
+  valgrind = native ? [] : callgrind(OUT)
   vg = Process.spawn({ "REDIS_URL" => url, "RUST_LOG" => nil },
                      *valgrind, OXIDEKIQ, "-q", "default", "-c", CONC.to_s, *EXTRA,
                      chdir: WORK, in: File::NULL, out: log, err: File.join(WORK, "valgrind.log"))
@@ -97,9 +55,7 @@ begin
   hwm = ->(field) { File.foreach("/proc/#{vg}/status").grep(/^#{field}:/).first.to_s.split[1].to_i / 1024.0 }
   rss_idle = hwm.call("VmRSS")
   counted ||= vg unless native
-  if counted
-    system("callgrind_control", "-i", "on", counted.to_s, out: File::NULL) or raise "callgrind_control -i on failed"
-  end
+  callgrind_on(counted) if counted
   # user and system CPU seconds of a process (clock ticks of /proc/<pid>/stat)
   cpu = ->(pid) { File.read("/proc/#{pid}/stat").split(")").last.split.values_at(11, 12).map { |t| t.to_f / 100 } }
   cpu0 = [cpu.call(vg), cpu.call(redis_pid)]
@@ -119,22 +75,15 @@ begin
     pids.delete(vg)
     exit
   end
-  system("callgrind_control", "-d", counted.to_s, out: File::NULL) or raise "callgrind_control -d failed"
+  dumped, total = callgrind_dump(counted, OUT)
   Process.kill("TERM", vg)
   Process.wait(vg)
   pids.delete(vg)
-  dumped = Dir["#{OUT}*"].reject { |f| f == OUT }.min || OUT
-  total = File.foreach(dumped).grep(/^(summary|totals):/).first.to_s.split[1].to_i
   lines = File.foreach(log).count { |l| l.include?(" done") || l.include?("\"done\"") }
   failed = redis.zcard("retry") + redis.zcard("dead")
   printf("%s: %d jobs, -c %d: %.0f instructions/job (%d in all, %.1f s under valgrind; %d done lines; %d failed)\n",
          KIND, JOBS, CONC, total.to_f / JOBS, total, secs, lines, failed)
   puts "profile: #{dumped} (callgrind_annotate #{dumped}); log: #{log}"
 ensure
-  pids.each do |p|
-    Process.kill("TERM", p)
-    Process.wait(p)
-  rescue Errno::ESRCH, Errno::ECHILD
-    nil
-  end
+  stop_all(pids)
 end

@@ -17,14 +17,9 @@
 # JOBS jobs enqueued with Ruby Sidekiq's client (KIND=noop: NoopJob, KIND=activejob: NoopActiveJob as
 # bench/driver.rb enqueues them); the count covers the fetch-and-ack loop only. Prints Redis's instructions
 # per job.
-require "socket"
-require "tmpdir"
-require_relative "jobs"
+require_relative "probe_support"
+include ProbeSupport
 
-Sidekiq.logger.level = Logger::WARN
-ActiveJob::Base.logger = Logger.new(nil)
-
-ROOT = File.expand_path("..", __dir__)
 DESIGN = ENV.fetch("DESIGN", "script")
 KIND = ENV.fetch("KIND", "noop")
 JOBS = Integer(ENV.fetch("JOBS", "20000"))
@@ -33,8 +28,7 @@ ACK_EVERY = 200
 WORK = Dir.mktmpdir("oxidekiq-fetch-probe")
 OUT = ENV.fetch("OUT", File.join(WORK, "callgrind.out"))
 abort "DESIGN is script or lmove" unless %w[script lmove].include?(DESIGN)
-
-def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+abort "KIND is noop or activejob" unless %w[noop activejob].include?(KIND)
 
 # The raw string literal (r#"..."#) that follows `marker` in a Rust source file.
 def rust_raw(path, marker)
@@ -46,37 +40,15 @@ end
 
 fetch_lua = rust_raw("src/lua.rs", "macro_rules! lua_common") + rust_raw("src/fetch/reliable.rs", "const FETCH_LUA")
 
-port = 6379
-port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] } while port == 6379
-redis_pid = Process.spawn("valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=#{OUT}",
-                          "redis-server", "--port", port.to_s, "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--dir", WORK, out: File.join(WORK, "redis.log"), err: [:child, :out])
+redis_pid, _url, redis = start_redis(WORK, callgrind(OUT))
 begin
-  url = "redis://127.0.0.1:#{port}/0"
-  Sidekiq.configure_client { |c| c.redis = { url: url, size: 2 } }
-  redis = Redis.new(url: url)
-  deadline = now + 60
-  until (redis.ping == "PONG" rescue false)
-    raise "redis did not start" if now > deadline
-    sleep 0.2
-  end
-  (0...JOBS).each_slice(1000) do |idx|
-    if KIND == "activejob"
-      Sidekiq::Client.push_bulk(
-        "class" => ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper, "wrapped" => NoopActiveJob,
-        "queue" => "default", "args" => idx.map { |i| [NoopActiveJob.new(i).serialize] }
-      )
-    else
-      Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { |i| [i] })
-    end
-  end
-  raise "enqueued #{redis.llen('queue:default')} of #{JOBS}" unless redis.llen("queue:default") == JOBS
+  enqueue(redis, KIND, JOBS)
   bytes = redis.lrange("queue:default", 0, 0).first.bytesize
 
   queue = "queue:default"
   working = "oxidekiq:working:probe:default"
   sha = DESIGN == "script" ? redis.script(:load, fetch_lua) : nil
-  system("callgrind_control", "-i", "on", redis_pid.to_s, out: File::NULL) or raise "callgrind_control -i on failed"
+  callgrind_on(redis_pid)
   t0 = now
   done = 0
   next_id = 1
@@ -116,22 +88,14 @@ begin
     held.clear
   end
   secs = now - t0
-  system("callgrind_control", "-d", redis_pid.to_s, out: File::NULL) or raise "callgrind_control -d failed"
+  dumped, total = callgrind_dump(redis_pid, OUT)
   left = redis.llen(queue) + (DESIGN == "script" ? redis.hlen(working) : redis.keys("#{working}:*").size)
   raise "#{left} jobs left in Redis after the probe" unless left.zero?
   raise "fetched #{done} of #{JOBS}" unless done == JOBS
 
-  Process.kill("TERM", redis_pid)
-  Process.wait(redis_pid)
-  redis_pid = nil
-  dumped = Dir["#{OUT}*"].reject { |f| f == OUT }.min || OUT
-  total = File.foreach(dumped).grep(/^(summary|totals):/).first.to_s.split[1].to_i
   printf("%s, %s (%d-byte payloads): %d jobs, Redis %.0f instructions/job (%.1f s under valgrind)\n",
          DESIGN, KIND, bytes, JOBS, total.to_f / JOBS, secs)
   puts "profile: #{dumped}"
 ensure
-  if redis_pid
-    Process.kill("TERM", redis_pid)
-    Process.wait(redis_pid)
-  end
+  stop_all([redis_pid])
 end
