@@ -11,7 +11,9 @@
 #                                                # user/system CPU per job of oxidekiq and Redis (rough:
 #                                                # the drain's end is polled, the box is not kept quiet)
 #   REDIS=1 ruby bench/callgrind.rb              # count redis-server's instructions per job instead
-#                                                # (oxidekiq runs natively; OUT is Redis's profile)
+#                                                # (oxidekiq runs natively; OUT is Redis's profile;
+#                                                # it includes this script's polling, a few commands
+#                                                # every 0.1 s)
 #
 # A private redis-server on a free port (never 6379); the jobs are enqueued with Ruby Sidekiq's client as
 # bench/driver.rb does, then parked (RENAME); oxidekiq starts under `valgrind --tool=callgrind
@@ -56,14 +58,12 @@ begin
   rss_idle = hwm.call("VmRSS")
   counted ||= vg unless native
   callgrind_on(counted) if counted
-  # user and system CPU seconds of a process (clock ticks of /proc/<pid>/stat)
-  cpu = ->(pid) { File.read("/proc/#{pid}/stat").split(")").last.split.values_at(11, 12).map { |t| t.to_f / 100 } }
-  cpu0 = [cpu.call(vg), cpu.call(redis_pid)]
+  cpu0 = [cpu_times(vg), cpu_times(redis_pid)]
   t0 = now
   redis.rename("bench:staging", "queue:default")
   wait_until("the drain", 1800) { redis.llen("queue:default").zero? && in_flight.call.zero? }
   secs = now - t0
-  cpu1 = [cpu.call(vg), cpu.call(redis_pid)]
+  cpu1 = [cpu_times(vg), cpu_times(redis_pid)]
   sleep 1 # the log writer's last batch
   if native && !REDIS_CG
     us = ->(i, k) { (cpu1[i][k] - cpu0[i][k]) * 1e6 / JOBS }

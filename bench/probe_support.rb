@@ -1,5 +1,6 @@
 # What bench/callgrind.rb and bench/fetch_probe.rb share: a private redis-server (optionally under callgrind),
 # the benchmark's jobs enqueued by Ruby Sidekiq's client, and callgrind's totals.
+require "etc"
 require "socket"
 require "tmpdir"
 require_relative "jobs"
@@ -71,6 +72,12 @@ module ProbeSupport
 
   def callgrind_on(pid)
     system("callgrind_control", "-i", "on", pid.to_s, out: File::NULL) or raise "callgrind_control -i on failed"
+  end
+
+  # [user, system] CPU seconds of process `pid` so far (utime and stime, fields 14-15 of proc(5)).
+  def cpu_times(pid)
+    ticks = Etc.sysconf(Etc::SC_CLK_TCK).to_f
+    File.read("/proc/#{pid}/stat").split(") ", 2).last.split.values_at(11, 12).map { |t| t.to_i / ticks }
   end
 
   # Stops every process of `pids` still running.
