@@ -13,6 +13,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use header::Header;
+
+// Its home is the support layer (`text`); kept at this public path.
+pub use crate::text::hex;
 pub(crate) use header::{JobDataText, Markers};
 
 pub(crate) mod header;
@@ -534,17 +537,6 @@ pub fn new_jid() -> String {
     let mut b = [0u8; 12];
     rand::rng().fill_bytes(&mut b);
     hex(&b)
-}
-
-/// Lowercase hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }
 
 #[cfg(test)]

@@ -80,12 +80,14 @@ pub mod middleware;
 pub(crate) mod migrate;
 pub(crate) mod processor;
 pub(crate) mod prom;
+pub(crate) mod redact;
 pub(crate) mod redis_conn;
 pub mod registry;
 pub(crate) mod retry;
 pub(crate) mod scheduled;
 pub(crate) mod sentinel;
 pub(crate) mod shutdown;
+pub(crate) mod text;
 pub(crate) mod time;
 pub mod worker;
 

@@ -72,9 +72,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::job::hex;
 use crate::keys;
 use crate::redis_conn::Conn;
+use crate::text::hex;
 
 /// Deletes `KEYS[1]` only if it holds the token `ARGV[1]`; returns 1 if it deleted, else 0.
 pub const RELEASE_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \

@@ -25,8 +25,9 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fetch::{self, Fetch, UnitOfWork};
 use crate::job::Job;
-use crate::processor::{Processor, Stats, to_base36};
+use crate::processor::{Processor, Stats};
 use crate::shutdown::{Phase, ShutdownSignal};
+use crate::text::to_base36;
 use crate::time;
 
 /// A job that is running or whose fate is not yet in Redis: a row of the work table.

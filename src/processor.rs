@@ -591,21 +591,6 @@ fn annotate_error(raw: &[u8], class: &str, error: &str) -> Vec<u8> {
     out
 }
 
-/// `Integer#to_s(36)`.
-pub(crate) fn to_base36(mut n: u64) -> String {
-    const D: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    if n == 0 {
-        return "0".into();
-    }
-    let mut out = Vec::new();
-    while n > 0 {
-        out.push(D[(n % 36) as usize]);
-        n /= 36;
-    }
-    out.reverse();
-    String::from_utf8(out).unwrap_or_default()
-}
-
 // Moved from tests/fate_writes.rs: each fate written once, with its token (needs crate-internal items).
 #[cfg(test)]
 mod tests_fate_writes;
@@ -622,13 +607,6 @@ mod tests {
             br#"{"class":"A","args":[1],"error_class":"Oxidekiq::InvalidPayload","error_message":"too big"}"#
         );
         assert_eq!(annotate_undecoded(b"[1]", "x"), b"[1]");
-    }
-
-    #[test]
-    fn base36_matches_ruby() {
-        assert_eq!(to_base36(0), "0");
-        assert_eq!(to_base36(35), "z");
-        assert_eq!(to_base36(36 * 36 + 1), "101");
     }
 }
 

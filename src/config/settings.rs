@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::redis_conn::redact_url;
+use crate::redact::redact_url;
 
 /// The most jobs one process may run at once. Each slot is a task, a working-list entry and a share
 /// of every fetch; Sidekiq advises 5 to 50 per process, and past a few thousand one process is better
