@@ -24,6 +24,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::{Error, Result};
+use crate::prom::count_error;
 use crate::redact::redact_url;
 
 /// The handle every part of oxidekiq talks to Redis through; cheap to clone.
@@ -84,13 +85,6 @@ impl From<ConnectionManager> for Conn {
             locks: std::sync::Arc::default(),
         }
     }
-}
-
-/// Counts a failed command for `/metrics`; a lost connection also counts as a reconnect (the
-/// manager reconnects after it).
-pub(crate) fn count_error(e: &redis::RedisError) {
-    let reconnects = e.is_connection_dropped() || e.is_io_error() || e.is_connection_refusal();
-    crate::prom::metrics().redis_error(reconnects);
 }
 
 impl redis::aio::ConnectionLike for Conn {

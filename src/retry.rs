@@ -38,26 +38,9 @@ pub(crate) const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
 /// The dead set keeps at most this many members (`dead_max_jobs`).
 pub(crate) const DEAD_MAX_JOBS: i64 = 10_000;
 
-/// Where a failed job ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Fate {
-    /// In the retry set, to run at this epoch time.
-    Retry {
-        /// Score of the retry-set entry.
-        at: f64,
-        /// The new `retry_count`.
-        count: i64,
-    },
-    /// In the dead set.
-    Dead,
-    /// Dropped on purpose (`retry: false`, `dead: false`, or a `discard` answer), as Ruby drops it.
-    Discarded,
-    /// Back in the schedule set, unchanged, not counted as a failure.
-    Rescheduled {
-        /// Score of the schedule-set entry.
-        at: f64,
-    },
-}
+// Where a failed job ended: defined with the error kinds (the support layer), so that the
+// Prometheus counters below this layer can count fates; kept at this path.
+pub use crate::error::Fate;
 
 /// The backoff before retry number `count` (0-based): `count**4 + 15 + jitter`.
 pub(crate) fn backoff(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {

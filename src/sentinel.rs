@@ -498,7 +498,7 @@ impl Follower {
     }
 
     async fn failed(&self, e: &redis::RedisError) {
-        crate::redis_conn::count_error(e);
+        crate::prom::count_error(e);
         if suggests_failover(e) {
             self.master.recheck().await;
         }
