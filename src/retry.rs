@@ -23,11 +23,12 @@ use rand::Rng;
 use serde_json::{Map, Value};
 
 use crate::error::{JobError, Result, RetryAction};
-use crate::job::{Job, MAX_TIMESTAMP, RetrySetting, saturating_count, valid_timestamp};
+use crate::job::{
+    Job, MAX_TIMESTAMP, RetrySetting, WorkerOptions, saturating_count, valid_timestamp,
+};
 use crate::keys;
 use crate::redis_conn::Conn;
 use crate::time::{TimeFormat, score};
-use crate::worker::WorkerOptions;
 
 /// Sidekiq's default maximum number of retries (`DEFAULT_MAX_RETRY_ATTEMPTS`).
 pub(crate) const DEFAULT_MAX_RETRIES: i64 = 25;

@@ -49,8 +49,8 @@ use crate::retry::Fate;
 use crate::time::score;
 use crate::worker::JobContext;
 
-/// The payload key holding the lock's full Redis key.
-pub const UNIQUE_KEY_FIELD: &str = "unique_key";
+// The payload reader below looks for it too ([`Job::may_name_unique_key`]): it lives in `job`.
+pub use crate::job::UNIQUE_KEY_FIELD;
 /// The payload key holding the lock's TTL in seconds.
 pub const UNIQUE_TTL_FIELD: &str = "unique_ttl";
 
