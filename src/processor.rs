@@ -83,6 +83,8 @@ pub(crate) struct Processor {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// `--handoff QUEUE`: jobs oxidekiq should not run go to a queue Ruby serves.
     pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
+    /// The job locks' batch task, handed to each job's context for the lock middleware.
+    pub locks: crate::lock_batch::Locks,
     /// This process's working-hash prefix ([`crate::keys::working_prefix`]) under reliable fetch, `None`
     /// with basic fetch: a job's entry there is its [`retry::Token`], consumed by its fate write.
     pub working_prefix: Option<String>,
@@ -399,7 +401,8 @@ impl Processor {
             self.shutdown.clone(),
             activejob,
         )
-        .with_after_fate(after.clone());
+        .with_after_fate(after.clone())
+        .with_locks(self.locks.clone());
         match (entry, refused) {
             (Some(entry), None) => {
                 Next::new(&entry.chain, entry.handler.as_ref())

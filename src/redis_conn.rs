@@ -36,31 +36,6 @@ use crate::redact::redact_url;
 #[derive(Clone)]
 pub struct Conn {
     inner: ConnInner,
-    /// The job-lock batch tasks of this connection, spawned on first use ([`Conn::lock_batcher`]).
-    locks: std::sync::Arc<std::sync::OnceLock<crate::lock_batch::Batcher>>,
-}
-
-impl Conn {
-    /// The batch tasks that send job locks' acquires and releases over this connection (see
-    /// `lock_batch`); spawned on first use, on the caller's runtime. Their own handle has an empty slot
-    /// of its own, so they end once every clone of this connection is gone.
-    pub(crate) fn lock_batcher(&self) -> &crate::lock_batch::Batcher {
-        self.locks.get_or_init(|| {
-            crate::lock_batch::Batcher::spawn(Conn {
-                inner: self.inner.clone(),
-                locks: std::sync::Arc::default(),
-            })
-        })
-    }
-
-    /// Waits until every job-lock release queued on this connection's batch task (`lock_batch`) has
-    /// reached Redis (or its failure was logged); at once if no lock was ever taken through it. The
-    /// launcher's stop calls it after the jobs have ended, so no released lock outlives the process.
-    pub(crate) async fn flush_lock_releases(&self) {
-        if let Some(batcher) = self.locks.get() {
-            batcher.flush().await;
-        }
-    }
 }
 
 #[derive(Clone)]
@@ -82,7 +57,6 @@ impl From<ConnectionManager> for Conn {
     fn from(m: ConnectionManager) -> Self {
         Conn {
             inner: ConnInner::Direct(m),
-            locks: std::sync::Arc::default(),
         }
     }
 }
@@ -140,16 +114,18 @@ pub(crate) enum Target {
 }
 
 impl Target {
-    /// The target `config` describes (with Sentinel, the master is looked up now).
-    pub(crate) async fn from_config(config: &crate::config::Config) -> Result<Target> {
-        let url = config.redis_url();
-        match &config.sentinel {
-            None => Ok(Target::Url(Box::new(client_with_ca(
-                &url,
-                config.redis_ca_file().as_deref(),
-            )?))),
+    /// The target of the Redis URL `url` (checked against the CA bundle `ca_file`, if given), or with
+    /// `sentinel` the master it names (looked up now). Values, not the config: a connection knows
+    /// nothing of the layers above it.
+    pub(crate) async fn new(
+        url: &str,
+        ca_file: Option<&Path>,
+        sentinel: Option<&crate::sentinel::SentinelConfig>,
+    ) -> Result<Target> {
+        match sentinel {
+            None => Ok(Target::Url(Box::new(client_with_ca(url, ca_file)?))),
             Some(s) => {
-                if config.redis_ca_file().is_some() {
+                if ca_file.is_some() {
                     return Err(Error::Config(
                         "a Redis CA file is not supported with Sentinel yet: the masters' \
                          certificates are checked against the system's trust store"
@@ -158,7 +134,7 @@ impl Target {
                 }
                 install_crypto_provider();
                 Ok(Target::Sentinel(
-                    crate::sentinel::Master::discover(s, &url).await?,
+                    crate::sentinel::Master::discover(s, url).await?,
                 ))
             }
         }
@@ -182,7 +158,6 @@ impl Target {
                 inner: ConnInner::Sentinel(std::sync::Arc::new(
                     crate::sentinel::Follower::connect(master.clone(), cfg).await?,
                 )),
-                locks: std::sync::Arc::default(),
             }),
         }
     }

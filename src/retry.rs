@@ -34,11 +34,6 @@ use crate::time::{TimeFormat, score};
 pub(crate) const DEFAULT_MAX_RETRIES: i64 = 25;
 /// Longest `error_message` stored (`exception.message.to_s[0, 10_000]`).
 pub(crate) const MAX_ERROR_MESSAGE: usize = 10_000;
-/// Dead jobs older than this are trimmed (`dead_timeout_in_seconds`, 180 days).
-pub(crate) const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
-/// The dead set keeps at most this many members (`dead_max_jobs`).
-pub(crate) const DEAD_MAX_JOBS: i64 = 10_000;
-
 // Where a failed job ended: defined with the error kinds (the support layer), so that the
 // Prometheus counters below this layer can count fates; kept at this path.
 pub use crate::error::Fate;

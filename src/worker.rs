@@ -13,6 +13,7 @@ use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, SeqAccess, Visitor};
 
 use crate::error::JobResult;
 use crate::job::Job;
+use crate::lock_batch::Locks;
 // Plain data the retry machinery below reads too: defined in `job`, kept at this public path.
 pub use crate::job::WorkerOptions;
 use crate::middleware::BoxFuture;
@@ -170,6 +171,8 @@ pub struct JobContext {
     pub(crate) activejob: Option<Arc<ActiveJobInfo>>,
     /// Hooks for after a failed run's fate is written.
     pub(crate) after_fate: AfterFate,
+    /// The job locks' batch task the lock middleware send through (`None`: each lock command alone).
+    pub(crate) locks: Option<Locks>,
 }
 
 impl JobContext {
@@ -188,7 +191,20 @@ impl JobContext {
             shutdown,
             activejob,
             after_fate: AfterFate::default(),
+            locks: None,
         }
+    }
+
+    /// The same context, whose lock middleware batch their lock commands through `locks` (the
+    /// processor hands each job the process's handle, built where the launcher wires the parts).
+    pub(crate) fn with_locks(mut self, locks: Locks) -> Self {
+        self.locks = Some(locks);
+        self
+    }
+
+    /// The job locks' batch task, for the lock middleware ([`crate::lock::RedisLock`]).
+    pub(crate) fn locks(&self) -> Option<&Locks> {
+        self.locks.as_ref()
     }
 
     /// The same context, whose [`JobContext::after_fate`] hooks go to `after` (the processor keeps a

@@ -113,6 +113,7 @@ fn processor(
     let (acks, _rx) = tokio::sync::mpsc::unbounded_channel();
     oxidekiq::processor::Processor {
         registry: Registry::new().freeze(),
+        locks: oxidekiq::lock_batch::Locks::new(conn.clone()),
         conn,
         stats: Arc::new(Default::default()),
         work: Arc::new(Default::default()),
