@@ -19,7 +19,7 @@ pub use crate::text::hex;
 
 /// The payload key holding the until-executed lock's full Redis key
 /// ([`crate::middleware::until_executed`]): named here, below the header reader that notes whether a
-/// payload carries it ([`Job::may_name_unique_key`]).
+/// payload carries it (`Job::may_name_unique_key`).
 pub const UNIQUE_KEY_FIELD: &str = "unique_key";
 pub(crate) use header::{JobDataText, Markers};
 

@@ -6,6 +6,7 @@
 //! [`Registry`](crate::registry::Registry). The Ruby class name is explicit and greppable: [`Worker::CLASS`].
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
@@ -16,7 +17,6 @@ use crate::job::Job;
 use crate::lock_batch::Locks;
 // Plain data the retry machinery below reads too: defined in `job`, kept at this public path.
 pub use crate::job::WorkerOptions;
-use crate::middleware::BoxFuture;
 // Defined with the decoder that fills it, below the job chain; kept at this public path.
 pub use crate::activejob::ActiveJobInfo;
 // Types a job context hands out, defined in internal modules.
@@ -99,6 +99,18 @@ impl<'de> Deserialize<'de> for NoArgs {
         d.deserialize_any(V)
     }
 }
+
+/// A boxed, sendable future: what middleware and handlers return (`Box::pin(async move { .. })`).
+///
+/// ```
+/// use oxidekiq::{BoxFuture, JobResult};
+///
+/// fn done<'a>() -> BoxFuture<'a, JobResult> {
+///     Box::pin(async { Ok(()) })
+/// }
+/// # let _ = done();
+/// ```
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Work a middleware leaves for after a failed job's fate is in Redis.
 type FateHook = Box<dyn FnOnce(&Fate) -> BoxFuture<'static, ()> + Send>;
