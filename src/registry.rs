@@ -4,6 +4,8 @@
 //! arguments and calls `perform`. The chain of each worker (global middleware, then the worker's own) is
 //! built when the registry is frozen and never changes afterwards, so running a job takes no lock.
 
+pub(crate) mod args_check;
+
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -59,7 +61,7 @@ pub struct Entry {
     /// The worker's `sidekiq_options`.
     pub options: WorkerOptions,
     /// Decodes a payload's arguments as the worker's `Args` without running it (`oxidekiq check`).
-    pub(crate) check_args: crate::migrate::check::ArgsCheck,
+    pub(crate) check_args: args_check::ArgsCheck,
 }
 
 /// Ruby class name → worker: every worker the process runs, with its own middleware (locks, limits)
@@ -119,7 +121,7 @@ impl Registry {
                 own: Vec::new(),
                 chain: Arc::from(Vec::new()),
                 options,
-                check_args: crate::migrate::check::check_args::<W::Args>,
+                check_args: args_check::check_args::<W::Args>,
             },
         );
         Registration {
