@@ -31,7 +31,7 @@ use crate::fetch::{self, Fetch};
 use crate::fleet::Fleet;
 use crate::heartbeat::{self, Heartbeat, ProcessInfo};
 use crate::lock_batch::Locks;
-use crate::manager::{Manager, WorkTable, with_retries};
+use crate::manager::{Manager, with_retries};
 use crate::metrics::Metrics;
 use crate::processor::{Processor, Stats};
 use crate::redis_conn::{self, Conn};
@@ -40,6 +40,7 @@ use crate::scheduled;
 pub use crate::shutdown::{Control, Phase};
 use crate::shutdown::{Shutdown, ShutdownSignal};
 use crate::time::TimeFormat;
+use crate::work_table::WorkTable;
 
 /// A handle on a running launcher: send it controls, wait for it to end.
 #[derive(Debug)]

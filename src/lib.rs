@@ -89,6 +89,7 @@ pub(crate) mod sentinel;
 pub(crate) mod shutdown;
 pub(crate) mod text;
 pub(crate) mod time;
+pub(crate) mod work_table;
 pub mod worker;
 
 // Tests moved in from tests/ (they need crate-internal items) start their own redis-server and Ruby

@@ -24,13 +24,13 @@ use crate::config::UnknownClass;
 use crate::error::{JobError, JobResult, Result};
 use crate::fetch::UnitOfWork;
 use crate::job::{Job, PayloadError};
-use crate::manager::WorkTable;
 use crate::middleware::Next;
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
 use crate::retry::{self, Failure, Fate};
 use crate::shutdown::ShutdownSignal;
 use crate::time;
+use crate::work_table::WorkTable;
 use crate::worker::{AfterFate, JobContext};
 
 /// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
@@ -163,7 +163,15 @@ impl Processor {
     async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
         // The token is only built when a hand-off is configured: most processes have none.
         let token = self.handoff.as_ref().and_then(|_| state.token(&self));
-        if let Some(handed) = crate::migrate::handoff::divert(&self, &job, token.as_ref()).await {
+        let divert = crate::migrate::handoff::divert(
+            self.handoff.as_deref(),
+            &self.conn,
+            &self.registry,
+            &self.shutdown,
+            &job,
+            token.as_ref(),
+        );
+        if let Some(handed) = divert.await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
                 state.settle(&self);
