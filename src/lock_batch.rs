@@ -51,12 +51,11 @@
 //!
 //! [`RedisLock::lock`]: crate::lock::RedisLock::lock
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::{ErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
-
-use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::lua::script_sha1;
