@@ -2,7 +2,7 @@
 //! the Busy page (the heartbeat's work hash), TTIN, `/metrics` and the push-back at shutdown.
 //!
 //! Its own room in the processing layer (docs/layout.md), below the processor that fills and empties
-//! it and the manager that drains it: neither needs the other for it.
+//! it and the manager that drains it at shutdown, so that the processor needs no path to the manager.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
