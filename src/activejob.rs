@@ -47,22 +47,15 @@ use crate::job::header::ARGS_MAX_DEPTH as MAX_DEPTH;
 #[cfg(test)]
 use crate::job::new_jid;
 use crate::job::{JobDataText, hex};
-use crate::worker::ActiveJobInfo;
 
 /// The class a Rust client writes for ActiveJob jobs: Rails' adapter name, which every Sidekiq from 6.x
 /// to 8.x accepts (8.x keeps it as an alias of `Sidekiq::ActiveJob::Wrapper`).
 pub(crate) const WRAPPER_CLASS: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
 
-/// `arguments.rb` `GLOBALID_KEY`.
-pub(crate) const GLOBALID_KEY: &str = "_aj_globalid";
-/// `arguments.rb` `OBJECT_SERIALIZER_KEY`.
-pub(crate) const SERIALIZER_KEY: &str = "_aj_serialized";
-/// `arguments.rb` `SYMBOL_KEYS_KEY`.
-pub(crate) const SYMBOL_KEYS_KEY: &str = "_aj_symbol_keys";
-/// `arguments.rb` `RUBY2_KEYWORDS_KEY`.
-pub(crate) const RUBY2_KEYWORDS_KEY: &str = "_aj_ruby2_keywords";
-/// `arguments.rb` `WITH_INDIFFERENT_ACCESS_KEY`.
-pub(crate) const INDIFFERENT_KEY: &str = "_aj_hash_with_indifferent_access";
+// The hash markers are wire format the payload reader looks for too: they live below it.
+pub(crate) use crate::job::activejob_keys::{
+    GLOBALID_KEY, INDIFFERENT_KEY, RUBY2_KEYWORDS_KEY, SERIALIZER_KEY, SYMBOL_KEYS_KEY,
+};
 
 /// The keys `arguments.rb` reserves (`RESERVED_KEYS`); a Ruby hash with one of them as an ordinary key
 /// cannot be serialized at all.
@@ -74,6 +67,66 @@ const RESERVED_KEYS: [&str; 5] = [
     RUBY2_KEYWORDS_KEY,
     INDIFFERENT_KEY,
 ];
+
+/// What an ActiveJob job carries besides its arguments ([`JobContext::activejob`](crate::worker::JobContext::activejob)).
+///
+/// ```
+/// use oxidekiq::{JobContext, JobResult, Worker};
+///
+/// /// `WelcomeEmailJob.perform_later(42)`, an ActiveJob job: dispatched on its own class name.
+/// #[derive(Debug)]
+/// struct WelcomeEmailJob;
+///
+/// impl Worker for WelcomeEmailJob {
+///     const CLASS: &'static str = "WelcomeEmailJob";
+///     type Args = (u64,);
+///
+///     async fn perform(&self, ctx: &JobContext, (user_id,): Self::Args) -> JobResult {
+///         if let Some(aj) = ctx.activejob() {
+///             tracing::info!(user_id, job_id = aj.job_id, executions = aj.executions, "welcome");
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ActiveJobInfo {
+    /// ActiveJob's own id (a UUID), not Sidekiq's `jid`.
+    pub job_id: String,
+    /// How many times ActiveJob already ran it (`executions`).
+    pub executions: u64,
+    /// The arguments: JSON text the worker's type reads directly, or the full decoder's value
+    /// ([`Arguments`]).
+    pub(crate) arguments: Arguments,
+}
+
+impl ActiveJobInfo {
+    /// The arguments, decoded from ActiveJob's serialization into plain JSON values (built on first
+    /// use when the job took the direct path: the worker itself never needs it).
+    pub fn arguments(&self) -> &serde_json::Value {
+        self.arguments.value()
+    }
+
+    /// The decoded arguments, owned.
+    pub fn into_arguments(self) -> serde_json::Value {
+        self.arguments.into_value()
+    }
+
+    /// Deserializes the arguments as `T`: straight from their JSON text when they need no decoding
+    /// beyond dropping hash markers, otherwise from the full decoder's value. Both give the same `T`.
+    pub fn args<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        self.arguments.deserialize()
+    }
+}
+
+impl PartialEq for ActiveJobInfo {
+    /// Equal when the id, the execution count and the decoded arguments are, whichever path decoded them.
+    fn eq(&self, other: &Self) -> bool {
+        self.job_id == other.job_id
+            && self.executions == other.executions
+            && self.arguments() == other.arguments()
+    }
+}
 
 /// Decodes the `args` array of an ActiveJob wrapper payload (`[job_data]`, the text of
 /// [`Job::args_json`](crate::job::Job::args_json)) into the job's id, execution count and arguments.

@@ -32,7 +32,7 @@ use crate::config::{
     normalize_weights, process_env, sidekiq_environment,
 };
 use crate::error::Error;
-use crate::redis_conn::redact_url;
+use crate::redact::redact_url;
 
 const EXAMPLES: &str = "\
 Examples:

@@ -570,6 +570,31 @@ pub async fn detect_time_format(conn: &mut Conn) -> Result<TimeFormat> {
     Ok(crate::fleet::survey(conn).await?.time_format())
 }
 
+/// The client half of [`until_executed`] (the server half is a [`ServerMiddleware`](crate::ServerMiddleware)
+/// in that module): here, because the client sits above the middleware and the middleware know
+/// nothing of the client.
+impl ClientMiddleware for until_executed::UntilExecuted {
+    /// For a [`NewJob::unique_for`](crate::client::NewJob::unique_for) job: writes the lock's key and
+    /// TTL into the payload and has the push take the lock in the same script; other jobs pass as they
+    /// are.
+    fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed> {
+        if let Some(ttl) = push.job.unique_ttl() {
+            let key = until_executed::lock_key(push.job.class(), push.job.args());
+            push.job
+                .set_option(until_executed::UNIQUE_KEY_FIELD, Value::String(key.clone()));
+            push.job.set_option(
+                until_executed::UNIQUE_TTL_FIELD,
+                crate::time::float_value(ttl.as_secs_f64()),
+            );
+            // A scheduled job is pending from now until it runs: its lock lives that long too.
+            let wait = push.job.at().map_or(0.0, |at| at - crate::time::now());
+            let ttl = ttl + Duration::try_from_secs_f64(wait).unwrap_or(Duration::ZERO);
+            push.guard = Some((key, ttl));
+        }
+        next.run(push)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

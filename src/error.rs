@@ -265,6 +265,28 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for JobError {
 /// ```
 pub type JobResult = std::result::Result<(), JobError>;
 
+/// Where a failed job ended: what the retry machinery (`retry::plan`) decided and wrote. Defined here,
+/// at the bottom, so that the Prometheus counters can count it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fate {
+    /// In the retry set, to run at this epoch time.
+    Retry {
+        /// Score of the retry-set entry.
+        at: f64,
+        /// The new `retry_count`.
+        count: i64,
+    },
+    /// In the dead set.
+    Dead,
+    /// Dropped on purpose (`retry: false`, `dead: false`, or a `discard` answer), as Ruby drops it.
+    Discarded,
+    /// Back in the schedule set, unchanged, not counted as a failure.
+    Rescheduled {
+        /// Score of the schedule-set entry.
+        at: f64,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

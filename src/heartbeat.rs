@@ -19,11 +19,11 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fleet::{self, Fleet};
 use crate::keys;
-use crate::manager::WorkTable;
 use crate::metrics::Metrics;
 use crate::processor::Stats;
 use crate::redis_conn::Conn;
 use crate::time;
+use crate::work_table::WorkTable;
 
 /// Seconds the identity and work hashes live without a new beat (`launcher.rb`).
 pub(crate) const TTL_SECS: i64 = 60;

@@ -27,10 +27,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
 use crate::error::{Error, Result};
-use crate::manager::WorkTable;
 use crate::prom::{self, Gauges};
 use crate::redis_conn::Conn;
 use crate::shutdown::ShutdownSignal;
+use crate::work_table::WorkTable;
 
 /// How long `/ready` and `/metrics` wait for Redis.
 pub(crate) const REDIS_CHECK: Duration = Duration::from_secs(2);

@@ -13,8 +13,17 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use header::Header;
+
+// Its home is the support layer (`text`); kept at this public path.
+pub use crate::text::hex;
+
+/// The payload key holding the until-executed lock's full Redis key
+/// ([`crate::middleware::until_executed`]): named here, below the header reader that notes whether a
+/// payload carries it (`Job::may_name_unique_key`).
+pub const UNIQUE_KEY_FIELD: &str = "unique_key";
 pub(crate) use header::{JobDataText, Markers};
 
+pub(crate) mod activejob_keys;
 pub(crate) mod header;
 
 /// The two class names ActiveJob jobs carry (Rails' adapter ≤ Sidekiq 7, Sidekiq's own from 8.0).
@@ -75,6 +84,49 @@ pub enum RetrySetting {
     Count(i64),
     /// `false` or `null`: no retry and no dead-set entry.
     Disabled,
+}
+
+/// Per-worker options (Ruby's `sidekiq_options`); each applies when the payload does not say otherwise.
+///
+/// ```
+/// use oxidekiq::{JobContext, JobResult, NoArgs, RetrySetting, Worker, WorkerOptions};
+///
+/// /// `sidekiq_options retry: 5, retry_queue: "low", backtrace: 10`
+/// #[derive(Debug)]
+/// struct NightlyJob;
+///
+/// impl Worker for NightlyJob {
+///     const CLASS: &'static str = "NightlyJob";
+///     type Args = NoArgs;
+///
+///     fn options(&self) -> WorkerOptions {
+///         WorkerOptions {
+///             retry: Some(RetrySetting::Count(5)),
+///             retry_queue: Some("low".into()),
+///             backtrace: Some(10),
+///             local_concurrency: Some(2), // at most 2 at once in this process
+///             ..WorkerOptions::default()
+///         }
+///     }
+///
+///     async fn perform(&self, _ctx: &JobContext, _args: NoArgs) -> JobResult {
+///         Ok(())
+///     }
+/// }
+/// # assert_eq!(NightlyJob.options().retry, Some(RetrySetting::Count(5)));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct WorkerOptions {
+    /// Retries when the payload has no `retry` key (default: Sidekiq's 25).
+    pub retry: Option<RetrySetting>,
+    /// Queue that retries go to (the payload's `retry_queue` wins).
+    pub retry_queue: Option<String>,
+    /// `false`: exhausted jobs are dropped instead of going to the dead set.
+    pub dead: Option<bool>,
+    /// How many backtrace lines to store in `error_backtrace` (`None`: the payload's `backtrace`).
+    pub backtrace: Option<usize>,
+    /// At most this many jobs of this class run at once inside this process (no Redis round trip).
+    pub local_concurrency: Option<usize>,
 }
 
 /// A timestamp field as any Sidekiq version writes it (PROTOCOL §1.4): a JSON float is epoch
@@ -534,17 +586,6 @@ pub fn new_jid() -> String {
     let mut b = [0u8; 12];
     rand::rng().fill_bytes(&mut b);
     hex(&b)
-}
-
-/// Lowercase hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }
 
 #[cfg(test)]

@@ -30,7 +30,8 @@ use crate::error::Result;
 use crate::fetch::{self, Fetch};
 use crate::fleet::Fleet;
 use crate::heartbeat::{self, Heartbeat, ProcessInfo};
-use crate::manager::{Manager, WorkTable, with_retries};
+use crate::lock_batch::Locks;
+use crate::manager::{Manager, with_retries};
 use crate::metrics::Metrics;
 use crate::processor::{Processor, Stats};
 use crate::redis_conn::{self, Conn};
@@ -39,6 +40,7 @@ use crate::scheduled;
 pub use crate::shutdown::{Control, Phase};
 use crate::shutdown::{Shutdown, ShutdownSignal};
 use crate::time::TimeFormat;
+use crate::work_table::WorkTable;
 
 /// A handle on a running launcher: send it controls, wait for it to end.
 #[derive(Debug)]
@@ -159,7 +161,12 @@ impl Launcher {
         // The same cost bounds as the flags and sidekiq.yml, for a Config built by hand in Rust (a weight
         // of u32::MAX would otherwise allocate its shuffle list per fetch).
         cfg.check_bounds()?;
-        let target = redis_conn::Target::from_config(&cfg).await?;
+        let target = redis_conn::Target::new(
+            &cfg.redis_url(),
+            cfg.redis_ca_file().as_deref(),
+            cfg.sentinel.as_ref(),
+        )
+        .await?;
         let conn = target.connect().await?;
         let block = Duration::from_secs(1);
         let blocking = target.connect_blocking(block).await?;
@@ -227,6 +234,8 @@ struct Parts {
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
     fleet: Arc<Fleet>,
+    /// The job locks' batch task, flushed at the stop.
+    locks: Locks,
 }
 
 impl Parts {
@@ -245,6 +254,8 @@ impl Parts {
         let (stats, work) = (Arc::new(Stats::default()), Arc::new(WorkTable::default()));
         let metrics = Arc::new(Metrics::default());
         let (acks, acks_rx) = mpsc::unbounded_channel();
+        // One batch task for every job's lock commands, over the shared connection.
+        let locks = Locks::new(conn.clone());
         let processor = Processor {
             registry: registry.freeze(),
             conn: conn.clone(),
@@ -257,6 +268,7 @@ impl Parts {
             fleet: fleet.clone(),
             metrics: metrics.clone(),
             handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
+            locks: locks.clone(),
             working_prefix: fetch.working_prefix(),
         };
         let alive_ttl = alive_ttl(cfg.beat_interval);
@@ -292,6 +304,7 @@ impl Parts {
             control_tx,
             control_rx,
             fleet,
+            locks,
         })
     }
 
@@ -412,12 +425,12 @@ impl Parts {
     /// The manager's push-back, bounded by `end_by` and by a second stop. True when all of it reached
     /// Redis; then a fetch that holds jobs in Redis drops its liveness key (nothing is left to recover).
     async fn push_back(&mut self, end_by: Instant) -> bool {
-        let (manager, conn) = (&mut self.manager, &self.conn);
+        let (manager, locks) = (&mut self.manager, &self.locks);
         let cleaned = tokio::select! {
             r = async {
                 let r = manager.push_back().await;
                 // Job locks whose release was queued, not awaited, as their jobs ended (`lock_batch`).
-                conn.flush_lock_releases().await;
+                locks.flush().await;
                 r
             } => r,
             _ = tokio::time::sleep_until(end_by) => {

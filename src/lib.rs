@@ -53,7 +53,22 @@
 //! [`worker`]) hold the rest of their API; the others are the runtime's own.
 //!
 //! The modules are split by concept and named after Sidekiq's own files, so `fetch/` reads next to
-//! `fetch.rb`. `job`, `keys` and `error` depend on nothing internal; only the [`launcher`] knows everything.
+//! `fetch.rb`. They form a ladder (docs/layout.md), each layer using only those below it, bottom to top:
+//!
+//! 1. support: `error`, `keys`, `time`, `shutdown`, `text`, `redact`, `logging`, `prom`;
+//! 2. the payload: [`job`] (with its one-pass header reader), `activejob`;
+//! 3. Redis access: `lua`, `sentinel`, `redis_conn`;
+//! 4. settings: [`config`];
+//! 5. Sidekiq's data: `metrics`, `retry`, `fleet`, `scheduled`;
+//! 6. locks: `lock_batch`, [`lock`];
+//! 7. the job chain: [`worker`], [`middleware`], [`registry`], [`client`];
+//! 8. processing: `fetch`, `work_table`, `migrate`, `processor`, `manager`;
+//! 9. operations: `heartbeat`, `http`;
+//! 10. wiring: [`launcher`], [`cli`] (and `fuzzing`, built only by `cargo fuzz`).
+//!
+//! A lower layer that needs something from above takes a value or a trait object (the connection is
+//! built from a URL, the lock middleware get the lock batcher from the job's context); only the
+//! [`launcher`] knows everything. `tests/layers.rs` checks the ladder against every `crate::` path.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -80,13 +95,16 @@ pub mod middleware;
 pub(crate) mod migrate;
 pub(crate) mod processor;
 pub(crate) mod prom;
+pub(crate) mod redact;
 pub(crate) mod redis_conn;
 pub mod registry;
 pub(crate) mod retry;
 pub(crate) mod scheduled;
 pub(crate) mod sentinel;
 pub(crate) mod shutdown;
+pub(crate) mod text;
 pub(crate) mod time;
+pub(crate) mod work_table;
 pub mod worker;
 
 // Tests moved in from tests/ (they need crate-internal items) start their own redis-server and Ruby

@@ -66,15 +66,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::{ErrorKind, ServerErrorKind};
-use sha1::{Digest, Sha1};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::job::hex;
 use crate::keys;
+use crate::lock_batch::Locks;
 use crate::redis_conn::Conn;
+
+// Their home is below the locks (a script's SHA1 with the scripts, a TTL in ms with the time); kept at
+// these paths.
+pub use crate::lua::script_sha1;
+pub(crate) use crate::time::ttl_ms;
 
 /// Deletes `KEYS[1]` only if it holds the token `ARGV[1]`; returns 1 if it deleted, else 0.
 pub const RELEASE_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
@@ -91,11 +95,6 @@ static EXTEND_SHA: LazyLock<String> = LazyLock::new(|| script_sha1(EXTEND_SCRIPT
 
 /// Number of random bytes in a token: 128 bits, 32 hex characters.
 const TOKEN_BYTES: usize = 16;
-
-/// The SHA1 of a script's source in lowercase hex: the name `EVALSHA` and `SCRIPT LOAD` use for it.
-pub fn script_sha1(source: &str) -> String {
-    hex(&Sha1::digest(source.as_bytes()))
-}
 
 /// A fresh random token: 128 bits from the thread's CSPRNG, lowercase hex.
 pub(crate) fn new_token() -> String {
@@ -139,11 +138,6 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
 /// The jid part of a lock value, if it has the `<token>:<jid>` shape of [`job_value`].
 pub(crate) fn holder_jid(value: &str) -> Option<&str> {
     value.split_once(':').map(|(_, jid)| jid)
-}
-
-/// A TTL in whole milliseconds, at least 1 (`PX 0` is an error in Redis).
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// A pause drawn from `poll/2 ..= poll*3/2`, so waiters do not retry in lockstep.
@@ -228,8 +222,8 @@ pub struct RedisLock {
     opts: LockOptions,
     /// The job a lock is taken for: its values are then `<token>:<jid>` ([`RedisLock::held_by`]).
     jid: Option<String>,
-    /// Acquire and release go through the connection's batch tasks ([`crate::lock_batch`]).
-    batched: bool,
+    /// Acquire and release go through this batch task ([`crate::lock_batch`]).
+    batched: Option<Locks>,
 }
 
 impl RedisLock {
@@ -245,14 +239,15 @@ impl RedisLock {
             key: full_key,
             opts,
             jid: None,
-            batched: false,
+            batched: None,
         }
     }
 
-    /// Acquires and releases in batches with the other jobs' locks on this connection
-    /// ([`crate::lock_batch`]): the same commands, fewer round trips. What the job middleware use.
-    pub(crate) fn batched(mut self) -> Self {
-        self.batched = true;
+    /// Acquires and releases in batches with the other jobs' locks through `locks`' batch task
+    /// ([`crate::lock_batch`]): the same commands, fewer round trips. What the job middleware use, with
+    /// the handle of the job's context; without one (`None`) each command is sent alone.
+    pub(crate) fn batched(mut self, locks: Option<&Locks>) -> Self {
+        self.batched = locks.cloned();
         self
     }
 
@@ -280,9 +275,9 @@ impl RedisLock {
             None => new_token(),
         };
         let mut conn = self.conn.clone();
-        let set = if self.batched {
+        let set = if let Some(locks) = &self.batched {
             let req = crate::lock_batch::acquire_req(&self.key, &token, self.opts.ttl);
-            conn.lock_batcher().acquire(&conn, req).await?
+            locks.batcher().acquire(&conn, req).await?
         } else {
             redis::cmd("SET")
                 .arg(&self.key)
@@ -302,7 +297,7 @@ impl RedisLock {
             ttl: self.opts.ttl,
             lost: Arc::new(AtomicBool::new(false)),
             keeper: None,
-            batched: self.batched,
+            batched: self.batched.clone(),
         }))
     }
 
@@ -376,8 +371,8 @@ pub struct LockGuard {
     lost: Arc<AtomicBool>,
     /// The extension task, once [`LockGuard::keep_alive`] started it.
     keeper: Option<Keeper>,
-    /// Released through the connection's batch task ([`RedisLock::batched`]).
-    batched: bool,
+    /// Released through this batch task ([`RedisLock::batched`]).
+    batched: Option<Locks>,
 }
 
 impl LockGuard {
@@ -390,7 +385,7 @@ impl LockGuard {
             ttl,
             lost: Arc::new(AtomicBool::new(false)),
             keeper: None,
-            batched: false,
+            batched: None,
         }
     }
 
@@ -478,12 +473,12 @@ impl LockGuard {
             // The task only ends; a JoinError would mean it panicked or was aborted, nothing to undo.
             let _ = keeper.task.await;
         }
-        if self.batched {
+        if let Some(locks) = self.batched.take() {
             let req = crate::lock_batch::Release {
                 key: std::mem::take(&mut self.key),
                 token: std::mem::take(&mut self.token),
             };
-            return self.conn.lock_batcher().release(&self.conn, req).await;
+            return locks.batcher().release(&self.conn, req).await;
         }
         release(&mut self.conn, &self.key, &self.token).await
     }
@@ -494,17 +489,17 @@ impl LockGuard {
     /// launcher flushes that queue before the process exits. Any other guard is released and logged
     /// here.
     pub(crate) async fn release_detached(mut self) {
-        if !self.batched || self.keeper.is_some() {
+        if self.keeper.is_some() {
             return self.release_logged().await;
         }
+        let Some(locks) = self.batched.take() else {
+            return self.release_logged().await;
+        };
         let req = crate::lock_batch::Release {
             key: std::mem::take(&mut self.key),
             token: std::mem::take(&mut self.token),
         };
-        self.conn
-            .lock_batcher()
-            .release_detached(&self.conn, req)
-            .await;
+        locks.batcher().release_detached(&self.conn, req).await;
     }
 
     /// [`LockGuard::release`] for a job's lock: a failure is logged, not returned. The key then expires
@@ -568,6 +563,7 @@ async fn keep_extending(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::hex;
 
     #[test]
     fn script_sha1_is_lowercase_hex_of_the_source() {

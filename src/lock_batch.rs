@@ -14,8 +14,8 @@
 //!
 //! # How
 //!
-//! A [`Batcher`] is one task per connection (spawned on first use,
-//! [`crate::redis_conn::Conn::lock_batcher`]) fed by one FIFO queue. It waits for a request, takes
+//! A [`Batcher`] is one task per [`Locks`] handle (spawned on first use; the launcher builds one over the
+//! process's shared connection) fed by one FIFO queue. It waits for a request, takes
 //! every other request already queued (up to [`MAX_BATCH`]), and sends them as one pipeline: the
 //! releases first, as one `EVALSHA` of [`RELEASE_MANY_SCRIPT`], then one `SET NX PX` per acquire.
 //! Batches come from concurrency only, never from a delay: a lone request is sent as soon as the task
@@ -51,14 +51,16 @@
 //!
 //! [`RedisLock::lock`]: crate::lock::RedisLock::lock
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::{ErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
-use crate::lock::{script_sha1, ttl_ms};
+use crate::lua::script_sha1;
 use crate::redis_conn::Conn;
+use crate::time::ttl_ms;
 
 /// Deletes each `KEYS[i]` that holds the token `ARGV[i]`. Answers the number of keys when every one
 /// of them was deleted (the common case, one integer), else a string with one `1` (deleted) or `0`
@@ -128,7 +130,7 @@ enum Request {
     Flush(oneshot::Sender<()>),
 }
 
-/// The handle of a connection's batch task; cheap to keep, one per [`Conn`].
+/// The handle of a batch task; cheap to keep, one per [`Locks`].
 #[derive(Debug)]
 pub(crate) struct Batcher {
     /// The task's queue, in the order requests were made.
@@ -186,6 +188,44 @@ impl Batcher {
         if self.queue.send(Request::Flush(tx)).is_ok() {
             // An error means the task ended: nothing of it is left to wait for.
             let _ = rx.await;
+        }
+    }
+}
+
+/// The job locks' batch task: built where the launcher wires the parts (one per process, over its
+/// shared connection) and handed down to each job's context, where the lock middleware take it
+/// ([`RedisLock::batched`](crate::lock::RedisLock::batched)). The connection does not own it: a
+/// connection knows nothing of locks. The task is spawned on first use, on the caller's runtime, and
+/// ends once every clone of this handle is gone (its own connection holds none).
+#[derive(Debug, Clone)]
+pub(crate) struct Locks {
+    /// The connection the batch task sends over.
+    conn: Conn,
+    /// The task's handle, once spawned.
+    batcher: Arc<OnceLock<Batcher>>,
+}
+
+impl Locks {
+    /// A handle whose batch task sends over `conn` (nothing is spawned yet).
+    pub(crate) fn new(conn: Conn) -> Locks {
+        Locks {
+            conn,
+            batcher: Arc::default(),
+        }
+    }
+
+    /// The batch task, spawned on first use.
+    pub(crate) fn batcher(&self) -> &Batcher {
+        self.batcher
+            .get_or_init(|| Batcher::spawn(self.conn.clone()))
+    }
+
+    /// Waits until every job-lock release queued on the batch task has reached Redis (or its failure
+    /// was logged); at once if no lock was ever taken through it. The launcher's stop calls it after
+    /// the jobs have ended, so no released lock outlives the process.
+    pub(crate) async fn flush(&self) {
+        if let Some(batcher) = self.batcher.get() {
+            batcher.flush().await;
         }
     }
 }

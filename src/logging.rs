@@ -580,7 +580,7 @@ thread_local! {
     static PID_TID: String = {
         let name = format!("{:?}", std::thread::current().id());
         let n: u64 = name.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
-        format!(" pid={} tid={}", pid(), crate::processor::to_base36(n ^ u64::from(pid())))
+        format!(" pid={} tid={}", pid(), crate::text::to_base36(n ^ u64::from(pid())))
     };
     /// This thread's reusable line buffer (the line before escaping).
     static LINE: RefCell<String> = const { RefCell::new(String::new()) };
@@ -752,7 +752,7 @@ fn install_panic_hook() {
             .copied()
             .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
             .unwrap_or("(a panic without a message)");
-        let message = crate::redis_conn::redact_urls_in(message);
+        let message = crate::redact::redact_urls_in(message);
         let location = info
             .location()
             .map(|l| format!("{}:{}", l.file(), l.line()))

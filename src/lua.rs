@@ -18,6 +18,10 @@
 //! Every write goes through `pcall`, and the callers remove a job from where it was only after the write
 //! succeeded: a failing write (a key of the wrong type, OOM) never leaves a job in no key.
 
+use sha1::{Digest, Sha1};
+
+use crate::text::hex;
+
 /// The shared helpers, as a literal for `concat!` (scripts are `&'static str` sent by SHA1).
 macro_rules! lua_common {
     () => {
@@ -59,14 +63,21 @@ end
 }
 pub(crate) use lua_common;
 
+/// The SHA1 of a script's source in lowercase hex: the name `EVALSHA` and `SCRIPT LOAD` use for it.
+pub fn script_sha1(source: &str) -> String {
+    hex(&Sha1::digest(source.as_bytes()))
+}
+
+/// Dead jobs older than this are trimmed (`dead_timeout_in_seconds`, 180 days).
+pub(crate) const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
+/// The dead set keeps at most this many members (`dead_max_jobs`).
+pub(crate) const DEAD_MAX_JOBS: i64 = 10_000;
+
 /// The trim arguments every `to_dead` call takes after the member's score: the score below which members
 /// are trimmed (`now - dead_timeout_in_seconds`) and the size limit (`dead_max_jobs`), as
 /// `DeadSet#kill` computes them.
 pub(crate) fn dead_trim(now: f64) -> (String, i64) {
-    (
-        crate::time::score(now - crate::retry::DEAD_TIMEOUT_SECS),
-        crate::retry::DEAD_MAX_JOBS,
-    )
+    (crate::time::score(now - DEAD_TIMEOUT_SECS), DEAD_MAX_JOBS)
 }
 
 /// A Redis error carrying a script's own message (a key of the wrong type, named with its type).

@@ -14,7 +14,7 @@
 //! pushes every unfinished job back, byte for byte, to the end of its queue that is served next.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,82 +25,9 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fetch::{self, Fetch, UnitOfWork};
 use crate::job::Job;
-use crate::processor::{Processor, Stats, to_base36};
+use crate::processor::{Processor, Stats};
 use crate::shutdown::{Phase, ShutdownSignal};
-use crate::time;
-
-/// A job that is running or whose fate is not yet in Redis: a row of the work table.
-#[derive(Debug, Clone)]
-pub(crate) struct Running {
-    /// The job.
-    pub unit: UnitOfWork,
-    /// Epoch seconds when it started (`run_at` of the work hash).
-    pub run_at: i64,
-    /// Sequence number of the row; its base-36 form is the Busy page's thread id.
-    pub seq: u64,
-}
-
-impl Running {
-    /// The Busy-page thread id (Ruby's `tid` is base 36 too).
-    pub(crate) fn tid(&self) -> String {
-        to_base36(self.seq)
-    }
-}
-
-/// The jobs currently in flight, for the Busy page and the shutdown.
-#[derive(Debug, Default)]
-pub(crate) struct WorkTable {
-    /// In-flight jobs by sequence number.
-    map: Mutex<foldhash::HashMap<u64, Running>>,
-    /// Next sequence number.
-    next: AtomicU64,
-}
-
-impl WorkTable {
-    /// Adds a job that starts now; returns its row's sequence number.
-    pub(crate) fn insert(&self, unit: UnitOfWork) -> u64 {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let row = Running {
-            unit,
-            run_at: time::now() as i64,
-            seq,
-        };
-        if let Ok(mut m) = self.map.lock() {
-            m.insert(seq, row);
-        }
-        seq
-    }
-
-    /// Takes a row out: the job, once (a second call finds nothing).
-    pub(crate) fn remove(&self, seq: u64) -> Option<UnitOfWork> {
-        self.map
-            .lock()
-            .ok()
-            .and_then(|mut m| m.remove(&seq))
-            .map(|r| r.unit)
-    }
-
-    /// A copy of every in-flight job.
-    pub(crate) fn snapshot(&self) -> Vec<Running> {
-        self.map
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// How many jobs are in flight.
-    pub(crate) fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
-    }
-
-    /// Takes every in-flight job out of the table (for the push-back).
-    pub(crate) fn drain(&self) -> Vec<Running> {
-        self.map
-            .lock()
-            .map(|mut m| m.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default()
-    }
-}
+use crate::work_table::WorkTable;
 
 /// A unit of work on its way to a processor, with the slot it holds.
 type Task = (UnitOfWork, OwnedSemaphorePermit);

@@ -24,13 +24,13 @@ use crate::config::UnknownClass;
 use crate::error::{JobError, JobResult, Result};
 use crate::fetch::UnitOfWork;
 use crate::job::{Job, PayloadError};
-use crate::manager::WorkTable;
 use crate::middleware::Next;
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
 use crate::retry::{self, Failure, Fate};
 use crate::shutdown::ShutdownSignal;
 use crate::time;
+use crate::work_table::WorkTable;
 use crate::worker::{AfterFate, JobContext};
 
 /// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
@@ -83,6 +83,8 @@ pub(crate) struct Processor {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// `--handoff QUEUE`: jobs oxidekiq should not run go to a queue Ruby serves.
     pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
+    /// The job locks' batch task, handed to each job's context for the lock middleware.
+    pub locks: crate::lock_batch::Locks,
     /// This process's working-hash prefix ([`crate::keys::working_prefix`]) under reliable fetch, `None`
     /// with basic fetch: a job's entry there is its [`retry::Token`], consumed by its fate write.
     pub working_prefix: Option<String>,
@@ -161,7 +163,15 @@ impl Processor {
     async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
         // The token is only built when a hand-off is configured: most processes have none.
         let token = self.handoff.as_ref().and_then(|_| state.token(&self));
-        if let Some(handed) = crate::migrate::handoff::divert(&self, &job, token.as_ref()).await {
+        let divert = crate::migrate::handoff::divert(
+            self.handoff.as_deref(),
+            &self.conn,
+            &self.registry,
+            &self.shutdown,
+            &job,
+            token.as_ref(),
+        );
+        if let Some(handed) = divert.await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
                 state.settle(&self);
@@ -399,7 +409,8 @@ impl Processor {
             self.shutdown.clone(),
             activejob,
         )
-        .with_after_fate(after.clone());
+        .with_after_fate(after.clone())
+        .with_locks(self.locks.clone());
         match (entry, refused) {
             (Some(entry), None) => {
                 Next::new(&entry.chain, entry.handler.as_ref())
@@ -591,21 +602,6 @@ fn annotate_error(raw: &[u8], class: &str, error: &str) -> Vec<u8> {
     out
 }
 
-/// `Integer#to_s(36)`.
-pub(crate) fn to_base36(mut n: u64) -> String {
-    const D: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    if n == 0 {
-        return "0".into();
-    }
-    let mut out = Vec::new();
-    while n > 0 {
-        out.push(D[(n % 36) as usize]);
-        n /= 36;
-    }
-    out.reverse();
-    String::from_utf8(out).unwrap_or_default()
-}
-
 // Moved from tests/fate_writes.rs: each fate written once, with its token (needs crate-internal items).
 #[cfg(test)]
 mod tests_fate_writes;
@@ -622,13 +618,6 @@ mod tests {
             br#"{"class":"A","args":[1],"error_class":"Oxidekiq::InvalidPayload","error_message":"too big"}"#
         );
         assert_eq!(annotate_undecoded(b"[1]", "x"), b"[1]");
-    }
-
-    #[test]
-    fn base36_matches_ruby() {
-        assert_eq!(to_base36(0), "0");
-        assert_eq!(to_base36(35), "z");
-        assert_eq!(to_base36(36 * 36 + 1), "101");
     }
 }
 

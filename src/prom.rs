@@ -14,6 +14,9 @@
 //!
 //! Queue sizes and latency, busy slots and the concurrency are not counted per job: they are read
 //! when `/metrics` is scraped ([`Gauges`]).
+//!
+//! The registry sits in the support layer at the bottom of the ladder (docs/layout.md): it uses only
+//! [`crate::error`], so every layer that counts something reaches down to it, never up.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,8 +30,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::error::JobError;
-use crate::retry::Fate;
+use crate::error::{Fate, JobError};
 
 /// Upper bounds, in seconds, of the job duration histogram: 5 ms to 5 min, roughly the span of
 /// Sidekiq's own Metrics-tab histogram (`histogram.rb`, 20 ms .. 335 s).
@@ -549,6 +551,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 /// The process's metrics.
 pub(crate) fn metrics() -> &'static Metrics {
     &METRICS
+}
+
+/// Counts a failed command for `/metrics`; a lost connection also counts as a reconnect (the
+/// manager reconnects after it).
+pub(crate) fn count_error(e: &redis::RedisError) {
+    let reconnects = e.is_connection_dropped() || e.is_io_error() || e.is_connection_refusal();
+    metrics().redis_error(reconnects);
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::{Error, Result};
+use crate::prom::count_error;
+use crate::redact::redact_url;
 
 /// The handle every part of oxidekiq talks to Redis through; cheap to clone.
 ///
@@ -34,31 +36,6 @@ use crate::error::{Error, Result};
 #[derive(Clone)]
 pub struct Conn {
     inner: ConnInner,
-    /// The job-lock batch tasks of this connection, spawned on first use ([`Conn::lock_batcher`]).
-    locks: std::sync::Arc<std::sync::OnceLock<crate::lock_batch::Batcher>>,
-}
-
-impl Conn {
-    /// The batch tasks that send job locks' acquires and releases over this connection (see
-    /// `lock_batch`); spawned on first use, on the caller's runtime. Their own handle has an empty slot
-    /// of its own, so they end once every clone of this connection is gone.
-    pub(crate) fn lock_batcher(&self) -> &crate::lock_batch::Batcher {
-        self.locks.get_or_init(|| {
-            crate::lock_batch::Batcher::spawn(Conn {
-                inner: self.inner.clone(),
-                locks: std::sync::Arc::default(),
-            })
-        })
-    }
-
-    /// Waits until every job-lock release queued on this connection's batch task (`lock_batch`) has
-    /// reached Redis (or its failure was logged); at once if no lock was ever taken through it. The
-    /// launcher's stop calls it after the jobs have ended, so no released lock outlives the process.
-    pub(crate) async fn flush_lock_releases(&self) {
-        if let Some(batcher) = self.locks.get() {
-            batcher.flush().await;
-        }
-    }
 }
 
 #[derive(Clone)]
@@ -80,16 +57,8 @@ impl From<ConnectionManager> for Conn {
     fn from(m: ConnectionManager) -> Self {
         Conn {
             inner: ConnInner::Direct(m),
-            locks: std::sync::Arc::default(),
         }
     }
-}
-
-/// Counts a failed command for `/metrics`; a lost connection also counts as a reconnect (the
-/// manager reconnects after it).
-pub(crate) fn count_error(e: &redis::RedisError) {
-    let reconnects = e.is_connection_dropped() || e.is_io_error() || e.is_connection_refusal();
-    crate::prom::metrics().redis_error(reconnects);
 }
 
 impl redis::aio::ConnectionLike for Conn {
@@ -145,16 +114,18 @@ pub(crate) enum Target {
 }
 
 impl Target {
-    /// The target `config` describes (with Sentinel, the master is looked up now).
-    pub(crate) async fn from_config(config: &crate::config::Config) -> Result<Target> {
-        let url = config.redis_url();
-        match &config.sentinel {
-            None => Ok(Target::Url(Box::new(client_with_ca(
-                &url,
-                config.redis_ca_file().as_deref(),
-            )?))),
+    /// The target of the Redis URL `url` (checked against the CA bundle `ca_file`, if given), or with
+    /// `sentinel` the master it names (looked up now). Values, not the config: a connection knows
+    /// nothing of the layers above it.
+    pub(crate) async fn new(
+        url: &str,
+        ca_file: Option<&Path>,
+        sentinel: Option<&crate::sentinel::SentinelConfig>,
+    ) -> Result<Target> {
+        match sentinel {
+            None => Ok(Target::Url(Box::new(client_with_ca(url, ca_file)?))),
             Some(s) => {
-                if config.redis_ca_file().is_some() {
+                if ca_file.is_some() {
                     return Err(Error::Config(
                         "a Redis CA file is not supported with Sentinel yet: the masters' \
                          certificates are checked against the system's trust store"
@@ -163,7 +134,7 @@ impl Target {
                 }
                 install_crypto_provider();
                 Ok(Target::Sentinel(
-                    crate::sentinel::Master::discover(s, &url).await?,
+                    crate::sentinel::Master::discover(s, url).await?,
                 ))
             }
         }
@@ -187,7 +158,6 @@ impl Target {
                 inner: ConnInner::Sentinel(std::sync::Arc::new(
                     crate::sentinel::Follower::connect(master.clone(), cfg).await?,
                 )),
-                locks: std::sync::Arc::default(),
             }),
         }
     }
@@ -532,112 +502,6 @@ fn rustls_error(e: &redis::RedisError) -> Option<&rustls::Error> {
     None
 }
 
-/// Query parameters whose value is a secret: redis-rs reads `pass` for `redis+unix://` and `unix://`
-/// URLs; `password` and the others are what people write by analogy, and hiding them costs nothing.
-const SECRET_PARAMS: [&str; 7] = [
-    "pass", "password", "passwd", "pwd", "secret", "token", "auth",
-];
-
-/// The URL with every password in it replaced by `REDACTED`, for logs and errors. One function for
-/// every form a Redis URL takes:
-///
-/// - `redis://user:pw@host:port/db`, `rediss://...`, and a user part alone (`redis://pw@host`:
-///   redis-rs reads it as a user name, but people write passwords there, so it is hidden too);
-/// - no scheme at all (`user:pw@host:port`, which redis-rs refuses, so it shows up in errors);
-/// - a password in the query: `redis+unix:///path?user=u&pass=pw`, `unix:///path?pass=pw`,
-///   `redis://host?password=pw`, and `passwd`, `pwd`, `secret`, `token`, `auth` likewise.
-///
-/// The user part ends at the last `@` before the first secret query parameter, even for a password
-/// with an unencoded `/`, `?` or `#` in it (a URL that does not parse is shown in errors too): no `@`
-/// ever appears in the host or path of a Redis URL, so the rule never hides more than the password,
-/// and an `@` inside a query password stays inside the hidden value.
-pub(crate) fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => (&url[..i + 3], &url[i + 3..]),
-        None => ("", url),
-    };
-    let user_part_ends_before = secret_param_start(rest).unwrap_or(rest.len());
-    let (user, rest) = match rest[..user_part_ends_before].rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let shown = match userinfo.find(':') {
-                Some(c) => format!("{}:REDACTED@", &userinfo[..c]),
-                None => "REDACTED@".to_string(),
-            };
-            (shown, &rest[at + 1..])
-        }
-        None => (String::new(), rest),
-    };
-    format!("{scheme}{user}{}", redact_query(rest))
-}
-
-/// `text` with every word that may be a Redis URL (it holds `://` or `@`) passed through
-/// [`redact_url`]: for free text such as a panic message, where a URL could appear anywhere.
-pub(crate) fn redact_urls_in(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while !rest.is_empty() {
-        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
-        let word = &rest[..end];
-        if word.contains("://") || word.contains('@') {
-            out.push_str(&redact_url(word));
-        } else {
-            out.push_str(word);
-        }
-        let spaces = rest[end..]
-            .find(|c: char| !c.is_whitespace())
-            .map_or(rest.len(), |n| end + n);
-        out.push_str(&rest[end..spaces]);
-        rest = &rest[spaces..];
-    }
-    out
-}
-
-/// Where the first `?name=` or `&name=` with a name of [`SECRET_PARAMS`] starts.
-fn secret_param_start(s: &str) -> Option<usize> {
-    s.char_indices()
-        .filter(|(_, c)| matches!(c, '?' | '&'))
-        .map(|(i, _)| i)
-        .find(|&i| {
-            let after = &s[i + 1..];
-            after
-                .split_once('=')
-                .is_some_and(|(key, _)| is_secret_param(key))
-        })
-}
-
-fn is_secret_param(key: &str) -> bool {
-    SECRET_PARAMS
-        .iter()
-        .any(|s| key.trim().eq_ignore_ascii_case(s))
-}
-
-/// `host/path?a=1&pass=pw#insecure` with the values of [`SECRET_PARAMS`] hidden. A secret value runs
-/// to the next `&` or the end, `#` included (a password may hold one), except a final `#insecure`.
-fn redact_query(rest: &str) -> String {
-    let Some(q) = rest.find('?') else {
-        return rest.to_string();
-    };
-    let mut out = rest[..=q].to_string();
-    for (i, param) in rest[q + 1..].split('&').enumerate() {
-        if i > 0 {
-            out.push('&');
-        }
-        let key = param.split('=').next().unwrap_or("");
-        let secret = param.contains('=') && is_secret_param(key);
-        if secret {
-            out.push_str(key);
-            out.push_str("=REDACTED");
-            if param.ends_with("#insecure") {
-                out.push_str("#insecure");
-            }
-        } else {
-            out.push_str(param);
-        }
-    }
-    out
-}
-
 // Moved from tests/security.rs: TLS, ACL users and secrets kept out of every output (needs crate-internal items).
 #[cfg(test)]
 mod tests_security;
@@ -645,88 +509,6 @@ mod tests_security;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_never_appear_in_a_redacted_url() {
-        assert_eq!(
-            redact_url("redis://app:s3cret@h:6380/2"),
-            "redis://app:REDACTED@h:6380/2"
-        );
-        assert_eq!(redact_url("rediss://:s3cret@h"), "rediss://:REDACTED@h");
-        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
-        assert_eq!(
-            redact_url("rediss://app:s3cret@h:6380/0#insecure"),
-            "rediss://app:REDACTED@h:6380/0#insecure"
-        );
-    }
-
-    #[test]
-    fn every_url_form_hides_its_password() {
-        let pw = "s3cr3t-Pw";
-        for (url, shown) in [
-            (
-                "redis+unix:///run/redis.sock?user=u&pass=s3cr3t-Pw",
-                "redis+unix:///run/redis.sock?user=u&pass=REDACTED",
-            ),
-            (
-                "redis+unix:///run/redis.sock?pass=s3cr3t-Pw&db=2",
-                "redis+unix:///run/redis.sock?pass=REDACTED&db=2",
-            ),
-            (
-                "unix:///run/redis.sock?pass=s3cr3t-Pw",
-                "unix:///run/redis.sock?pass=REDACTED",
-            ),
-            ("app:s3cr3t-Pw@h:6379", "app:REDACTED@h:6379"),
-            ("s3cr3t-Pw@h:6379", "REDACTED@h:6379"),
-            (
-                "redis://h:6379/0?password=s3cr3t-Pw",
-                "redis://h:6379/0?password=REDACTED",
-            ),
-            (
-                "redis://h:6379/0?Password=s3cr3t-Pw#insecure",
-                "redis://h:6379/0?Password=REDACTED#insecure",
-            ),
-            ("redis://s3cr3t-Pw@h", "redis://REDACTED@h"),
-            (
-                "rediss://u:s3cr3t-Pw@h?pass=s3cr3t-Pw",
-                "rediss://u:REDACTED@h?pass=REDACTED",
-            ),
-            // An `@` inside a query password stays inside the hidden value.
-            (
-                "redis+unix:///s.sock?pass=s3cr@t-Pw",
-                "redis+unix:///s.sock?pass=REDACTED",
-            ),
-            (
-                "redis://h?password=a@s3cr3t-Pw",
-                "redis://h?password=REDACTED",
-            ),
-        ] {
-            let got = redact_url(url);
-            assert_eq!(got, shown, "{url}");
-            assert!(!got.contains(pw) && !got.contains("s3cr@t"), "{got}");
-        }
-    }
-
-    #[test]
-    fn urls_in_free_text_are_redacted_and_the_rest_is_kept() {
-        assert_eq!(
-            redact_urls_in("cannot use `redis://u:pw1234@h:1/0` now\n  (unix:///s?pass=pw1234)"),
-            "cannot use `redis://u:REDACTED@h:1/0` now\n  (unix:///s?pass=REDACTED"
-        );
-        assert_eq!(redact_urls_in("plain words"), "plain words");
-    }
-
-    #[test]
-    fn a_password_with_unencoded_delimiters_is_still_redacted() {
-        for (url, shown) in [
-            ("redis://app:pa/ss@h:1/0", "redis://app:REDACTED@h:1/0"),
-            ("redis://app:pa#ss@h", "redis://app:REDACTED@h"),
-            ("redis://app:p@ss@h", "redis://app:REDACTED@h"),
-            ("redis://:pa?ss@h", "redis://:REDACTED@h"),
-        ] {
-            assert_eq!(redact_url(url), shown);
-        }
-    }
 
     #[test]
     fn a_url_that_does_not_parse_is_named_without_its_password() {

@@ -4,6 +4,8 @@
 //! arguments and calls `perform`. The chain of each worker (global middleware, then the worker's own) is
 //! built when the registry is frozen and never changes afterwards, so running a job takes no lock.
 
+pub(crate) mod args_check;
+
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -13,6 +15,9 @@ use crate::middleware::concurrency::LocalConcurrencyLimit;
 use crate::middleware::lock_key::{Keyed, LockKey};
 use crate::middleware::{BoxFuture, Chain, Handler, ServerMiddleware};
 use crate::worker::{JobContext, Worker, WorkerOptions};
+
+// Its home is the support layer (`redact`); kept at this public path.
+pub use crate::redact::redact_values;
 
 /// Wraps a [`Worker`] as a [`Handler`].
 struct WorkerHandler<W>(Arc<W>);
@@ -44,33 +49,6 @@ impl<W: Worker> Handler for WorkerHandler<W> {
     }
 }
 
-/// serde's message with the quoted values blanked (`invalid type: string "…", expected u64`): error
-/// messages are logged, and job arguments must not be.
-pub fn redact_values(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut open: Option<char> = None;
-    for ch in message.chars() {
-        match open {
-            Some(q) if ch == q => {
-                out.push('…');
-                out.push(ch);
-                open = None;
-            }
-            Some(_) => {}
-            None => {
-                out.push(ch);
-                if ch == '"' || ch == '`' {
-                    open = Some(ch);
-                }
-            }
-        }
-    }
-    if open.is_some() {
-        out.push('…');
-    }
-    out
-}
-
 /// One registered worker class.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -83,25 +61,7 @@ pub struct Entry {
     /// The worker's `sidekiq_options`.
     pub options: WorkerOptions,
     /// Decodes a payload's arguments as the worker's `Args` without running it (`oxidekiq check`).
-    pub(crate) check_args: crate::migrate::check::ArgsCheck,
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn quoted_values_are_blanked_in_argument_errors() {
-        let e = serde_json::from_str::<(u64,)>(r#"["SECRET"]"#)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("SECRET"));
-        let r = super::redact_values(&e);
-        assert!(!r.contains("SECRET"), "{r}");
-        assert!(r.contains("expected u64"), "{r}");
-        let e = serde_json::from_str::<(String,)>("[12345]")
-            .unwrap_err()
-            .to_string();
-        assert!(!super::redact_values(&e).contains("12345"));
-    }
+    pub(crate) check_args: args_check::ArgsCheck,
 }
 
 /// Ruby class name → worker: every worker the process runs, with its own middleware (locks, limits)
@@ -161,7 +121,7 @@ impl Registry {
                 own: Vec::new(),
                 chain: Arc::from(Vec::new()),
                 options,
-                check_args: crate::migrate::check::check_args::<W::Args>,
+                check_args: args_check::check_args::<W::Args>,
             },
         );
         Registration {

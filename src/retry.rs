@@ -23,41 +23,20 @@ use rand::Rng;
 use serde_json::{Map, Value};
 
 use crate::error::{JobError, Result, RetryAction};
-use crate::job::{Job, MAX_TIMESTAMP, RetrySetting, saturating_count, valid_timestamp};
+use crate::job::{
+    Job, MAX_TIMESTAMP, RetrySetting, WorkerOptions, saturating_count, valid_timestamp,
+};
 use crate::keys;
 use crate::redis_conn::Conn;
 use crate::time::{TimeFormat, score};
-use crate::worker::WorkerOptions;
 
 /// Sidekiq's default maximum number of retries (`DEFAULT_MAX_RETRY_ATTEMPTS`).
 pub(crate) const DEFAULT_MAX_RETRIES: i64 = 25;
 /// Longest `error_message` stored (`exception.message.to_s[0, 10_000]`).
 pub(crate) const MAX_ERROR_MESSAGE: usize = 10_000;
-/// Dead jobs older than this are trimmed (`dead_timeout_in_seconds`, 180 days).
-pub(crate) const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
-/// The dead set keeps at most this many members (`dead_max_jobs`).
-pub(crate) const DEAD_MAX_JOBS: i64 = 10_000;
-
-/// Where a failed job ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Fate {
-    /// In the retry set, to run at this epoch time.
-    Retry {
-        /// Score of the retry-set entry.
-        at: f64,
-        /// The new `retry_count`.
-        count: i64,
-    },
-    /// In the dead set.
-    Dead,
-    /// Dropped on purpose (`retry: false`, `dead: false`, or a `discard` answer), as Ruby drops it.
-    Discarded,
-    /// Back in the schedule set, unchanged, not counted as a failure.
-    Rescheduled {
-        /// Score of the schedule-set entry.
-        at: f64,
-    },
-}
+// Where a failed job ended: defined with the error kinds (the support layer), so that the
+// Prometheus counters below this layer can count fates; kept at this path.
+pub use crate::error::Fate;
 
 /// The backoff before retry number `count` (0-based): `count**4 + 15 + jitter`.
 pub(crate) fn backoff(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {

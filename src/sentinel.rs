@@ -107,14 +107,14 @@ impl SentinelNode {
             let info = s.into_connection_info().map_err(|e| {
                 format!(
                     "sentinel {}: {}",
-                    crate::redis_conn::redact_url(s),
+                    crate::redact::redact_url(s),
                     e.detail().unwrap_or("not a Redis URL")
                 )
             })?;
             let ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
                 return Err(format!(
                     "sentinel {}: only plain TCP sentinels are supported",
-                    crate::redis_conn::redact_url(s)
+                    crate::redact::redact_url(s)
                 ));
             };
             // redis-rs fills in 6379 when the URL has no port; a sentinel's default is 26379.
@@ -204,7 +204,7 @@ impl Master {
     /// returned `Arc` lives); `url` gives the master's credentials, database and
     /// TLS mode, and its host is the master's name unless `cfg` names it.
     pub(crate) async fn discover(cfg: &SentinelConfig, url: &str) -> Result<Arc<Master>> {
-        let redacted = crate::redis_conn::redact_url(url);
+        let redacted = crate::redact::redact_url(url);
         let info = url.into_connection_info().map_err(|e| {
             Error::Config(format!(
                 "invalid Redis URL {redacted}: {}",
@@ -498,7 +498,7 @@ impl Follower {
     }
 
     async fn failed(&self, e: &redis::RedisError) {
-        crate::redis_conn::count_error(e);
+        crate::prom::count_error(e);
         if suggests_failover(e) {
             self.master.recheck().await;
         }

@@ -4,6 +4,8 @@
 //! deadlines and elapsed time. Functions that write timestamps take `now` as an argument so tests can
 //! pass any time they like.
 
+use std::time::Duration;
+
 use serde_json::{Number, Value};
 
 /// Epoch seconds, as a float (`Time.now.to_f`).
@@ -49,6 +51,11 @@ pub(crate) fn float_value(secs: f64) -> Value {
 pub(crate) fn score(secs: f64) -> String {
     let s = format!("{secs}");
     if s.contains('.') { s } else { format!("{s}.0") }
+}
+
+/// A TTL in whole milliseconds, at least 1 (`PX 0` is an error in Redis).
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 #[cfg(test)]

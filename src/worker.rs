@@ -6,14 +6,19 @@
 //! [`Registry`](crate::registry::Registry). The Ruby class name is explicit and greppable: [`Worker::CLASS`].
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, SeqAccess, Visitor};
 
 use crate::error::JobResult;
-use crate::job::{Job, RetrySetting};
-use crate::middleware::BoxFuture;
+use crate::job::Job;
+use crate::lock_batch::Locks;
+// Plain data the retry machinery below reads too: defined in `job`, kept at this public path.
+pub use crate::job::WorkerOptions;
+// Defined with the decoder that fills it, below the job chain; kept at this public path.
+pub use crate::activejob::ActiveJobInfo;
 // Types a job context hands out, defined in internal modules.
 pub use crate::redis_conn::Conn;
 pub use crate::retry::Fate;
@@ -51,49 +56,6 @@ pub trait Worker: Send + Sync + 'static {
     /// Runs one job.
     fn perform(&self, ctx: &JobContext, args: Self::Args)
     -> impl Future<Output = JobResult> + Send;
-}
-
-/// Per-worker options (Ruby's `sidekiq_options`); each applies when the payload does not say otherwise.
-///
-/// ```
-/// use oxidekiq::{JobContext, JobResult, NoArgs, RetrySetting, Worker, WorkerOptions};
-///
-/// /// `sidekiq_options retry: 5, retry_queue: "low", backtrace: 10`
-/// #[derive(Debug)]
-/// struct NightlyJob;
-///
-/// impl Worker for NightlyJob {
-///     const CLASS: &'static str = "NightlyJob";
-///     type Args = NoArgs;
-///
-///     fn options(&self) -> WorkerOptions {
-///         WorkerOptions {
-///             retry: Some(RetrySetting::Count(5)),
-///             retry_queue: Some("low".into()),
-///             backtrace: Some(10),
-///             local_concurrency: Some(2), // at most 2 at once in this process
-///             ..WorkerOptions::default()
-///         }
-///     }
-///
-///     async fn perform(&self, _ctx: &JobContext, _args: NoArgs) -> JobResult {
-///         Ok(())
-///     }
-/// }
-/// # assert_eq!(NightlyJob.options().retry, Some(RetrySetting::Count(5)));
-/// ```
-#[derive(Debug, Clone, Default)]
-pub struct WorkerOptions {
-    /// Retries when the payload has no `retry` key (default: Sidekiq's 25).
-    pub retry: Option<RetrySetting>,
-    /// Queue that retries go to (the payload's `retry_queue` wins).
-    pub retry_queue: Option<String>,
-    /// `false`: exhausted jobs are dropped instead of going to the dead set.
-    pub dead: Option<bool>,
-    /// How many backtrace lines to store in `error_backtrace` (`None`: the payload's `backtrace`).
-    pub backtrace: Option<usize>,
-    /// At most this many jobs of this class run at once inside this process (no Redis round trip).
-    pub local_concurrency: Option<usize>,
 }
 
 /// A worker whose `perform` takes no arguments: deserializes from any array, ignoring its items.
@@ -138,65 +100,17 @@ impl<'de> Deserialize<'de> for NoArgs {
     }
 }
 
-/// What an ActiveJob job carries besides its arguments ([`JobContext::activejob`]).
+/// A boxed, sendable future: what middleware and handlers return (`Box::pin(async move { .. })`).
 ///
 /// ```
-/// use oxidekiq::{JobContext, JobResult, Worker};
+/// use oxidekiq::{BoxFuture, JobResult};
 ///
-/// /// `WelcomeEmailJob.perform_later(42)`, an ActiveJob job: dispatched on its own class name.
-/// #[derive(Debug)]
-/// struct WelcomeEmailJob;
-///
-/// impl Worker for WelcomeEmailJob {
-///     const CLASS: &'static str = "WelcomeEmailJob";
-///     type Args = (u64,);
-///
-///     async fn perform(&self, ctx: &JobContext, (user_id,): Self::Args) -> JobResult {
-///         if let Some(aj) = ctx.activejob() {
-///             tracing::info!(user_id, job_id = aj.job_id, executions = aj.executions, "welcome");
-///         }
-///         Ok(())
-///     }
+/// fn done<'a>() -> BoxFuture<'a, JobResult> {
+///     Box::pin(async { Ok(()) })
 /// }
+/// # let _ = done();
 /// ```
-#[derive(Debug, Clone)]
-pub struct ActiveJobInfo {
-    /// ActiveJob's own id (a UUID), not Sidekiq's `jid`.
-    pub job_id: String,
-    /// How many times ActiveJob already ran it (`executions`).
-    pub executions: u64,
-    /// The arguments: JSON text the worker's type reads directly, or the full decoder's value
-    /// ([`crate::activejob::Arguments`]).
-    pub(crate) arguments: crate::activejob::Arguments,
-}
-
-impl ActiveJobInfo {
-    /// The arguments, decoded from ActiveJob's serialization into plain JSON values (built on first
-    /// use when the job took the direct path: the worker itself never needs it).
-    pub fn arguments(&self) -> &serde_json::Value {
-        self.arguments.value()
-    }
-
-    /// The decoded arguments, owned.
-    pub fn into_arguments(self) -> serde_json::Value {
-        self.arguments.into_value()
-    }
-
-    /// Deserializes the arguments as `T`: straight from their JSON text when they need no decoding
-    /// beyond dropping hash markers, otherwise from the full decoder's value. Both give the same `T`.
-    pub fn args<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        self.arguments.deserialize()
-    }
-}
-
-impl PartialEq for ActiveJobInfo {
-    /// Equal when the id, the execution count and the decoded arguments are, whichever path decoded them.
-    fn eq(&self, other: &Self) -> bool {
-        self.job_id == other.job_id
-            && self.executions == other.executions
-            && self.arguments() == other.arguments()
-    }
-}
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Work a middleware leaves for after a failed job's fate is in Redis.
 type FateHook = Box<dyn FnOnce(&Fate) -> BoxFuture<'static, ()> + Send>;
@@ -269,6 +183,8 @@ pub struct JobContext {
     pub(crate) activejob: Option<Arc<ActiveJobInfo>>,
     /// Hooks for after a failed run's fate is written.
     pub(crate) after_fate: AfterFate,
+    /// The job locks' batch task the lock middleware send through (`None`: each lock command alone).
+    pub(crate) locks: Option<Locks>,
 }
 
 impl JobContext {
@@ -287,7 +203,20 @@ impl JobContext {
             shutdown,
             activejob,
             after_fate: AfterFate::default(),
+            locks: None,
         }
+    }
+
+    /// The same context, whose lock middleware batch their lock commands through `locks` (the
+    /// processor hands each job the process's handle, built where the launcher wires the parts).
+    pub(crate) fn with_locks(mut self, locks: Locks) -> Self {
+        self.locks = Some(locks);
+        self
+    }
+
+    /// The job locks' batch task, for the lock middleware ([`crate::lock::RedisLock`]).
+    pub(crate) fn locks(&self) -> Option<&Locks> {
+        self.locks.as_ref()
     }
 
     /// The same context, whose [`JobContext::after_fate`] hooks go to `after` (the processor keeps a

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::redis_conn::redact_url;
+use crate::redact::redact_url;
 
 /// The most jobs one process may run at once. Each slot is a task, a working-list entry and a share
 /// of every fetch; Sidekiq advises 5 to 50 per process, and past a few thousand one process is better
@@ -66,12 +66,17 @@ impl FetchMode {
     pub const RELIABLE: FetchMode = FetchMode("reliable");
     /// Sidekiq's open-source `BRPOP` fetch: a killed process loses its in-flight jobs.
     pub const BASIC: FetchMode = FetchMode("basic");
+    /// The names `--fetch` takes, in the order of the strategy table of `src/fetch/` (its test checks
+    /// that they are the same): named here, below the fetch, so that the config checks a name without
+    /// reaching up to the strategies themselves.
+    pub(crate) const NAMES: [&'static str; 2] = ["reliable", "basic"];
 
     /// The strategy registered under `name`, if there is one.
     pub fn named(name: &str) -> Option<FetchMode> {
-        crate::fetch::strategy_names()
-            .find(|n| *n == name)
-            .map(FetchMode)
+        Self::NAMES
+            .iter()
+            .find(|n| **n == name)
+            .map(|n| FetchMode(n))
     }
 
     /// Its name, as `--fetch` takes it.

@@ -206,7 +206,8 @@ pub(crate) struct Setup<'a> {
 type Build = fn(Setup<'_>) -> Arc<dyn Fetch>;
 
 /// Every fetch strategy, by the name `--fetch` takes: the one place that maps a mode to its
-/// implementation. A new strategy is a file in `src/fetch/` implementing [`Fetch`], and one line here.
+/// implementation. A new strategy is a file in `src/fetch/` implementing [`Fetch`], one line here, and
+/// its name in [`FetchMode::NAMES`] (the config, below, checks `--fetch` against it).
 const STRATEGIES: &[(&str, Build)] = &[
     ("reliable", |s| Arc::new(Reliable::from_setup(s))),
     ("basic", |s| Arc::new(Basic::from_setup(s))),
@@ -455,6 +456,7 @@ mod tests {
     fn every_strategy_is_selectable_by_its_name_and_the_named_modes_are_registered() {
         let names: Vec<&str> = strategy_names().collect();
         assert_eq!(names, ["reliable", "basic"]);
+        assert_eq!(names, FetchMode::NAMES, "the config's list of names");
         for name in names {
             assert_eq!(FetchMode::named(name).map(FetchMode::name), Some(name));
         }

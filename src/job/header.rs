@@ -14,7 +14,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::activejob::{
+use super::UNIQUE_KEY_FIELD;
+use super::activejob_keys::{
     GLOBALID_KEY, INDIFFERENT_KEY, RUBY2_KEYWORDS_KEY, SERIALIZER_KEY, SYMBOL_KEYS_KEY,
 };
 
@@ -186,8 +187,7 @@ impl<'a> Header<'a> {
             plain: 0,
             // A key spelled with an escape (`unique\u005fkey`) reads as `unique_key` too: any `\u`
             // keeps the lock test on (this path is rare, so the cost is nil).
-            unique_key: raw.contains(crate::middleware::until_executed::UNIQUE_KEY_FIELD)
-                || raw.contains("\\u"),
+            unique_key: raw.contains(UNIQUE_KEY_FIELD) || raw.contains("\\u"),
         })
     }
 }
@@ -229,8 +229,7 @@ fn scan_into<'a>(raw: &'a str, h: &mut Header<'a>) -> Option<()> {
                 (&mut h.args, 0)
             }
             _ => {
-                h.unique_key |=
-                    key == crate::middleware::until_executed::UNIQUE_KEY_FIELD.as_bytes();
+                h.unique_key |= key == UNIQUE_KEY_FIELD.as_bytes();
                 r.value(1)?;
                 more = r.more(b'}')?;
                 continue;
@@ -868,7 +867,7 @@ fn notes_hold(raw: &str, s: &Header<'_>) -> Result<(), String> {
     }
     // Keys borrowed (scan refused any with an escape) and values left as text, as `Plain` reads them.
     let top: HashMap<&str, &RawValue> = serde_json::from_str(raw).map_err(|e| e.to_string())?;
-    let unique_key = top.contains_key(crate::middleware::until_executed::UNIQUE_KEY_FIELD);
+    let unique_key = top.contains_key(UNIQUE_KEY_FIELD);
     if s.unique_key != unique_key {
         return Err(format!(
             "unique_key noted {}, present {unique_key}",

@@ -40,12 +40,14 @@ where
 async fn many_concurrent_acquires_and_releases_each_get_their_own_answer() {
     let server = RedisServer::start();
     let conn = server.async_conn().await;
+    let locks = Locks::new(conn.clone());
     let n = 300;
     let acquires = concurrently(n, |i| {
-        let conn = conn.clone();
+        let (conn, locks) = (conn.clone(), locks.clone());
         async move {
             let key = format!("oxidekiq:lock:many:{i}");
-            conn.lock_batcher()
+            locks
+                .batcher()
                 .acquire(&conn, acq(&key, &format!("tok{i}:jid{i}")))
                 .await
         }
@@ -63,7 +65,7 @@ async fn many_concurrent_acquires_and_releases_each_get_their_own_answer() {
     }
     // Every other release carries a wrong token: those delete nothing and say so.
     let releases = concurrently(n, |i| {
-        let conn = conn.clone();
+        let (conn, locks) = (conn.clone(), locks.clone());
         async move {
             let key = format!("oxidekiq:lock:many:{i}");
             let token = if i % 2 == 0 {
@@ -71,7 +73,7 @@ async fn many_concurrent_acquires_and_releases_each_get_their_own_answer() {
             } else {
                 "someone-else".to_string()
             };
-            conn.lock_batcher().release(&conn, rel(&key, &token)).await
+            locks.batcher().release(&conn, rel(&key, &token)).await
         }
     })
     .await;
@@ -89,13 +91,14 @@ async fn many_concurrent_acquires_and_releases_each_get_their_own_answer() {
 async fn contention_on_one_key_has_exactly_one_winner_and_only_it_releases() {
     let server = RedisServer::start();
     let conn = server.async_conn().await;
+    let locks = Locks::new(conn.clone());
     let key = "oxidekiq:lock:contended";
     let n = 100;
     let tries = concurrently(n, |i| {
-        let conn = conn.clone();
+        let (conn, locks) = (conn.clone(), locks.clone());
         async move {
             let req = acq(key, &format!("tok{i}"));
-            conn.lock_batcher().acquire(&conn, req).await
+            locks.batcher().acquire(&conn, req).await
         }
     })
     .await;
@@ -106,10 +109,10 @@ async fn contention_on_one_key_has_exactly_one_winner_and_only_it_releases() {
     assert_eq!(get(&mut c, key), Some(format!("tok{winner}")));
 
     let releases = concurrently(n, |i| {
-        let conn = conn.clone();
+        let (conn, locks) = (conn.clone(), locks.clone());
         async move {
             let req = rel(key, &format!("tok{i}"));
-            conn.lock_batcher().release(&conn, req).await
+            locks.batcher().release(&conn, req).await
         }
     })
     .await;
@@ -149,7 +152,8 @@ async fn release_falls_back_to_eval_after_script_flush() {
             .query(c)
             .unwrap()
     };
-    let batcher = conn.lock_batcher();
+    let locks = Locks::new(conn.clone());
+    let batcher = locks.batcher();
     for round in 0..3 {
         let key = format!("oxidekiq:lock:flush:{round}");
         assert!(batcher.acquire(&conn, acq(&key, "t")).await.unwrap());
@@ -274,7 +278,8 @@ async fn a_detached_release_is_in_redis_once_flush_returns() {
     let conn = server.async_conn().await;
     let mut c = server.conn();
     let n = 300;
-    let batcher = conn.lock_batcher();
+    let locks = Locks::new(conn.clone());
+    let batcher = locks.batcher();
     for i in 0..n {
         let key = format!("oxidekiq:lock:flush:{i}");
         assert!(batcher.acquire(&conn, acq(&key, "t")).await.unwrap());
@@ -283,7 +288,7 @@ async fn a_detached_release_is_in_redis_once_flush_returns() {
         let key = format!("oxidekiq:lock:flush:{i}");
         batcher.release_detached(&conn, rel(&key, "t")).await;
     }
-    conn.flush_lock_releases().await;
+    locks.flush().await;
     // Read at once, not waited for: flush returned only after every queued release had its reply.
     let left: Vec<String> = redis::cmd("KEYS")
         .arg("oxidekiq:lock:flush:*")
@@ -298,7 +303,8 @@ async fn an_acquire_queued_after_a_detached_release_of_its_key_finds_it_free_eve
     let server = RedisServer::start();
     let conn = server.async_conn().await;
     let mut c = server.conn();
-    let batcher = conn.lock_batcher();
+    let locks = Locks::new(conn.clone());
+    let batcher = locks.batcher();
     for round in 0..200 {
         let key = format!("oxidekiq:lock:order:{}", round % 7);
         if round % 50 == 25 {
@@ -319,7 +325,7 @@ async fn an_acquire_queued_after_a_detached_release_of_its_key_finds_it_free_eve
         );
         batcher.release_detached(&conn, rel(&key, &next)).await;
     }
-    conn.flush_lock_releases().await;
+    locks.flush().await;
     let left: Vec<String> = redis::cmd("KEYS")
         .arg("oxidekiq:lock:order:*")
         .query(&mut c)

@@ -112,7 +112,7 @@ impl LockKey {
                         "cannot name the lock of {}: arguments do not fit {}: {}",
                         ctx.class(),
                         std::any::type_name::<A>(),
-                        crate::registry::redact_values(&e.to_string())
+                        crate::redact::redact_values(&e.to_string())
                     ),
                 )
             })?;

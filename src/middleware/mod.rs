@@ -37,24 +37,14 @@ pub mod until_executed;
 
 pub use lock_key::{Keyed, LockKey};
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::error::JobResult;
 use crate::worker::JobContext;
 
-/// A boxed, sendable future: what middleware and handlers return (`Box::pin(async move { .. })`).
-///
-/// ```
-/// use oxidekiq::{BoxFuture, JobResult};
-///
-/// fn done<'a>() -> BoxFuture<'a, JobResult> {
-///     Box::pin(async { Ok(()) })
-/// }
-/// # let _ = done();
-/// ```
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+// Defined with the worker (the lowest module of the job chain, whose after-fate hooks return one);
+// kept at this public path.
+pub use crate::worker::BoxFuture;
 
 /// One link of the server chain (Sidekiq's server middleware): called with the job and the rest of
 /// the chain. Added for every worker with [`Registry::middleware`](crate::Registry::middleware), or for

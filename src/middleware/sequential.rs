@@ -136,7 +136,7 @@ impl ServerMiddleware for SequentialJob {
             };
             let lock = RedisLock::at(ctx.redis(), key, self.opts)
                 .held_by(ctx.jid())
-                .batched();
+                .batched(ctx.locks());
             let started = Instant::now();
             match lock.lock().await {
                 Ok(guard) => {

@@ -175,7 +175,7 @@ impl ServerMiddleware for UniqueJob {
             };
             let lock = RedisLock::at(ctx.redis(), key, opts)
                 .held_by(ctx.jid())
-                .batched();
+                .batched(ctx.locks());
             // One `SET NX PX` on the way in, one `EVALSHA` on the way out, each sent in a batch with
             // the other jobs' (`lock_batch`); the release is queued, not waited for (the job is over).
             // The holder is read only when the lock is busy.

@@ -39,7 +39,6 @@ use serde_json::Value;
 
 use super::lock_key::args_digest;
 use super::{BoxFuture, Next, ServerMiddleware};
-use crate::client::{ClientMiddleware, ClientNext, Push, Pushed};
 use crate::error::{INVALID_PAYLOAD, JobError, JobResult, Result};
 use crate::job::{Job, checked_seconds};
 use crate::keys;
@@ -49,8 +48,8 @@ use crate::retry::Fate;
 use crate::time::score;
 use crate::worker::JobContext;
 
-/// The payload key holding the lock's full Redis key.
-pub const UNIQUE_KEY_FIELD: &str = "unique_key";
+// The payload reader below looks for it too ([`Job::may_name_unique_key`]): it lives in `job`.
+pub use crate::job::UNIQUE_KEY_FIELD;
 /// The payload key holding the lock's TTL in seconds.
 pub const UNIQUE_TTL_FIELD: &str = "unique_ttl";
 
@@ -248,8 +247,8 @@ async fn settle(conn: Conn, lock: RunLock, finished: bool) {
 }
 
 /// Until-executed as a middleware on both chains. On the client chain (there by default) it writes the
-/// lock's key and TTL into the payload and has the push take the lock in the same script. On the
-/// server chain ([`Next::new`] runs it first, a no-op for a payload without `unique_key`) it claims the
+/// lock's key and TTL into the payload and has the push take the lock in the same script (that half is
+/// implemented in [`crate::client`], which sits above the middleware). On the server chain ([`Next::new`] runs it first, a no-op for a payload without `unique_key`) it claims the
 /// lock for this run (one `EVALSHA`), keeps it while the job runs, and settles it: released when the
 /// job is done; on a failure, once its fate is written ([`JobContext::after_fate`]): released when the
 /// job is dead or discarded, renewed while it waits for a retry or its rescheduled run.
@@ -274,28 +273,6 @@ impl ServerMiddleware for UntilExecuted {
             }
             result
         })
-    }
-}
-
-impl ClientMiddleware for UntilExecuted {
-    /// For a [`NewJob::unique_for`](crate::client::NewJob::unique_for) job: writes the lock's key and
-    /// TTL into the payload and has the push take the lock in the same script; other jobs pass as they
-    /// are.
-    fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed> {
-        if let Some(ttl) = push.job.unique_ttl() {
-            let key = lock_key(push.job.class(), push.job.args());
-            push.job
-                .set_option(UNIQUE_KEY_FIELD, Value::String(key.clone()));
-            push.job.set_option(
-                UNIQUE_TTL_FIELD,
-                crate::time::float_value(ttl.as_secs_f64()),
-            );
-            // A scheduled job is pending from now until it runs: its lock lives that long too.
-            let wait = push.job.at().map_or(0.0, |at| at - crate::time::now());
-            let ttl = ttl + Duration::try_from_secs_f64(wait).unwrap_or(Duration::ZERO);
-            push.guard = Some((key, ttl));
-        }
-        next.run(push)
     }
 }
 

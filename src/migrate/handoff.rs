@@ -18,10 +18,10 @@ use crate::config::Config;
 use crate::job::Job;
 use crate::keys;
 use crate::migrate::check::Contract;
-use crate::processor::Processor;
-use crate::registry::Entry;
+use crate::redis_conn::Conn;
+use crate::registry::{Entry, Registry};
 use crate::retry::{self, Token};
-use crate::shutdown::Phase;
+use crate::shutdown::{Phase, ShutdownSignal};
 
 /// The hand-off settings and which classes were already logged.
 #[derive(Debug)]
@@ -85,14 +85,22 @@ impl Handoff {
 /// the hand-off queue (acknowledge it); `Some(false)` when the process was cancelled before the push
 /// reached Redis (leave it in flight: the shutdown pushes it back). The push consumes the job's `token`
 /// (its working-hash entry, reliable fetch) in the same script, so a retry after a lost reply pushes
-/// nothing twice.
-pub(crate) async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> Option<bool> {
-    let h = p.handoff.as_ref()?;
-    let reason = h.reason(job, p.registry.get(job.worker_class()))?;
+/// nothing twice. Given the parts of the processor it needs (the hand-off settings, the shared
+/// connection, the registry, the process's phase), not the processor: the processor sits above.
+pub(crate) async fn divert(
+    handoff: Option<&Handoff>,
+    conn: &Conn,
+    registry: &Registry,
+    shutdown: &ShutdownSignal,
+    job: &Job,
+    token: Option<&Token>,
+) -> Option<bool> {
+    let h = handoff?;
+    let reason = h.reason(job, registry.get(job.worker_class()))?;
     let class = job.worker_class();
     let mut delay = Duration::from_millis(50);
     loop {
-        let mut conn = p.conn.clone();
+        let mut conn = conn.clone();
         let pushed = retry::push_to_queue(
             &mut conn,
             &h.queue,
@@ -112,7 +120,7 @@ pub(crate) async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> O
                 return Some(true);
             }
             Err(e) => {
-                if p.shutdown.phase() >= Phase::Cancelled {
+                if shutdown.phase() >= Phase::Cancelled {
                     return Some(false);
                 }
                 tracing::warn!(error = %e, class, "cannot hand the job off yet; retrying");
