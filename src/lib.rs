@@ -62,6 +62,7 @@ pub(crate) mod activejob;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod cron;
 pub mod error;
 pub(crate) mod fetch;
 pub(crate) mod fleet;
@@ -103,6 +104,8 @@ pub use cli::run;
 pub use client::{Client, ClientMiddleware, ClientNext, NewJob, Push};
 #[doc(inline)]
 pub use config::Config;
+/// A sidekiq-cron schedule declared in Rust.
+pub use config::CronJob;
 #[doc(inline)]
 pub use error::{Error, JobError, JobResult, Result, RetryAction};
 #[doc(inline)]
