@@ -320,3 +320,69 @@ fn a_schedule_file_is_written_in_the_namespaced_layout_the_fleet_uses() {
     let klass: String = conn.hget("cron_job:default:from file", "klass").unwrap();
     assert_eq!(klass, "FromFile");
 }
+
+/// The cron forms oxidekiq reads give fugit's own previous tick (the tick a poller claims), computed by
+/// fugit 1.5 (sidekiq-cron 1.8.0's parser) in this run, at instants across months, weekdays, a
+/// month's end and a daylight-saving change.
+#[test]
+fn cron_lines_and_natural_forms_give_fugits_previous_tick() {
+    let forms = [
+        "*/5 * * * *",
+        "0 9 * * 1-5",
+        "15,45 */2 * * *",
+        "0 0 L * *",
+        "0 12 * * mon#2",
+        "0 0 1,15 * 0",
+        "*/10 * * * * *",
+        "30 2 * * * Europe/Paris",
+        "0 9 * * * America/New_York",
+        "@hourly",
+        "@weekly",
+        "every 5 minutes",
+        "every 30 seconds",
+        "every 2 hours",
+        "every day at 5:30 pm",
+        "every monday at 9am",
+        "every weekday at noon",
+        "every day at 9 Asia/Tokyo",
+    ];
+    // 2026-11-25 10:37:58.3 UTC, 2026-03-29 01:30 UTC (Paris skips 02:00-03:00), 2026-02-28 23:59:59,
+    // 2026-10-25 00:45 UTC (Paris repeats 02:00-03:00), 2027-01-01 00:00:00.5.
+    let instants = [
+        1795603078.3,
+        1774747800.0,
+        1772323199.0,
+        1792889100.0,
+        1798761600.5,
+    ];
+    let script = r##"
+require "fugit"
+forms = JSON.parse(ENV.fetch("FORMS"))
+instants = JSON.parse(ENV.fetch("INSTANTS"))
+forms.each do |f|
+  c = Fugit.parse(f)
+  raise "#{f}: #{c.class}" unless c.is_a?(Fugit::Cron)
+  instants.each { |t| puts c.previous_time(Time.at(t).utc).utc.to_i }
+end
+"##;
+    let redis_url = "redis://127.0.0.1:1"; // not used: fugit needs no Redis
+    let out = support::ruby_with_env(
+        script,
+        redis_url,
+        &[
+            ("FORMS", &serde_json::to_string(&forms).unwrap()),
+            ("INSTANTS", &serde_json::to_string(&instants).unwrap()),
+        ],
+    );
+    let expected: Vec<i64> = out.lines().iter().map(|l| l.parse().unwrap()).collect();
+    let mut i = 0;
+    for form in forms {
+        let schedule = oxidekiq::cron::Schedule::parse(form).unwrap();
+        for t in instants {
+            let now = chrono::DateTime::from_timestamp_micros((t * 1e6) as i64).unwrap();
+            let ours = schedule.previous_time(now).unwrap().timestamp();
+            assert_eq!(ours, expected[i], "{form:?} at {now}");
+            i += 1;
+        }
+    }
+}

@@ -73,19 +73,41 @@ impl Schedule {
     /// (fugit 1.5 starts its search at `from - 1` and drops the fraction): the tick at `T` is the
     /// "previous" one from `T + 1 s` until one second after the next tick. The poller claims that tick.
     pub fn previous_time(&self, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
-        let from = floor_second(now) - Duration::seconds(1);
-        self.cron
-            .find_previous_occurrence(&from.with_timezone(&self.zone), true)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(|e| format!("{:?}: no previous tick before {now}: {e}", self.source))
+        let mut from = floor_second(now) - Duration::seconds(1);
+        for _ in 0..MAX_GAP_SKIPS {
+            let t = self
+                .cron
+                .find_previous_occurrence(&from.with_timezone(&self.zone), true)
+                .map_err(|e| format!("{:?}: no previous tick before {now}: {e}", self.source))?;
+            if self.on_the_clock(&t) {
+                return Ok(t.with_timezone(&Utc));
+            }
+            from = t.with_timezone(&Utc) - Duration::seconds(1);
+        }
+        Err(format!("{:?}: no previous tick before {now}", self.source))
+    }
+
+    /// Whether `t` reads as a tick on the zone's wall clock. croner moves a tick that falls into a
+    /// daylight-saving gap (02:30 on the night clocks jump from 02:00 to 03:00) to the end of the gap;
+    /// fugit has no such tick, and skips to the one before or after.
+    fn on_the_clock(&self, t: &DateTime<Tz>) -> bool {
+        self.cron.is_time_matching(t).unwrap_or(false)
     }
 
     /// The first tick after `t` (for the poller's sleep).
     pub fn next_time(&self, t: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
-        self.cron
-            .find_next_occurrence(&floor_second(t).with_timezone(&self.zone), false)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(|e| format!("{:?}: no tick after {t}: {e}", self.source))
+        let mut from = floor_second(t);
+        for _ in 0..MAX_GAP_SKIPS {
+            let next = self
+                .cron
+                .find_next_occurrence(&from.with_timezone(&self.zone), false)
+                .map_err(|e| format!("{:?}: no tick after {t}: {e}", self.source))?;
+            if self.on_the_clock(&next) {
+                return Ok(next.with_timezone(&Utc));
+            }
+            from = next.with_timezone(&Utc);
+        }
+        Err(format!("{:?}: no tick after {t}", self.source))
     }
 
     /// The string as written.
@@ -93,6 +115,10 @@ impl Schedule {
         &self.source
     }
 }
+
+/// How many ticks moved out of a daylight-saving gap a search passes over before giving up (a gap
+/// holds at most an hour of ticks of a 1-second schedule).
+const MAX_GAP_SKIPS: usize = 4000;
 
 /// `t` without its fraction of a second.
 fn floor_second(t: DateTime<Utc>) -> DateTime<Utc> {
