@@ -386,3 +386,56 @@ end
         }
     }
 }
+
+/// Keys of the wrong type, bytes that are not UTF-8 and a schedule that never ticks are each reported
+/// once, naming the key, and stop no other schedule.
+#[test]
+fn a_bad_schedule_key_is_reported_once_and_stops_no_other() {
+    let redis = RedisServer::start();
+    ruby(
+        &format!(
+            "{CRON}Sidekiq::Cron::Job.create(name: 'good', cron: '* * * * * *', class: 'Good', \
+             queue: 'good') or raise 'not created'"
+        ),
+        &redis.url(),
+    );
+    let mut conn = redis.conn();
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg("cron_job:broken")
+        .arg("a string")
+        .cmd("HSET")
+        .arg("cron_job:never")
+        .arg(&[
+            ("name", "never"),
+            ("cron", "0 0 31 2 *"),
+            ("klass", "Never"),
+        ])
+        .cmd("HSET")
+        .arg("cron_job:bytes")
+        .arg("name")
+        .arg("bytes")
+        .arg("cron")
+        .arg(b"\xff\xfe * * * *".as_slice())
+        .arg("klass")
+        .arg("Bytes")
+        .cmd("SADD")
+        .arg("cron_jobs")
+        .arg(&["cron_job:broken", "cron_job:never", "cron_job:bytes"])
+        .cmd("SET")
+        .arg("cron_jobs:oops")
+        .arg("not a set")
+        .query(&mut conn)
+        .unwrap();
+    let ox = Oxidekiq::start(&redis.url(), OXIDEKIQ_ARGS);
+    wait_for_jobs(&redis, "good", 2, "the good schedule beside bad keys");
+    let log = ox.log();
+    for needle in [
+        "cron_job:broken is a string, not a cron schedule hash",
+        "cron_jobs:oops is a string, not a set of cron schedules",
+        "cron_job:never is not a valid sidekiq-cron schedule",
+        "cron_job:bytes is not a valid sidekiq-cron schedule",
+    ] {
+        assert_eq!(log.matches(needle).count(), 1, "{needle:?} once in:\n{log}");
+    }
+}

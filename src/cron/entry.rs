@@ -55,12 +55,17 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// Reads a schedule's hash; the error says what the gem's `valid?` would refuse.
-    pub(crate) fn from_hash(key: &str, mut h: HashMap<String, String>) -> Result<Entry, String> {
+    /// Reads a schedule's hash, its `cron` through `parse` (the poller's cache of
+    /// [`Schedule::parse`]); the error says what the gem's `valid?` would refuse.
+    pub(crate) fn from_hash(
+        key: &str,
+        mut h: HashMap<String, String>,
+        parse: &mut dyn FnMut(&str) -> Result<Schedule, String>,
+    ) -> Result<Entry, String> {
         let mut take = |f: &str| h.remove(f).filter(|v| !v.is_empty());
         let name = take("name").ok_or("`name` is not set")?;
         let cron = take("cron").ok_or("`cron` is not set")?;
-        let schedule = Schedule::parse(&cron)?;
+        let schedule = parse(&cron)?;
         let class = take("klass").ok_or("`klass` is not set")?;
         let args = take("args").map(|a| parse_args(&a)).unwrap_or_default();
         let mut message = match take("message").map(|m| serde_json::from_str::<Value>(&m)) {
@@ -246,6 +251,7 @@ mod tests {
                 ("status", status),
                 ("last_enqueue_time", last),
             ]),
+            &mut |c| Schedule::parse(c),
         )
         .unwrap()
     }
@@ -259,6 +265,7 @@ mod tests {
         let hourly = Entry::from_hash(
             "cron_job:h",
             hash(&[("name", "h"), ("cron", "0 * * * *"), ("klass", "K")]),
+            &mut |c| Schedule::parse(c),
         )
         .unwrap();
         assert_eq!(hourly.due(at(10, 1, 0)).unwrap(), Some(at(10, 0, 0)));

@@ -29,7 +29,7 @@ mod entry;
 mod schedule;
 mod store;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -46,6 +46,9 @@ use crate::shutdown::ShutdownSignal;
 /// `T + 1 s`, and a little margin keeps the wake-up on the right side of that second.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
+/// The shortest [`CronConfig::poll_interval`] used.
+const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
 /// How long to wait after a round that failed (Redis unreachable) before the next.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -60,7 +63,14 @@ struct Poller {
     running: bool,
     /// Declared schedules not yet written (Redis was unreachable at start).
     pending: Vec<CronJob>,
+    /// Each `cron` string seen, parsed and checked to tick at all: a schedule is read every round,
+    /// and the search for a tick that never comes (Feb 31st) is slow.
+    schedules: HashMap<String, Result<Schedule, String>>,
 }
+
+/// Past this many distinct `cron` strings the cache starts over (schedules rewritten with ever new
+/// strings would otherwise grow it without bound).
+const MAX_CACHED_SCHEDULES: usize = 10_000;
 
 /// Runs the cron poller until the process goes quiet: writes the declared schedules, then a round at
 /// each tick. Errors are logged and the round retried. Jobs are pushed by a [`Client`] writing the
@@ -77,6 +87,11 @@ pub(crate) async fn run(
         None => TimeMode::Auto,
     };
     let client = Client::new(conn.clone()).with_time_mode(mode);
+    // A zero interval (possible from Rust) would make an idle poller spin.
+    let cfg = CronConfig {
+        poll_interval: cfg.poll_interval.max(MIN_POLL_INTERVAL),
+        ..cfg
+    };
     let mut poller = Poller {
         pending: declared(&cfg),
         ..Poller::default()
@@ -136,19 +151,24 @@ impl Poller {
                         self.pending.push(job);
                         return Err(e);
                     }
-                    tracing::error!(schedule = %job.name, error = %e, "cron schedule not written");
+                    let name = crate::logging::escape(&job.name);
+                    tracing::error!(schedule = %name, error = %e, "cron schedule not written");
                 }
             }
         }
+        let loaded = store::load(conn, &sets).await?;
+        for (key, why) in loaded.problems {
+            self.report(&key, &why);
+        }
         let mut entries = Vec::new();
-        for (key, fields) in store::load(conn, &sets).await? {
-            match Entry::from_hash(&key, fields) {
+        for (key, fields) in loaded.hashes {
+            let schedules = &mut self.schedules;
+            match Entry::from_hash(&key, fields, &mut |c| parse_cached(schedules, c)) {
                 Ok(e) => entries.push(e),
-                Err(msg) => {
-                    if self.reported.insert((key.clone(), msg.clone())) {
-                        tracing::error!(key = %key, error = %msg, "cron schedule not run: the hash is not a valid sidekiq-cron schedule");
-                    }
-                }
+                Err(msg) => self.report(
+                    &key,
+                    &format!("is not a valid sidekiq-cron schedule: {msg}"),
+                ),
             }
         }
         let running = !entries.is_empty();
@@ -173,9 +193,7 @@ impl Poller {
             Ok(Some(tick)) => tick,
             Ok(None) => return Ok(()),
             Err(msg) => {
-                if self.reported.insert((entry.key.clone(), msg.clone())) {
-                    tracing::error!(key = %entry.key, error = %msg, "cron schedule not run");
-                }
+                self.report(&entry.key, &msg);
                 return Ok(());
             }
         };
@@ -185,9 +203,12 @@ impl Poller {
             .await
         {
             Ok(Some(jid)) => {
-                tracing::info!(schedule = %entry.name, tick = %tick, jid = %jid, "cron job enqueued");
+                // Debug, as the gem logs it: a 1-second schedule would fill the log at info.
+                let name = crate::logging::escape(&entry.name);
+                tracing::debug!(schedule = %name, tick = %tick, jid = %jid, "cron job enqueued");
                 if let Err(e) = store::after_enqueue(conn, &entry.key, &jid, now).await {
-                    tracing::error!(key = %entry.key, error = %e, "cron job enqueued, but its last_enqueue_time and jid_history were not written");
+                    let key = crate::logging::escape(&entry.key);
+                    tracing::error!(key = %key, error = %e, "cron job enqueued, but its last_enqueue_time and jid_history were not written");
                 }
                 Ok(())
             }
@@ -195,11 +216,40 @@ impl Poller {
             Ok(None) => Ok(()),
             Err(e) if e.is_connection_error() => Err(e),
             Err(e) => {
-                tracing::error!(key = %entry.key, tick = %tick, error = %e, "cron job not enqueued; its tick is left unclaimed");
+                self.report(&entry.key, &format!("its job was not enqueued (the tick is left unclaimed, tried again each round): {e}"));
                 Ok(())
             }
         }
     }
+
+    /// Logs a problem with a key at error level, once per key and message: a bad key is tried again
+    /// every round (it may be fixed), and would otherwise log every second.
+    fn report(&mut self, key: &str, why: &str) {
+        if self.reported.insert((key.to_string(), why.to_string())) {
+            let (key, why) = (crate::logging::escape(key), crate::logging::escape(why));
+            tracing::error!(key = %key, "cron: {key} {why}");
+        }
+    }
+}
+
+/// [`Schedule::parse`] through `cache`, refusing a schedule with no tick ahead.
+fn parse_cached(
+    cache: &mut HashMap<String, Result<Schedule, String>>,
+    cron: &str,
+) -> Result<Schedule, String> {
+    if let Some(known) = cache.get(cron) {
+        return known.clone();
+    }
+    if cache.len() >= MAX_CACHED_SCHEDULES {
+        cache.clear();
+    }
+    let parsed = Schedule::parse(cron).and_then(|s| {
+        s.next_time(Utc::now())
+            .map(|_| s)
+            .map_err(|_| format!("{cron:?} never ticks"))
+    });
+    cache.insert(cron.to_string(), parsed.clone());
+    parsed
 }
 
 /// How long until the next tick of an enabled schedule is claimable (its second plus one, plus

@@ -279,6 +279,15 @@ mod tests {
     }
 
     #[test]
+    fn a_schedule_that_never_ticks_is_an_error_not_a_hang() {
+        let feb_31 = Schedule::parse("0 0 31 2 *").unwrap();
+        let started = std::time::Instant::now();
+        assert!(feb_31.previous_time(at(10, 0, 0)).is_err());
+        assert!(feb_31.next_time(at(10, 0, 0)).is_err());
+        eprintln!("never-ticking schedule answered in {:?}", started.elapsed());
+    }
+
+    #[test]
     fn zones_specials_and_natural_forms_parse() {
         let paris = Schedule::parse("0 9 * * * Europe/Paris").unwrap();
         // 09:00 in Paris is 08:00 UTC in November.

@@ -71,39 +71,65 @@ pub(crate) fn layout_of(sets: &[String]) -> Layout {
     }
 }
 
-/// Every schedule hash of `sets`, as (key, fields); a set or a member of the wrong type is reported
-/// (error level, naming the key and its type) and passed over, so one bad key stops no other schedule.
-pub(crate) async fn load(
-    conn: &Conn,
-    sets: &[String],
-) -> Result<Vec<(String, HashMap<String, String>)>> {
+/// What a read of the schedules found: each hash as (key, fields), and the keys that could not be
+/// read, with why (a set or a hash of the wrong type, a key that is not UTF-8); those are passed over,
+/// so one bad key stops no other schedule, and the caller reports each once.
+#[derive(Debug, Default)]
+pub(crate) struct Loaded {
+    /// The schedules' hashes.
+    pub(crate) hashes: Vec<(String, HashMap<String, String>)>,
+    /// (key, what is wrong with it).
+    pub(crate) problems: Vec<(String, String)>,
+}
+
+/// Every schedule hash of `sets` (`Job.all`: `SMEMBERS`, then one `HGETALL` per member, pipelined).
+/// Field values that are not UTF-8 are read lossily (the schedule then fails to parse, or runs with
+/// the replacement character in a text field), never failing the whole read.
+pub(crate) async fn load(conn: &Conn, sets: &[String]) -> Result<Loaded> {
+    let mut loaded = Loaded::default();
     let mut members: Vec<String> = Vec::new();
     for set in sets {
         match redis::cmd("SMEMBERS")
             .arg(set)
-            .query_async::<Vec<String>>(&mut conn.clone())
+            .query_async::<Vec<Vec<u8>>>(&mut conn.clone())
             .await
         {
-            Ok(m) => members.extend(m),
-            Err(e) if e.code() == Some("WRONGTYPE") => {
-                report_wrong_type(conn, set, "set of cron schedules").await
+            Ok(found) => {
+                for m in found {
+                    match String::from_utf8(m) {
+                        Ok(m) => members.push(m),
+                        Err(e) => loaded.problems.push((
+                            set.clone(),
+                            format!(
+                                "holds a member that is not UTF-8 ({:?}); that schedule is not run",
+                                String::from_utf8_lossy(e.as_bytes())
+                            ),
+                        )),
+                    }
+                }
             }
+            Err(e) if !is_connection(&e) => loaded.problems.push((
+                set.clone(),
+                refused(conn, set, "set of cron schedules", &e).await,
+            )),
             Err(e) => return Err(e.into()),
         }
     }
     members.sort();
     members.dedup();
     if members.is_empty() {
-        return Ok(Vec::new());
+        return Ok(loaded);
     }
     let mut pipe = redis::pipe();
     for m in &members {
         pipe.cmd("HGETALL").arg(m);
     }
-    let hashes: Vec<HashMap<String, String>> = match pipe.query_async(&mut conn.clone()).await {
+    type Raw = HashMap<Vec<u8>, Vec<u8>>;
+    let hashes: Vec<Raw> = match pipe.query_async(&mut conn.clone()).await {
         Ok(h) => h,
-        Err(e) if e.code() == Some("WRONGTYPE") => {
-            // One member is not a hash: read them one by one to pass over just that one.
+        // The server refused a command of the pipeline (redis-rs wraps a `WRONGTYPE` in a pipeline
+        // failure): a member is not a hash. Read them one by one to pass over just that one.
+        Err(e) if !is_connection(&e) => {
             let mut out = Vec::with_capacity(members.len());
             for m in &members {
                 match redis::cmd("HGETALL")
@@ -112,9 +138,10 @@ pub(crate) async fn load(
                     .await
                 {
                     Ok(h) => out.push(h),
-                    Err(e) if e.code() == Some("WRONGTYPE") => {
-                        report_wrong_type(conn, m, "cron schedule hash").await;
-                        out.push(HashMap::new());
+                    Err(e) if !is_connection(&e) => {
+                        let why = refused(conn, m, "cron schedule hash", &e).await;
+                        loaded.problems.push((m.clone(), why));
+                        out.push(Raw::new());
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -124,21 +151,42 @@ pub(crate) async fn load(
         Err(e) => return Err(e.into()),
     };
     // A member whose hash is gone (destroyed between the two reads) is skipped, as `Job.all` does.
-    Ok(members
+    loaded.hashes = members
         .into_iter()
         .zip(hashes)
         .filter(|(_, h)| !h.is_empty())
-        .collect())
+        .map(|(key, raw)| {
+            let text = |b: Vec<u8>| {
+                String::from_utf8(b)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+            };
+            (
+                key,
+                raw.into_iter().map(|(k, v)| (text(k), text(v))).collect(),
+            )
+        })
+        .collect();
+    Ok(loaded)
 }
 
-/// Logs a key of the wrong type, naming it and what it is.
-async fn report_wrong_type(conn: &Conn, key: &str, expected: &str) {
+/// A dropped, refused or timed-out connection (retry the round), as opposed to the server refusing a
+/// command.
+fn is_connection(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() || e.is_io_error()
+}
+
+/// Why the server refused to read `key`, which should be a `expected`: its type when it is another
+/// (`WRONGTYPE`), else the server's error (an ACL denial, ...).
+async fn refused(conn: &Conn, key: &str, expected: &str, e: &redis::RedisError) -> String {
+    if e.code() != Some("WRONGTYPE") {
+        return format!("could not be read ({e}); its cron schedules are not run");
+    }
     let kind: String = redis::cmd("TYPE")
         .arg(key)
         .query_async(&mut conn.clone())
         .await
         .unwrap_or_else(|_| "unknown".into());
-    tracing::error!(key, kind = %kind, "{key} is a {kind}, not a {expected}; its cron schedules are not run");
+    format!("is a {kind}, not a {expected}; its cron schedules are not run")
 }
 
 /// Writes a declared schedule as the gem's `save` does (`job.rb`): the hash with every field of
