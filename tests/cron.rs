@@ -439,3 +439,79 @@ fn a_bad_schedule_key_is_reported_once_and_stops_no_other() {
         assert_eq!(log.matches(needle).count(), 1, "{needle:?} once in:\n{log}");
     }
 }
+
+/// Without the job's Ruby class the gem pushes `sidekiq_worker_message` (the schedule's `message` with
+/// its `args`) or, for `active_job: true`, `active_job_message` (the `JobWrapper`, with the
+/// `queue_name_prefix`). oxidekiq's jobs equal what Sidekiq's client makes of those two messages in
+/// this run (jids, job ids and timestamps aside), and ActiveJob runs the wrapped one.
+#[test]
+fn cron_jobs_carry_the_payloads_the_gem_pushes_and_activejob_runs_them() {
+    let redis = RedisServer::start();
+    ruby(
+        &format!(
+            "{CRON}Sidekiq::Cron::Job.create(name: 'plain', cron: '* * * * * *', class: 'PlainWorker', \
+             queue: 'plain', args: [1, {{'a' => 'b'}}]) or raise 'not created'
+             Sidekiq::Cron::Job.create(name: 'aj', cron: '* * * * * *', class: 'ReportJob', \
+             active_job: true, queue: 'reports', queue_name_prefix: 'app', date_as_argument: true, \
+             args: ['pdf'], description: 'weekly') or raise 'not created'"
+        ),
+        &redis.url(),
+    );
+    let _ox = Oxidekiq::start(&redis.url(), OXIDEKIQ_ARGS);
+    wait_for_jobs(&redis, "plain", 0, "the plain schedule");
+    wait_for_jobs(
+        &redis,
+        "app_reports",
+        0,
+        "the ActiveJob schedule, on its prefixed queue",
+    );
+    let mut conn = redis.conn();
+    let ours = |conn: &mut redis::Connection, queue: &str| -> serde_json::Value {
+        let raw: String = conn.lindex(format!("queue:{queue}"), 0).unwrap();
+        serde_json::from_str(&raw).unwrap()
+    };
+    let (plain, aj) = (ours(&mut conn, "plain"), ours(&mut conn, "app_reports"));
+    let out = ruby(
+        &format!(
+            "{CRON}c = Sidekiq::Client.new
+             puts c.send(:normalize_item, Sidekiq::Cron::Job.find('plain').sidekiq_worker_message).to_json
+             puts c.send(:normalize_item, Sidekiq::Cron::Job.find('aj').active_job_message).to_json"
+        ),
+        &redis.url(),
+    );
+    let gems: Vec<serde_json::Value> = out
+        .lines()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // What differs by nature: ids, the push time, and the date argument (the enqueue time).
+    let strip = |mut v: serde_json::Value| {
+        let m = v.as_object_mut().unwrap();
+        for k in ["jid", "created_at", "enqueued_at"] {
+            m.remove(k);
+        }
+        if let Some(data) = m.get_mut("args").and_then(|a| a[0].as_object_mut())
+            && data.contains_key("job_id")
+        {
+            assert!(data.remove("job_id").unwrap().is_string());
+            let args = data["arguments"].as_array_mut().unwrap();
+            assert!(
+                args.pop().unwrap().is_f64(),
+                "date_as_argument appends a float"
+            );
+        }
+        v
+    };
+    assert!(plain["created_at"].is_f64() && plain["enqueued_at"].is_f64());
+    assert_eq!(strip(plain), strip(gems[0].clone()));
+    assert_eq!(strip(aj.clone()), strip(gems[1].clone()));
+    let ran = support::ruby_activejob(
+        "class ReportJob < ActiveJob::Base
+           def perform(*args) = puts(args.first)
+         end
+         payload = JSON.parse(Sidekiq.redis { |c| c.lindex('queue:app_reports', 0) })
+         ActiveJob::Base.execute(payload['args'][0])",
+        &redis.url(),
+    );
+    assert_eq!(ran.trimmed(), "pdf");
+}
