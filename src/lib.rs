@@ -48,9 +48,10 @@
 //! [`JobError`], [`WorkerOptions`]), registration with locks and limits ([`Registry`],
 //! [`Registration`], [`UniqueJob`], [`SequentialJob`], [`ConcurrencyLimit`], [`RateLimit`]), custom
 //! middleware ([`ServerMiddleware`], [`ClientMiddleware`]), enqueuing from Rust ([`Client`],
-//! [`NewJob`]) and running without [`run`] ([`Config`], [`Launcher`]). The public modules ([`cli`],
-//! [`client`], [`config`], [`error`], [`job`], [`launcher`], [`lock`], [`middleware`], [`registry`],
-//! [`worker`]) hold the rest of their API; the others are the runtime's own.
+//! [`NewJob`]), sidekiq-cron schedules declared in Rust ([`CronJob`]) and running without [`run`]
+//! ([`Config`], [`Launcher`]). The public modules ([`cli`], [`client`], [`config`], [`cron`],
+//! [`error`], [`job`], [`launcher`], [`lock`], [`middleware`], [`registry`], [`worker`]) hold the rest
+//! of their API; the others are the runtime's own.
 //!
 //! The modules are split by concept and named after Sidekiq's own files, so `fetch/` reads next to
 //! `fetch.rb`. `job`, `keys` and `error` depend on nothing internal; only the [`launcher`] knows everything.

@@ -5,8 +5,8 @@
 //! (job chain) and the Redis layer, and the launcher wires it as one more background task.
 //!
 //! Mirrors sidekiq-cron 1.8.0's `poller.rb` and `job.rb` (and reads 2.x's namespaced layout, see
-//! [`store`]). Each round reads every schedule from Redis (`Job.all`) and, for each one whose latest
-//! tick is due ([`entry::Entry::due`]: enabled, within the 60-second grace, not enqueued since),
+//! `store`). Each round reads every schedule from Redis (`Job.all`) and, for each one whose latest
+//! tick is due (`Entry::due`: enabled, within the 60-second grace, not enqueued since),
 //! claims the tick with the gem's own `ZADD cron_job:<name>:enqueued <score> <tick>`; only the process
 //! whose `ZADD` added the member pushes the job. Ruby pollers with the gem and oxidekiq processes
 //! contend for the same members, so any mix of them enqueues a tick once. Unlike the gem, the claim and
