@@ -515,3 +515,27 @@ fn cron_jobs_carry_the_payloads_the_gem_pushes_and_activejob_runs_them() {
     );
     assert_eq!(ran.trimmed(), "pdf");
 }
+
+/// A quiet process stops enqueuing cron jobs, as Ruby's `Launcher#quiet` stops the gem's poller (the
+/// other processes of the fleet keep the schedules).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_process_stops_enqueuing_cron_jobs() {
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.url(), &["idle"], 1);
+    cfg.cron.poll_interval = Duration::from_secs(1);
+    cfg.cron
+        .jobs
+        .push(oxidekiq::CronJob::new("every second", "* * * * * *", "Tick").queue("ticks"));
+    let handle = launch(cfg, oxidekiq::Registry::new()).await;
+    let mut conn = redis.conn();
+    support::wait_for("a cron job", Duration::from_secs(30), || {
+        conn.llen::<_, usize>("queue:ticks").unwrap() > 0
+    })
+    .await;
+    handle.send(oxidekiq::launcher::Control::Quiet);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let quiet_at: usize = conn.llen("queue:ticks").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(conn.llen::<_, usize>("queue:ticks").unwrap(), quiet_at);
+    handle.stop().await.unwrap();
+}
