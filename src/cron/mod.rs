@@ -18,8 +18,8 @@
 //! it), and looks at Redis at least every [`CronConfig::poll_interval`] for schedules created or
 //! enabled elsewhere. Missed ticks (Redis down, every process stopped) are not caught up: only the
 //! latest one, if at most 60 s old, as in the gem. A quiet process stops polling, as Ruby's
-//! `Launcher#quiet` stops the cron poller. With no schedule in Redis, a round is one `SCAN` and one
-//! `SMEMBERS` per interval.
+//! `Launcher#quiet` stops the cron poller. With no schedule in Redis, a round is two `SMEMBERS`
+//! (`cron_jobs`, `cron_jobs:default`) per interval, and a `SCAN` for other namespaces every 10 minutes.
 //!
 //! Schedules are also declared here: `config/schedule.yml` (as the gem's `schedule_loader.rb` reads
 //! it), `sidekiq.yml`'s `:schedule:`, and [`CronJob`]s given in Rust are written at start in the gem's
@@ -46,6 +46,11 @@ use crate::shutdown::ShutdownSignal;
 /// `T + 1 s`, and a little margin keeps the wake-up on the right side of that second.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
+/// How often the keyspace is scanned for sidekiq-cron 2.x namespaces other than `default` (a `SCAN`
+/// walks every key: on a large Redis, every 30 s from every process would cost more than the polls).
+/// `cron_jobs` and `cron_jobs:default` are read every round.
+const NAMESPACE_SCAN_INTERVAL: Duration = Duration::from_secs(600);
+
 /// The shortest [`CronConfig::poll_interval`] used.
 const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -55,7 +60,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The poller's memory between rounds.
 #[derive(Debug, Default)]
 struct Poller {
-    /// The schedule sets found by the last `SCAN`, and when it ran.
+    /// The schedule sets found by the last `SCAN` (and `cron_jobs`), and when it ran.
     sets: Option<(Vec<String>, tokio::time::Instant)>,
     /// Schedules reported as unreadable (key and message), so each is reported once, not each round.
     reported: HashSet<(String, String)>,
@@ -131,20 +136,20 @@ impl Poller {
         let rescan = self
             .sets
             .as_ref()
-            .is_none_or(|(_, at)| at.elapsed() >= cfg.poll_interval);
+            .is_none_or(|(_, at)| at.elapsed() >= NAMESPACE_SCAN_INTERVAL.max(cfg.poll_interval));
         if rescan {
             self.sets = Some((
                 store::schedule_sets(conn).await?,
                 tokio::time::Instant::now(),
             ));
         }
-        let sets = self
+        let found = self
             .sets
             .as_ref()
             .map(|(s, _)| s.clone())
             .unwrap_or_default();
         if !self.pending.is_empty() {
-            let layout = store::layout_of(&sets);
+            let layout = store::layout_of(&found);
             for job in std::mem::take(&mut self.pending) {
                 if let Err(e) = store::save(conn, &job, layout, Utc::now()).await {
                     if e.is_connection_error() {
@@ -156,7 +161,7 @@ impl Poller {
                 }
             }
         }
-        let loaded = store::load(conn, &sets).await?;
+        let loaded = store::load(conn, &store::sets_to_read(found)).await?;
         for (key, why) in loaded.problems {
             self.report(&key, &why);
         }

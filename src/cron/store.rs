@@ -37,8 +37,8 @@ pub(crate) enum Layout {
     Namespaced,
 }
 
-/// The sets that hold schedules: `cron_jobs` and every `cron_jobs:<namespace>` (found by `SCAN`, as
-/// 2.x's `available_namespaces = :auto` finds them with `KEYS`).
+/// The sets that hold schedules: `cron_jobs` and every `cron_jobs:<namespace>` that exists (found by
+/// `SCAN`, as 2.x's `available_namespaces = :auto` finds them with `KEYS`).
 pub(crate) async fn schedule_sets(conn: &Conn) -> Result<Vec<String>> {
     let mut sets = vec![keys::CRON_JOBS.to_string()];
     let mut cursor: u64 = 0;
@@ -60,6 +60,16 @@ pub(crate) async fn schedule_sets(conn: &Conn) -> Result<Vec<String>> {
     sets.sort();
     sets.dedup();
     Ok(sets)
+}
+
+/// The sets a round reads: those found, and always `cron_jobs` and `cron_jobs:default`, so schedules
+/// of the two usual sets are seen at once, whatever the last scan found.
+pub(crate) fn sets_to_read(mut found: Vec<String>) -> Vec<String> {
+    found.push(keys::CRON_JOBS.to_string());
+    found.push(keys::cron_jobs_in(DEFAULT_NAMESPACE));
+    found.sort();
+    found.dedup();
+    found
 }
 
 /// The layout a new schedule is written in: namespaced when the fleet already has a namespaced set.
