@@ -73,8 +73,8 @@ struct Poller {
     schedules: HashMap<String, Result<Schedule, String>>,
 }
 
-/// Past this many distinct `cron` strings the cache starts over (schedules rewritten with ever new
-/// strings would otherwise grow it without bound).
+/// Past this many distinct `cron` strings (or reported problems) the cache starts over: schedules
+/// rewritten with ever new strings would otherwise grow it without bound.
 const MAX_CACHED_SCHEDULES: usize = 10_000;
 
 /// Runs the cron poller until the process goes quiet: writes the declared schedules, then a round at
@@ -202,9 +202,8 @@ impl Poller {
                 return Ok(());
             }
         };
-        let secs = now.timestamp() as f64 + f64::from(now.timestamp_subsec_micros()) / 1e6;
         match client
-            .push_claimed(entry.job(secs), entry.claim(tick))
+            .push_claimed(entry.job(crate::time::epoch_secs(now)), entry.claim(tick))
             .await
         {
             Ok(Some(jid)) => {
@@ -230,6 +229,9 @@ impl Poller {
     /// Logs a problem with a key at error level, once per key and message: a bad key is tried again
     /// every round (it may be fixed), and would otherwise log every second.
     fn report(&mut self, key: &str, why: &str) {
+        if self.reported.len() >= MAX_CACHED_SCHEDULES {
+            self.reported.clear();
+        }
         if self.reported.insert((key.to_string(), why.to_string())) {
             let (key, why) = (crate::logging::escape(key), crate::logging::escape(why));
             tracing::error!(key = %key, "cron: {key} {why}");

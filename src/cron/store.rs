@@ -315,7 +315,7 @@ pub(crate) async fn after_enqueue(
 ) -> Result<()> {
     let at = now.format(LAST_ENQUEUE_TIME_FORMAT).to_string();
     let history = json!({"jid": jid, "enqueued": at}).to_string();
-    let secs = now.timestamp() as f64 + f64::from(now.timestamp_subsec_micros()) / 1e6;
+    let secs = crate::time::epoch_secs(now);
     let mut pipe = redis::pipe();
     pipe.cmd("HSET")
         .arg(job_key)
