@@ -24,6 +24,10 @@ pub(crate) const CRON_JOBS: &str = "cron_jobs";
 /// `SCAN` pattern of sidekiq-cron 2.x's per-namespace sets, `cron_jobs:<namespace>`.
 pub(crate) const CRON_JOBS_NAMESPACED: &str = "cron_jobs:*";
 
+/// sidekiq-scheduler's hash of next run times (`SidekiqScheduler::RedisManager.next_times_key`): its
+/// presence means sidekiq-scheduler runs schedules from a Ruby process.
+pub(crate) const SIDEKIQ_SCHEDULER_NEXT_TIMES: &str = "sidekiq-scheduler:next_times";
+
 /// A sidekiq-cron 2.x namespace's set of schedules: `cron_jobs:<namespace>`.
 pub(crate) fn cron_jobs_in(namespace: &str) -> String {
     format!("{CRON_JOBS}:{namespace}")

@@ -539,3 +539,37 @@ async fn a_quiet_process_stops_enqueuing_cron_jobs() {
     assert_eq!(conn.llen::<_, usize>("queue:ticks").unwrap(), quiet_at);
     handle.stop().await.unwrap();
 }
+
+/// `sidekiq.yml`'s `:schedule:` is run as sidekiq-cron schedules, unless sidekiq-scheduler (whose
+/// section it also is) runs it from a Ruby process: then each tick would be enqueued twice, so it is
+/// left to sidekiq-scheduler, with a warning.
+#[test]
+fn sidekiq_yml_schedules_run_unless_sidekiq_scheduler_runs_them() {
+    let yml = ":queues:\n  - idle\n:scheduler:\n  :schedule:\n    from yml:\n      cron: '* * * * * *'\n      class: FromYml\n      queue: yml\n";
+    let start = |redis: &RedisServer| {
+        let dir = temp_dir("oxidekiq-cron-yml");
+        std::fs::write(dir.join("sidekiq.yml"), yml).unwrap();
+        Oxidekiq::start_in(
+            dir,
+            &redis.url(),
+            &["-C", "sidekiq.yml", "--cron-poll-interval", "1"],
+            &[],
+        )
+    };
+    let redis = RedisServer::start();
+    let _ox = start(&redis);
+    wait_for_jobs(&redis, "yml", 0, "the sidekiq.yml schedule");
+
+    let redis = RedisServer::start();
+    let _: () = redis
+        .conn()
+        .hset(
+            "sidekiq-scheduler:next_times",
+            "from yml",
+            "2026-11-25 10:00:00 +0000",
+        )
+        .unwrap();
+    let ox = start(&redis);
+    assert!(ox.wait_for_log("left to sidekiq-scheduler", Duration::from_secs(30)));
+    assert!(!redis.conn().exists::<_, bool>("cron_job:from yml").unwrap());
+}

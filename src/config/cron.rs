@@ -21,9 +21,14 @@ pub struct CronConfig {
     /// The schedule file sidekiq-cron's loader reads (`cron_schedule_file`, `config/schedule.yml`
     /// relative to the working directory); read at start when it exists.
     pub schedule_file: PathBuf,
-    /// Schedules declared in `sidekiq.yml` (`:schedule:` or `:scheduler: :schedule:`) or in Rust,
-    /// written to Redis at start in the gem's format, as the gem's loader writes `schedule.yml`.
+    /// Schedules declared in Rust, written to Redis at start in the gem's format, as the gem's loader
+    /// writes `schedule.yml`.
     pub jobs: Vec<CronJob>,
+    /// Schedules read from `sidekiq.yml` (`:schedule:` or `:scheduler: :schedule:`), written as
+    /// [`CronConfig::jobs`] are, unless Redis shows that sidekiq-scheduler (whose section this also
+    /// is) runs them from a Ruby process: writing them as sidekiq-cron schedules would then enqueue
+    /// each tick twice.
+    pub sidekiq_yml_jobs: Vec<CronJob>,
 }
 
 impl Default for CronConfig {
@@ -33,6 +38,7 @@ impl Default for CronConfig {
             poll_interval: Duration::from_secs(30),
             schedule_file: PathBuf::from("config/schedule.yml"),
             jobs: Vec::new(),
+            sidekiq_yml_jobs: Vec::new(),
         }
     }
 }
@@ -195,18 +201,29 @@ impl CronJob {
 
 /// The schedules of a schedule file's root (or of `sidekiq.yml`'s `:schedule:`), as the gem's
 /// `schedule_loader.rb` takes them: a mapping of name to fields (`load_from_hash`), or a list of
-/// mappings each with a `name` (`load_from_array`). Keys may be written `:cron:` or `cron:`.
-pub(crate) fn schedules_from_yaml(root: &Yaml) -> Result<Vec<CronJob>, String> {
-    let entry_fields = |v: &Yaml, name: &str| -> Result<Map<String, Value>, String> {
-        match yaml_to_json(v) {
-            Value::Object(m) => Ok(m),
-            other => Err(format!(
-                "cron schedule {name:?} must be a mapping of fields, got {other}"
-            )),
-        }
+/// mappings each with a `name` (`load_from_array`). Keys may be written `:cron:` or `cron:`. As the
+/// gem's loader, an entry that is not a valid schedule is left out and the others kept: the second
+/// list says why each was left out.
+pub(crate) fn schedules_from_yaml(root: &Yaml) -> (Vec<CronJob>, Vec<String>) {
+    let entry = |v: &Yaml, name: Option<String>| -> Result<CronJob, String> {
+        let fields = match yaml_to_json(v) {
+            Value::Object(m) => m,
+            other => {
+                return Err(format!(
+                    "cron schedule {:?} must be a mapping of fields, got {other}",
+                    name.unwrap_or_default()
+                ));
+            }
+        };
+        let name = match (name, fields.get("name")) {
+            (Some(n), _) => n,
+            (None, Some(Value::String(s))) if !s.is_empty() => s.clone(),
+            (None, _) => return Err("a cron schedule in a list needs a `name`".to_string()),
+        };
+        CronJob::from_fields(&name, &fields)
     };
-    match root {
-        Yaml::Null => Ok(Vec::new()),
+    let results: Vec<Result<CronJob, String>> = match root {
+        Yaml::Null => Vec::new(),
         Yaml::Hash(h) => h
             .iter()
             .map(|(k, v)| {
@@ -214,32 +231,39 @@ pub(crate) fn schedules_from_yaml(root: &Yaml) -> Result<Vec<CronJob>, String> {
                     Value::String(s) => s,
                     other => other.to_string(),
                 };
-                CronJob::from_fields(&name, &entry_fields(v, &name)?)
+                entry(v, Some(name))
             })
             .collect(),
-        Yaml::Array(items) => items
-            .iter()
-            .map(|v| {
-                let fields = entry_fields(v, "")?;
-                let name = match fields.get("name") {
-                    Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                    _ => return Err("a cron schedule in a list needs a `name`".to_string()),
-                };
-                CronJob::from_fields(&name, &fields)
-            })
-            .collect(),
-        _ => Err("a cron schedule must be a mapping of name to fields, or a list".into()),
+        Yaml::Array(items) => items.iter().map(|v| entry(v, None)).collect(),
+        _ => vec![Err(
+            "a cron schedule must be a mapping of name to fields, or a list".into(),
+        )],
+    };
+    let mut jobs = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(j) => jobs.push(j),
+            Err(e) => errors.push(e),
+        }
     }
+    (jobs, errors)
 }
 
-/// Reads a schedule file (`config/schedule.yml`): plain YAML, as the gem's `YAML.load_file`; the error
-/// names the file.
-pub(crate) fn read_schedule_file(path: &Path) -> Result<Vec<CronJob>, String> {
+/// Reads a schedule file (`config/schedule.yml`): plain YAML, as the gem's `YAML.load_file`. Returns
+/// the schedules and why any entry was left out; an unreadable file is an error. Messages name the
+/// file.
+pub(crate) fn read_schedule_file(path: &Path) -> Result<(Vec<CronJob>, Vec<String>), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let docs = YamlLoader::load_from_str(&text)
         .map_err(|e| format!("{}: invalid YAML: {e}", path.display()))?;
     let root = docs.into_iter().next().unwrap_or(Yaml::Null);
-    schedules_from_yaml(&root).map_err(|e| format!("{}: {e}", path.display()))
+    let (jobs, errors) = schedules_from_yaml(&root);
+    let errors = errors
+        .into_iter()
+        .map(|e| format!("{}: {e}", path.display()))
+        .collect();
+    Ok((jobs, errors))
 }
 
 /// A YAML value as JSON, Ruby symbol keys (`:cron`) read as their names.
@@ -315,13 +339,19 @@ mod tests {
         let map =
             YamlLoader::load_from_str("a:\n  :cron: '* * * * *'\n  :class: A\n  :args: [1]\n")
                 .unwrap();
-        let jobs = schedules_from_yaml(&map[0]).unwrap();
+        let jobs = schedules_from_yaml(&map[0]).0;
         assert_eq!(
             (jobs[0].name.as_str(), jobs[0].args.clone()),
             ("a", vec![json!(1)])
         );
         let list = YamlLoader::load_from_str("- name: b\n  cron: '@hourly'\n  class: B\n").unwrap();
-        assert_eq!(schedules_from_yaml(&list[0]).unwrap()[0].cron, "@hourly");
-        assert!(schedules_from_yaml(&YamlLoader::load_from_str("- cron: x").unwrap()[0]).is_err());
+        assert_eq!(schedules_from_yaml(&list[0]).0[0].cron, "@hourly");
+        // An entry that is not a schedule is left out, and says why; the others are kept.
+        let mixed =
+            YamlLoader::load_from_str("- cron: x\n- name: c\n  cron: '@daily'\n  class: C\n")
+                .unwrap();
+        let (jobs, errors) = schedules_from_yaml(&mixed[0]);
+        assert_eq!((jobs.len(), errors.len()), (1, 1));
+        assert!(errors[0].contains("needs a `name`"), "{errors:?}");
     }
 }

@@ -247,12 +247,12 @@ impl FileOptions {
                 "cron_schedule_file" => {
                     opts.cron_schedule_file = Some(scalar(&key, &value)?.into());
                 }
-                "schedule" => opts.cron_jobs = Some(cron_schedule(&value)?),
+                "schedule" => opts.cron_jobs = Some(cron_schedule(&value)),
                 "scheduler" => {
                     if let Yaml::Hash(h) = value {
                         for (k, v) in symbolize(h) {
                             if k == "schedule" {
-                                opts.cron_jobs = Some(cron_schedule(&v)?);
+                                opts.cron_jobs = Some(cron_schedule(&v));
                             }
                         }
                     }
@@ -309,7 +309,7 @@ impl FileOptions {
             config.cron.schedule_file = f;
         }
         if let Some(jobs) = self.cron_jobs {
-            config.cron.jobs.extend(jobs);
+            config.cron.sidekiq_yml_jobs = jobs;
         }
     }
 }
@@ -378,9 +378,18 @@ fn sentinels(value: &Yaml) -> Result<Vec<crate::sentinel::SentinelNode>, Error> 
 }
 
 /// A secret from the file: a non-empty string, never echoed in an error.
-/// A `:schedule:` section: the schedules of [`super::cron::schedules_from_yaml`].
-fn cron_schedule(value: &Yaml) -> Result<Vec<super::CronJob>, Error> {
-    super::cron::schedules_from_yaml(value).map_err(|e| Error::Config(format!("schedule: {e}")))
+/// A `:schedule:` section: the schedules of [`super::cron::schedules_from_yaml`]. An entry that is not a
+/// sidekiq-cron schedule (sidekiq-scheduler's `every:`/`at:`/`in:` forms share the section) is left
+/// out with a warning naming it, not an error that would stop the process.
+fn cron_schedule(value: &Yaml) -> Vec<super::CronJob> {
+    let (jobs, errors) = super::cron::schedules_from_yaml(value);
+    for e in errors {
+        tracing::warn!(
+            "sidekiq.yml schedule entry not run by oxidekiq: {}",
+            crate::logging::escape(&e)
+        );
+    }
+    jobs
 }
 
 fn secret(key: &str, value: &Yaml) -> Result<String, Error> {
@@ -966,9 +975,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.cron.poll_interval, Duration::from_secs(10));
-        assert_eq!(c.cron.jobs.len(), 1);
+        let jobs = &c.cron.sidekiq_yml_jobs;
+        assert_eq!(jobs.len(), 1);
         assert_eq!(
-            (c.cron.jobs[0].name.as_str(), c.cron.jobs[0].class.as_str()),
+            (jobs[0].name.as_str(), jobs[0].class.as_str()),
             ("nightly", "Nightly")
         );
         let mut c = Config::default();
@@ -978,6 +988,11 @@ mod tests {
         )
         .unwrap();
         assert!(!c.cron.enabled, "0 turns the poller off, as in the gem");
-        assert_eq!(c.cron.jobs[0].cron, "@hourly");
+        assert_eq!(c.cron.sidekiq_yml_jobs[0].cron, "@hourly");
+        // sidekiq-scheduler's forms in the same section are left out, not an error.
+        let mut c = Config::default();
+        c.apply_yaml(":schedule:\n  a:\n    every: '1h'\n    class: A\n", None)
+            .unwrap();
+        assert!(c.cron.sidekiq_yml_jobs.is_empty());
     }
 }

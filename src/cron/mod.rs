@@ -68,6 +68,8 @@ struct Poller {
     running: bool,
     /// Declared schedules not yet written (Redis was unreachable at start).
     pending: Vec<CronJob>,
+    /// Whether `sidekiq.yml`'s schedules were looked at (they join `pending` in the first round).
+    sidekiq_yml_checked: bool,
     /// Each `cron` string seen, parsed and checked to tick at all: a schedule is read every round,
     /// and the search for a tick that never comes (Feb 31st) is slow.
     schedules: HashMap<String, Result<Schedule, String>>,
@@ -116,17 +118,49 @@ pub(crate) async fn run(
     }
 }
 
-/// The schedules declared in the config and in its schedule file (when the file exists); one that
-/// cannot be read is logged at error level and left out.
+/// The schedules declared in Rust and in the schedule file (when the file exists); an entry that
+/// cannot be read is logged at error level and left out. `sidekiq.yml`'s are added by the first round,
+/// once it knows whether sidekiq-scheduler runs them.
 fn declared(cfg: &CronConfig) -> Vec<CronJob> {
     let mut jobs = cfg.jobs.clone();
     if cfg.schedule_file.is_file() {
         match crate::config::read_schedule_file(&cfg.schedule_file) {
-            Ok(from_file) => jobs.extend(from_file),
-            Err(e) => tracing::error!(error = %e, "cron schedule file not loaded"),
+            Ok((from_file, errors)) => {
+                jobs.extend(from_file);
+                for e in errors {
+                    let e = crate::logging::escape(&e);
+                    tracing::error!("cron schedule not loaded: {e}");
+                }
+            }
+            Err(e) => {
+                let e = crate::logging::escape(&e);
+                tracing::error!("cron schedule file not loaded: {e}");
+            }
         }
     }
     jobs
+}
+
+/// `sidekiq.yml`'s schedules, unless sidekiq-scheduler runs them from a Ruby process (its
+/// `sidekiq-scheduler:next_times` hash exists): then they are left to it, with a warning, since
+/// writing them as sidekiq-cron schedules would enqueue each tick twice.
+async fn sidekiq_yml_schedules(conn: &Conn, cfg: &CronConfig) -> Result<Vec<CronJob>> {
+    if cfg.sidekiq_yml_jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let scheduler: bool = redis::cmd("EXISTS")
+        .arg(crate::keys::SIDEKIQ_SCHEDULER_NEXT_TIMES)
+        .query_async(&mut conn.clone())
+        .await?;
+    if scheduler {
+        tracing::warn!(
+            "sidekiq.yml's :schedule: is left to sidekiq-scheduler, which runs it from a Ruby \
+             process ({} exists); move it to config/schedule.yml to run it as sidekiq-cron schedules",
+            crate::keys::SIDEKIQ_SCHEDULER_NEXT_TIMES
+        );
+        return Ok(Vec::new());
+    }
+    Ok(cfg.sidekiq_yml_jobs.clone())
 }
 
 impl Poller {
@@ -148,6 +182,10 @@ impl Poller {
             .as_ref()
             .map(|(s, _)| s.clone())
             .unwrap_or_default();
+        if !self.sidekiq_yml_checked {
+            self.pending.extend(sidekiq_yml_schedules(conn, cfg).await?);
+            self.sidekiq_yml_checked = true;
+        }
         if !self.pending.is_empty() {
             let layout = store::layout_of(&found);
             for job in std::mem::take(&mut self.pending) {
