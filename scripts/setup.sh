@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what oxidekiq's tests, demo and benchmark run against, when missing (Debian/Ubuntu, as root or
 # via sudo): redis-server, redis-sentinel (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (ruby-globalid comes along),
+# ruby-sidekiq-cron 1.8.0 (tests/cron.rs runs the gem beside oxidekiq),
 # openssl (tests/security.rs makes throwaway TLS certificates with it).
 # Used by scripts/test.sh, scripts/demo.sh and bench/run.sh.
 set -euo pipefail
 
 step() { printf '\n==> %s\n' "$*"; }
 
-packages=(redis-server redis-sentinel ruby ruby-sidekiq ruby-activejob openssl ${EXTRA_PACKAGES:-})
+packages=(redis-server redis-sentinel ruby ruby-sidekiq ruby-activejob ruby-sidekiq-cron openssl ${EXTRA_PACKAGES:-})
 
 step() { printf '\n==> %s\n' "$*"; }
 

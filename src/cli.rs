@@ -124,6 +124,14 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS", hide = true, value_parser = seconds_value)]
     pub poll_interval: Option<Duration>,
 
+    /// Don't run sidekiq-cron's schedules (by default they run whenever Redis holds some, as a Ruby process with the gem runs them)
+    #[arg(long)]
+    pub no_cron: bool,
+
+    /// Longest time between two looks at the cron schedules in Redis, seconds [default: 30, sidekiq-cron's cron_poll_interval]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds_value)]
+    pub cron_poll_interval: Option<Duration>,
+
     /// Timestamp format written to Redis: seconds (Sidekiq ≤7), milliseconds (Sidekiq 8), or auto (follow the live processes)
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub timestamps: Option<TimestampsArg>,
@@ -228,6 +236,8 @@ impl fmt::Debug for Cli {
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("beat_interval", &self.beat_interval)
             .field("poll_interval", &self.poll_interval)
+            .field("no_cron", &self.no_cron)
+            .field("cron_poll_interval", &self.cron_poll_interval)
             .field("timestamps", &self.timestamps)
             .field("handoff", &self.handoff)
             .field("run_flagged", &self.run_flagged)
@@ -423,6 +433,12 @@ pub fn config_from(
     }
     if let Some(b) = cli.beat_interval {
         config.beat_interval = b;
+    }
+    if cli.no_cron {
+        config.cron.enabled = false;
+    }
+    if let Some(p) = cli.cron_poll_interval {
+        config.cron.poll_interval = p;
     }
     if let Some(p) = cli.poll_interval {
         config.poll_interval_average = p;

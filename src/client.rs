@@ -258,7 +258,49 @@ pub struct Push {
     pub(crate) guard: Option<(String, Duration)>,
     /// Part of a [`Client::push_bulk`]: the end of the chain accepts it, and the bulk writes it.
     pub(crate) bulk: bool,
+    /// A claim the push takes in the same script as the push itself; the push is refused (`None`)
+    /// when the claim was taken already. Set by [`Client::push_claimed`].
+    pub(crate) claim: Option<Claim>,
 }
+
+/// A claim on a sorted set: `ZADD key score member` must add `member` (not find it there) for the push
+/// to happen, and both happen in one script, so of several processes pushing under the same claim
+/// exactly one pushes, and no claim is left without its job. sidekiq-cron's per-tick claim
+/// (`cron_job:<name>:enqueued`) is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Claim {
+    /// The sorted set.
+    pub(crate) key: String,
+    /// The member's score, as written.
+    pub(crate) score: String,
+    /// The member whose absence is the claim.
+    pub(crate) member: String,
+}
+
+/// KEYS[1] the claim's sorted set, KEYS[2] `queues`, KEYS[3] the queue's list; ARGV[1] score, ARGV[2]
+/// member, ARGV[3] queue name, ARGV[4] payload. Returns 1 if claimed and pushed, 0 if the member was
+/// there already. A push that fails (a key of the wrong type) removes the member again and returns the
+/// error, so the claim is free for the next try.
+const CLAIM_PUSH_SCRIPT: &str = concat!(
+    crate::lua::lua_common!(),
+    r"
+local r = redis.pcall('ZADD', KEYS[1], ARGV[1], ARGV[2])
+if failed(r) then
+  return redis.error_reply(KEYS[1] .. ' is a ' .. kind(KEYS[1]) .. ', not a sorted set: ' .. r.err)
+end
+if r == 0 then return 0 end
+local err = push_job(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
+if err then
+  redis.call('ZREM', KEYS[1], ARGV[2])
+  return redis.error_reply(err)
+end
+return 1
+"
+);
+
+/// The script, sent by SHA1 with the body as fallback on `NOSCRIPT`.
+static CLAIM_PUSH: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(CLAIM_PUSH_SCRIPT));
 
 /// What a push through the chain answers: `Some(jid)` if the job is in Redis, `None` if a middleware
 /// (or the push's lock) refused it.
@@ -433,6 +475,22 @@ impl Client {
     /// [`NewJob::unique_for`] job whose duplicate is pending: the lock is taken and the job pushed in
     /// one script, one round trip).
     pub async fn push_unique(&self, job: NewJob) -> Result<Option<String>> {
+        self.push_one(job, None).await
+    }
+
+    /// Pushes one job through the client chain, now, under `claim`: `Some(jid)` if this call took the
+    /// claim and pushed, `None` if the claim was taken already (or a middleware refused the push).
+    pub(crate) async fn push_claimed(&self, job: NewJob, claim: Claim) -> Pushed {
+        if job.at.is_some() || job.unique_for.is_some() {
+            return Err(Error::Config(
+                "a claimed push is pushed now, without unique_for".into(),
+            ));
+        }
+        self.push_one(job, Some(claim)).await
+    }
+
+    /// One job, checked, given its jid, through the client chain (under `claim`, if any).
+    async fn push_one(&self, job: NewJob, claim: Option<Claim>) -> Pushed {
         job.validate()?;
         let jid = job.jid.clone().unwrap_or_else(new_jid);
         let mut push = Push {
@@ -440,6 +498,7 @@ impl Client {
             jid,
             guard: None,
             bulk: false,
+            claim,
         };
         self.run_chain(&mut push).await
     }
@@ -455,6 +514,9 @@ impl Client {
 
     /// The end of the chain: the job to Redis, with its lock when the chain asked for one.
     async fn write(&self, push: &mut Push) -> Pushed {
+        if let Some(claim) = push.claim.clone() {
+            return self.write_claimed(push, &claim).await;
+        }
         let Some((key, ttl)) = push.guard.clone() else {
             if !push.bulk {
                 self.write_many(&push.job, std::slice::from_ref(push))
@@ -477,6 +539,30 @@ impl Client {
             until_executed::push(&self.conn, &key, &push.jid, ttl, &job.queue, &payload, at)
                 .await?;
         Ok(pushed.then(|| push.jid.clone()))
+    }
+
+    /// The end of the chain for a [`Client::push_claimed`]: claim and push in one script.
+    async fn write_claimed(&self, push: &mut Push, claim: &Claim) -> Pushed {
+        if push.guard.is_some() || push.bulk {
+            return Err(Error::Config(
+                "a claimed push takes no lock and is not part of a bulk".into(),
+            ));
+        }
+        let payload = push
+            .job
+            .payload(&push.jid, time::now(), self.time_format().await?);
+        let queue = &push.job.queue;
+        let pushed: i64 = CLAIM_PUSH
+            .key(&claim.key)
+            .key(keys::QUEUES)
+            .key(keys::queue(queue))
+            .arg(&claim.score)
+            .arg(&claim.member)
+            .arg(queue)
+            .arg(payload)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok((pushed == 1).then(|| push.jid.clone()))
     }
 
     /// `Sidekiq::Client.push_bulk`: one job per element of `args`, all sharing `template`'s options;
@@ -502,6 +588,7 @@ impl Client {
                 jid: new_jid(),
                 guard: None,
                 bulk: true,
+                claim: None,
             };
             if self.run_chain(&mut push).await?.is_some() {
                 accepted.push(push);

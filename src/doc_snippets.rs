@@ -26,6 +26,10 @@ struct Compatibility;
 #[doc = include_str!("../docs/configuration.md")]
 struct Configuration;
 
+/// docs/cron.md
+#[doc = include_str!("../docs/cron.md")]
+struct Cron;
+
 /// docs/guarantees.md
 #[doc = include_str!("../docs/guarantees.md")]
 struct Guarantees;

@@ -19,6 +19,39 @@ pub(crate) const STAT_PROCESSED: &str = "stat:processed";
 /// Total failed counter.
 pub(crate) const STAT_FAILED: &str = "stat:failed";
 
+/// `SET` of sidekiq-cron 1.x's schedules; its members are the schedules' hash keys (`cron_job:<name>`).
+pub(crate) const CRON_JOBS: &str = "cron_jobs";
+/// `SCAN` pattern of sidekiq-cron 2.x's per-namespace sets, `cron_jobs:<namespace>`.
+pub(crate) const CRON_JOBS_NAMESPACED: &str = "cron_jobs:*";
+
+/// sidekiq-scheduler's hash of next run times (`SidekiqScheduler::RedisManager.next_times_key`): its
+/// presence means sidekiq-scheduler runs schedules from a Ruby process.
+pub(crate) const SIDEKIQ_SCHEDULER_NEXT_TIMES: &str = "sidekiq-scheduler:next_times";
+
+/// A sidekiq-cron 2.x namespace's set of schedules: `cron_jobs:<namespace>`.
+pub(crate) fn cron_jobs_in(namespace: &str) -> String {
+    format!("{CRON_JOBS}:{namespace}")
+}
+
+/// A schedule's hash: `cron_job:<name>` (sidekiq-cron 1.x) or `cron_job:<namespace>:<name>` (2.x).
+pub(crate) fn cron_job(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("cron_job:{ns}:{name}"),
+        None => format!("cron_job:{name}"),
+    }
+}
+
+/// A schedule's claimed ticks (`ZSET`, member the tick's ISO 8601 time): `<schedule hash>:enqueued`,
+/// in both layouts (`job.rb` `job_enqueued_key`).
+pub(crate) fn cron_enqueued(job_key: &str) -> String {
+    format!("{job_key}:enqueued")
+}
+
+/// A schedule's last jids (`LIST` of `{"jid":..,"enqueued":..}`): `<schedule hash>:jid_history`.
+pub(crate) fn cron_jid_history(job_key: &str) -> String {
+    format!("{job_key}:jid_history")
+}
+
 /// The list a queue's jobs live in: `queue:<name>`.
 pub(crate) fn queue(name: &str) -> String {
     format!("queue:{name}")

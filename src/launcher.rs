@@ -348,6 +348,15 @@ impl Parts {
             self.fleet.clone(),
             signal.clone(),
         ));
+        if cfg.cron.enabled {
+            let ms = cfg.millisecond_timestamps;
+            background.spawn(crate::cron::run(
+                self.conn.clone(),
+                ms,
+                cfg.cron.clone(),
+                signal.clone(),
+            ));
+        }
         if self.fetch.holds_in_redis() {
             let policy = fetch::RecoveryPolicy {
                 grace: alive_ttl,

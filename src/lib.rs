@@ -48,9 +48,10 @@
 //! [`JobError`], [`WorkerOptions`]), registration with locks and limits ([`Registry`],
 //! [`Registration`], [`UniqueJob`], [`SequentialJob`], [`ConcurrencyLimit`], [`RateLimit`]), custom
 //! middleware ([`ServerMiddleware`], [`ClientMiddleware`]), enqueuing from Rust ([`Client`],
-//! [`NewJob`]) and running without [`run`] ([`Config`], [`Launcher`]). The public modules ([`cli`],
-//! [`client`], [`config`], [`error`], [`job`], [`launcher`], [`lock`], [`middleware`], [`registry`],
-//! [`worker`]) hold the rest of their API; the others are the runtime's own.
+//! [`NewJob`]), sidekiq-cron schedules declared in Rust ([`CronJob`]) and running without [`run`]
+//! ([`Config`], [`Launcher`]). The public modules ([`cli`], [`client`], [`config`], [`cron`],
+//! [`error`], [`job`], [`launcher`], [`lock`], [`middleware`], [`registry`], [`worker`]) hold the rest
+//! of their API; the others are the runtime's own.
 //!
 //! The modules are split by concept and named after Sidekiq's own files, so `fetch/` reads next to
 //! `fetch.rb`. They form a ladder (docs/layout.md), each layer using only those below it, bottom to top:
@@ -77,6 +78,7 @@ pub(crate) mod activejob;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod cron;
 pub mod error;
 pub(crate) mod fetch;
 pub(crate) mod fleet;
@@ -124,6 +126,8 @@ pub use cli::run;
 pub use client::{Client, ClientMiddleware, ClientNext, NewJob, Push};
 #[doc(inline)]
 pub use config::Config;
+/// A sidekiq-cron schedule declared in Rust.
+pub use config::CronJob;
 #[doc(inline)]
 pub use error::{Error, JobError, JobResult, Result, RetryAction};
 #[doc(inline)]

@@ -10,7 +10,11 @@ use serde_json::{Number, Value};
 
 /// Epoch seconds, as a float (`Time.now.to_f`).
 pub(crate) fn now() -> f64 {
-    let t = chrono::Utc::now();
+    epoch_secs(chrono::Utc::now())
+}
+
+/// `t` as epoch seconds, a float to the microsecond (`Time#to_f`).
+pub(crate) fn epoch_secs(t: chrono::DateTime<chrono::Utc>) -> f64 {
     t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) / 1e6
 }
 

@@ -600,3 +600,15 @@ async fn a_config_built_by_hand_gets_the_same_bounds_at_start() {
         .to_string();
     assert!(e.contains("weight") && e.contains("too large"), "{e}");
 }
+
+#[test]
+fn cron_runs_by_default_and_the_flags_turn_it_off_or_set_its_interval() {
+    let dir = TempDir::new();
+    let c = load_in(dir.path(), &[], &[]).unwrap();
+    assert!(c.cron.enabled);
+    assert_eq!(c.cron.poll_interval, Duration::from_secs(30));
+    let c = load_in(dir.path(), &["--no-cron", "--cron-poll-interval", "5"], &[]).unwrap();
+    assert!(!c.cron.enabled);
+    assert_eq!(c.cron.poll_interval, Duration::from_secs(5));
+    assert!(parse_args(args(&["--cron-poll-interval", "0"])).is_err());
+}

@@ -81,6 +81,12 @@ pub(crate) struct FileOptions {
     pub(crate) redis_url: Option<String>,
     /// `sentinels`, `name`, `role`, `sentinel_username`, `sentinel_password` of the `redis` mapping.
     pub(crate) sentinel: Option<crate::sentinel::SentinelConfig>,
+    /// sidekiq-cron's `cron_poll_interval`, seconds; 0 turns the poller off, as in the gem.
+    pub(crate) cron_poll_interval: Option<Duration>,
+    /// sidekiq-cron's `cron_schedule_file`.
+    pub(crate) cron_schedule_file: Option<std::path::PathBuf>,
+    /// `:schedule:` (top level or under `:scheduler:`): schedules declared in the file.
+    pub(crate) cron_jobs: Option<Vec<super::CronJob>>,
 }
 
 impl FileOptions {
@@ -232,6 +238,25 @@ impl FileOptions {
                         ));
                     }
                 },
+                "cron_poll_interval" => {
+                    opts.cron_poll_interval = Some(match value {
+                        Yaml::Integer(0) => Duration::ZERO,
+                        _ => seconds(&key, &value)?,
+                    })
+                }
+                "cron_schedule_file" => {
+                    opts.cron_schedule_file = Some(scalar(&key, &value)?.into());
+                }
+                "schedule" => opts.cron_jobs = Some(cron_schedule(&value)),
+                "scheduler" => {
+                    if let Yaml::Hash(h) = value {
+                        for (k, v) in symbolize(h) {
+                            if k == "schedule" {
+                                opts.cron_jobs = Some(cron_schedule(&v));
+                            }
+                        }
+                    }
+                }
                 // Sidekiq 6.4 drops it from the file too: strictness follows the weights.
                 "strict" => tracing::debug!("sidekiq.yml `strict` ignored, as Sidekiq 6.4 does"),
                 _ => tracing::debug!(key = %key, "sidekiq.yml key not used by oxidekiq; ignored"),
@@ -272,6 +297,19 @@ impl FileOptions {
         }
         if let Some(s) = self.sentinel {
             config.sentinel = Some(s);
+        }
+        if let Some(p) = self.cron_poll_interval {
+            if p.is_zero() {
+                config.cron.enabled = false;
+            } else {
+                config.cron.poll_interval = p;
+            }
+        }
+        if let Some(f) = self.cron_schedule_file {
+            config.cron.schedule_file = f;
+        }
+        if let Some(jobs) = self.cron_jobs {
+            config.cron.sidekiq_yml_jobs = jobs;
         }
     }
 }
@@ -340,6 +378,20 @@ fn sentinels(value: &Yaml) -> Result<Vec<crate::sentinel::SentinelNode>, Error> 
 }
 
 /// A secret from the file: a non-empty string, never echoed in an error.
+/// A `:schedule:` section: the schedules of [`super::cron::schedules_from_yaml`]. An entry that is not a
+/// sidekiq-cron schedule (sidekiq-scheduler's `every:`/`at:`/`in:` forms share the section) is left
+/// out with a warning naming it, not an error that would stop the process.
+fn cron_schedule(value: &Yaml) -> Vec<super::CronJob> {
+    let (jobs, errors) = super::cron::schedules_from_yaml(value);
+    for e in errors {
+        tracing::warn!(
+            "sidekiq.yml schedule entry not run by oxidekiq: {}",
+            crate::logging::escape(&e)
+        );
+    }
+    jobs
+}
+
 fn secret(key: &str, value: &Yaml) -> Result<String, Error> {
     match value {
         Yaml::String(s) if !s.is_empty() => Ok(s.clone()),
@@ -912,5 +964,35 @@ mod tests {
         )
         .unwrap();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn cron_schedules_and_the_poll_interval_are_read_from_the_file() {
+        let mut c = Config::default();
+        c.apply_yaml(
+            ":cron_poll_interval: 10\n:scheduler:\n  :schedule:\n    nightly:\n      :cron: '0 3 * * *'\n      :class: Nightly\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.cron.poll_interval, Duration::from_secs(10));
+        let jobs = &c.cron.sidekiq_yml_jobs;
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(
+            (jobs[0].name.as_str(), jobs[0].class.as_str()),
+            ("nightly", "Nightly")
+        );
+        let mut c = Config::default();
+        c.apply_yaml(
+            "cron_poll_interval: 0\nschedule:\n  - name: a\n    cron: '@hourly'\n    class: A\n",
+            None,
+        )
+        .unwrap();
+        assert!(!c.cron.enabled, "0 turns the poller off, as in the gem");
+        assert_eq!(c.cron.sidekiq_yml_jobs[0].cron, "@hourly");
+        // sidekiq-scheduler's forms in the same section are left out, not an error.
+        let mut c = Config::default();
+        c.apply_yaml(":schedule:\n  a:\n    every: '1h'\n    class: A\n", None)
+            .unwrap();
+        assert!(c.cron.sidekiq_yml_jobs.is_empty());
     }
 }

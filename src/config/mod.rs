@@ -48,7 +48,11 @@ mod settings;
 mod file;
 // The ERB subset a `sidekiq.yml` may use: environment lookups only.
 mod erb;
+// sidekiq-cron's settings and schedule declarations (plain data; the poller is `crate::cron`).
+mod cron;
 
+pub use cron::{CronConfig, CronJob};
+pub(crate) use cron::{read_schedule_file, truthy_text};
 pub use erb::render_erb;
 pub(crate) use file::FileOptions;
 // Types of `Config` fields, defined beside the code that uses them.

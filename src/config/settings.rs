@@ -151,6 +151,9 @@ pub struct Config {
     pub log_format: crate::logging::LogFormat,
     /// Redis through Sentinel (`--sentinel`, `:redis: { :sentinels: ... }`); `None`: the URL's server.
     pub sentinel: Option<crate::sentinel::SentinelConfig>,
+    /// sidekiq-cron's schedules: on or off (`--no-cron`), how often Redis is looked at, and the
+    /// schedules declared here (`sidekiq.yml`, `config/schedule.yml`, Rust).
+    pub cron: super::CronConfig,
 }
 
 impl Default for Config {
@@ -179,6 +182,7 @@ impl Default for Config {
             http: None,
             log_format: crate::logging::LogFormat::Text,
             sentinel: None,
+            cron: super::CronConfig::default(),
         }
     }
 }
@@ -207,6 +211,7 @@ impl fmt::Debug for Config {
             .field("http", &self.http)
             .field("log_format", &self.log_format)
             .field("sentinel", &self.sentinel)
+            .field("cron", &self.cron)
             .finish()
     }
 }

@@ -23,7 +23,10 @@ pub use launch::{
     config, count_in, fixture, fixture_files, fixture_json, launch, strict_queues, wait_for,
 };
 pub use process::{LoggedProcess, Oxidekiq, RubySidekiq};
-pub use ruby::{RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, web_ui_get};
+pub use ruby::{
+    RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, ruby_with_env, web_ui_get,
+    web_ui_get_with,
+};
 
 use std::net::TcpListener;
 use std::path::PathBuf;

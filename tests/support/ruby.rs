@@ -74,6 +74,12 @@ pub fn ruby(script: &str, redis_url: &str) -> RubyOutput {
     run(&[SIDEKIQ_PREAMBLE, script], redis_url, &[])
 }
 
+/// As [`ruby`], with more environment variables for the script (`ENV.fetch("X")`).
+#[track_caller]
+pub fn ruby_with_env(script: &str, redis_url: &str, env: &[(&str, &str)]) -> RubyOutput {
+    run(&[SIDEKIQ_PREAMBLE, script], redis_url, env)
+}
+
 /// As [`ruby`], with Rails ActiveJob 6.1 loaded too and its queue adapter set to `:sidekiq`.
 /// The script defines its own job classes (`class WelcomeJob < ActiveJob::Base ... end`).
 #[track_caller]
@@ -91,8 +97,15 @@ pub fn ruby_activejob(script: &str, redis_url: &str) -> RubyOutput {
 /// `morgue`; `/dead` is a 404 there).
 #[track_caller]
 pub fn web_ui_get(redis_url: &str, path: &str) -> (u16, String) {
+    web_ui_get_with(redis_url, path, "")
+}
+
+/// As [`web_ui_get`], with `extension` (Ruby, such as `require "sidekiq/cron/web"`) run before the
+/// app is built, for a gem that adds a tab.
+#[track_caller]
+pub fn web_ui_get_with(redis_url: &str, path: &str, extension: &str) -> (u16, String) {
     let out = run(
-        &[SIDEKIQ_PREAMBLE, WEB_UI_SCRIPT],
+        &[SIDEKIQ_PREAMBLE, extension, WEB_UI_SCRIPT],
         redis_url,
         &[("WEB_UI_PATH", path)],
     );

@@ -1,0 +1,310 @@
+//! sidekiq-cron without Ruby: the poller that runs the gem's schedules from oxidekiq, so a fleet with
+//! no Ruby process keeps every periodic job, and a mixed fleet still enqueues each tick once.
+//!
+//! Layer: migration and operations (beside `migrate`, `http`, `metrics`): it uses the [`Client`]
+//! (job chain) and the Redis layer, and the launcher wires it as one more background task.
+//!
+//! Mirrors sidekiq-cron 1.8.0's `poller.rb` and `job.rb` (and reads 2.x's namespaced layout, see
+//! `store`). Each round reads every schedule from Redis (`Job.all`) and, for each one whose latest
+//! tick is due (`Entry::due`: enabled, within the 60-second grace, not enqueued since),
+//! claims the tick with the gem's own `ZADD cron_job:<name>:enqueued <score> <tick>`; only the process
+//! whose `ZADD` added the member pushes the job. Ruby pollers with the gem and oxidekiq processes
+//! contend for the same members, so any mix of them enqueues a tick once. Unlike the gem, the claim and
+//! the push are one script ([`Client`]'s claimed push): a process killed between the two cannot leave
+//! a claimed tick without its job.
+//!
+//! The gem polls every `cron_poll_interval` (30 s, with jitter); this poller sleeps until the next tick
+//! of any enabled schedule is claimable (a tick `T` is the latest from `T + 1 s` on, as fugit computes
+//! it), and looks at Redis at least every [`CronConfig::poll_interval`] for schedules created or
+//! enabled elsewhere. Missed ticks (Redis down, every process stopped) are not caught up: only the
+//! latest one, if at most 60 s old, as in the gem. A quiet process stops polling, as Ruby's
+//! `Launcher#quiet` stops the cron poller. With no schedule in Redis, a round is two `SMEMBERS`
+//! (`cron_jobs`, `cron_jobs:default`) per interval, and a `SCAN` for other namespaces every 10 minutes.
+//!
+//! Schedules are also declared here: `config/schedule.yml` (as the gem's `schedule_loader.rb` reads
+//! it), `sidekiq.yml`'s `:schedule:`, and [`CronJob`]s given in Rust are written at start in the gem's
+//! format, so the Web UI's Cron tab lists them and enables or disables them.
+
+mod entry;
+mod schedule;
+mod store;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use self::entry::Entry;
+pub use self::schedule::Schedule;
+use crate::client::{Client, TimeMode};
+pub use crate::config::{CronConfig, CronJob};
+use crate::error::Result;
+use crate::redis_conn::Conn;
+use crate::shutdown::ShutdownSignal;
+
+/// How long after its claimable second the poller wakes for a tick: the tick `T` is claimable from
+/// `T + 1 s`, and a little margin keeps the wake-up on the right side of that second.
+const WAKE_MARGIN: Duration = Duration::from_millis(20);
+
+/// How often the keyspace is scanned for sidekiq-cron 2.x namespaces other than `default` (a `SCAN`
+/// walks every key: on a large Redis, every 30 s from every process would cost more than the polls).
+/// `cron_jobs` and `cron_jobs:default` are read every round.
+const NAMESPACE_SCAN_INTERVAL: Duration = Duration::from_secs(600);
+
+/// The shortest [`CronConfig::poll_interval`] used.
+const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long to wait after a round that failed (Redis unreachable) before the next.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The poller's memory between rounds.
+#[derive(Debug, Default)]
+struct Poller {
+    /// The schedule sets found by the last `SCAN` (and `cron_jobs`), and when it ran.
+    sets: Option<(Vec<String>, tokio::time::Instant)>,
+    /// Schedules reported as unreadable (key and message), so each is reported once, not each round.
+    reported: HashSet<(String, String)>,
+    /// Whether the last round saw any schedule (for the one log line when that changes).
+    running: bool,
+    /// Declared schedules not yet written (Redis was unreachable at start).
+    pending: Vec<CronJob>,
+    /// Whether `sidekiq.yml`'s schedules were looked at (they join `pending` in the first round).
+    sidekiq_yml_checked: bool,
+    /// Each `cron` string seen, parsed and checked to tick at all: a schedule is read every round,
+    /// and the search for a tick that never comes (Feb 31st) is slow.
+    schedules: HashMap<String, Result<Schedule, String>>,
+}
+
+/// Past this many distinct `cron` strings (or reported problems) the cache starts over: schedules
+/// rewritten with ever new strings would otherwise grow it without bound.
+const MAX_CACHED_SCHEDULES: usize = 10_000;
+
+/// Runs the cron poller until the process goes quiet: writes the declared schedules, then a round at
+/// each tick. Errors are logged and the round retried. Jobs are pushed by a [`Client`] writing the
+/// timestamps `millisecond_timestamps` says (`None`: as the live processes read them).
+pub(crate) async fn run(
+    conn: Conn,
+    millisecond_timestamps: Option<bool>,
+    cfg: CronConfig,
+    mut shutdown: ShutdownSignal,
+) {
+    let mode = match millisecond_timestamps {
+        Some(true) => TimeMode::Millis,
+        Some(false) => TimeMode::Seconds,
+        None => TimeMode::Auto,
+    };
+    let client = Client::new(conn.clone()).with_time_mode(mode);
+    // A zero interval (possible from Rust) would make an idle poller spin.
+    let cfg = CronConfig {
+        poll_interval: cfg.poll_interval.max(MIN_POLL_INTERVAL),
+        ..cfg
+    };
+    let mut poller = Poller {
+        pending: declared(&cfg),
+        ..Poller::default()
+    };
+    loop {
+        let wait = match poller.round(&conn, &client, &cfg).await {
+            Ok(wait) => wait,
+            Err(e) => {
+                tracing::error!(error = %e, "cron poller: round failed; trying again");
+                RETRY_AFTER
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.quiet() => break,
+        }
+    }
+}
+
+/// The schedules declared in Rust and in the schedule file (when the file exists); an entry that
+/// cannot be read is logged at error level and left out. `sidekiq.yml`'s are added by the first round,
+/// once it knows whether sidekiq-scheduler runs them.
+fn declared(cfg: &CronConfig) -> Vec<CronJob> {
+    let mut jobs = cfg.jobs.clone();
+    if cfg.schedule_file.is_file() {
+        match crate::config::read_schedule_file(&cfg.schedule_file) {
+            Ok((from_file, errors)) => {
+                jobs.extend(from_file);
+                for e in errors {
+                    let e = crate::logging::escape(&e);
+                    tracing::error!("cron schedule not loaded: {e}");
+                }
+            }
+            Err(e) => {
+                let e = crate::logging::escape(&e);
+                tracing::error!("cron schedule file not loaded: {e}");
+            }
+        }
+    }
+    jobs
+}
+
+/// `sidekiq.yml`'s schedules, unless sidekiq-scheduler runs them from a Ruby process (its
+/// `sidekiq-scheduler:next_times` hash exists): then they are left to it, with a warning, since
+/// writing them as sidekiq-cron schedules would enqueue each tick twice.
+async fn sidekiq_yml_schedules(conn: &Conn, cfg: &CronConfig) -> Result<Vec<CronJob>> {
+    if cfg.sidekiq_yml_jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let scheduler: bool = redis::cmd("EXISTS")
+        .arg(crate::keys::SIDEKIQ_SCHEDULER_NEXT_TIMES)
+        .query_async(&mut conn.clone())
+        .await?;
+    if scheduler {
+        tracing::warn!(
+            "sidekiq.yml's :schedule: is left to sidekiq-scheduler, which runs it from a Ruby \
+             process ({} exists); move it to config/schedule.yml to run it as sidekiq-cron schedules",
+            crate::keys::SIDEKIQ_SCHEDULER_NEXT_TIMES
+        );
+        return Ok(Vec::new());
+    }
+    Ok(cfg.sidekiq_yml_jobs.clone())
+}
+
+impl Poller {
+    /// One round: declared schedules written (once), schedules read, due ticks claimed and pushed.
+    /// Returns how long to sleep before the next round.
+    async fn round(&mut self, conn: &Conn, client: &Client, cfg: &CronConfig) -> Result<Duration> {
+        let rescan = self
+            .sets
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= NAMESPACE_SCAN_INTERVAL.max(cfg.poll_interval));
+        if rescan {
+            self.sets = Some((
+                store::schedule_sets(conn).await?,
+                tokio::time::Instant::now(),
+            ));
+        }
+        let found = self
+            .sets
+            .as_ref()
+            .map(|(s, _)| s.clone())
+            .unwrap_or_default();
+        if !self.sidekiq_yml_checked {
+            self.pending.extend(sidekiq_yml_schedules(conn, cfg).await?);
+            self.sidekiq_yml_checked = true;
+        }
+        if !self.pending.is_empty() {
+            let layout = store::layout_of(&found);
+            for job in std::mem::take(&mut self.pending) {
+                if let Err(e) = store::save(conn, &job, layout, Utc::now()).await {
+                    if e.is_connection_error() {
+                        self.pending.push(job);
+                        return Err(e);
+                    }
+                    let name = crate::logging::escape(&job.name);
+                    tracing::error!(schedule = %name, error = %e, "cron schedule not written");
+                }
+            }
+        }
+        let loaded = store::load(conn, &store::sets_to_read(found)).await?;
+        for (key, why) in loaded.problems {
+            self.report(&key, &why);
+        }
+        let mut entries = Vec::new();
+        for (key, fields) in loaded.hashes {
+            let schedules = &mut self.schedules;
+            match Entry::from_hash(&key, fields, &mut |c| parse_cached(schedules, c)) {
+                Ok(e) => entries.push(e),
+                Err(msg) => self.report(
+                    &key,
+                    &format!("is not a valid sidekiq-cron schedule: {msg}"),
+                ),
+            }
+        }
+        let running = !entries.is_empty();
+        if running != self.running {
+            self.running = running;
+            tracing::info!(
+                schedules = entries.len(),
+                "cron poller: {} sidekiq-cron schedules",
+                if self.running { "running" } else { "no" }
+            );
+        }
+        for entry in &entries {
+            self.enqueue_if_due(conn, client, entry).await?;
+        }
+        Ok(next_wake(&entries, Utc::now(), cfg.poll_interval))
+    }
+
+    /// Claims and pushes `entry`'s due tick, if it has one and no process claimed it yet.
+    async fn enqueue_if_due(&mut self, conn: &Conn, client: &Client, entry: &Entry) -> Result<()> {
+        let now = Utc::now();
+        let tick = match entry.due(now) {
+            Ok(Some(tick)) => tick,
+            Ok(None) => return Ok(()),
+            Err(msg) => {
+                self.report(&entry.key, &msg);
+                return Ok(());
+            }
+        };
+        match client
+            .push_claimed(entry.job(crate::time::epoch_secs(now)), entry.claim(tick))
+            .await
+        {
+            Ok(Some(jid)) => {
+                // Debug, as the gem logs it: a 1-second schedule would fill the log at info.
+                let name = crate::logging::escape(&entry.name);
+                tracing::debug!(schedule = %name, tick = %tick, jid = %jid, "cron job enqueued");
+                if let Err(e) = store::after_enqueue(conn, &entry.key, &jid, now).await {
+                    let key = crate::logging::escape(&entry.key);
+                    tracing::error!(key = %key, error = %e, "cron job enqueued, but its last_enqueue_time and jid_history were not written");
+                }
+                Ok(())
+            }
+            // Another process claimed the tick first: it enqueued it.
+            Ok(None) => Ok(()),
+            Err(e) if e.is_connection_error() => Err(e),
+            Err(e) => {
+                self.report(&entry.key, &format!("its job was not enqueued (the tick is left unclaimed, tried again each round): {e}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Logs a problem with a key at error level, once per key and message: a bad key is tried again
+    /// every round (it may be fixed), and would otherwise log every second.
+    fn report(&mut self, key: &str, why: &str) {
+        if self.reported.len() >= MAX_CACHED_SCHEDULES {
+            self.reported.clear();
+        }
+        if self.reported.insert((key.to_string(), why.to_string())) {
+            let (key, why) = (crate::logging::escape(key), crate::logging::escape(why));
+            tracing::error!(key = %key, "cron: {key} {why}");
+        }
+    }
+}
+
+/// [`Schedule::parse`] through `cache`, refusing a schedule with no tick ahead.
+fn parse_cached(
+    cache: &mut HashMap<String, Result<Schedule, String>>,
+    cron: &str,
+) -> Result<Schedule, String> {
+    if let Some(known) = cache.get(cron) {
+        return known.clone();
+    }
+    if cache.len() >= MAX_CACHED_SCHEDULES {
+        cache.clear();
+    }
+    let parsed = Schedule::parse(cron).and_then(|s| {
+        s.next_time(Utc::now())
+            .map(|_| s)
+            .map_err(|_| format!("{cron:?} never ticks"))
+    });
+    cache.insert(cron.to_string(), parsed.clone());
+    parsed
+}
+
+/// How long until the next tick of an enabled schedule is claimable (its second plus one, plus
+/// [`WAKE_MARGIN`]), at most `interval`.
+fn next_wake(entries: &[Entry], now: DateTime<Utc>, interval: Duration) -> Duration {
+    let one = chrono::Duration::seconds(1);
+    entries
+        .iter()
+        .filter(|e| e.enabled)
+        .filter_map(|e| e.schedule.next_time(now - one).ok())
+        .map(|tick| (tick + one - now).to_std().unwrap_or(Duration::ZERO) + WAKE_MARGIN)
+        .fold(interval, Duration::min)
+}

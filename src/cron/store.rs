@@ -1,0 +1,341 @@
+//! sidekiq-cron's Redis layout: finding the schedules, reading their hashes, writing a declared
+//! schedule as the gem's `save` writes it, and the bookkeeping after an enqueue.
+//!
+//! Two layouts, told apart by what the fleet wrote. sidekiq-cron 1.x (Debian's 1.8.0): the set
+//! `cron_jobs` whose members are the hashes `cron_job:<name>`. sidekiq-cron 2.x: one set per namespace,
+//! `cron_jobs:<namespace>`, members `cron_job:<namespace>:<name>`. In both, a member is the hash's key,
+//! and the claim and history keys append `:enqueued` and `:jid_history` to it, so reading and claiming
+//! need not know the layout; only writing a new schedule does ([`Layout`]).
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value, json};
+
+use super::entry::LAST_ENQUEUE_TIME_FORMAT;
+use super::{CronJob, Schedule};
+use crate::error::Result;
+use crate::keys;
+use crate::redis_conn::Conn;
+use crate::time::score;
+
+/// The namespace sidekiq-cron 2.x writes to unless told otherwise (`default_namespace`).
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
+
+/// How many schedules the gem's `jid_history` keeps (`cron_history_size`, 10).
+const HISTORY_SIZE: i64 = 10;
+
+/// How long claimed ticks are kept (`REMEMBER_THRESHOLD`, a day).
+const REMEMBER_SECS: f64 = 24.0 * 60.0 * 60.0;
+
+/// Where a declared schedule is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// `cron_jobs` and `cron_job:<name>` (sidekiq-cron 1.x).
+    Plain,
+    /// `cron_jobs:default` and `cron_job:default:<name>` (sidekiq-cron 2.x).
+    Namespaced,
+}
+
+/// The sets that hold schedules: `cron_jobs` and every `cron_jobs:<namespace>` that exists (found by
+/// `SCAN`, as 2.x's `available_namespaces = :auto` finds them with `KEYS`).
+pub(crate) async fn schedule_sets(conn: &Conn) -> Result<Vec<String>> {
+    let mut sets = vec![keys::CRON_JOBS.to_string()];
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(keys::CRON_JOBS_NAMESPACED)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn.clone())
+            .await?;
+        sets.extend(found);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    sets.sort();
+    sets.dedup();
+    Ok(sets)
+}
+
+/// The sets a round reads: those found, and always `cron_jobs` and `cron_jobs:default`, so schedules
+/// of the two usual sets are seen at once, whatever the last scan found.
+pub(crate) fn sets_to_read(mut found: Vec<String>) -> Vec<String> {
+    found.push(keys::CRON_JOBS.to_string());
+    found.push(keys::cron_jobs_in(DEFAULT_NAMESPACE));
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The layout a new schedule is written in: namespaced when the fleet already has a namespaced set.
+pub(crate) fn layout_of(sets: &[String]) -> Layout {
+    if sets.iter().any(|s| s != keys::CRON_JOBS) {
+        Layout::Namespaced
+    } else {
+        Layout::Plain
+    }
+}
+
+/// What a read of the schedules found: each hash as (key, fields), and the keys that could not be
+/// read, with why (a set or a hash of the wrong type, a key that is not UTF-8); those are passed over,
+/// so one bad key stops no other schedule, and the caller reports each once.
+#[derive(Debug, Default)]
+pub(crate) struct Loaded {
+    /// The schedules' hashes.
+    pub(crate) hashes: Vec<(String, HashMap<String, String>)>,
+    /// (key, what is wrong with it).
+    pub(crate) problems: Vec<(String, String)>,
+}
+
+/// Every schedule hash of `sets` (`Job.all`: `SMEMBERS`, then one `HGETALL` per member, pipelined).
+/// Field values that are not UTF-8 are read lossily (the schedule then fails to parse, or runs with
+/// the replacement character in a text field), never failing the whole read.
+pub(crate) async fn load(conn: &Conn, sets: &[String]) -> Result<Loaded> {
+    let mut loaded = Loaded::default();
+    let mut members: Vec<String> = Vec::new();
+    for set in sets {
+        match redis::cmd("SMEMBERS")
+            .arg(set)
+            .query_async::<Vec<Vec<u8>>>(&mut conn.clone())
+            .await
+        {
+            Ok(found) => {
+                for m in found {
+                    match String::from_utf8(m) {
+                        Ok(m) => members.push(m),
+                        Err(e) => loaded.problems.push((
+                            set.clone(),
+                            format!(
+                                "holds a member that is not UTF-8 ({:?}); that schedule is not run",
+                                String::from_utf8_lossy(e.as_bytes())
+                            ),
+                        )),
+                    }
+                }
+            }
+            Err(e) if !is_connection(&e) => loaded.problems.push((
+                set.clone(),
+                refused(conn, set, "set of cron schedules", &e).await,
+            )),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    members.sort();
+    members.dedup();
+    if members.is_empty() {
+        return Ok(loaded);
+    }
+    let mut pipe = redis::pipe();
+    for m in &members {
+        pipe.cmd("HGETALL").arg(m);
+    }
+    type Raw = HashMap<Vec<u8>, Vec<u8>>;
+    let hashes: Vec<Raw> = match pipe.query_async(&mut conn.clone()).await {
+        Ok(h) => h,
+        // The server refused a command of the pipeline (redis-rs wraps a `WRONGTYPE` in a pipeline
+        // failure): a member is not a hash. Read them one by one to pass over just that one.
+        Err(e) if !is_connection(&e) => {
+            let mut out = Vec::with_capacity(members.len());
+            for m in &members {
+                match redis::cmd("HGETALL")
+                    .arg(m)
+                    .query_async(&mut conn.clone())
+                    .await
+                {
+                    Ok(h) => out.push(h),
+                    Err(e) if !is_connection(&e) => {
+                        let why = refused(conn, m, "cron schedule hash", &e).await;
+                        loaded.problems.push((m.clone(), why));
+                        out.push(Raw::new());
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            out
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // A member whose hash is gone (destroyed between the two reads) is skipped, as `Job.all` does.
+    loaded.hashes = members
+        .into_iter()
+        .zip(hashes)
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(key, raw)| {
+            let text = |b: Vec<u8>| {
+                String::from_utf8(b)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+            };
+            (
+                key,
+                raw.into_iter().map(|(k, v)| (text(k), text(v))).collect(),
+            )
+        })
+        .collect();
+    Ok(loaded)
+}
+
+/// A dropped, refused or timed-out connection (retry the round), as opposed to the server refusing a
+/// command.
+fn is_connection(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() || e.is_io_error()
+}
+
+/// Why the server refused to read `key`, which should be a `expected`: its type when it is another
+/// (`WRONGTYPE`), else the server's error (an ACL denial, ...).
+async fn refused(conn: &Conn, key: &str, expected: &str, e: &redis::RedisError) -> String {
+    if e.code() != Some("WRONGTYPE") {
+        return format!("could not be read ({e}); its cron schedules are not run");
+    }
+    let kind: String = redis::cmd("TYPE")
+        .arg(key)
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap_or_else(|_| "unknown".into());
+    format!("is a {kind}, not a {expected}; its cron schedules are not run")
+}
+
+/// Writes a declared schedule as the gem's `save` does (`job.rb`): the hash with every field of
+/// `to_hash`, its key in the layout's set, and, unless the schedule already has claimed ticks, the
+/// tick before `now` claimed, so a new schedule does not enqueue at once. The status in Redis is kept
+/// unless the declaration sets one, so a schedule disabled on the Cron tab stays disabled across a
+/// restart; `last_enqueue_time` is kept too. One script: a schedule is never half written.
+pub(crate) async fn save(
+    conn: &Conn,
+    job: &CronJob,
+    layout: Layout,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let schedule = Schedule::parse(&job.cron).map_err(crate::error::Error::Config)?;
+    let (set, namespace) = match layout {
+        Layout::Plain => (keys::CRON_JOBS.to_string(), None),
+        Layout::Namespaced => (
+            keys::cron_jobs_in(DEFAULT_NAMESPACE),
+            Some(DEFAULT_NAMESPACE),
+        ),
+    };
+    let key = keys::cron_job(namespace, &job.name);
+    let tick = schedule
+        .previous_time(now)
+        .map_err(crate::error::Error::Config)?;
+    let status = match job.enabled {
+        Some(true) => "enabled",
+        Some(false) => "disabled",
+        None => "",
+    };
+    let mut fields: Vec<(&str, String)> = vec![
+        ("name", job.name.clone()),
+        ("klass", job.class.clone()),
+        ("cron", job.cron.clone()),
+        ("description", job.description.clone().unwrap_or_default()),
+        ("args", Value::Array(job.args.clone()).to_string()),
+        ("date_as_argument", job.date_as_argument.to_string()),
+        ("message", message(job).to_string()),
+        ("active_job", job.active_job.to_string()),
+        (
+            "queue_name_prefix",
+            job.queue_name_prefix.clone().unwrap_or_default(),
+        ),
+        (
+            "queue_name_delimiter",
+            job.queue_name_delimiter.clone().unwrap_or_default(),
+        ),
+        ("symbolize_args", "false".into()),
+    ];
+    if let Some(ns) = namespace {
+        fields.push(("namespace", ns.to_string()));
+    }
+    let claim = super::entry::claim_of(&key, tick);
+    let mut inv = SAVE.prepare_invoke();
+    inv.key(&set)
+        .key(&key)
+        .key(&claim.key)
+        .arg(score(crate::time::now()))
+        .arg(&claim.member)
+        .arg(status);
+    for (k, v) in &fields {
+        inv.arg(*k).arg(v);
+    }
+    inv.invoke_async::<()>(&mut conn.clone()).await?;
+    Ok(())
+}
+
+/// The `message` the gem builds for a class it cannot load: `{"queue":..,"class":..,"args":..}`, and
+/// the declared options as a class's `sidekiq_options` would add them.
+fn message(job: &CronJob) -> Value {
+    let mut m = Map::new();
+    m.insert(
+        "queue".into(),
+        json!(job.queue.as_deref().unwrap_or("default")),
+    );
+    for (k, v) in &job.options {
+        if !matches!(k.as_str(), "queue" | "class" | "args") {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    m.insert("class".into(), json!(job.class));
+    m.insert("args".into(), Value::Array(job.args.clone()));
+    Value::Object(m)
+}
+
+/// KEYS[1] the set, KEYS[2] the hash, KEYS[3] its claimed ticks; ARGV[1] now's score, ARGV[2] the tick
+/// before now, ARGV[3] the declared status or '' to keep Redis's, then field/value pairs.
+const SAVE_SCRIPT: &str = r"
+redis.call('SADD', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], 'status', ARGV[3])
+else
+  redis.call('HSETNX', KEYS[2], 'status', 'enabled')
+end
+redis.call('HSETNX', KEYS[2], 'last_enqueue_time', '')
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
+end
+return 1
+";
+
+/// The script, sent by SHA1 with the body as fallback on `NOSCRIPT`.
+static SAVE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SAVE_SCRIPT));
+
+/// What the gem writes after an enqueue (`save_last_enqueue_time`, `add_jid_history`,
+/// `remove_previous_enques`): the enqueue time, the jid at the head of the history (kept to 10), and
+/// claimed ticks older than a day removed. The job is already in its queue: a failure here is logged
+/// by the caller and changes nothing about which tick ran.
+pub(crate) async fn after_enqueue(
+    conn: &Conn,
+    job_key: &str,
+    jid: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let at = now.format(LAST_ENQUEUE_TIME_FORMAT).to_string();
+    let history = json!({"jid": jid, "enqueued": at}).to_string();
+    let secs = crate::time::epoch_secs(now);
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg(job_key)
+        .arg("last_enqueue_time")
+        .arg(&at)
+        .ignore();
+    pipe.cmd("LPUSH")
+        .arg(keys::cron_jid_history(job_key))
+        .arg(history)
+        .ignore();
+    pipe.cmd("LTRIM")
+        .arg(keys::cron_jid_history(job_key))
+        .arg(0)
+        .arg(HISTORY_SIZE - 1)
+        .ignore();
+    pipe.cmd("ZREMRANGEBYSCORE")
+        .arg(keys::cron_enqueued(job_key))
+        .arg(0)
+        .arg(format!("({}", score(secs - REMEMBER_SECS)))
+        .ignore();
+    pipe.query_async::<()>(&mut conn.clone()).await?;
+    Ok(())
+}
