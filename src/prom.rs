@@ -12,8 +12,9 @@
 //! atomic adds for the processed and failed counters and the duration histogram, whose buckets are
 //! atomics too (prometheus-client's own histogram takes a mutex per observation).
 //!
-//! Queue sizes and latency, busy slots and the concurrency are not counted per job: they are read
-//! when `/metrics` is scraped ([`Gauges`]).
+//! Queue sizes and latency, busy slots and the concurrency are not counted per job ([`Gauges`]):
+//! busy slots and the concurrency are read at the scrape, the queues once per beat interval
+//! ([`crate::queue_gauges`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

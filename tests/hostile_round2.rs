@@ -1,0 +1,200 @@
+//! Hostile and careless input, round two (issue 27, and issue 26 item 6), driven from outside as a
+//! user or an attacker would: the real `oxidekiq` binary against a real `redis-server`.
+//!
+//! - A `/metrics` scrape costs Redis a bounded, small amount whatever the payload sizes and the
+//!   scrape rate (measured with Redis's own `total_net_output_bytes`).
+//! - A flood of idle HTTP clients under a low `ulimit -n` cannot take the descriptors the job side
+//!   needs to reconnect to Redis.
+//!
+//! No test asserts a duration: each waits for its outcome with a generous timeout.
+mod support;
+
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::Commands;
+
+/// Generous: a loaded 2-core machine may be slow, and nothing here is timed.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A field of `INFO <section>` as a number.
+fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg(section).query(conn).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
+}
+
+/// The value of the sample `name{...label...}` in a text exposition.
+fn sample(body: &str, name: &str, label: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+}
+
+/// Starts the binary with `--http` on a free port; returns it and the port once `/health` answers.
+fn start_with_http(redis_url: &str, args: &[&str]) -> (support::Oxidekiq, u16) {
+    let port = support::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut all = vec!["--http", &addr];
+    all.extend_from_slice(args);
+    let ox = support::Oxidekiq::start(redis_url, &all);
+    assert!(
+        support::wait_until(PATIENCE, || support::http_get(port, "/health")
+            .is_some_and(|r| r.0 == 200)),
+        "the endpoint never answered:\n{}",
+        ox.log()
+    );
+    (ox, port)
+}
+
+#[test]
+fn metrics_scrapes_cost_redis_a_bounded_amount_whatever_the_payload_sizes() {
+    const QUEUES: usize = 4;
+    const PAYLOAD: usize = 1 << 20;
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let names: Vec<String> = (0..QUEUES).map(|i| format!("big{i}")).collect();
+    let mut args = vec!["--beat-interval", "0.5"];
+    for n in &names {
+        args.extend(["-q", n.as_str()]);
+    }
+    let (ox, port) = start_with_http(&redis.url(), &args);
+    // Quiet first, so the jobs stay queued (only the endpoint reads them).
+    ox.signal("TSTP");
+    assert!(
+        ox.wait_for_log("quieting", PATIENCE),
+        "never quiet:\n{}",
+        ox.log()
+    );
+    let enqueued_at = support::now() - 100.0;
+    for n in &names {
+        // A nested `enqueued_at` inside args must not be taken for the job's own.
+        let payload = serde_json::json!({
+            "class": "NoopJob",
+            "args": [{"enqueued_at": 1.0}, "x".repeat(PAYLOAD)],
+            "queue": n,
+            "jid": format!("{n}jid"),
+            "created_at": enqueued_at,
+            "enqueued_at": enqueued_at,
+        });
+        let _: () = conn
+            .lpush(format!("queue:{n}"), payload.to_string())
+            .unwrap();
+    }
+    let mut body = String::new();
+    assert!(
+        support::wait_until(PATIENCE, || {
+            body = support::http_get(port, "/metrics").map_or(String::new(), |r| r.2);
+            sample(&body, "oxidekiq_queue_size", "queue=\"big3\"") == Some(1.0)
+        }),
+        "the queue size never showed:\n{body}"
+    );
+    for n in &names {
+        let label = format!("queue=\"{n}\"");
+        let latency = sample(&body, "oxidekiq_queue_latency_seconds", &label).unwrap();
+        assert!((90.0..1000.0).contains(&latency), "{n}: {latency}\n{body}");
+    }
+
+    let before = info_field(&mut conn, "stats", "total_net_output_bytes");
+    let scrapers: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    assert!(support::http_get(port, "/metrics").is_some_and(|r| r.0 == 200));
+                }
+            })
+        })
+        .collect();
+    for s in scrapers {
+        s.join().unwrap();
+    }
+    let sent = info_field(&mut conn, "stats", "total_net_output_bytes") - before;
+    // 80 scrapes used to send every queue's oldest payload each: 80 × 4 MiB. The bound is less
+    // than what one such scrape sent, whatever the time the scrapes took (beats included).
+    assert!(
+        sent < PAYLOAD as u64,
+        "80 scrapes made Redis send {sent} bytes"
+    );
+}
+
+#[test]
+fn idle_http_clients_cannot_take_the_descriptors_redis_needs() {
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let port = support::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let bin = support::Oxidekiq::binary();
+    let bin = bin.to_str().unwrap();
+    let redis_url = redis.url();
+    let ox = support::LoggedProcess::spawn(
+        "oxidekiq",
+        std::path::Path::new("/bin/sh"),
+        &[
+            "-c",
+            "ulimit -n 128 && exec \"$@\"",
+            "sh",
+            bin,
+            "--http",
+            &addr,
+            "-q",
+            "default",
+        ],
+        &[("REDIS_URL", &redis_url)],
+    );
+    assert!(
+        support::wait_until(PATIENCE, || support::http_get(port, "/health")
+            .is_some_and(|r| r.0 == 200)),
+        "the endpoint never answered:\n{}",
+        ox.log()
+    );
+
+    // 300 idle clients, kept at 300 for as long as the test runs (the server drops each after its
+    // header timeout; a closed one is opened again).
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut held: Vec<TcpStream> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                held.retain(|s| {
+                    let mut b = [0u8; 1];
+                    s.set_nonblocking(true).unwrap();
+                    !matches!(std::io::Read::read(&mut &*s, &mut b), Ok(0))
+                });
+                while held.len() < 300 {
+                    match TcpStream::connect(("127.0.0.1", port)) {
+                        Ok(s) => held.push(s),
+                        Err(_) => break,
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    // Every connection of the process is cut: it must open new ones while the flood lasts.
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut conn)
+        .unwrap();
+    let payload = serde_json::json!({
+        "class": "NoopJob", "args": [], "queue": "default", "jid": "floodjid",
+        "created_at": support::now(), "enqueued_at": support::now(),
+    });
+    let _: () = conn.lpush("queue:default", payload.to_string()).unwrap();
+    let done = support::wait_until(PATIENCE, || {
+        let processed: Option<u64> = conn.get("stat:processed").unwrap();
+        processed == Some(1)
+    });
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    let log = ox.log();
+    assert!(done, "the job never ran during the flood:\n{log}");
+    assert!(!log.contains("Too many open files"), "{log}");
+}
