@@ -81,6 +81,7 @@ pub(crate) mod migrate;
 pub(crate) mod processor;
 pub(crate) mod prom;
 pub(crate) mod queue_gauges;
+pub(crate) mod redact;
 pub(crate) mod redis_conn;
 pub mod registry;
 pub(crate) mod retry;

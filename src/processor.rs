@@ -12,6 +12,7 @@
 //! So a retry after a lost reply writes nothing twice, and a write cut off by the shutdown deadline after
 //! Redis ran it leaves nothing for the push-back, which moves only entries still there.
 
+use crate::redact::{NAME_CHARS, clip};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -135,10 +136,11 @@ impl Processor {
                 unit.share_raw(raw.clone());
                 let entry = self.work.insert(unit);
                 run.entered(entry, &raw);
+                // Clipped: a made-up class or jid can be megabytes, and it is on every line of the job.
                 let span = tracing::info_span!(
                     "job",
-                    class = %job.worker_class(),
-                    jid = %job.jid(),
+                    class = %clip(job.worker_class(), NAME_CHARS),
+                    jid = %clip(job.jid(), NAME_CHARS),
                     queue = %queue,
                 );
                 if !self
@@ -302,7 +304,8 @@ impl Processor {
             .map(Arc::new);
         let span = match &job {
             Some(j) => {
-                tracing::error_span!("job", class = %j.worker_class(), jid = %j.jid(), queue = %queue)
+                tracing::error_span!("job", class = %clip(j.worker_class(), NAME_CHARS),
+                    jid = %clip(j.jid(), NAME_CHARS), queue = %queue)
             }
             None => tracing::error_span!("job", queue = %queue),
         };

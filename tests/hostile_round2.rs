@@ -198,3 +198,52 @@ fn idle_http_clients_cannot_take_the_descriptors_redis_needs() {
     assert!(done, "the job never ran during the flood:\n{log}");
     assert!(!log.contains("Too many open files"), "{log}");
 }
+
+#[test]
+fn handoff_remembers_and_logs_a_bounded_amount_per_made_up_class() {
+    const LONG: usize = 30;
+    const NAME: usize = 100_000;
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let mut pushed = Vec::new();
+    for i in 0..LONG {
+        let class = format!("{i:03}{}", "C".repeat(NAME));
+        pushed.push(serde_json::json!({
+            "class": class, "args": [i], "queue": "shared", "jid": format!("long{i}"),
+            "created_at": support::now(), "enqueued_at": support::now(),
+        }));
+    }
+    pushed.push(serde_json::json!({
+        "class": "Legacy::Mailer", "args": [1], "queue": "shared", "jid": "short",
+        "created_at": support::now(), "enqueued_at": support::now(),
+    }));
+    for p in &pushed {
+        let _: () = conn.lpush("queue:shared", p.to_string()).unwrap();
+    }
+    let ox = support::Oxidekiq::start(&redis.url(), &["-q", "shared", "--handoff", "ruby"]);
+    assert!(
+        support::wait_until(PATIENCE, || conn.llen::<_, usize>("queue:ruby").unwrap()
+            == pushed.len()),
+        "not every job was handed off:\n{}",
+        &ox.log()[..4000.min(ox.log().len())]
+    );
+    let handed: Vec<String> = conn.lrange("queue:ruby", 0, -1).unwrap();
+    for p in &pushed {
+        assert!(handed.contains(&p.to_string()), "a job was changed");
+    }
+    let counts: std::collections::BTreeMap<Vec<u8>, u64> =
+        conn.hgetall("oxidekiq:handoff").unwrap();
+    assert_eq!(
+        counts.get(&b"(other)"[..]),
+        Some(&(LONG as u64)),
+        "{:?}",
+        counts.keys()
+    );
+    assert_eq!(counts.get(&b"Legacy::Mailer"[..]), Some(&1));
+    assert_eq!(counts.len(), 2);
+    assert!(ox.wait_for_log("handing off jobs of Legacy::Mailer", PATIENCE));
+    std::thread::sleep(Duration::from_millis(300));
+    let log = ox.log();
+    // Each made-up name was written three times per line, once per job: 9 MB before.
+    assert!(log.len() < 64 * 1024, "{} bytes of log", log.len());
+}
