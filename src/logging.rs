@@ -752,7 +752,7 @@ fn install_panic_hook() {
             .copied()
             .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
             .unwrap_or("(a panic without a message)");
-        let message = crate::redis_conn::redact_urls_in(message);
+        let message = crate::redact::redact_urls_in(message);
         let location = info
             .location()
             .map(|l| format!("{}:{}", l.file(), l.line()))

@@ -224,11 +224,17 @@ impl Processor {
         job: Arc<Job>,
         queue: Arc<str>,
         entry: Option<&crate::registry::Entry>,
-        error: JobError,
+        mut error: JobError,
         elapsed: f64,
         after: AfterFate,
         state: &RunState,
     ) -> bool {
+        // Every text of the error is logged below or stored by the retry (the Web UI shows it): a
+        // Redis URL's password in it is hidden, by the one rule the panic hook and `retry` apply too.
+        error.message = crate::redact::redact_urls_in(&error.message);
+        for line in &mut error.backtrace {
+            *line = crate::redact::redact_urls_in(line);
+        }
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -561,11 +567,13 @@ pub(crate) async fn catch_unwind<F: std::future::Future>(
 }
 
 /// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).
+/// The panic's message, with any Redis URL's password hidden: it is logged (`job panicked`) and
+/// becomes the job's `error_message`.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
+        crate::redact::redact_urls_in(s)
     } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
+        crate::redact::redact_urls_in(s)
     } else {
         "a panic with a non-text payload".to_string()
     }

@@ -532,111 +532,7 @@ fn rustls_error(e: &redis::RedisError) -> Option<&rustls::Error> {
     None
 }
 
-/// Query parameters whose value is a secret: redis-rs reads `pass` for `redis+unix://` and `unix://`
-/// URLs; `password` and the others are what people write by analogy, and hiding them costs nothing.
-const SECRET_PARAMS: [&str; 7] = [
-    "pass", "password", "passwd", "pwd", "secret", "token", "auth",
-];
-
-/// The URL with every password in it replaced by `REDACTED`, for logs and errors. One function for
-/// every form a Redis URL takes:
-///
-/// - `redis://user:pw@host:port/db`, `rediss://...`, and a user part alone (`redis://pw@host`:
-///   redis-rs reads it as a user name, but people write passwords there, so it is hidden too);
-/// - no scheme at all (`user:pw@host:port`, which redis-rs refuses, so it shows up in errors);
-/// - a password in the query: `redis+unix:///path?user=u&pass=pw`, `unix:///path?pass=pw`,
-///   `redis://host?password=pw`, and `passwd`, `pwd`, `secret`, `token`, `auth` likewise.
-///
-/// The user part ends at the last `@` before the first secret query parameter, even for a password
-/// with an unencoded `/`, `?` or `#` in it (a URL that does not parse is shown in errors too): no `@`
-/// ever appears in the host or path of a Redis URL, so the rule never hides more than the password,
-/// and an `@` inside a query password stays inside the hidden value.
-pub(crate) fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => (&url[..i + 3], &url[i + 3..]),
-        None => ("", url),
-    };
-    let user_part_ends_before = secret_param_start(rest).unwrap_or(rest.len());
-    let (user, rest) = match rest[..user_part_ends_before].rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let shown = match userinfo.find(':') {
-                Some(c) => format!("{}:REDACTED@", &userinfo[..c]),
-                None => "REDACTED@".to_string(),
-            };
-            (shown, &rest[at + 1..])
-        }
-        None => (String::new(), rest),
-    };
-    format!("{scheme}{user}{}", redact_query(rest))
-}
-
-/// `text` with every word that may be a Redis URL (it holds `://` or `@`) passed through
-/// [`redact_url`]: for free text such as a panic message, where a URL could appear anywhere.
-pub(crate) fn redact_urls_in(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while !rest.is_empty() {
-        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
-        let word = &rest[..end];
-        if word.contains("://") || word.contains('@') {
-            out.push_str(&redact_url(word));
-        } else {
-            out.push_str(word);
-        }
-        let spaces = rest[end..]
-            .find(|c: char| !c.is_whitespace())
-            .map_or(rest.len(), |n| end + n);
-        out.push_str(&rest[end..spaces]);
-        rest = &rest[spaces..];
-    }
-    out
-}
-
-/// Where the first `?name=` or `&name=` with a name of [`SECRET_PARAMS`] starts.
-fn secret_param_start(s: &str) -> Option<usize> {
-    s.char_indices()
-        .filter(|(_, c)| matches!(c, '?' | '&'))
-        .map(|(i, _)| i)
-        .find(|&i| {
-            let after = &s[i + 1..];
-            after
-                .split_once('=')
-                .is_some_and(|(key, _)| is_secret_param(key))
-        })
-}
-
-fn is_secret_param(key: &str) -> bool {
-    SECRET_PARAMS
-        .iter()
-        .any(|s| key.trim().eq_ignore_ascii_case(s))
-}
-
-/// `host/path?a=1&pass=pw#insecure` with the values of [`SECRET_PARAMS`] hidden. A secret value runs
-/// to the next `&` or the end, `#` included (a password may hold one), except a final `#insecure`.
-fn redact_query(rest: &str) -> String {
-    let Some(q) = rest.find('?') else {
-        return rest.to_string();
-    };
-    let mut out = rest[..=q].to_string();
-    for (i, param) in rest[q + 1..].split('&').enumerate() {
-        if i > 0 {
-            out.push('&');
-        }
-        let key = param.split('=').next().unwrap_or("");
-        let secret = param.contains('=') && is_secret_param(key);
-        if secret {
-            out.push_str(key);
-            out.push_str("=REDACTED");
-            if param.ends_with("#insecure") {
-                out.push_str("#insecure");
-            }
-        } else {
-            out.push_str(param);
-        }
-    }
-    out
-}
+pub(crate) use crate::redact::redact_url;
 
 // Moved from tests/security.rs: TLS, ACL users and secrets kept out of every output (needs crate-internal items).
 #[cfg(test)]
@@ -645,6 +541,7 @@ mod tests_security;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redact::redact_urls_in;
 
     #[test]
     fn passwords_never_appear_in_a_redacted_url() {

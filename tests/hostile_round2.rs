@@ -247,3 +247,42 @@ fn handoff_remembers_and_logs_a_bounded_amount_per_made_up_class() {
     // Each made-up name was written three times per line, once per job: 9 MB before.
     assert!(log.len() < 64 * 1024, "{} bytes of log", log.len());
 }
+
+#[test]
+fn a_redis_password_in_a_panic_or_error_message_is_stored_and_logged_redacted() {
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    // Passwords with a space: the redaction must not stop at it.
+    for (mode, id) in [
+        ("panic", "redis://:my PANIC3@cache.internal:6379/0"),
+        ("fail", "rediss://app:fail PW4@cache.internal"),
+    ] {
+        let payload = serde_json::json!({
+            "class": "ChaosJob", "args": [mode, 0, id], "queue": "default",
+            "jid": format!("{mode}jid"), "retry": true,
+            "created_at": support::now(), "enqueued_at": support::now(),
+        });
+        let _: () = conn.lpush("queue:default", payload.to_string()).unwrap();
+    }
+    let ox = support::Oxidekiq::start(&redis.url(), &["-q", "default"]);
+    assert!(
+        support::wait_until(PATIENCE, || conn.zcard::<_, usize>("retry").unwrap() == 2),
+        "the jobs never reached the retry set:\n{}",
+        ox.log()
+    );
+    assert!(ox.wait_for_log("job failed", PATIENCE));
+    std::thread::sleep(Duration::from_millis(300));
+    let retries: Vec<String> = conn.zrange("retry", 0, -1).unwrap();
+    for r in &retries {
+        let v: serde_json::Value = serde_json::from_str(r).unwrap();
+        let message = v["error_message"].as_str().unwrap();
+        assert!(message.contains("REDACTED"), "{message}");
+        assert!(
+            !message.contains("PANIC3") && !message.contains("PW4"),
+            "{message}"
+        );
+    }
+    let log = ox.log();
+    assert!(log.contains("job panicked"), "{log}");
+    assert!(!log.contains("PANIC3") && !log.contains("PW4"), "{log}");
+}
