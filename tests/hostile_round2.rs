@@ -286,3 +286,113 @@ fn a_redis_password_in_a_panic_or_error_message_is_stored_and_logged_redacted() 
     assert!(log.contains("job panicked"), "{log}");
     assert!(!log.contains("PANIC3") && !log.contains("PW4"), "{log}");
 }
+
+#[test]
+fn handoff_to_a_queue_the_process_serves_is_refused_at_start() {
+    let redis = support::RedisServer::start();
+    let mut ox = support::Oxidekiq::start(&redis.url(), &["-q", "default", "--handoff", "default"]);
+    let status = ox.wait_exit(PATIENCE);
+    let log = ox.log();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{log}");
+    assert!(
+        log.contains("--handoff default") && log.contains("serves"),
+        "{log}"
+    );
+}
+
+#[test]
+fn route_finds_the_live_process_of_a_queue_with_a_bar_in_its_name() {
+    let redis = support::RedisServer::start();
+    let ox = support::Oxidekiq::start(&redis.url(), &["-q", "a|b_rust", "--beat-interval", "0.5"]);
+    let mut conn = redis.conn();
+    assert!(
+        support::wait_until(PATIENCE, || {
+            let keys: Vec<String> = conn.keys("oxidekiq:serving:*").unwrap();
+            keys.iter().any(|k| k.ends_with("|HardWorker"))
+        }),
+        "never wrote its serving keys:\n{}",
+        ox.log()
+    );
+    let (code, out, err) = support::run_cli(&redis.url(), &["route", "HardWorker", "10"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("served by live oxidekiq on: a|b_rust"),
+        "{out}"
+    );
+    let (code, out, err) = support::run_cli(&redis.url(), &["routes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let row = out.lines().find(|l| l.starts_with("HardWorker")).unwrap();
+    assert_eq!(
+        row.split_whitespace().nth(2),
+        Some("1"),
+        "one live process: {out}"
+    );
+}
+
+/// A HardWorker payload of about `size` bytes.
+fn big_job(queue: &str, jid: &str, size: usize) -> String {
+    serde_json::json!({
+        "class": "HardWorker", "args": ["x".repeat(size), 1], "queue": queue, "jid": jid,
+        "created_at": support::now(), "enqueued_at": support::now(),
+    })
+    .to_string()
+}
+
+#[test]
+fn check_never_reads_payloads_over_the_limit_and_route_0_reads_a_bounded_amount_at_once() {
+    const MB: usize = 1 << 20;
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    // check: three payloads over the default 16 MiB --max-payload-bytes, and a small one.
+    for i in 0..3 {
+        let _: () = conn
+            .lpush(
+                "queue:default",
+                big_job("default", &format!("big{i}"), 20 * MB),
+            )
+            .unwrap();
+    }
+    let _: () = conn
+        .lpush("queue:default", big_job("default", "small", 10))
+        .unwrap();
+    let before = info_field(&mut conn, "stats", "total_net_output_bytes");
+    let (code, out, err) = support::run_cli(&redis.url(), &["-q", "default", "check"]);
+    let sent = info_field(&mut conn, "stats", "total_net_output_bytes") - before;
+    assert!(out.contains("4 payloads read"), "{out}{err}");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(sent < 16 * MB as u64, "check made Redis send {sent} bytes");
+
+    // route 0: 24 jobs of 6 MiB on the Rust queue are all moved back, a few at a time.
+    let _: () = conn.del("queue:default").unwrap();
+    for i in 0..24 {
+        let _: () = conn
+            .lpush(
+                "queue:default_rust",
+                big_job("default_rust", &format!("r{i}"), 6 * MB),
+            )
+            .unwrap();
+    }
+    let _: () = conn.sadd("queues", "default_rust").unwrap();
+    let out = std::process::Command::new("/usr/bin/time")
+        .args(["-f", "maxrss_kb=%M"])
+        .arg(support::Oxidekiq::binary())
+        .args(["route", "HardWorker", "0", "--settle", "0"])
+        .env("REDIS_URL", redis.url())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("moved 24 waiting job(s)"), "{text}");
+    let rss_kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("maxrss_kb="))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eprintln!("route 0 peak RSS: {rss_kb} kB");
+    // Read all at once (one LRANGE of up to 1 000), the 144 MiB of jobs were all in memory.
+    assert!(rss_kb < 144 * 1024, "route 0 peaked at {rss_kb} kB");
+    assert_eq!(conn.llen::<_, usize>("queue:default").unwrap(), 24);
+}

@@ -285,6 +285,14 @@ impl Config {
             return Err(Error::Config("no queue to fetch from".into()));
         }
         check_queue_list(&self.queues)?;
+        if let Some(q) = &self.handoff
+            && self.queues.iter().any(|served| &served.name == q)
+        {
+            // Each hand-off would be fetched back by this very process and handed off again, forever.
+            return Err(Error::Config(format!(
+                "--handoff {q}: this process serves `{q}` itself; hand off to a queue only Ruby serves"
+            )));
+        }
         if self.max_payload_bytes == 0 {
             return Err(Error::Config(
                 "max payload bytes: 0 is not a valid value, it must be at least 1".into(),

@@ -1,8 +1,8 @@
 //! `oxidekiq check`: does what Rails really enqueues fit each Rust worker's `Args` type?
 //!
 //! Samples payloads of every registered class from the queues (every name in `queues`, plus the
-//! configured ones), the `retry`, `schedule` and `dead` sets, reading with `LRANGE`/`ZRANGE` only, so
-//! nothing is taken. Each sampled payload is decoded as the worker would decode it (ActiveJob
+//! configured ones), the `retry`, `schedule` and `dead` sets, reading with `LRANGE`/`ZRANGE` only
+//! (through [`super::read_window`], a bounded number of bytes at a time), so nothing is taken. Each sampled payload is decoded as the worker would decode it (ActiveJob
 //! arguments unwrapped first, as the processor does) and a failure is reported by its field path and
 //! the JSON type found there, never by value: check output ends up in CI logs and tickets.
 //!
@@ -331,17 +331,17 @@ pub(crate) async fn run(
             if report.classes.values().all(|c| c.sampled >= limits.sample) {
                 break;
             }
-            let stop = (start + CHUNK).min(limits.scan) - 1;
-            let cmd = if is_list { "LRANGE" } else { "ZRANGE" };
-            let items: Vec<Vec<u8>> = redis::cmd(cmd)
-                .arg(&key)
-                .arg(start)
-                .arg(stop)
-                .query_async(conn)
-                .await?;
+            let want = CHUNK.min(limits.scan - start);
+            let items =
+                super::read_window(conn, &key, is_list, start, want, config.max_payload_bytes)
+                    .await?;
             let n = items.len();
-            for raw in items {
+            for member in items {
                 report.scanned += 1;
+                // Over --max-payload-bytes (not sent): the worker would not decode it either.
+                let super::Member::Bytes(raw) = member else {
+                    continue;
+                };
                 let Ok(job) = Job::parse(raw, config.max_payload_bytes) else {
                     continue;
                 };
@@ -365,10 +365,10 @@ pub(crate) async fn run(
                     *c.contracts.entry(contract).or_default() += 1;
                 }
             }
-            if n < CHUNK {
+            if n == 0 {
                 break;
             }
-            start += CHUNK;
+            start += n;
         }
     }
     Ok(report)

@@ -9,6 +9,9 @@
 //!
 //! The subcommands share the binary's flags and config (Redis URL, `-C`, `-q`): `oxidekiq -q default
 //! check`.
+//!
+//! They read payloads through [`read_window`], bounded as the fetch is: never more than
+//! [`WINDOW_BYTES`] per round trip, and a payload over `--max-payload-bytes` is counted, never sent.
 
 pub(crate) mod check;
 pub(crate) mod handoff;
@@ -66,6 +69,77 @@ pub enum Command {
         #[arg(long, value_name = "TIME", hide = true)]
         at: Option<String>,
     },
+}
+
+/// Payload bytes one [`read_window`] call returns at most (plus one payload).
+pub(crate) const WINDOW_BYTES: usize = 8 * 1024 * 1024;
+
+/// Reads members `start..start+count` of a list (`LRANGE` order) or a sorted set (`ZRANGE` order) one
+/// by one inside Redis, stopping once the bytes returned reach ARGV[5]; a member longer than ARGV[4]
+/// is returned as its length instead of its bytes. KEYS[1] = the key; ARGV = `list`/`zset`, start,
+/// count, item limit, byte budget. Returns the members (strings or lengths); fewer than `count` at the
+/// end of the key or when the budget is spent. One member at a time: the Lua side holds one payload,
+/// never a whole `LRANGE` of them.
+const WINDOW_LUA: &str = r#"
+local list = ARGV[1] == 'list'
+local start, count = tonumber(ARGV[2]), tonumber(ARGV[3])
+local limit, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+local out, bytes = {}, 0
+for i = start, start + count - 1 do
+  local got
+  if list then got = redis.call('LRANGE', KEYS[1], i, i) else got = redis.call('ZRANGE', KEYS[1], i, i) end
+  local m = got[1]
+  if m == nil then break end
+  if #m > limit then
+    out[#out + 1] = #m
+  else
+    out[#out + 1] = m
+    bytes = bytes + #m
+  end
+  if bytes >= budget then break end
+end
+return out
+"#;
+
+/// One member read by [`read_window`].
+#[derive(Debug)]
+pub(crate) enum Member {
+    /// Its bytes.
+    Bytes(Vec<u8>),
+    /// Over the item limit: only its length was sent.
+    TooLarge,
+}
+
+/// Up to `count` members of `key` (a list when `is_list`, else a sorted set) from `start`, at most
+/// [`WINDOW_BYTES`] of them (plus one), members over `item_limit` bytes as [`Member::TooLarge`]. An
+/// empty answer means the end of the key.
+pub(crate) async fn read_window(
+    conn: &mut Conn,
+    key: &str,
+    is_list: bool,
+    start: usize,
+    count: usize,
+    item_limit: usize,
+) -> Result<Vec<Member>> {
+    static SCRIPT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(WINDOW_LUA));
+    let values: Vec<redis::Value> = SCRIPT
+        .key(key)
+        .arg(if is_list { "list" } else { "zset" })
+        .arg(start)
+        .arg(count)
+        .arg(item_limit)
+        .arg(WINDOW_BYTES)
+        .invoke_async(conn)
+        .await?;
+    Ok(values
+        .into_iter()
+        .filter_map(|v| match v {
+            redis::Value::BulkString(b) => Some(Member::Bytes(b)),
+            redis::Value::Int(_) => Some(Member::TooLarge),
+            _ => None,
+        })
+        .collect())
 }
 
 fn parse_at(at: &Option<String>) -> Result<DateTime<Utc>> {

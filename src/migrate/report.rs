@@ -233,17 +233,28 @@ async fn sample_queues(
         .await?;
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut read = 0usize;
+    let mut too_large = 0usize;
     for q in &queues {
-        let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
-            .arg(keys::queue(q))
-            .arg(0)
-            .arg(sample.saturating_sub(1))
-            .query_async(conn)
-            .await?;
-        for raw in items {
-            read += 1;
-            if let Ok(job) = Job::parse(raw, usize::MAX) {
-                *counts.entry(job.worker_class().to_string()).or_default() += 1;
+        // A bounded number of bytes per round trip; a job over WINDOW_BYTES is counted, not read.
+        let mut start = 0;
+        while start < sample {
+            let key = keys::queue(q);
+            let items =
+                super::read_window(conn, &key, true, start, sample - start, super::WINDOW_BYTES)
+                    .await?;
+            if items.is_empty() {
+                break;
+            }
+            start += items.len();
+            for member in items {
+                read += 1;
+                let super::Member::Bytes(raw) = member else {
+                    too_large += 1;
+                    continue;
+                };
+                if let Ok(job) = Job::parse(raw, usize::MAX) {
+                    *counts.entry(job.worker_class().to_string()).or_default() += 1;
+                }
             }
         }
     }
@@ -251,8 +262,13 @@ async fn sample_queues(
     let _ = writeln!(
         out,
         "no Sidekiq 7.x/8.x execution metrics in the last hour (Sidekiq 6.x records none): classes by \
-         jobs waiting in a sample of up to {sample} per queue ({read} jobs in {} queues); no times",
-        queues.len()
+         jobs waiting in a sample of up to {sample} per queue ({read} jobs in {} queues{}); no times",
+        queues.len(),
+        if too_large > 0 {
+            format!(", {too_large} of them too large to read")
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         out,

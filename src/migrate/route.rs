@@ -40,7 +40,7 @@ return 1
 "#;
 
 /// Jobs read per `LRANGE` while rolling back.
-const MOVE_CHUNK: i64 = 1000;
+const MOVE_CHUNK: usize = 1000;
 
 /// Sets a class's share (0–100).
 pub(crate) async fn set_share(conn: &mut Conn, class: &str, percent: u8) -> Result<()> {
@@ -99,28 +99,30 @@ pub(crate) async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<S
         // oldest ends up served first), so a long queue is never read whole: a moved job
         // leaves the list, so the next chunk starts that many places earlier. Jobs pushed meanwhile
         // shift it the other way, which at worst reads a job twice (the script skips what is gone).
-        let mut start: i64 = 0;
+        let mut start = 0usize;
         loop {
-            let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
-                .arg(keys::queue(&rq))
-                .arg(start)
-                .arg(start + MOVE_CHUNK - 1)
-                .query_async(conn)
-                .await?;
-            let read = items.len() as i64;
-            let mut moved_here: i64 = 0;
-            for raw in items {
-                let ours = Job::parse(raw.clone(), usize::MAX)
-                    .map(|j| j.worker_class() == class)
-                    .unwrap_or(false);
-                if !ours {
+            // Every member is read (a job of the class must not be stranded whatever its size),
+            // but a bounded number of bytes per round trip: one payload, or WINDOW_BYTES of them.
+            let items =
+                super::read_window(conn, &keys::queue(&rq), true, start, MOVE_CHUNK, usize::MAX)
+                    .await?;
+            let read = items.len();
+            let mut moved_here = 0usize;
+            for member in items {
+                let super::Member::Bytes(raw) = member else {
+                    continue;
+                };
+                let Ok(job) = Job::parse(raw, usize::MAX) else {
+                    continue;
+                };
+                if job.worker_class() != class {
                     continue;
                 }
                 let n: u64 = script
                     .key(keys::queue(&rq))
                     .key(keys::queue(base))
                     .key(keys::QUEUES)
-                    .arg(&raw)
+                    .arg(job.raw().as_bytes())
                     .arg(base)
                     .invoke_async(conn)
                     .await?;
@@ -129,7 +131,7 @@ pub(crate) async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<S
                     *moved.entry(base.to_string()).or_insert(0) += n;
                 }
             }
-            if read < MOVE_CHUNK {
+            if read == 0 {
                 break;
             }
             start += read - moved_here;
