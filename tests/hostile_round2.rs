@@ -396,3 +396,79 @@ fn check_never_reads_payloads_over_the_limit_and_route_0_reads_a_bounded_amount_
     assert!(rss_kb < 144 * 1024, "route 0 peaked at {rss_kb} kB");
     assert_eq!(conn.llen::<_, usize>("queue:default").unwrap(), 24);
 }
+
+#[test]
+fn subcommand_flags_are_taken_after_the_subcommand_name_too() {
+    let redis = support::RedisServer::start();
+    let (code, out, err) = support::run_cli(&redis.url(), &["check", "-q", "onlyhere", "-c", "3"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("queue:onlyhere"),
+        "the -q after `check` is used: {out}"
+    );
+    let (code, out, err) = support::run_cli(&redis.url(), &["-q", "before", "check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("queue:before"), "{out}");
+}
+
+#[test]
+fn route_of_a_class_no_worker_knows_is_an_error_unless_forced() {
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let (code, out, err) = support::run_cli(&redis.url(), &["route", "NoSuchClass", "10"]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("NoSuchClass") && err.contains("--force"),
+        "{err}"
+    );
+    let share: Option<String> = conn.hget("oxidekiq:routes", "NoSuchClass").unwrap();
+    assert_eq!(share, None, "nothing routed");
+    let (code, out, err) =
+        support::run_cli(&redis.url(), &["route", "NoSuchClass", "10", "--force"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let share: Option<String> = conn.hget("oxidekiq:routes", "NoSuchClass").unwrap();
+    assert_eq!(share.as_deref(), Some("10"));
+    // A roll back needs no worker.
+    let (code, out, err) = support::run_cli(
+        &redis.url(),
+        &["route", "NoSuchClass", "0", "--settle", "0"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+#[test]
+fn help_shows_no_rustdoc_link_syntax() {
+    let redis = support::RedisServer::start();
+    for args in [&["--help"][..], &["route", "--help"], &["check", "--help"]] {
+        let (code, out, err) = support::run_cli(&redis.url(), args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(
+            !out.contains("[`") && !out.contains("`]"),
+            "{args:?}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn an_unset_variable_in_sidekiq_yml_is_an_empty_string_as_ruby_erb_makes_it() {
+    let redis = support::RedisServer::start();
+    let template = "---\n:queues:\n  - \"erb<%= ENV[\"OXIDEKIQ_UNSET_FOR_TEST\"] %>q\"\n:concurrency: <%= ENV[\"OXIDEKIQ_UNSET_FOR_TEST\"] || 3 %>\n";
+    // What Ruby's ERB makes of it, in this run.
+    let ruby = support::ruby(
+        &format!(
+            "require 'erb'; require 'yaml'; ENV.delete('OXIDEKIQ_UNSET_FOR_TEST'); \
+             puts YAML.safe_load(ERB.new({template:?}).result, permitted_classes: [Symbol])[:queues].first"
+        ),
+        &redis.url(),
+    );
+    let queue = ruby.trimmed().to_string();
+    assert!(!queue.is_empty(), "{}", ruby.stderr);
+    let dir = support::temp_dir("erb");
+    std::fs::write(dir.join("sidekiq.yml"), template).unwrap();
+    let config = dir.join("sidekiq.yml");
+    let (code, out, err) =
+        support::run_cli(&redis.url(), &["-C", config.to_str().unwrap(), "check"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("queue:{queue},")), "{queue}: {out}");
+}

@@ -50,6 +50,9 @@ pub enum Command {
         /// Seconds to wait before the roll back's second pass (the Ruby clients' cache window)
         #[arg(long, value_name = "SECONDS", default_value_t = route::RUBY_REFRESH_SECS + 2.0, hide = true)]
         settle: f64,
+        /// Route a class that no registered Rust worker knows (its routed jobs would fail in Rust)
+        #[arg(long)]
+        force: bool,
     },
     /// List the routes: share, live oxidekiq processes serving each, jobs run in Rust and in Ruby over the last hour
     Routes {
@@ -182,7 +185,17 @@ pub(crate) async fn run(
             class,
             percent,
             settle,
+            force,
         } => {
+            // A typo routes jobs nobody can run: refused unless forced (a roll back always runs).
+            if percent > 0 && !force && registry.get(&class).is_none() {
+                return Err(Error::Config(format!(
+                    "route {}: no registered Rust worker has this class (registered: {}); check the \
+                     name, or pass --force to route it anyway",
+                    crate::logging::escape(&class),
+                    registry.classes().join(", ")
+                )));
+            }
             let settle = Duration::try_from_secs_f64(settle.max(0.0)).unwrap_or(Duration::ZERO);
             let out = route::route(&mut conn, &class, percent, settle).await?;
             Ok((out, true))
