@@ -472,3 +472,110 @@ fn an_unset_variable_in_sidekiq_yml_is_an_empty_string_as_ruby_erb_makes_it() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains(&format!("queue:{queue},")), "{queue}: {out}");
 }
+
+#[test]
+fn routes_reads_each_stored_share_as_the_ruby_router_does() {
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let stored = [
+        ("Share300", "300"),
+        ("ShareNeg", "-5"),
+        ("ShareLead", " 42abc"),
+        ("ShareUnderscore", "1_0"),
+        ("ShareWord", "abc"),
+        ("ShareHuge", "99999999999999999999999"),
+        ("SharePlus", "+7"),
+        ("ShareFloat", "4.9"),
+        ("ShareTab", "\t12"),
+    ];
+    for (class, v) in stored {
+        let _: () = conn.hset("oxidekiq:routes", class, v).unwrap();
+    }
+    let router = format!("{}/ruby/oxidekiq.rb", env!("CARGO_MANIFEST_DIR"));
+    let ruby = support::ruby(
+        &format!(
+            "require {router:?}; require 'json'; \
+             puts JSON.generate(Oxidekiq::Cache.new(3).routes(Sidekiq.redis_pool))"
+        ),
+        &redis.url(),
+    );
+    let want: std::collections::BTreeMap<String, u64> =
+        serde_json::from_str(ruby.trimmed()).unwrap_or_else(|e| panic!("{e}: {ruby:?}"));
+    assert_eq!(want.len(), stored.len(), "{want:?}");
+    let (code, out, err) = support::run_cli(&redis.url(), &["routes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    for (class, share) in &want {
+        let row = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(class))
+            .unwrap_or_else(|| panic!("no row for {class}:\n{out}"));
+        assert_eq!(
+            row.split_whitespace().nth(1),
+            Some(format!("{share}%").as_str()),
+            "{class}: Ruby reads {share}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn names_that_are_not_utf8_never_make_route_check_or_routes_fail() {
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let _: () = conn.sadd("queues", &b"\xff\xfe_rust"[..]).unwrap();
+    let _: () = conn.hset("oxidekiq:routes", &b"\xffBad"[..], "5").unwrap();
+    let _: () = conn.sadd("queues", "default_rust").unwrap();
+    for i in 0..3 {
+        let _: () = conn
+            .lpush(
+                "queue:default_rust",
+                big_job("default_rust", &format!("u{i}"), 10),
+            )
+            .unwrap();
+    }
+    let (code, out, err) =
+        support::run_cli(&redis.url(), &["route", "HardWorker", "0", "--settle", "0"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(conn.llen::<_, usize>("queue:default").unwrap(), 3, "{out}");
+    assert_eq!(conn.llen::<_, usize>("queue:default_rust").unwrap(), 0);
+    let (code, out, err) = support::run_cli(&redis.url(), &["check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("not UTF-8"), "{out}");
+    let (code, out, err) = support::run_cli(&redis.url(), &["routes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("HardWorker"), "{out}");
+}
+
+#[test]
+fn cli_output_escapes_control_and_bidi_characters_from_redis() {
+    const EVIL: &str = "Evil\nFAKE LINE\u{1b}[31m\u{202e}";
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let _: () = conn.hset("oxidekiq:routes", EVIL, "5").unwrap();
+    let _: () = conn.sadd("queues", EVIL).unwrap();
+    let payload = serde_json::json!({
+        "class": "HardWorker", "args": [{ EVIL: 1 }, 2], "queue": "default", "jid": "e",
+    });
+    let _: () = conn.lpush("queue:default", payload.to_string()).unwrap();
+    // Sidekiq 8's metrics of 10:00 on 2026-01-01 (`j|%y%m%d|%-H:%M`).
+    let field = format!("{EVIL}|p");
+    let _: () = conn.hset("j|260101|10:00", &field, 5).unwrap();
+    let _: () = conn
+        .hset("j|260101|10:00", format!("{EVIL}|ms"), 100)
+        .unwrap();
+    for args in [
+        &["routes"][..],
+        &["check"],
+        &["report", "--at", "2026-01-01T10:00:30Z"],
+    ] {
+        let (_, out, err) = support::run_cli(&redis.url(), args);
+        assert!(out.contains("Evil"), "{args:?} lists it:\n{out}{err}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{202e}'),
+            "{args:?}:\n{out}"
+        );
+        assert!(
+            !out.lines().any(|l| l.starts_with("FAKE")),
+            "{args:?} printed a line from Redis:\n{out}"
+        );
+    }
+}

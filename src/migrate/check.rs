@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::job::Job;
 use crate::keys;
+use crate::logging::escape;
 use crate::redis_conn::Conn;
 use crate::registry::{Registry, redact_values};
 
@@ -221,6 +222,8 @@ pub(crate) struct CheckReport {
     pub scanned: usize,
     /// Where they were read from.
     pub sources: Vec<String>,
+    /// Members of `queues` skipped because they are not UTF-8 (no queue oxidekiq could serve).
+    pub skipped_names: usize,
 }
 
 impl CheckReport {
@@ -232,12 +235,21 @@ impl CheckReport {
     /// The printed report.
     pub(crate) fn render(&self) -> String {
         let mut out = String::new();
+        // Names and mismatches come from Redis and payloads: escaped as log lines are.
+        let sources: Vec<String> = self.sources.iter().map(|s| escape(s)).collect();
         let _ = writeln!(
             out,
             "oxidekiq check: {} payloads read from {}",
             self.scanned,
-            self.sources.join(", ")
+            sources.join(", ")
         );
+        if self.skipped_names > 0 {
+            let _ = writeln!(
+                out,
+                "skipped {} member(s) of `queues` that are not UTF-8",
+                self.skipped_names
+            );
+        }
         let _ = writeln!(
             out,
             "{:<40} {:>8} {:>8} {:>8}",
@@ -247,13 +259,18 @@ impl CheckReport {
             let _ = writeln!(
                 out,
                 "{:<40} {:>8} {:>8} {:>8}",
-                class,
+                escape(class),
                 c.sampled,
                 c.decoded,
                 c.failed()
             );
             for (m, (n, source)) in c.failures.iter().take(3) {
-                let _ = writeln!(out, "    does not fit ({n}x, first in {source}): {m}");
+                let _ = writeln!(
+                    out,
+                    "    does not fit ({n}x, first in {}): {}",
+                    escape(source),
+                    escape(&m.to_string())
+                );
             }
             if c.failures.len() > 3 {
                 let _ = writeln!(out, "    … {} more kinds of mismatch", c.failures.len() - 3);
@@ -261,7 +278,8 @@ impl CheckReport {
             for (contract, n) in &c.contracts {
                 let _ = writeln!(
                     out,
-                    "    flagged: {n} job(s) of {class} carry `{}`: {}",
+                    "    flagged: {n} job(s) of {} carry `{}`: {}",
+                    escape(class),
                     contract.key(),
                     contract.consequence()
                 );
@@ -310,10 +328,8 @@ pub(crate) async fn run(
             .classes
             .insert(class.to_string(), ClassReport::default());
     }
-    let mut queues: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::QUEUES)
-        .query_async(conn)
-        .await?;
+    let (mut queues, skipped) = super::utf8_members(conn, keys::QUEUES).await?;
+    report.skipped_names = skipped;
     for q in &config.queues {
         if !queues.contains(&q.name) {
             queues.push(q.name.clone());

@@ -74,6 +74,53 @@ pub enum Command {
     },
 }
 
+/// The members of a set that are UTF-8 and how many are not (skipped): names in Redis are bytes, and
+/// one that is not text must not make a subcommand fail.
+pub(crate) async fn utf8_members(conn: &mut Conn, key: &str) -> Result<(Vec<String>, usize)> {
+    let all: Vec<Vec<u8>> = redis::cmd("SMEMBERS").arg(key).query_async(conn).await?;
+    let total = all.len();
+    let names: Vec<String> = all
+        .into_iter()
+        .filter_map(|m| String::from_utf8(m).ok())
+        .collect();
+    let skipped = total - names.len();
+    Ok((names, skipped))
+}
+
+/// Ruby's `String#to_i` then `clamp(0, 100)`, as `ruby/oxidekiq.rb` reads a route share: leading
+/// blanks, a sign, digits with single `_` between them; anything else ends the number (`"4.9"` is
+/// 4, `"abc"` is 0, `"300"` is 100).
+pub(crate) fn ruby_share(value: &[u8]) -> u8 {
+    let mut rest = value;
+    while let [b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r', tail @ ..] = rest {
+        rest = tail;
+    }
+    let negative = match rest {
+        [b'-', tail @ ..] => {
+            rest = tail;
+            true
+        }
+        [b'+', tail @ ..] => {
+            rest = tail;
+            false
+        }
+        _ => false,
+    };
+    let mut n: u64 = 0;
+    let mut after_digit = false;
+    for &b in rest {
+        match b {
+            b'0'..=b'9' => {
+                n = (n * 10 + u64::from(b - b'0')).min(1000);
+                after_digit = true;
+            }
+            b'_' if after_digit => after_digit = false,
+            _ => break,
+        }
+    }
+    if negative { 0 } else { n.min(100) as u8 }
+}
+
 /// Payload bytes one [`read_window`] call returns at most (plus one payload).
 pub(crate) const WINDOW_BYTES: usize = 8 * 1024 * 1024;
 

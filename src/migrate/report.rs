@@ -93,10 +93,19 @@ pub(crate) async fn read_metrics(
                 keys::metrics_minute_v7(*t)
             });
         }
-        let hashes: Vec<BTreeMap<String, u64>> = pipe.query_async(conn).await?;
+        // Bytes: a field that is not UTF-8, or a count that is not a number, is skipped.
+        let hashes: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = pipe.query_async(conn).await?;
         let mut totals: BTreeMap<String, Totals> = BTreeMap::new();
         for h in &hashes {
             for (field, n) in h {
+                let (Ok(field), Some(n)) = (
+                    std::str::from_utf8(field),
+                    std::str::from_utf8(n)
+                        .ok()
+                        .and_then(|n| n.parse::<u64>().ok()),
+                ) else {
+                    continue;
+                };
                 let Some((class, metric)) = field.rsplit_once('|') else {
                     continue;
                 };
@@ -202,7 +211,7 @@ pub(crate) async fn report(
         let _ = writeln!(
             out,
             "{:<40} {:>8} {:>10.3} {:>9} {:>9} {:>10} {:>6}",
-            class,
+            crate::logging::escape(class),
             t.processed,
             t.ms as f64 / 1000.0,
             bound(t.quantile_bound(0.5)),
@@ -227,10 +236,7 @@ async fn sample_queues(
     sample: usize,
     limit: usize,
 ) -> Result<String> {
-    let queues: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::QUEUES)
-        .query_async(conn)
-        .await?;
+    let (queues, _) = super::utf8_members(conn, keys::QUEUES).await?;
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut read = 0usize;
     let mut too_large = 0usize;
@@ -285,7 +291,7 @@ async fn sample_queues(
         let _ = writeln!(
             out,
             "{:<40} {:>8} {:>10} {:>9} {:>9} {:>10} {:>6}",
-            class,
+            crate::logging::escape(&class),
             n,
             "-",
             "-",
