@@ -579,3 +579,38 @@ fn cli_output_escapes_control_and_bidi_characters_from_redis() {
         );
     }
 }
+
+#[test]
+fn report_with_only_sidekiq_6_alive_says_its_counts_are_rust_runs_only() {
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let jobs_rb = "class LegacyJob\n  include Sidekiq::Worker\n  def perform; end\nend\n";
+    let rb = support::RubySidekiq::start(&redis.url(), jobs_rb, &["default"], 2);
+    assert!(
+        rb.wait_for_identity(&mut conn, PATIENCE).is_some(),
+        "{}",
+        rb.log()
+    );
+    let ox = support::Oxidekiq::start(&redis.url(), &["-q", "rust", "--beat-interval", "0.5"]);
+    support::ruby(
+        "3.times { |i| Sidekiq::Client.push('class' => 'HardWorker', 'args' => ['a', 1], 'queue' => 'rust') }\n\
+         2.times { Sidekiq::Client.push('class' => 'LegacyJob', 'args' => []) }",
+        &redis.url(),
+    );
+    let mut out = String::new();
+    assert!(
+        support::wait_until(PATIENCE, || {
+            out = support::run_cli(&redis.url(), &["report"]).1;
+            out.lines()
+                .any(|l| l.starts_with("HardWorker") && l.split_whitespace().nth(1) == Some("3"))
+        }),
+        "the Rust runs never showed:\n{out}\n{}",
+        ox.log()
+    );
+    let first = out.lines().next().unwrap();
+    assert!(
+        first.contains("Rust runs only") && first.contains("Ruby runs are not in these counts"),
+        "the headline says where the counts come from: {out}"
+    );
+    assert!(out.contains("jobs waiting"), "{out}");
+}

@@ -188,11 +188,38 @@ pub(crate) async fn report(
     } else if sum(&metrics.v7) > 0 {
         (&metrics.v7, "7.x")
     } else {
-        return sample_queues(conn, registry, &shares, &rust_of, sample, limit).await;
+        let lead =
+            "no Sidekiq 7.x/8.x execution metrics in the last hour (Sidekiq 6.x records none): ";
+        return sample_queues(conn, registry, &shares, &rust_of, sample, limit, lead).await;
+    };
+    // Who wrote these figures: oxidekiq writes this format too, so while the live Ruby processes
+    // are of a version that records none (6.x), the figures are oxidekiq's own runs only.
+    let survey = crate::fleet::survey(conn).await?;
+    let ruby_writes = if version == "8.x" {
+        survey.v8
+    } else {
+        survey.v7
+    };
+    let partial = survey.ruby > 0 && !ruby_writes;
+    let source = if partial {
+        format!(
+            "Sidekiq {version} execution metrics written by oxidekiq: its Rust runs only. The live Ruby \
+             processes record none (Sidekiq 6.x), so Ruby runs are not in these counts; see the jobs \
+             waiting below"
+        )
+    } else if survey.ruby == 0 {
+        format!(
+            "Sidekiq {version} execution metrics, written by oxidekiq and by Ruby Sidekiq {version} \
+             processes (none is alive now)"
+        )
+    } else {
+        format!(
+            "Sidekiq {version} execution metrics, written by the live Ruby processes and by oxidekiq"
+        )
     };
     let _ = writeln!(
         out,
-        "hottest classes by total execution time, last hour to {} (Sidekiq {version} execution metrics)",
+        "hottest classes by total execution time, last hour to {} ({source})",
         now.format("%Y-%m-%d %H:%M UTC")
     );
     let _ = writeln!(
@@ -224,6 +251,11 @@ pub(crate) async fn report(
         out,
         "p50/p95: upper bound of Sidekiq's histogram bucket (successful jobs only); TOTAL S: successful jobs"
     );
+    if partial {
+        let _ = writeln!(out);
+        let waiting = sample_queues(conn, registry, &shares, &rust_of, sample, limit, "").await?;
+        out.push_str(&waiting);
+    }
     Ok(out)
 }
 
@@ -235,6 +267,7 @@ async fn sample_queues(
     rust_of: &dyn Fn(&str) -> String,
     sample: usize,
     limit: usize,
+    lead: &str,
 ) -> Result<String> {
     let (queues, _) = super::utf8_members(conn, keys::QUEUES).await?;
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
@@ -267,8 +300,8 @@ async fn sample_queues(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "no Sidekiq 7.x/8.x execution metrics in the last hour (Sidekiq 6.x records none): classes by \
-         jobs waiting in a sample of up to {sample} per queue ({read} jobs in {} queues{}); no times",
+        "{lead}classes by jobs waiting (Ruby's and Rust's alike) in a sample of up to {sample} per queue \
+         ({read} jobs in {} queues{}); no times",
         queues.len(),
         if too_large > 0 {
             format!(", {too_large} of them too large to read")
