@@ -154,7 +154,7 @@ pub struct Cli {
     pub log_format: Option<LogFormatArg>,
 
     /// A Redis Sentinel, HOST:PORT (port 26379 by default); repeat for several (replaces the file's sentinels)
-    #[arg(global = true, long = "sentinel", value_name = "HOST:PORT", value_parser = sentinel_value)]
+    #[arg(global = true, long = "sentinel", value_name = "HOST:PORT", value_parser = SentinelValue)]
     pub sentinels: Vec<crate::sentinel::SentinelNode>,
 
     /// Name of the master the sentinels monitor [default: the host of the Redis URL, as redis-rb reads it]
@@ -181,8 +181,30 @@ pub enum LogFormatArg {
     Json,
 }
 
-fn sentinel_value(arg: &str) -> Result<crate::sentinel::SentinelNode, String> {
-    crate::sentinel::SentinelNode::parse(arg)
+/// `--sentinel` values. A parser of its own rather than a function: clap quotes a value a function
+/// refuses in its error (`invalid value 'redis://:pw@h:x'`), and a sentinel URL may hold a password;
+/// this error shows only [`crate::sentinel::SentinelNode::parse`]'s message, which redacts it.
+#[derive(Debug, Clone, Copy)]
+struct SentinelValue;
+
+impl clap::builder::TypedValueParser for SentinelValue {
+    type Value = crate::sentinel::SentinelNode;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let refuse = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '--sentinel <HOST:PORT>': {why}\n"),
+            )
+        };
+        let text = value.to_str().ok_or_else(|| refuse("not UTF-8".into()))?;
+        crate::sentinel::SentinelNode::parse(text).map_err(refuse)
+    }
 }
 
 /// `--fetch` values: the names of the strategies `src/fetch/` registers.

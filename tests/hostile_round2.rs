@@ -614,3 +614,98 @@ fn report_with_only_sidekiq_6_alive_says_its_counts_are_rust_runs_only() {
     );
     assert!(out.contains("jobs waiting"), "{out}");
 }
+
+#[test]
+fn sentinel_flags_and_sidekiq_yml_values_never_echo_a_password() {
+    let redis = support::RedisServer::start();
+    for sentinel in [
+        "redis://:S3NTPW@h:notaport",
+        "u:S3NTPW@h",
+        "rediss://u:S3NTPW@h:1/x?y",
+    ] {
+        let (code, out, err) = support::run_cli(&redis.url(), &["--sentinel", sentinel, "check"]);
+        assert_eq!(code, 2, "{sentinel}: {out}{err}");
+        assert!(!err.contains("S3NTPW") && !out.contains("S3NTPW"), "{err}");
+    }
+    let dir = support::temp_dir("yml-secret");
+    let config = dir.join("sidekiq.yml");
+    std::fs::write(&config, ":concurrency: \"redis://:YMLPW@cache:6379\"\n").unwrap();
+    let (code, out, err) =
+        support::run_cli(&redis.url(), &["-C", config.to_str().unwrap(), "check"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("concurrency"), "{err}");
+    assert!(!err.contains("YMLPW") && !out.contains("YMLPW"), "{err}");
+}
+
+#[test]
+fn ignored_redis_keys_of_sidekiq_yml_are_warned_in_the_log() {
+    let redis = support::RedisServer::start();
+    let dir = support::temp_dir("yml-keys");
+    let config = dir.join("sidekiq.yml");
+    std::fs::write(
+        &config,
+        format!(":redis:\n  :url: {}\n  :driver: hiredis\n", redis.url()),
+    )
+    .unwrap();
+    let (code, out, err) =
+        support::run_cli(&redis.url(), &["-C", config.to_str().unwrap(), "check"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("WARN: sidekiq.yml `redis:` key `driver` not used by oxidekiq"),
+        "{out}{err}"
+    );
+}
+
+#[test]
+fn a_class_name_cannot_split_a_json_line_or_fake_fields_in_a_text_line() {
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let classes = [
+        "Sep\u{2028}Next\u{85}Bidi\u{202e}Del\u{7f}",
+        "X jid=forged INFO: done",
+    ];
+    for (i, class) in classes.iter().enumerate() {
+        let payload = serde_json::json!({
+            "class": class, "args": [], "queue": "default", "jid": format!("j{i}"), "retry": 0,
+            "created_at": support::now(), "enqueued_at": support::now(),
+        });
+        let _: () = conn.lpush("queue:default", payload.to_string()).unwrap();
+    }
+    // JSON: the separators are escaped, and the line parses back to the same class.
+    let ox = support::Oxidekiq::start(&redis.url(), &["-q", "default", "--log-format", "json"]);
+    assert!(
+        support::wait_until(PATIENCE, || conn.zcard::<_, usize>("dead").unwrap() == 2),
+        "{}",
+        ox.log()
+    );
+    assert!(ox.wait_for_log("\"message\":\"fail\"", PATIENCE));
+    std::thread::sleep(Duration::from_millis(300));
+    let log = ox.log();
+    for c in ['\u{2028}', '\u{85}', '\u{202e}', '\u{7f}'] {
+        assert!(!log.contains(c), "{c:?} raw in:\n{log}");
+    }
+    let parsed: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(parsed.iter().any(|l| l["class"] == classes[0]), "{log}");
+    drop(ox);
+
+    // Text: the class with spaces and `=` is one quoted value.
+    let _: () = conn.del("dead").unwrap();
+    let payload = serde_json::json!({
+        "class": classes[1], "args": [], "queue": "default", "jid": "j2", "retry": 0,
+    });
+    let _: () = conn.lpush("queue:default", payload.to_string()).unwrap();
+    let ox = support::Oxidekiq::start(&redis.url(), &["-q", "default"]);
+    assert!(ox.wait_for_log("INFO: fail", PATIENCE), "{}", ox.log());
+    std::thread::sleep(Duration::from_millis(300));
+    let log = ox.log();
+    assert!(
+        log.contains(r#"class="X jid=forged INFO: done" jid=j2 "#),
+        "{log}"
+    );
+    assert!(!log.contains(" class=X jid=forged"), "{log}");
+}

@@ -208,11 +208,11 @@ impl FileOptions {
                                     sentinel.password =
                                         Some(secret("redis: sentinel_password", &v)?)
                                 }
-                                _ => tracing::warn!(
-                                    key = %crate::logging::escape(&k),
-                                    "sidekiq.yml `redis:` key not used by oxidekiq (give the \
-                                     password, database and TLS in the URL); ignored"
-                                ),
+                                _ => crate::logging::warn_early(format!(
+                                    "sidekiq.yml `redis:` key `{}` not used by oxidekiq (give the \
+                                     password, database and TLS in the URL); ignored",
+                                    crate::logging::escape(&k)
+                                )),
                             }
                         }
                         if sentinel_keys {
@@ -321,10 +321,10 @@ fn sentinels(value: &Yaml) -> Result<Vec<crate::sentinel::SentinelNode>, Error> 
                         ("password", _) => {
                             node.password = Some(secret("redis: sentinels: password", &v)?)
                         }
-                        _ => tracing::warn!(
-                            key = %crate::logging::escape(&k),
-                            "sidekiq.yml sentinel key not used by oxidekiq; ignored"
-                        ),
+                        _ => crate::logging::warn_early(format!(
+                            "sidekiq.yml sentinel key `{}` not used by oxidekiq; ignored",
+                            crate::logging::escape(&k)
+                        )),
                     }
                 }
                 if node.host.trim().is_empty() {
@@ -432,7 +432,15 @@ fn resolve_merge_keys(node: Yaml) -> Yaml {
 
 fn describe(value: &Yaml) -> String {
     match value {
-        Yaml::String(s) => format!("`{s}`"),
+        // A value in the wrong place may be a Redis URL with its password, or anything: redacted,
+        // escaped, and cut to a line's worth.
+        Yaml::String(s) => format!(
+            "`{}`",
+            crate::logging::escape(&crate::redact::clip(
+                &crate::redact::redact_urls_in(s),
+                crate::redact::NAME_CHARS
+            ))
+        ),
         Yaml::Integer(i) => i.to_string(),
         Yaml::Real(r) => r.clone(),
         Yaml::Boolean(b) => b.to_string(),

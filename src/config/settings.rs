@@ -310,10 +310,10 @@ impl Config {
         }
         for q in &self.queues {
             if !web_ui_routable(&q.name) {
-                tracing::warn!(
-                    queue = %q.name,
-                    "queue name has characters the Sidekiq Web UI cannot route; its page will not open"
-                );
+                crate::logging::warn_early(format!(
+                    "queue name `{}` has characters the Sidekiq Web UI cannot route; its page will not open",
+                    crate::logging::escape(&q.name)
+                ));
             }
         }
         Ok(())
