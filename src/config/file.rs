@@ -432,15 +432,9 @@ fn resolve_merge_keys(node: Yaml) -> Yaml {
 
 fn describe(value: &Yaml) -> String {
     match value {
-        // A value in the wrong place may be a Redis URL with its password, or anything: redacted,
-        // escaped, and cut to a line's worth.
-        Yaml::String(s) => format!(
-            "`{}`",
-            crate::logging::escape(&crate::redact::clip(
-                &crate::redact::redact_urls_in(s),
-                crate::redact::NAME_CHARS
-            ))
-        ),
+        // A value in the wrong place may be a Redis URL with its password: redacted. Not cut or
+        // escaped here: `hide_env_values` must still find every value ERB read in the message.
+        Yaml::String(s) => format!("`{}`", crate::redact::redact_urls_in(s)),
         Yaml::Integer(i) => i.to_string(),
         Yaml::Real(r) => r.clone(),
         Yaml::Boolean(b) => b.to_string(),
