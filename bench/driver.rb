@@ -44,8 +44,8 @@ SCHEDULE_JOBS = Integer(ENV.fetch("SCHEDULE_JOBS", JOBS.to_s))
 LATENCY_RATE = Integer(ENV.fetch("LATENCY_RATE", "5000"))
 LATENCY_SECS = Float(ENV.fetch("LATENCY_SECS", "10"))
 RUN_TIMEOUT = Float(ENV.fetch("RUN_TIMEOUT", "600"))
-# oxidekiq's runtime threads (`--threads`): 1 by default, as the README advises for a box whose other core
-# runs Redis; "cpus" leaves oxidekiq's own default (one per CPU). The drain scenario also measures "cpus".
+# oxidekiq's runtime threads (`--threads`): 1 by default, as docs/configuration.md advises for a box
+# whose other core runs Redis; "cpus" leaves oxidekiq's own default (one per CPU). The drain scenario also measures "cpus".
 THREADS = ENV.fetch("OXIDEKIQ_THREADS", "1")
 SCALE_PROCS = ENV.fetch("SCALE_PROCS", "1,2,4").split(",").map { |x| Integer(x) }
 ALL = %w[drain activejob io latency locks schedule rss scaleout quiet].freeze

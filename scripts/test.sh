@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The project's one test command: `bash scripts/test.sh`.
 #
-# 1. Installs what the tests run against, if missing (Debian/Ubuntu, as root or via sudo):
-#    redis-server (every test starts its own on a random port), ruby with ruby-sidekiq 6.4 and
-#    ruby-activejob 6.1 (tests enqueue as a Rails app would, run a real Ruby Sidekiq server beside
-#    ours and render the Sidekiq Web UI). ruby-activejob pulls in ruby-globalid.
+# 1. Installs what the tests run against, if missing (scripts/setup.sh; Debian/Ubuntu, as root or via
+#    sudo): redis-server (every test starts its own on a random port), redis-sentinel
+#    (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (tests enqueue as a Rails
+#    app would, run a real Ruby Sidekiq server beside ours and render the Sidekiq Web UI;
+#    ruby-activejob pulls in ruby-globalid) and openssl (throwaway TLS certificates).
 # 2. `cargo build --workspace`: the process-level tests run target/debug/oxidekiq, which
 #    `cargo test` alone does not build (it belongs to the `workers` crate). CARGO_TARGET_DIR is honoured.
-# 3. `cargo test --workspace`, then the payload fuzz target for FUZZ_SECONDS (30 s; 0 skips it).
+# 3. `cargo test --workspace`, then the payload fuzz target for FUZZ_SECONDS (30 s; 0 skips it),
+#    installing cargo-fuzz first if it is missing (scripts/fuzz.sh).
 #
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test fixtures`).
 set -euo pipefail

@@ -302,7 +302,7 @@ fn concurrency_value(arg: &str) -> Result<usize, String> {
     match n {
         0 => Err("must be at least 1".into()),
         n if n > config::MAX_CONCURRENCY => Err(format!(
-            "must be at most {} (see the README's security section)",
+            "must be at most {} (see docs/security.md)",
             config::MAX_CONCURRENCY
         )),
         n => Ok(n),

@@ -98,6 +98,9 @@ extern crate self as oxidekiq;
 #[cfg(test)]
 #[path = "../tests/support/mod.rs"]
 mod test_support;
+// README.md and docs/*.md, so `cargo test --doc` compiles their Rust snippets.
+#[cfg(doctest)]
+mod doc_snippets;
 
 #[doc(inline)]
 pub use cli::run;

@@ -181,8 +181,8 @@ fn done_jids(log: &str) -> Vec<String> {
 
 /// Accounts for every jid after a stop: each is either done (exactly once) or back in the queue
 /// (exactly once, byte for byte), never neither. Both (it ran, and was pushed back) is allowed for at
-/// most `max_both` jobs: a job cancelled at the deadline after its side effect (the README's "when a job
-/// can run twice"), which can only be one that was in flight, so at most the concurrency.
+/// most `max_both` jobs: a job cancelled at the deadline after its side effect (docs/guarantees.md,
+/// "When a job can run twice"), which can only be one that was in flight, so at most the concurrency.
 #[track_caller]
 fn account_for_every_job(
     what: &str,

@@ -1,4 +1,4 @@
-//! The README's "Migrating a worker" walkthrough, end to end against real Ruby Sidekiq 6.4 with the
+//! The "canary" walkthrough of docs/migration.md, end to end against real Ruby Sidekiq 6.4 with the
 //! routing middleware `ruby/oxidekiq.rb`: a Ruby `HardWorker` served by a real Sidekiq process;
 //! `check`; route 10% (about 10% run in Rust); 100%; roll back to 0% (waiting jobs moved back byte for
 //! byte); no job lost, none run twice, no `NameError` in the retry set at any step. Also: killing every

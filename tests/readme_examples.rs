@@ -1,4 +1,5 @@
-//! The README's code, compiled and run against a real Redis, so it cannot drift from the API.
+//! The registrations and client calls of docs/workers.md, run against a real Redis: the doctests
+//! (`src/doc_snippets.rs`) compile them, this checks that they do what the page says.
 mod support;
 
 use std::process::ExitCode;

@@ -170,7 +170,9 @@ pub struct RateLimit {
 
 impl RateLimit {
     /// At most `limit` starts per `period` under one fixed name (`"crm-api"`, shared by every class
-    /// that uses it); a job waits up to 5 s. A `limit` of 0 never grants: every job is rescheduled.
+    /// that uses it). Over the limit, a job waits only if the next free start comes within 5 s
+    /// ([`RateLimit::wait`]); otherwise it is rescheduled at once. A `limit` of 0 never grants: every
+    /// job is rescheduled.
     pub fn new(name: impl Into<String>, limit: u32, period: Duration) -> Self {
         RateLimit {
             name: LockKey::Fixed(name.into()),
@@ -180,7 +182,8 @@ impl RateLimit {
         }
     }
 
-    /// How long a job waits for a start, holding its worker slot, before it is rescheduled. Default
+    /// A job waits for a free start, holding its worker slot, only while that start comes within
+    /// `wait` of its first attempt; otherwise it is rescheduled at once, without waiting. Default
     /// 5 s; zero: one attempt, then reschedule.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;

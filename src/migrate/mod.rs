@@ -1,5 +1,5 @@
 //! Migrating a worker from Ruby to Rust, one class at a time, without a deploy per step and without
-//! stranding a job (README "Migrating a worker").
+//! stranding a job (docs/migration.md).
 //!
 //! - [`check`]: `oxidekiq check` decodes a sample of real payloads with each Rust worker's `Args`.
 //! - [`route`]: `oxidekiq route CLASS PERCENT` / `oxidekiq routes`, the canary read by
