@@ -30,8 +30,19 @@ use crate::redis_conn::Conn;
 /// key inside a JSON string has its quotes escaped (`\"enqueued_at\":`), so only object keys match;
 /// the last match is taken, because the client appends `enqueued_at` after `args` (`client.rb
 /// atomic_push`, Sidekiq 6.4–8.1), and a nested one can only be inside `args`. ActiveJob's own
-/// `enqueued_at` (inside `args`) is a string, which the number pattern skips.
+/// `enqueued_at` (inside `args`) is a string, which the number pattern skips. The last 16 KiB are
+/// searched first (where the key is, even after a retry's error fields): the last match there is the
+/// last of the payload, and a big payload is scanned whole only when its tail has none.
 pub(crate) const GAUGES_LUA: &str = r#"
+local function last_at(j, from)
+  local pos, at = from, false
+  while true do
+    local s, e, v = string.find(j, '"enqueued_at"%s*:%s*(%-?[%d%.eE+]+)', pos)
+    if not s then return at end
+    at = v
+    pos = e + 1
+  end
+end
 local out = {}
 for _, key in ipairs(KEYS) do
   local n = redis.pcall('LLEN', key)
@@ -40,13 +51,8 @@ for _, key in ipairs(KEYS) do
   if n > 0 then
     local j = redis.pcall('LINDEX', key, -1)
     if type(j) == 'string' then
-      local pos = 1
-      while true do
-        local s, e, v = string.find(j, '"enqueued_at"%s*:%s*(%-?[%d%.eE+]+)', pos)
-        if not s then break end
-        at = v
-        pos = e + 1
-      end
+      at = last_at(j, math.max(1, #j - 16384))
+      if not at and #j > 16384 then at = last_at(j, 1) end
     end
   end
   out[#out + 1] = n

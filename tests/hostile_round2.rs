@@ -71,19 +71,26 @@ fn metrics_scrapes_cost_redis_a_bounded_amount_whatever_the_payload_sizes() {
         ox.log()
     );
     let enqueued_at = support::now() - 100.0;
-    for n in &names {
-        // A nested `enqueued_at` inside args must not be taken for the job's own.
-        let payload = serde_json::json!({
-            "class": "NoopJob",
-            "args": [{"enqueued_at": 1.0}, "x".repeat(PAYLOAD)],
-            "queue": n,
-            "jid": format!("{n}jid"),
-            "created_at": enqueued_at,
-            "enqueued_at": enqueued_at,
-        });
-        let _: () = conn
-            .lpush(format!("queue:{n}"), payload.to_string())
-            .unwrap();
+    for (i, n) in names.iter().enumerate() {
+        // A nested `enqueued_at` inside args must not be taken for the job's own (serde_json writes
+        // the keys in order: `args` first); the last queue's job has its own first, far from its tail.
+        let payload = if i + 1 < names.len() {
+            serde_json::json!({
+                "class": "NoopJob",
+                "args": [{"enqueued_at": 1.0}, "x".repeat(PAYLOAD)],
+                "queue": n,
+                "jid": format!("{n}jid"),
+                "created_at": enqueued_at,
+                "enqueued_at": enqueued_at,
+            })
+            .to_string()
+        } else {
+            format!(
+                r#"{{"enqueued_at":{enqueued_at},"class":"NoopJob","queue":"{n}","args":["{}"]}}"#,
+                "x".repeat(PAYLOAD)
+            )
+        };
+        let _: () = conn.lpush(format!("queue:{n}"), payload).unwrap();
     }
     let mut body = String::new();
     assert!(
