@@ -483,7 +483,12 @@ impl Visit for SpanText<'_> {
             self.0.push(' ');
             self.0.push_str(value);
         } else {
-            self.record_debug(field, &value);
+            // `Debug` quotes it and escapes `"` and `\` inside: already one value.
+            self.0.push(' ');
+            let name = field.name();
+            self.0.push_str(name.strip_prefix("r#").unwrap_or(name));
+            self.0.push('=');
+            let _ = write!(self.0, "{value:?}");
         }
     }
 
@@ -994,13 +999,12 @@ mod tests {
     #[test]
     fn values_with_spaces_or_equals_are_quoted_and_json_escapes_separators() {
         let text = captured(LogFormat::Text, || {
-            let span =
-                tracing::info_span!("job", class = %"X jid=1 INFO: done", jid = %"j", queue = %"q");
+            let span = tracing::info_span!("job", class = %"X jid=1 INFO: done", jid = %"j", queue = %"q", tag = "s p");
             span.in_scope(|| tracing::warn!(error = %"a \"b\" c", plain = "p", "failed"));
         });
         assert!(
             text.contains(
-                r#"class="X jid=1 INFO: done" jid=j queue=q error="a \"b\" c" plain=p WARN: failed"#
+                r#"class="X jid=1 INFO: done" jid=j queue=q tag="s p" error="a \"b\" c" plain=p WARN: failed"#
             ),
             "{text}"
         );
