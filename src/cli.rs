@@ -59,69 +59,75 @@ Examples:
 )]
 pub struct Cli {
     /// Queue to process, with an optional weight; repeat for several (replaces the file's queues)
-    #[arg(short = 'q', long = "queue", value_name = "QUEUE[,WEIGHT]", value_parser = queue_value)]
+    #[arg(global = true, short = 'q', long = "queue", value_name = "QUEUE[,WEIGHT]", value_parser = queue_value)]
     pub queues: Vec<QueueWeight>,
 
     /// How many jobs run at once, 1 to 10000 [default: 10, or RAILS_MAX_THREADS]
-    #[arg(short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
+    #[arg(global = true, short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
     pub concurrency: Option<usize>,
 
     /// Threads that run jobs, 1 to 1024 [default: one per CPU]. One thread spends the least CPU per job, but
     /// a job that blocks its thread then also stops the heartbeat and TERM handling: only for workers
     /// that never block (blocking work in spawn_blocking)
-    #[arg(long, value_name = "INT", value_parser = threads_value)]
+    #[arg(global = true, long, value_name = "INT", value_parser = threads_value)]
     pub threads: Option<usize>,
 
     /// Seconds running jobs get to finish after TERM before they are pushed back, at most 86400 [default: 25]
-    #[arg(short = 't', long, value_name = "SECONDS", value_parser = seconds_value)]
+    #[arg(global = true, short = 't', long, value_name = "SECONDS", value_parser = seconds_value)]
     pub timeout: Option<Duration>,
 
     /// Tag shown on the Web UI's Busy page (default: the working directory's name)
-    #[arg(short = 'g', long, value_name = "TAG")]
+    #[arg(global = true, short = 'g', long, value_name = "TAG")]
     pub tag: Option<String>,
 
     /// YAML config file, Sidekiq's format (default: config/sidekiq.yml if it exists)
-    #[arg(short = 'C', long = "config", value_name = "PATH")]
+    #[arg(global = true, short = 'C', long = "config", value_name = "PATH")]
     pub config: Option<PathBuf>,
 
     /// Environment whose section of the config file applies (default: APP_ENV, RAILS_ENV, RACK_ENV or development)
-    #[arg(short = 'e', long, value_name = "ENV")]
+    #[arg(global = true, short = 'e', long, value_name = "ENV")]
     pub environment: Option<String>,
 
     /// Redis to use (default: the config file's redis_url, else redis://127.0.0.1:6379). Prefer REDIS_URL: a flag shows the password in `ps`
-    #[arg(long, value_name = "URL", env = "REDIS_URL", hide_env_values = true)]
+    #[arg(
+        global = true,
+        long,
+        value_name = "URL",
+        env = "REDIS_URL",
+        hide_env_values = true
+    )]
     pub redis_url: Option<String>,
 
     /// PEM CA bundle that a rediss:// server's certificate must chain to (default: the system's trust store)
-    #[arg(long, value_name = "PATH", env = "REDIS_CA_FILE", value_parser = path_value)]
+    #[arg(global = true, long, value_name = "PATH", env = "REDIS_CA_FILE", value_parser = path_value)]
     pub redis_ca_file: Option<PathBuf>,
 
     /// Print more verbose output (debug logging)
-    #[arg(short = 'v', long)]
+    #[arg(global = true, short = 'v', long)]
     pub verbose: bool,
 
     /// Fetch strategy: reliable keeps in-flight jobs in Redis so a crash loses none; basic is Sidekiq's BRPOP
-    #[arg(long, value_name = "MODE", value_parser = fetch_value)]
+    #[arg(global = true, long, value_name = "MODE", value_parser = fetch_value)]
     pub fetch: Option<FetchMode>,
 
     /// What happens to a job whose class has no Rust worker: retry (as Sidekiq does) or dead
-    #[arg(long, value_enum, value_name = "WHAT")]
+    #[arg(global = true, long, value_enum, value_name = "WHAT")]
     pub unknown_class: Option<UnknownClassArg>,
 
     /// Label shown on the Busy page; repeat for several (replaces the file's labels)
-    #[arg(long = "label", value_name = "LABEL")]
+    #[arg(global = true, long = "label", value_name = "LABEL")]
     pub labels: Vec<String>,
 
     /// Payloads larger than this many bytes go to the dead set undecoded
-    #[arg(long, value_name = "N")]
+    #[arg(global = true, long, value_name = "N")]
     pub max_payload_bytes: Option<usize>,
 
     /// Heartbeat interval in seconds (tests only)
-    #[arg(long, value_name = "SECONDS", hide = true, value_parser = seconds_value)]
+    #[arg(global = true, long, value_name = "SECONDS", hide = true, value_parser = seconds_value)]
     pub beat_interval: Option<Duration>,
 
     /// Average scheduled-set poll interval in seconds (tests only)
-    #[arg(long, value_name = "SECONDS", hide = true, value_parser = seconds_value)]
+    #[arg(global = true, long, value_name = "SECONDS", hide = true, value_parser = seconds_value)]
     pub poll_interval: Option<Duration>,
 
     /// Don't run sidekiq-cron's schedules (by default they run whenever Redis holds some, as a Ruby process with the gem runs them)
@@ -133,38 +139,39 @@ pub struct Cli {
     pub cron_poll_interval: Option<Duration>,
 
     /// Timestamp format written to Redis: seconds (Sidekiq ≤7), milliseconds (Sidekiq 8), or auto (follow the live processes)
-    #[arg(long, value_enum, value_name = "FORMAT")]
+    #[arg(global = true, long, value_enum, value_name = "FORMAT")]
     pub timestamps: Option<TimestampsArg>,
 
     /// Push a job whose class has no Rust worker (or that carries a Ruby-side contract) unchanged to QUEUE, which Ruby serves
-    #[arg(long, value_name = "QUEUE")]
+    #[arg(global = true, long, value_name = "QUEUE")]
     pub handoff: Option<String>,
 
     /// With --handoff: run this class's jobs in Rust even when they carry a Ruby-side contract; repeat for several
-    #[arg(long = "run-flagged", value_name = "CLASS")]
+    #[arg(global = true, long = "run-flagged", value_name = "CLASS")]
     pub run_flagged: Vec<String>,
 
     /// Migration commands (check, route, routes, report); without one, oxidekiq runs the workers
     #[command(subcommand)]
     pub command: Option<crate::migrate::Command>,
     /// Serve GET /metrics (Prometheus), /health and /ready on this address, e.g. 127.0.0.1:9394 [default: off]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(global = true, long, value_name = "ADDR")]
     pub http: Option<String>,
 
     /// Log line format: text (Sidekiq's line) or json (one object per line)
-    #[arg(long, value_enum, value_name = "FORMAT")]
+    #[arg(global = true, long, value_enum, value_name = "FORMAT")]
     pub log_format: Option<LogFormatArg>,
 
     /// A Redis Sentinel, HOST:PORT (port 26379 by default); repeat for several (replaces the file's sentinels)
-    #[arg(long = "sentinel", value_name = "HOST:PORT", value_parser = sentinel_value)]
+    #[arg(global = true, long = "sentinel", value_name = "HOST:PORT", value_parser = SentinelValue)]
     pub sentinels: Vec<crate::sentinel::SentinelNode>,
 
     /// Name of the master the sentinels monitor [default: the host of the Redis URL, as redis-rb reads it]
-    #[arg(long, value_name = "NAME")]
+    #[arg(global = true, long, value_name = "NAME")]
     pub sentinel_master: Option<String>,
 
     /// Password of the sentinels themselves (the master's is in the Redis URL). Prefer REDIS_SENTINEL_PASSWORD: a flag shows in `ps`
     #[arg(
+        global = true,
         long,
         value_name = "PASSWORD",
         env = "REDIS_SENTINEL_PASSWORD",
@@ -182,8 +189,30 @@ pub enum LogFormatArg {
     Json,
 }
 
-fn sentinel_value(arg: &str) -> Result<crate::sentinel::SentinelNode, String> {
-    crate::sentinel::SentinelNode::parse(arg)
+/// `--sentinel` values. A parser of its own rather than a function: clap quotes a value a function
+/// refuses in its error (`invalid value 'redis://:pw@h:x'`), and a sentinel URL may hold a password;
+/// this error shows only [`crate::sentinel::SentinelNode::parse`]'s message, which redacts it.
+#[derive(Debug, Clone, Copy)]
+struct SentinelValue;
+
+impl clap::builder::TypedValueParser for SentinelValue {
+    type Value = crate::sentinel::SentinelNode;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let refuse = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '--sentinel <HOST:PORT>': {why}\n"),
+            )
+        };
+        let text = value.to_str().ok_or_else(|| refuse("not UTF-8".into()))?;
+        crate::sentinel::SentinelNode::parse(text).map_err(refuse)
+    }
 }
 
 /// `--fetch` values: the names of the strategies `src/fetch/` registers.
@@ -197,12 +226,13 @@ fn fetch_value(arg: &str) -> Result<FetchMode, String> {
     })
 }
 
-/// `--unknown-class` values.
+/// `--unknown-class` values (`UnknownClass::Retry` and `UnknownClass::Dead`). The variants' own
+/// docs are `--help` text: plain words, no rustdoc links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UnknownClassArg {
-    /// [`UnknownClass::Retry`].
+    /// To the retry set, as Sidekiq does with a class it cannot find
     Retry,
-    /// [`UnknownClass::Dead`].
+    /// Straight to the dead set
     Dead,
 }
 

@@ -142,7 +142,8 @@ impl Survey {
 
 /// Reads `processes` and the `info` of each member: `SMEMBERS`, then one pipeline of `HGET`s.
 pub(crate) async fn survey(conn: &mut Conn) -> Result<Survey> {
-    let ids: Vec<String> = redis::cmd("SMEMBERS")
+    // Bytes: a member or an `info` that is not UTF-8 counts as no process, never as an error.
+    let ids: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
         .arg(keys::PROCESSES)
         .query_async(conn)
         .await?;
@@ -153,8 +154,10 @@ pub(crate) async fn survey(conn: &mut Conn) -> Result<Survey> {
     for id in &ids {
         pipe.cmd("HGET").arg(id).arg("info");
     }
-    let infos: Vec<Option<String>> = pipe.query_async(conn).await?;
-    Ok(Survey::classify(infos.iter().map(Option::as_deref)))
+    let infos: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await?;
+    Ok(Survey::classify(infos.iter().map(|i| {
+        i.as_deref().and_then(|b| std::str::from_utf8(b).ok())
+    })))
 }
 
 /// The latest survey, shared by the heartbeat (which writes it every beat) and everything that writes

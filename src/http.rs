@@ -1,8 +1,9 @@
 //! The operations endpoint (`--http ADDR`, off by default): `GET /metrics`, `GET /health`, `GET /ready`.
 //!
 //! - `/metrics`: every metric of [`crate::prom`] in the text format Prometheus scrapes
-//!   (OpenMetrics 1.0). Queue sizes and latencies, busy slots and the concurrency are read now, at
-//!   the scrape, not counted per job.
+//!   (OpenMetrics 1.0). Busy slots and the concurrency are read at the scrape; queue sizes and
+//!   latencies are read from Redis once per beat interval by one task ([`crate::queue_gauges`]) and
+//!   served from memory, so a scrape costs Redis nothing whatever the scrape rate and job sizes.
 //! - `/health` (liveness): `200 ok` whenever the runtime answers. A process that cannot answer this
 //!   is wedged and should be restarted; a Redis outage is no reason to restart it.
 //! - `/ready` (readiness): `200 ready` when Redis answers `PING` within [`REDIS_CHECK`], the last
@@ -11,7 +12,9 @@
 //!   (`redis unreachable: ...`, `heartbeat stale: ...`, `quiet`, `stopping`).
 //!
 //! HTTP/1.1 by hyper (with hyper-util's tokio glue): no parsing here. Requests are read with a
-//! header timeout, so an idle or slow client holds nothing for long. Nothing in these answers is
+//! header timeout, so an idle or slow client holds nothing for long, and at most
+//! [`MAX_CONNECTIONS`] are open at once: past that, new ones wait in the kernel's backlog, so
+//! clients of the endpoint can never take the descriptors the job side needs for Redis. Nothing in these answers is
 //! secret: class and queue names, counts, and a Redis error that names the server without its
 //! password.
 
@@ -28,12 +31,18 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 
 use crate::error::{Error, Result};
 use crate::prom::{self, Gauges};
+use crate::queue_gauges::QueueGauges;
 use crate::redis_conn::Conn;
 use crate::shutdown::ShutdownSignal;
 use crate::work_table::WorkTable;
 
 /// How long `/ready` and `/metrics` wait for Redis.
 pub(crate) const REDIS_CHECK: Duration = Duration::from_secs(2);
+
+/// Connections served at once. Scrapers and probes need a handful; the cap keeps a flood of idle
+/// clients (2 000 of them took every descriptor under `ulimit -n 1024`) from starving the Redis
+/// connections of descriptors.
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 
 /// What the endpoints read.
 #[derive(Debug, Clone)]
@@ -50,19 +59,23 @@ pub(crate) struct State {
     pub signal: ShutdownSignal,
     /// The heartbeat interval; a beat older than three of them is stale.
     pub beat_interval: Duration,
+    /// The queues' sizes and latencies, refreshed once per beat interval.
+    pub queue_gauges: Arc<QueueGauges>,
 }
 
 /// The running server; dropping it stops accepting and closes the connections it serves.
 #[derive(Debug)]
 pub(crate) struct Server {
+    /// Accepts and serves connections.
     task: tokio::task::JoinHandle<()>,
+    /// Refreshes the queue gauges.
+    refresh: tokio::task::JoinHandle<()>,
 }
-
-impl Server {}
 
 impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
+        self.refresh.abort();
     }
 }
 
@@ -76,10 +89,22 @@ pub(crate) async fn start(addr: &str, state: State) -> Result<Server> {
         .local_addr()
         .map_err(|e| Error::Config(format!("--http {addr}: {e}")))?;
     tracing::info!(addr = %local, "serving /metrics, /health and /ready");
+    let refresh = state.queue_gauges.spawn(
+        state.conn.clone(),
+        state.queues.clone(),
+        state.beat_interval,
+        REDIS_CHECK,
+    );
     let state = Arc::new(state);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
         loop {
+            // A slot before the accept: at the cap, new clients wait in the backlog and hold no
+            // descriptor of ours.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             let (stream, _) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
@@ -92,6 +117,7 @@ pub(crate) async fn start(addr: &str, state: State) -> Result<Server> {
             while connections.try_join_next().is_some() {}
             let state = state.clone();
             connections.spawn(async move {
+                let _slot = slot;
                 let service = service_fn(move |req| answer(state.clone(), req));
                 let _ = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -101,7 +127,7 @@ pub(crate) async fn start(addr: &str, state: State) -> Result<Server> {
             });
         }
     });
-    Ok(Server { task })
+    Ok(Server { task, refresh })
 }
 
 /// Starts the server when the configuration asks for one (`--http ADDR`).
@@ -121,6 +147,7 @@ pub(crate) async fn start_if(
         queues: cfg.queues.iter().map(|q| q.name.clone()).collect(),
         signal: signal.clone(),
         beat_interval: cfg.beat_interval,
+        queue_gauges: Arc::default(),
     };
     start(addr, state).await.map(Some)
 }
@@ -160,7 +187,7 @@ async fn answer(
             ),
         },
         "/metrics" => {
-            let gauges = gauges(&state).await;
+            let gauges = gauges(&state);
             match prom::metrics().encode(&gauges) {
                 Ok(body) => text(StatusCode::OK, OPENMETRICS, body),
                 Err(_) => text(
@@ -210,69 +237,11 @@ async fn readiness(state: &State) -> std::result::Result<(), String> {
     }
 }
 
-/// Busy slots, concurrency, and each served queue's size and latency (`Queue#size`, `Queue#latency`
-/// of `api.rb@v6.4.1`: now minus the oldest job's `enqueued_at`, 0 for an empty queue). Queues are
-/// left out when Redis does not answer in time: the counters are still worth scraping.
-async fn gauges(state: &State) -> Gauges {
-    let mut g = Gauges {
+/// Busy slots and concurrency now, and the queues' figures of the last refresh.
+fn gauges(state: &State) -> Gauges {
+    Gauges {
         busy: state.work.len(),
         concurrency: state.concurrency,
-        queues: Vec::new(),
-    };
-    let mut pipe = redis::pipe();
-    for q in &state.queues {
-        let key = crate::keys::queue(q);
-        pipe.cmd("LLEN").arg(&key).cmd("LINDEX").arg(&key).arg(-1);
-    }
-    let mut conn = state.conn.clone();
-    let read = pipe.query_async::<Vec<redis::Value>>(&mut conn);
-    let Ok(Ok(values)) = tokio::time::timeout(REDIS_CHECK, read).await else {
-        return g;
-    };
-    let now = crate::time::now();
-    for (q, pair) in state.queues.iter().zip(values.chunks(2)) {
-        let size = match pair.first() {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
-        };
-        let oldest = match pair.get(1) {
-            Some(redis::Value::BulkString(b)) => enqueued_at(b),
-            _ => None,
-        };
-        let latency = oldest.map_or(0.0, |t| (now - t).max(0.0));
-        g.queues.push((q.clone(), size, latency));
-    }
-    g
-}
-
-/// A payload's `enqueued_at` in epoch seconds: float seconds (Sidekiq ≤ 7) or integer milliseconds
-/// (Sidekiq 8, `Sidekiq::Job::Setter`/`client.rb@v8.1.7` write `now_in_millis`).
-fn enqueued_at(payload: &[u8]) -> Option<f64> {
-    #[derive(serde::Deserialize)]
-    struct At {
-        enqueued_at: Option<serde_json::Value>,
-    }
-    let at: At = serde_json::from_slice(payload).ok()?;
-    let v = at.enqueued_at?;
-    if let Some(ms) = v.as_u64().filter(|ms| *ms > 100_000_000_000) {
-        return Some(ms as f64 / 1000.0);
-    }
-    v.as_f64()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn enqueued_at_reads_seconds_and_milliseconds() {
-        assert_eq!(
-            super::enqueued_at(br#"{"enqueued_at":1700000000.5}"#),
-            Some(1_700_000_000.5)
-        );
-        assert_eq!(
-            super::enqueued_at(br#"{"enqueued_at":1700000000500}"#),
-            Some(1_700_000_000.5)
-        );
-        assert_eq!(super::enqueued_at(br#"{"x":1}"#), None);
-        assert_eq!(super::enqueued_at(b"not json"), None);
+        queues: state.queue_gauges.snapshot(),
     }
 }

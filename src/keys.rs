@@ -194,9 +194,10 @@ pub(crate) const HANDOFF: &str = "oxidekiq:handoff";
 /// (`SERVING_PREFIX`), so a change here must change there.
 pub(crate) const SERVING_PREFIX: &str = "oxidekiq:serving:";
 
-/// The `(<queue>_rust, class)` a [`serving`] key names; None for any other key.
+/// The `(<queue>_rust, class)` a [`serving`] key names; None for any other key. Split at the last
+/// `|`: a queue name may hold one, a Ruby class name cannot.
 pub(crate) fn split_serving(key: &str) -> Option<(&str, &str)> {
-    key.strip_prefix(SERVING_PREFIX)?.split_once('|')
+    key.strip_prefix(SERVING_PREFIX)?.rsplit_once('|')
 }
 
 /// Sidekiq 7.x per-minute metrics hash, `j|%Y%m%d|%-H:%-M` (`metrics/tracking.rb@v7.3.9` `nowmin`,

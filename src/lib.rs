@@ -97,6 +97,7 @@ pub mod middleware;
 pub(crate) mod migrate;
 pub(crate) mod processor;
 pub(crate) mod prom;
+pub(crate) mod queue_gauges;
 pub(crate) mod redact;
 pub(crate) mod redis_conn;
 pub mod registry;

@@ -265,7 +265,9 @@ impl Logger {
         line.extend(own);
         line.insert("message".into(), message);
         self.append(|out| {
+            let start = out.len();
             if serde_json::to_writer(&mut *out, &line).is_ok() {
+                escape_json_tail(out, start);
                 out.push(b'\n');
             }
         });
@@ -481,7 +483,12 @@ impl Visit for SpanText<'_> {
             self.0.push(' ');
             self.0.push_str(value);
         } else {
-            self.record_debug(field, &value);
+            // `Debug` quotes it and escapes `"` and `\` inside: already one value.
+            self.0.push(' ');
+            let name = field.name();
+            self.0.push_str(name.strip_prefix("r#").unwrap_or(name));
+            self.0.push('=');
+            let _ = write!(self.0, "{value:?}");
         }
     }
 
@@ -492,8 +499,34 @@ impl Visit for SpanText<'_> {
             self.0.push_str(name.strip_prefix("r#").unwrap_or(name));
             self.0.push('=');
         }
+        let start = self.0.len();
         let _ = write!(self.0, "{value:?}");
+        if name != "message" {
+            quote_tail(self.0, start);
+        }
     }
+}
+
+/// Quotes the value `out` holds from `start` when it has a space, `=` or `"` in it, with `"` and `\`
+/// escaped inside: a class named `X jid=1 INFO: done` would otherwise read as fields of its own.
+/// Plain values (`HardWorker`, `0.007`) stay bare, as Sidekiq prints them.
+fn quote_tail(out: &mut String, start: usize) {
+    let Some(value) = out.get(start..) else {
+        return;
+    };
+    if !value.contains([' ', '=', '"']) {
+        return;
+    }
+    let value = value.to_string();
+    out.truncate(start);
+    out.push('"');
+    for c in value.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
 }
 
 /// A span's fields for JSON lines (see [`JsonVisitor`] for the values).
@@ -543,7 +576,9 @@ impl Visit for Fields {
             self.rest.push(' ');
             self.rest.push_str(field.name());
             self.rest.push('=');
+            let start = self.rest.len();
             self.rest.push_str(value);
+            quote_tail(&mut self.rest, start);
         }
     }
 
@@ -554,7 +589,9 @@ impl Visit for Fields {
             self.rest.push(' ');
             self.rest.push_str(field.name());
             self.rest.push('=');
+            let start = self.rest.len();
             let _ = write!(self.rest, "{value:?}");
+            quote_tail(&mut self.rest, start);
         }
     }
 }
@@ -697,6 +734,36 @@ fn printable_ascii(bytes: &[u8]) -> bool {
     words.remainder().iter().all(|b| (0x20..0x7f).contains(b))
 }
 
+/// Rewrites the JSON that `out` holds from `start` with every character of [`needs_escape`] that
+/// serde_json leaves raw (DEL, the C1 controls such as U+0085, the line and paragraph separators,
+/// the bidirectional overrides) as a `\uXXXX` escape. serde_json escapes only what JSON requires,
+/// and a viewer may break a line at U+2028 or reorder it at U+202E. Such a character can only be
+/// inside a string of the line (everything else serde_json writes is ASCII), so the escape is valid
+/// JSON for the same text. Lines of printable ASCII are left as they are after one scan.
+fn escape_json_tail(out: &mut Vec<u8>, start: usize) {
+    let Some(tail) = out.get(start..) else {
+        return;
+    };
+    if !tail.iter().any(|b| *b >= 0x7f) {
+        return;
+    }
+    let Ok(text) = std::str::from_utf8(tail).map(str::to_owned) else {
+        return;
+    };
+    out.truncate(start);
+    let mut buf = [0u16; 2];
+    for c in text.chars() {
+        if needs_escape(c) {
+            for unit in c.encode_utf16(&mut buf) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            let mut b = [0u8; 4];
+            out.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+        }
+    }
+}
+
 /// `s` with control characters escaped (see [`write_escaped`]), for text written outside the logger.
 pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -729,8 +796,34 @@ pub(crate) fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
         tracing::subscriber::set_global_default(Logger::new(level, format, sink.clone()));
     if installed.is_ok() {
         install_panic_hook();
+        let early = EARLY.lock().map(|mut e| std::mem::take(&mut *e));
+        for message in early.unwrap_or_default() {
+            tracing::warn!("{message}");
+        }
     }
     LogGuard { sink }
+}
+
+/// Warnings raised before the logger is installed (reading flags and `sidekiq.yml` comes first, since
+/// they choose the log format), written as the first lines once it is: a warning about an ignored key
+/// must not vanish. At most [`EARLY_MAX`] are kept.
+static EARLY: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Warnings kept for the logger at most.
+const EARLY_MAX: usize = 100;
+
+/// Logs `message` at warning level now if a logger is installed, else as soon as one is
+/// ([`init_with`]).
+pub(crate) fn warn_early(message: String) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::warn!("{message}");
+        return;
+    }
+    if let Ok(mut early) = EARLY.lock()
+        && early.len() < EARLY_MAX
+    {
+        early.push(message);
+    }
 }
 
 /// Routes panic messages through the logger instead of the default hook's raw `eprintln`: a panic
@@ -887,19 +980,44 @@ mod tests {
             assert!(rest.starts_with(&prefix), "{line}");
         }
         let after_tid = |l: &str| l.splitn(4, ' ').nth(3).unwrap().to_string();
+        // A value with a space, `=` or `"` is quoted: it cannot read as fields of its own.
         assert_eq!(
             after_tid(lines[0]),
-            "class=Evil\\nINFO: forged jid=abc queue=q INFO: start"
+            "class=\"Evil\\nINFO: forged\" jid=abc queue=q INFO: start"
         );
         assert_eq!(
             after_tid(lines[1]),
-            "class=Evil\\nINFO: forged jid=abc queue=q elapsed=0.007 INFO: done"
+            "class=\"Evil\\nINFO: forged\" jid=abc queue=q elapsed=0.007 INFO: done"
         );
         assert_eq!(
             after_tid(lines[2]),
             "count=3 name=x WARN: outside\\u{1b}[31m"
         );
         assert_eq!(after_tid(lines[3]), "class=B jid=j2 queue=q INFO: start");
+    }
+
+    #[test]
+    fn values_with_spaces_or_equals_are_quoted_and_json_escapes_separators() {
+        let text = captured(LogFormat::Text, || {
+            let span = tracing::info_span!("job", class = %"X jid=1 INFO: done", jid = %"j", queue = %"q", tag = "s p");
+            span.in_scope(|| tracing::warn!(error = %"a \"b\" c", plain = "p", "failed"));
+        });
+        assert!(
+            text.contains(
+                r#"class="X jid=1 INFO: done" jid=j queue=q tag="s p" error="a \"b\" c" plain=p WARN: failed"#
+            ),
+            "{text}"
+        );
+        let class = "L\u{2028}N\u{85}B\u{202e}R\u{7f}";
+        let json = captured(LogFormat::Json, || {
+            let span = tracing::info_span!("job", class = %class, jid = %"j", queue = %"q");
+            span.in_scope(|| tracing::info!("start"));
+        });
+        for c in ['\u{2028}', '\u{85}', '\u{202e}', '\u{7f}'] {
+            assert!(!json.contains(c), "{json}");
+        }
+        let line: Value = serde_json::from_str(json.trim()).unwrap();
+        assert_eq!(line["class"], class, "the same text, escaped");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! So a retry after a lost reply writes nothing twice, and a write cut off by the shutdown deadline after
 //! Redis ran it leaves nothing for the push-back, which moves only entries still there.
 
+use crate::redact::{NAME_CHARS, clip};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,10 +138,11 @@ impl Processor {
                 unit.share_raw(raw.clone());
                 let entry = self.work.insert(unit);
                 run.entered(entry, &raw);
+                // Clipped: a made-up class or jid can be megabytes, and it is on every line of the job.
                 let span = tracing::info_span!(
                     "job",
-                    class = %job.worker_class(),
-                    jid = %job.jid(),
+                    class = %clip(job.worker_class(), NAME_CHARS),
+                    jid = %clip(job.jid(), NAME_CHARS),
                     queue = %queue,
                 );
                 if !self
@@ -232,11 +234,17 @@ impl Processor {
         job: Arc<Job>,
         queue: Arc<str>,
         entry: Option<&crate::registry::Entry>,
-        error: JobError,
+        mut error: JobError,
         elapsed: f64,
         after: AfterFate,
         state: &RunState,
     ) -> bool {
+        // Every text of the error is logged below or stored by the retry (the Web UI shows it): a
+        // Redis URL's password in it is hidden, by the one rule the panic hook and `retry` apply too.
+        error.message = crate::redact::redact_urls_in(&error.message);
+        for line in &mut error.backtrace {
+            *line = crate::redact::redact_urls_in(line);
+        }
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -312,7 +320,8 @@ impl Processor {
             .map(Arc::new);
         let span = match &job {
             Some(j) => {
-                tracing::error_span!("job", class = %j.worker_class(), jid = %j.jid(), queue = %queue)
+                tracing::error_span!("job", class = %clip(j.worker_class(), NAME_CHARS),
+                    jid = %clip(j.jid(), NAME_CHARS), queue = %queue)
             }
             None => tracing::error_span!("job", queue = %queue),
         };
@@ -569,11 +578,13 @@ pub(crate) async fn catch_unwind<F: std::future::Future>(
 }
 
 /// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).
+/// The panic's message, with any Redis URL's password hidden: it is logged (`job panicked`) and
+/// becomes the job's `error_message`.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
+        crate::redact::redact_urls_in(s)
     } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
+        crate::redact::redact_urls_in(s)
     } else {
         "a panic with a non-text payload".to_string()
     }

@@ -12,8 +12,9 @@
 //! atomic adds for the processed and failed counters and the duration histogram, whose buckets are
 //! atomics too (prometheus-client's own histogram takes a mutex per observation).
 //!
-//! Queue sizes and latency, busy slots and the concurrency are not counted per job: they are read
-//! when `/metrics` is scraped ([`Gauges`]).
+//! Queue sizes and latency, busy slots and the concurrency are not counted per job ([`Gauges`]):
+//! busy slots and the concurrency are read at the scrape, the queues once per beat interval (by the
+//! queue gauges task of the operations layer, which stores them here).
 //!
 //! The registry sits in the support layer at the bottom of the ladder (docs/layout.md): it uses only
 //! [`crate::error`], so every layer that counts something reaches down to it, never up.

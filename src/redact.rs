@@ -1,9 +1,16 @@
-//! Secrets kept out of logs and errors: the passwords of Redis URLs ([`redact_url`], and every URL in
-//! free text, [`redact_urls_in`]) and the quoted values of serde's messages ([`redact_values`]), which
-//! may be a job's arguments.
+//! What we print or store of text that is secret or untrusted: Redis URLs with their passwords
+//! hidden, and names from payloads clipped to a bounded length.
 //!
-//! A support module at the bottom of the ladder (docs/layout.md): it uses nothing of the crate, so the
-//! connection, Sentinel, the config, logging and the registry's argument errors can all call it.
+//! - [`redact_url`] / [`redact_urls_in`]: a Redis URL's password (and secret query parameters)
+//!   replaced by `REDACTED`, in a URL or anywhere in free text (error and panic messages).
+//! - [`redact_values`]: the quoted values of serde's messages blanked (they may be a job's
+//!   arguments).
+//! - [`clip`]: a name from a payload cut to a bounded length for log lines.
+//!
+//! Layer: support (beside `logging`'s formatting); depends on nothing internal, so every layer above
+//! applies the same rules.
+
+use std::borrow::Cow;
 
 /// Query parameters whose value is a secret: redis-rs reads `pass` for `redis+unix://` and `unix://`
 /// URLs; `password` and the others are what people write by analogy, and hiding them costs nothing.
@@ -44,15 +51,52 @@ pub(crate) fn redact_url(url: &str) -> String {
     format!("{scheme}{user}{}", redact_query(rest))
 }
 
-/// `text` with every word that may be a Redis URL (it holds `://` or `@`) passed through
-/// [`redact_url`]: for free text such as a panic message, where a URL could appear anywhere.
+/// `text` with the password of every Redis URL in it hidden, for free text such as a panic or job
+/// error message, where a URL can appear anywhere: one rule for every error text we store
+/// (`error_message`) or print.
+///
+/// A URL runs from its scheme (`redis://`, `rediss://`, `unix://`, ...) to the end of its line or
+/// the next URL, and goes through [`redact_url`] whole: a password may hold spaces
+/// (`redis://:my pw@h`), so the user part ends at the last `@` of that stretch, never at a space.
+/// That can hide more than the password (text up to an e-mail address later on the line), never
+/// less. Outside URLs, a word holding `@` is taken for a URL without a scheme (`user:pw@host`).
 pub(crate) fn redact_urls_in(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let mut rest = line;
+        while let Some(start) = url_start(rest) {
+            redact_words(&rest[..start], &mut out);
+            let url = &rest[start..];
+            let end = url_start(&url[3..]).map_or(url.len(), |n| n + 3);
+            let (url, newline) = match url[..end].strip_suffix('\n') {
+                Some(u) => (u, "\n"),
+                None => (&url[..end], ""),
+            };
+            out.push_str(&redact_url(url));
+            out.push_str(newline);
+            rest = &rest[start + end..];
+        }
+        redact_words(rest, &mut out);
+    }
+    out
+}
+
+/// Where the first URL of `text` starts: the scheme before its first `://`.
+fn url_start(text: &str) -> Option<usize> {
+    let sep = text.find("://")?;
+    let scheme = text[..sep]
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .map_or(0, |i| i + 1);
+    Some(scheme)
+}
+
+/// Appends `text` (with no URL scheme in it), each word holding `@` through [`redact_url`].
+fn redact_words(text: &str, out: &mut String) {
     let mut rest = text;
     while !rest.is_empty() {
         let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
         let word = &rest[..end];
-        if word.contains("://") || word.contains('@') {
+        if word.contains('@') {
             out.push_str(&redact_url(word));
         } else {
             out.push_str(word);
@@ -63,7 +107,6 @@ pub(crate) fn redact_urls_in(text: &str) -> String {
         out.push_str(&rest[end..spaces]);
         rest = &rest[spaces..];
     }
-    out
 }
 
 /// Where the first `?name=` or `&name=` with a name of [`SECRET_PARAMS`] starts.
@@ -111,6 +154,21 @@ fn redact_query(rest: &str) -> String {
     out
 }
 
+/// How much of a name from a payload (a class, a jid) a log line shows.
+pub(crate) const NAME_CHARS: usize = 200;
+
+/// `s` cut to at most `max` characters, with `…(N bytes)` saying how long it was: a class name or a
+/// jid from a payload can be megabytes, and a log line or a remembered set must not be.
+pub(crate) fn clip(s: &str, max: usize) -> Cow<'_, str> {
+    if s.len() <= max {
+        return Cow::Borrowed(s);
+    }
+    match s.char_indices().nth(max) {
+        Some((i, _)) => Cow::Owned(format!("{}…({} bytes)", &s[..i], s.len())),
+        None => Cow::Borrowed(s),
+    }
+}
+
 /// serde's message with the quoted values blanked (`invalid type: string "…", expected u64`): error
 /// messages are logged, and job arguments must not be.
 pub fn redact_values(message: &str) -> String {
@@ -141,6 +199,38 @@ pub fn redact_values(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_with_spaces_in_free_text_is_hidden_whole() {
+        for (text, pw) in [
+            ("boom: redis://:my PANIC3@h:1/0 failed", "PANIC3"),
+            ("x redis://u:a b c@h and rediss://v:d e@h2", "b c"),
+            (
+                "pool(redis://u:s3cr3t@h)\nnext unix:///s?pass=two words",
+                "two",
+            ),
+            ("plain u:s3cr3t@h:6379", "s3cr3t"),
+        ] {
+            let got = redact_urls_in(text);
+            assert!(!got.contains(pw), "{got}");
+            assert!(got.contains("REDACTED"), "{got}");
+        }
+        assert_eq!(
+            redact_urls_in("boom: redis://:my PANIC3@h:1/0 failed\nsecond line"),
+            "boom: redis://:REDACTED@h:1/0 failed\nsecond line"
+        );
+        assert_eq!(
+            redact_urls_in("x redis://u:a b c@h and rediss://v:d e@h2"),
+            "x redis://u:REDACTED@h and rediss://v:REDACTED@h2"
+        );
+        assert_eq!(redact_urls_in("no url: h:1/0"), "no url: h:1/0");
+    }
+    #[test]
+    fn clip_keeps_short_text_and_says_how_long_the_long_was() {
+        assert_eq!(super::clip("abc", 3), "abc");
+        assert_eq!(super::clip("abcd", 3), "abc…(4 bytes)");
+        assert_eq!(super::clip("ééé", 2), "éé…(6 bytes)");
+    }
 
     #[test]
     fn passwords_never_appear_in_a_redacted_url() {

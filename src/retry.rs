@@ -229,7 +229,11 @@ pub(crate) fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
     msg.insert("queue".into(), Value::String(retry_queue));
     msg.insert(
         "error_message".into(),
-        Value::String(cut_chars(&f.error.message, MAX_ERROR_MESSAGE)),
+        // The Web UI shows it: a Redis URL's password in a message is hidden, as in every log line.
+        Value::String(cut_chars(
+            &crate::redact::redact_urls_in(&f.error.message),
+            MAX_ERROR_MESSAGE,
+        )),
     );
     msg.insert("error_class".into(), Value::String(f.error.class.clone()));
     let now_v = f.time_format.value(f.now);

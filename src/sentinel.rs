@@ -133,14 +133,23 @@ impl SentinelNode {
                     .parse::<u16>()
                     .ok()
                     .filter(|p| *p > 0)
-                    .ok_or_else(|| format!("sentinel {s}: `{p}` is not a port"))?;
+                    // Named without the text: `user:pw@host` without a scheme ends in `pw@host`.
+                    .ok_or_else(|| {
+                        format!(
+                            "sentinel {}: what follows the last `:` is not a port",
+                            crate::redact::redact_url(s)
+                        )
+                    })?;
                 (h, port)
             }
             _ => (s, DEFAULT_PORT),
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
-            return Err(format!("sentinel `{s}`: no host"));
+            return Err(format!(
+                "sentinel `{}`: no host",
+                crate::redact::redact_url(s)
+            ));
         }
         Ok(SentinelNode {
             host: host.to_string(),

@@ -224,14 +224,23 @@ fn erb_env_lookups_are_evaluated_before_yaml() {
 
 #[test]
 fn an_unset_variable_without_default_names_the_variable_and_line() {
+    // `ENV.fetch` without a default raises in Ruby: an error naming it.
     let e = yaml(
-        ":concurrency: 5\n:tag: <%= ENV[\"OXT_UNSET_B\"] %>\n",
+        ":concurrency: 5\n:tag: <%= ENV.fetch(\"OXT_UNSET_B\") %>\n",
         "x",
         &[],
     )
     .unwrap_err();
     let m = e.to_string();
     assert!(m.contains("OXT_UNSET_B") && m.contains("line 2"), "{m}");
+    // `ENV["X"]` is nil in Ruby, which ERB prints as nothing (issue 27 item 11).
+    let c = yaml(
+        ":concurrency: 5\n:tag: \"t<%= ENV[\"OXT_UNSET_B\"] %>\"\n",
+        "x",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.tag.as_deref(), Some("t"));
 }
 
 #[test]

@@ -112,7 +112,8 @@ async fn a_release_that_redis_refuses_is_logged_with_the_job_and_its_key_and_the
     let keys = lock_keys(&mut c);
     assert_eq!(keys.len(), 1, "the refused lock stays until its TTL");
     assert!(line.contains(&format!(" lock={} ", keys[0])), "{line}");
-    assert!(line.contains(" error=redis: "), "{line}");
+    // Quoted: the error text has spaces.
+    assert!(line.contains(" error=\"redis: "), "{line}");
     assert!(line.contains(" WARN: "), "{line}");
     // The job is done, not failed: no retry, no failure counted.
     assert!(

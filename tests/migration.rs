@@ -8,7 +8,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use std::time::Duration;
 
 use support::{Oxidekiq, RedisServer, RubySidekiq, ruby, wait_until};
@@ -52,17 +51,10 @@ end
     jids
 }
 
-/// Runs `oxidekiq args...` to completion; (exit code, stdout).
+/// Runs `oxidekiq args...` to completion; (exit code, stdout and stderr).
 fn oxidekiq(url: &str, args: &[&str]) -> (i32, String) {
-    let out = Command::new(Oxidekiq::binary())
-        .args(args)
-        .env("REDIS_URL", url)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-    )
+    let (code, out, err) = support::run_cli(url, args);
+    (code, out + &err)
 }
 
 fn route(url: &str, class: &str, percent: u32) -> String {

@@ -97,20 +97,15 @@ pub(super) fn render_collecting(
     Ok(out)
 }
 
+/// The tag's code as written (its spaces kept, so the message quotes the tag exactly), cut to 60
+/// characters.
 fn shorten(s: &str) -> String {
-    let s = s.trim_end();
     if s.chars().count() > 60 {
         let cut: String = s.chars().take(57).collect();
         format!("{cut}...")
     } else {
         s.to_string()
     }
-}
-
-fn unset(name: &str) -> String {
-    format!(
-        "environment variable {name} is not set and has no default (ENV.fetch(\"{name}\", default) gives one)"
-    )
 }
 
 /// What `<%= %>` prints: `to_s` of the value.
@@ -143,10 +138,8 @@ fn eval(e: &Expr, env: Env<'_>) -> Result<Val, String> {
     }
 }
 
+/// `nil` (an unset `ENV["X"]`) behaves as in Ruby: `to_s` is `""`, `to_i` is 0, `to_f` is 0.0.
 fn call(v: Val, m: Method) -> Result<Val, String> {
-    if let Val::Nil(Some(name)) = &v {
-        return Err(unset(name));
-    }
     Ok(match (m, v) {
         (Method::ToI, Val::Str(s)) => Val::Int(ruby_to_i(&s)?),
         (Method::ToI, Val::Int(i)) => Val::Int(i),
@@ -550,16 +543,20 @@ mod tests {
     }
 
     #[test]
-    fn an_unset_variable_without_default_is_an_error_naming_it_and_its_line() {
-        for code in [
-            r#"ENV["MISSING_X"]"#,
-            r#"ENV.fetch("MISSING_X")"#,
-            r#"ENV["MISSING_X"].to_i"#,
-        ] {
-            let e = with(&[], &format!("a: 1\nb: <%= {code} %>\n")).unwrap_err();
-            assert!(e.starts_with("line 2:"), "{e}");
-            assert!(e.contains("MISSING_X"), "{e}");
-        }
+    fn an_unset_variable_is_nil_as_in_ruby_and_a_fetch_without_default_an_error() {
+        assert_eq!(
+            with(&[], r#"a: "<%= ENV["MISSING_X"] %>""#).unwrap(),
+            r#"a: """#
+        );
+        assert_eq!(with(&[], r#"<%= ENV["MISSING_X"].to_i %>"#).unwrap(), "0");
+        assert_eq!(with(&[], r#"<%= ENV["MISSING_X"].to_f %>"#).unwrap(), "0.0");
+        let e = with(&[], "a: 1\nb: <%= ENV.fetch(\"MISSING_X\") %>\n").unwrap_err();
+        assert!(e.starts_with("line 2:"), "{e}");
+        assert!(e.contains("MISSING_X"), "{e}");
+        assert!(
+            e.contains(r#"`<%= ENV.fetch("MISSING_X") %>`"#),
+            "the tag as written: {e}"
+        );
     }
 
     #[test]

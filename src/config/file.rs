@@ -214,11 +214,11 @@ impl FileOptions {
                                     sentinel.password =
                                         Some(secret("redis: sentinel_password", &v)?)
                                 }
-                                _ => tracing::warn!(
-                                    key = %crate::logging::escape(&k),
-                                    "sidekiq.yml `redis:` key not used by oxidekiq (give the \
-                                     password, database and TLS in the URL); ignored"
-                                ),
+                                _ => crate::logging::warn_early(format!(
+                                    "sidekiq.yml `redis:` key `{}` not used by oxidekiq (give the \
+                                     password, database and TLS in the URL); ignored",
+                                    crate::logging::escape(&k)
+                                )),
                             }
                         }
                         if sentinel_keys {
@@ -359,10 +359,10 @@ fn sentinels(value: &Yaml) -> Result<Vec<crate::sentinel::SentinelNode>, Error> 
                         ("password", _) => {
                             node.password = Some(secret("redis: sentinels: password", &v)?)
                         }
-                        _ => tracing::warn!(
-                            key = %crate::logging::escape(&k),
-                            "sidekiq.yml sentinel key not used by oxidekiq; ignored"
-                        ),
+                        _ => crate::logging::warn_early(format!(
+                            "sidekiq.yml sentinel key `{}` not used by oxidekiq; ignored",
+                            crate::logging::escape(&k)
+                        )),
                     }
                 }
                 if node.host.trim().is_empty() {
@@ -484,7 +484,9 @@ fn resolve_merge_keys(node: Yaml) -> Yaml {
 
 fn describe(value: &Yaml) -> String {
     match value {
-        Yaml::String(s) => format!("`{s}`"),
+        // A value in the wrong place may be a Redis URL with its password: redacted. Not cut or
+        // escaped here: `hide_env_values` must still find every value ERB read in the message.
+        Yaml::String(s) => format!("`{}`", crate::redact::redact_urls_in(s)),
         Yaml::Integer(i) => i.to_string(),
         Yaml::Real(r) => r.clone(),
         Yaml::Boolean(b) => b.to_string(),

@@ -8,9 +8,8 @@
 //! 1. ERB first. Only environment lookups are evaluated (`<%= ENV["X"] %>`, `ENV.fetch("X", 5)`,
 //!    `ENV.fetch("X") { 5 }`, `ENV["X"] || 5`, optionally followed by `.to_i`, `.to_f` or `.to_s`);
 //!    anything else, such as `<%= Rails.env %>` or `<% if ... %>`, is an error naming its line, since
-//!    there is no Ruby here to run it. Unlike Ruby, which prints a missing variable as an empty string,
-//!    a variable that is not set and has no default is an error naming it: an empty value almost always
-//!    means a forgotten variable.
+//!    there is no Ruby here to run it. As in Ruby, an unset `ENV["X"]` is `nil` (printed as an empty
+//!    string, `0` with `.to_i`); `ENV.fetch("X")` without a default is an error naming it.
 //! 2. YAML, with keys written either way (`:concurrency: 5` or `concurrency: 5`), anchors, aliases and
 //!    `<<` merge keys, as Psych accepts them.
 //! 3. The section named after the environment (`production:`, picked by `-e`, else `APP_ENV`,

@@ -295,6 +295,14 @@ impl Config {
             return Err(Error::Config("no queue to fetch from".into()));
         }
         check_queue_list(&self.queues)?;
+        if let Some(q) = &self.handoff
+            && self.queues.iter().any(|served| &served.name == q)
+        {
+            // Each hand-off would be fetched back by this very process and handed off again, forever.
+            return Err(Error::Config(format!(
+                "--handoff {q}: this process serves `{q}` itself; hand off to a queue only Ruby serves"
+            )));
+        }
         if self.max_payload_bytes == 0 {
             return Err(Error::Config(
                 "max payload bytes: 0 is not a valid value, it must be at least 1".into(),
@@ -312,10 +320,10 @@ impl Config {
         }
         for q in &self.queues {
             if !web_ui_routable(&q.name) {
-                tracing::warn!(
-                    queue = %q.name,
-                    "queue name has characters the Sidekiq Web UI cannot route; its page will not open"
-                );
+                crate::logging::warn_early(format!(
+                    "queue name `{}` has characters the Sidekiq Web UI cannot route; its page will not open",
+                    crate::logging::escape(&q.name)
+                ));
             }
         }
         Ok(())

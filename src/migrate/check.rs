@@ -1,8 +1,8 @@
 //! `oxidekiq check`: does what Rails really enqueues fit each Rust worker's `Args` type?
 //!
 //! Samples payloads of every registered class from the queues (every name in `queues`, plus the
-//! configured ones), the `retry`, `schedule` and `dead` sets, reading with `LRANGE`/`ZRANGE` only, so
-//! nothing is taken. Each sampled payload is decoded as the worker would decode it (ActiveJob
+//! configured ones), the `retry`, `schedule` and `dead` sets, reading with `LRANGE`/`ZRANGE` only
+//! (through [`super::read_window`], a bounded number of bytes at a time), so nothing is taken. Each sampled payload is decoded as the worker would decode it (ActiveJob
 //! arguments unwrapped first, as the processor does) and a failure is reported by its field path and
 //! the JSON type found there, never by value: check output ends up in CI logs and tickets.
 //!
@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::job::Job;
 use crate::keys;
+use crate::logging::escape;
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
 use crate::registry::args_check::Mismatch;
@@ -123,6 +124,8 @@ pub(crate) struct CheckReport {
     pub scanned: usize,
     /// Where they were read from.
     pub sources: Vec<String>,
+    /// Members of `queues` skipped because they are not UTF-8 (no queue oxidekiq could serve).
+    pub skipped_names: usize,
 }
 
 impl CheckReport {
@@ -134,12 +137,21 @@ impl CheckReport {
     /// The printed report.
     pub(crate) fn render(&self) -> String {
         let mut out = String::new();
+        // Names and mismatches come from Redis and payloads: escaped as log lines are.
+        let sources: Vec<String> = self.sources.iter().map(|s| escape(s)).collect();
         let _ = writeln!(
             out,
             "oxidekiq check: {} payloads read from {}",
             self.scanned,
-            self.sources.join(", ")
+            sources.join(", ")
         );
+        if self.skipped_names > 0 {
+            let _ = writeln!(
+                out,
+                "skipped {} member(s) of `queues` that are not UTF-8",
+                self.skipped_names
+            );
+        }
         let _ = writeln!(
             out,
             "{:<40} {:>8} {:>8} {:>8}",
@@ -149,13 +161,18 @@ impl CheckReport {
             let _ = writeln!(
                 out,
                 "{:<40} {:>8} {:>8} {:>8}",
-                class,
+                escape(class),
                 c.sampled,
                 c.decoded,
                 c.failed()
             );
             for (m, (n, source)) in c.failures.iter().take(3) {
-                let _ = writeln!(out, "    does not fit ({n}x, first in {source}): {m}");
+                let _ = writeln!(
+                    out,
+                    "    does not fit ({n}x, first in {}): {}",
+                    escape(source),
+                    escape(&m.to_string())
+                );
             }
             if c.failures.len() > 3 {
                 let _ = writeln!(out, "    … {} more kinds of mismatch", c.failures.len() - 3);
@@ -163,7 +180,8 @@ impl CheckReport {
             for (contract, n) in &c.contracts {
                 let _ = writeln!(
                     out,
-                    "    flagged: {n} job(s) of {class} carry `{}`: {}",
+                    "    flagged: {n} job(s) of {} carry `{}`: {}",
+                    escape(class),
                     contract.key(),
                     contract.consequence()
                 );
@@ -212,10 +230,8 @@ pub(crate) async fn run(
             .classes
             .insert(class.to_string(), ClassReport::default());
     }
-    let mut queues: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::QUEUES)
-        .query_async(conn)
-        .await?;
+    let (mut queues, skipped) = super::utf8_members(conn, keys::QUEUES).await?;
+    report.skipped_names = skipped;
     for q in &config.queues {
         if !queues.contains(&q.name) {
             queues.push(q.name.clone());
@@ -233,17 +249,17 @@ pub(crate) async fn run(
             if report.classes.values().all(|c| c.sampled >= limits.sample) {
                 break;
             }
-            let stop = (start + CHUNK).min(limits.scan) - 1;
-            let cmd = if is_list { "LRANGE" } else { "ZRANGE" };
-            let items: Vec<Vec<u8>> = redis::cmd(cmd)
-                .arg(&key)
-                .arg(start)
-                .arg(stop)
-                .query_async(conn)
-                .await?;
+            let want = CHUNK.min(limits.scan - start);
+            let items =
+                super::read_window(conn, &key, is_list, start, want, config.max_payload_bytes)
+                    .await?;
             let n = items.len();
-            for raw in items {
+            for member in items {
                 report.scanned += 1;
+                // Over --max-payload-bytes (not sent): the worker would not decode it either.
+                let super::Member::Bytes(raw) = member else {
+                    continue;
+                };
                 let Ok(job) = Job::parse(raw, config.max_payload_bytes) else {
                     continue;
                 };
@@ -267,10 +283,10 @@ pub(crate) async fn run(
                     *c.contracts.entry(contract).or_default() += 1;
                 }
             }
-            if n < CHUNK {
+            if n == 0 {
                 break;
             }
-            start += CHUNK;
+            start += n;
         }
     }
     Ok(report)

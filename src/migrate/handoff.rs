@@ -9,6 +9,11 @@
 //! or the shutdown's push-back never makes a second copy. With basic fetch a crash or a lost reply may
 //! still run it twice (Ruby, and the hand-off again), never lose it. Each class is logged once.
 //! Without `--handoff`, unknown classes keep Sidekiq's path (the retry set).
+//!
+//! Class names come from payloads, so what is remembered and counted per class is bounded as the
+//! Prometheus labels are ([`crate::prom::MAX_CLASSES`] classes of up to
+//! [`crate::prom::MAX_CLASS_LEN`] bytes): further classes, and longer names, are logged once and
+//! counted together under `(other)`, and a name is clipped in every log line.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -18,6 +23,7 @@ use crate::config::Config;
 use crate::job::Job;
 use crate::keys;
 use crate::migrate::check::Contract;
+use crate::prom::{MAX_CLASS_LEN, MAX_CLASSES, OTHER_CLASS};
 use crate::redis_conn::Conn;
 use crate::registry::{Entry, Registry};
 use crate::retry::{self, Token};
@@ -30,7 +36,7 @@ pub(crate) struct Handoff {
     pub queue: String,
     /// Classes whose flagged jobs still run in Rust.
     pub run_flagged: HashSet<String>,
-    /// Classes logged once already.
+    /// Classes logged and counted under their own name, at most [`MAX_CLASSES`].
     logged: Mutex<HashSet<String>>,
 }
 
@@ -63,21 +69,33 @@ impl Handoff {
         ))
     }
 
-    fn log_once(&self, class: &str, reason: &str) {
-        let first = self
-            .logged
-            .lock()
-            .map(|mut s| s.insert(class.to_string()))
-            .unwrap_or(false);
-        if first {
-            tracing::warn!(
-                class,
-                queue = %self.queue,
-                "handing off jobs of {class} to queue {} unchanged: {reason} (logged once per class; counted in {})",
-                self.queue,
-                keys::HANDOFF
-            );
-        }
+    /// The name `class` is counted under in [`keys::HANDOFF`], and whether this is its first job
+    /// here (to be logged): the class itself while fewer than [`MAX_CLASSES`] have been seen and it
+    /// is at most [`MAX_CLASS_LEN`] bytes long, else [`OTHER_CLASS`].
+    fn label<'a>(&self, class: &'a str) -> (&'a str, bool) {
+        let Ok(mut logged) = self.logged.lock() else {
+            return (OTHER_CLASS, false);
+        };
+        let own =
+            class.len() <= MAX_CLASS_LEN && (logged.contains(class) || logged.len() < MAX_CLASSES);
+        let label = if own { class } else { OTHER_CLASS };
+        let first = !logged.contains(label) && logged.insert(label.to_string());
+        (label, first)
+    }
+
+    fn log_first(&self, class: &str, label: &str, reason: &str) {
+        let class = crate::redact::clip(class, MAX_CLASS_LEN);
+        let counted = if label == OTHER_CLASS {
+            "logged once for every such class; counted under `(other)`"
+        } else {
+            "logged once per class"
+        };
+        tracing::warn!(
+            queue = %self.queue,
+            "handing off jobs of {class} to queue {} unchanged: {reason} ({counted} in {})",
+            self.queue,
+            keys::HANDOFF
+        );
     }
 }
 
@@ -98,6 +116,7 @@ pub(crate) async fn divert(
     let h = handoff?;
     let reason = h.reason(job, registry.get(job.worker_class()))?;
     let class = job.worker_class();
+    let (label, first) = h.label(class);
     let mut delay = Duration::from_millis(50);
     loop {
         let mut conn = conn.clone();
@@ -105,7 +124,7 @@ pub(crate) async fn divert(
             &mut conn,
             &h.queue,
             job.raw().as_bytes(),
-            Some(class),
+            Some(label),
             token,
         )
         .await;
@@ -116,14 +135,16 @@ pub(crate) async fn divert(
                 if written {
                     crate::prom::metrics().handed_off(class);
                 }
-                h.log_once(class, &reason);
+                if first {
+                    h.log_first(class, label, &reason);
+                }
                 return Some(true);
             }
             Err(e) => {
                 if shutdown.phase() >= Phase::Cancelled {
                     return Some(false);
                 }
-                tracing::warn!(error = %e, class, "cannot hand the job off yet; retrying");
+                tracing::warn!(error = %e, "cannot hand the job off yet; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
@@ -188,4 +209,30 @@ pub(crate) async fn live_ruby_serves(
         }
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_max_classes_are_remembered_and_long_names_are_counted_as_other() {
+        let h = Handoff {
+            queue: "ruby".into(),
+            run_flagged: HashSet::new(),
+            logged: Mutex::new(HashSet::new()),
+        };
+        for i in 0..MAX_CLASSES + 50 {
+            let class = format!("C{i}");
+            let (label, first) = h.label(&class);
+            assert!(first || label == OTHER_CLASS);
+            assert_eq!(h.label(&class), (label, false), "logged once");
+        }
+        assert_eq!(h.label("C1"), ("C1", false));
+        assert_eq!(
+            h.label(&"L".repeat(MAX_CLASS_LEN + 1)),
+            (OTHER_CLASS, false)
+        );
+        assert!(h.logged.lock().unwrap().len() <= MAX_CLASSES + 1);
+    }
 }

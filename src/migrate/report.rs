@@ -93,10 +93,19 @@ pub(crate) async fn read_metrics(
                 keys::metrics_minute_v7(*t)
             });
         }
-        let hashes: Vec<BTreeMap<String, u64>> = pipe.query_async(conn).await?;
+        // Bytes: a field that is not UTF-8, or a count that is not a number, is skipped.
+        let hashes: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = pipe.query_async(conn).await?;
         let mut totals: BTreeMap<String, Totals> = BTreeMap::new();
         for h in &hashes {
             for (field, n) in h {
+                let (Ok(field), Some(n)) = (
+                    std::str::from_utf8(field),
+                    std::str::from_utf8(n)
+                        .ok()
+                        .and_then(|n| n.parse::<u64>().ok()),
+                ) else {
+                    continue;
+                };
                 let Some((class, metric)) = field.rsplit_once('|') else {
                     continue;
                 };
@@ -179,11 +188,38 @@ pub(crate) async fn report(
     } else if sum(&metrics.v7) > 0 {
         (&metrics.v7, "7.x")
     } else {
-        return sample_queues(conn, registry, &shares, &rust_of, sample, limit).await;
+        let lead =
+            "no Sidekiq 7.x/8.x execution metrics in the last hour (Sidekiq 6.x records none): ";
+        return sample_queues(conn, registry, &shares, &rust_of, sample, limit, lead).await;
+    };
+    // Who wrote these figures: oxidekiq writes this format too, so while the live Ruby processes
+    // are of a version that records none (6.x), the figures are oxidekiq's own runs only.
+    let survey = crate::fleet::survey(conn).await?;
+    let ruby_writes = if version == "8.x" {
+        survey.v8
+    } else {
+        survey.v7
+    };
+    let partial = survey.ruby > 0 && !ruby_writes;
+    let source = if partial {
+        format!(
+            "Sidekiq {version} execution metrics written by oxidekiq: its Rust runs only. The live Ruby \
+             processes record none (Sidekiq 6.x), so Ruby runs are not in these counts; see the jobs \
+             waiting below"
+        )
+    } else if survey.ruby == 0 {
+        format!(
+            "Sidekiq {version} execution metrics, written by oxidekiq and by Ruby Sidekiq {version} \
+             processes (none is alive now)"
+        )
+    } else {
+        format!(
+            "Sidekiq {version} execution metrics, written by the live Ruby processes and by oxidekiq"
+        )
     };
     let _ = writeln!(
         out,
-        "hottest classes by total execution time, last hour to {} (Sidekiq {version} execution metrics)",
+        "hottest classes by total execution time, last hour to {} ({source})",
         now.format("%Y-%m-%d %H:%M UTC")
     );
     let _ = writeln!(
@@ -202,7 +238,7 @@ pub(crate) async fn report(
         let _ = writeln!(
             out,
             "{:<40} {:>8} {:>10.3} {:>9} {:>9} {:>10} {:>6}",
-            class,
+            crate::logging::escape(class),
             t.processed,
             t.ms as f64 / 1000.0,
             bound(t.quantile_bound(0.5)),
@@ -215,6 +251,11 @@ pub(crate) async fn report(
         out,
         "p50/p95: upper bound of Sidekiq's histogram bucket (successful jobs only); TOTAL S: successful jobs"
     );
+    if partial {
+        let _ = writeln!(out);
+        let waiting = sample_queues(conn, registry, &shares, &rust_of, sample, limit, "").await?;
+        out.push_str(&waiting);
+    }
     Ok(out)
 }
 
@@ -226,33 +267,47 @@ async fn sample_queues(
     rust_of: &dyn Fn(&str) -> String,
     sample: usize,
     limit: usize,
+    lead: &str,
 ) -> Result<String> {
-    let queues: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::QUEUES)
-        .query_async(conn)
-        .await?;
+    let (queues, _) = super::utf8_members(conn, keys::QUEUES).await?;
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut read = 0usize;
+    let mut too_large = 0usize;
     for q in &queues {
-        let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
-            .arg(keys::queue(q))
-            .arg(0)
-            .arg(sample.saturating_sub(1))
-            .query_async(conn)
-            .await?;
-        for raw in items {
-            read += 1;
-            if let Ok(job) = Job::parse(raw, usize::MAX) {
-                *counts.entry(job.worker_class().to_string()).or_default() += 1;
+        // A bounded number of bytes per round trip; a job over WINDOW_BYTES is counted, not read.
+        let mut start = 0;
+        while start < sample {
+            let key = keys::queue(q);
+            let items =
+                super::read_window(conn, &key, true, start, sample - start, super::WINDOW_BYTES)
+                    .await?;
+            if items.is_empty() {
+                break;
+            }
+            start += items.len();
+            for member in items {
+                read += 1;
+                let super::Member::Bytes(raw) = member else {
+                    too_large += 1;
+                    continue;
+                };
+                if let Ok(job) = Job::parse(raw, usize::MAX) {
+                    *counts.entry(job.worker_class().to_string()).or_default() += 1;
+                }
             }
         }
     }
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "no Sidekiq 7.x/8.x execution metrics in the last hour (Sidekiq 6.x records none): classes by \
-         jobs waiting in a sample of up to {sample} per queue ({read} jobs in {} queues); no times",
-        queues.len()
+        "{lead}classes by jobs waiting (Ruby's and Rust's alike) in a sample of up to {sample} per queue \
+         ({read} jobs in {} queues{}); no times",
+        queues.len(),
+        if too_large > 0 {
+            format!(", {too_large} of them too large to read")
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         out,
@@ -269,7 +324,7 @@ async fn sample_queues(
         let _ = writeln!(
             out,
             "{:<40} {:>8} {:>10} {:>9} {:>9} {:>10} {:>6}",
-            class,
+            crate::logging::escape(&class),
             n,
             "-",
             "-",

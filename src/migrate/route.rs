@@ -22,6 +22,7 @@ use redis::{AsyncCommands, Script};
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::keys;
+use crate::logging::escape;
 use crate::redis_conn::Conn;
 
 /// Seconds a Ruby client keeps the route table before reading it again (`ruby/oxidekiq.rb` `REFRESH`).
@@ -40,7 +41,7 @@ return 1
 "#;
 
 /// Jobs read per `LRANGE` while rolling back.
-const MOVE_CHUNK: i64 = 1000;
+const MOVE_CHUNK: usize = 1000;
 
 /// Sets a class's share (0–100).
 pub(crate) async fn set_share(conn: &mut Conn, class: &str, percent: u8) -> Result<()> {
@@ -58,24 +59,27 @@ pub(crate) async fn set_share(conn: &mut Conn, class: &str, percent: u8) -> Resu
     Ok(())
 }
 
-/// Every route: class → share.
+/// Every route: class → share, the share read as the Ruby router reads it ([`super::ruby_share`]).
+/// A field that is not UTF-8 (no Ruby class name is) is listed by its lossy text.
 pub(crate) async fn shares(conn: &mut Conn) -> Result<BTreeMap<String, u8>> {
-    let m: BTreeMap<String, String> = redis::cmd("HGETALL")
+    let m: BTreeMap<Vec<u8>, Vec<u8>> = redis::cmd("HGETALL")
         .arg(keys::ROUTES)
         .query_async(conn)
         .await?;
     Ok(m.into_iter()
-        .map(|(k, v)| (k, v.trim().parse::<u8>().unwrap_or(0).min(100)))
+        .map(|(k, v)| {
+            let class = String::from_utf8(k)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            (class, super::ruby_share(&v))
+        })
         .collect())
 }
 
 /// The `_rust` queues Redis knows: every name in `queues` with the suffix, and every queue a live
 /// oxidekiq serves.
 async fn rust_queues(conn: &mut Conn) -> Result<BTreeSet<String>> {
-    let all: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::QUEUES)
-        .query_async(conn)
-        .await?;
+    // A name that is not UTF-8 is no queue oxidekiq serves (its queue names are text).
+    let (all, _) = super::utf8_members(conn, keys::QUEUES).await?;
     let mut out: BTreeSet<String> = all
         .into_iter()
         .filter(|q| q.ends_with(keys::RUST_QUEUE_SUFFIX) && q.len() > keys::RUST_QUEUE_SUFFIX.len())
@@ -99,28 +103,30 @@ pub(crate) async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<S
         // oldest ends up served first), so a long queue is never read whole: a moved job
         // leaves the list, so the next chunk starts that many places earlier. Jobs pushed meanwhile
         // shift it the other way, which at worst reads a job twice (the script skips what is gone).
-        let mut start: i64 = 0;
+        let mut start = 0usize;
         loop {
-            let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
-                .arg(keys::queue(&rq))
-                .arg(start)
-                .arg(start + MOVE_CHUNK - 1)
-                .query_async(conn)
-                .await?;
-            let read = items.len() as i64;
-            let mut moved_here: i64 = 0;
-            for raw in items {
-                let ours = Job::parse(raw.clone(), usize::MAX)
-                    .map(|j| j.worker_class() == class)
-                    .unwrap_or(false);
-                if !ours {
+            // Every member is read (a job of the class must not be stranded whatever its size),
+            // but a bounded number of bytes per round trip: one payload, or WINDOW_BYTES of them.
+            let items =
+                super::read_window(conn, &keys::queue(&rq), true, start, MOVE_CHUNK, usize::MAX)
+                    .await?;
+            let read = items.len();
+            let mut moved_here = 0usize;
+            for member in items {
+                let super::Member::Bytes(raw) = member else {
+                    continue;
+                };
+                let Ok(job) = Job::parse(raw, usize::MAX) else {
+                    continue;
+                };
+                if job.worker_class() != class {
                     continue;
                 }
                 let n: u64 = script
                     .key(keys::queue(&rq))
                     .key(keys::queue(base))
                     .key(keys::QUEUES)
-                    .arg(&raw)
+                    .arg(job.raw().as_bytes())
                     .arg(base)
                     .invoke_async(conn)
                     .await?;
@@ -129,7 +135,7 @@ pub(crate) async fn move_back(conn: &mut Conn, class: &str) -> Result<BTreeMap<S
                     *moved.entry(base.to_string()).or_insert(0) += n;
                 }
             }
-            if read < MOVE_CHUNK {
+            if read == 0 {
                 break;
             }
             start += read - moved_here;
@@ -157,15 +163,17 @@ pub(crate) async fn route(
     if percent > 0 {
         let _ = writeln!(
             out,
-            "route {class}: {percent}% of new jobs go to <queue>_rust (Ruby clients pick it up within {RUBY_REFRESH_SECS} s)"
+            "route {}: {percent}% of new jobs go to <queue>_rust (Ruby clients pick it up within {RUBY_REFRESH_SECS} s)",
+            escape(class)
         );
         if serving_class.is_empty() {
             let _ = writeln!(
                 out,
-                "warning: no live oxidekiq process serves {class} on a `_rust` queue: its jobs stay on Ruby until one does"
+                "warning: no live oxidekiq process serves {} on a `_rust` queue: its jobs stay on Ruby until one does",
+                escape(class)
             );
         } else {
-            let names: Vec<&str> = serving_class.iter().map(|s| s.as_str()).collect();
+            let names: Vec<String> = serving_class.iter().map(|s| escape(s)).collect();
             let _ = writeln!(out, "served by live oxidekiq on: {}", names.join(", "));
         }
         return Ok(out);
@@ -184,7 +192,8 @@ pub(crate) async fn route(
     let moved: u64 = total.values().sum();
     let _ = writeln!(
         out,
-        "route {class}: 0%, routing stopped; moved {moved} waiting job(s) back to Ruby{}",
+        "route {}: 0%, routing stopped; moved {moved} waiting job(s) back to Ruby{}",
+        escape(class),
         if total.is_empty() {
             String::new()
         } else {
@@ -192,7 +201,7 @@ pub(crate) async fn route(
                 " ({})",
                 total
                     .iter()
-                    .map(|(q, n)| format!("{n} to {q}"))
+                    .map(|(q, n)| format!("{n} to {}", escape(q)))
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -251,9 +260,13 @@ pub(crate) async fn serving(
 ) -> Result<BTreeMap<(String, String), BTreeSet<String>>> {
     let mut names: Vec<String> = Vec::new();
     {
-        let mut iter: redis::AsyncIter<'_, String> = conn.scan_match(keys::SERVING_PATTERN).await?;
+        // Bytes: a key that is not UTF-8 is skipped, never an error.
+        let mut iter: redis::AsyncIter<'_, Vec<u8>> =
+            conn.scan_match(keys::SERVING_PATTERN).await?;
         while let Some(k) = iter.next_item().await {
-            names.push(k?);
+            if let Ok(name) = String::from_utf8(k?) {
+                names.push(name);
+            }
         }
     }
     let now = crate::time::now();
@@ -262,7 +275,7 @@ pub(crate) async fn serving(
         let Some((rq, class)) = keys::split_serving(&name) else {
             continue;
         };
-        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        let ids: Vec<Vec<u8>> = redis::cmd("ZRANGEBYSCORE")
             .arg(&name)
             .arg(crate::time::score(now))
             .arg("+inf")
@@ -270,7 +283,9 @@ pub(crate) async fn serving(
             .await?;
         out.insert(
             (rq.to_string(), class.to_string()),
-            ids.into_iter().collect(),
+            ids.iter()
+                .map(|id| String::from_utf8_lossy(id).into_owned())
+                .collect(),
         );
     }
     Ok(out)
@@ -361,7 +376,7 @@ pub(crate) async fn list(conn: &mut Conn, now: DateTime<Utc>) -> Result<String> 
         let _ = writeln!(
             out,
             "{:<32} {:>5}% {:>5} {:>9} {:>9} {:>9} {:>9}",
-            class,
+            escape(class),
             share,
             procs.len(),
             rp,

@@ -10,6 +10,8 @@
 //! - [`config`] / [`launch`]: a launcher in this process on the test's Redis; [`wait_for`] polls a
 //!   condition from async code; [`count_in`] counts concurrent runs from a job; [`fixture`] reads the
 //!   repository's `fixtures/`.
+//! - [`http_get`]: one `GET` to the `--http` endpoint; [`run_cli`]: the binary run to its end (a
+//!   subcommand, a start-up error).
 //! - [`acl_args`]: `redis-server` arguments for an ACL user `app` with the `default` user off.
 //!
 //! Every test binary uses only part of this, hence the `dead_code` allowance.
@@ -150,6 +152,46 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `GET path` on 127.0.0.1:port: `(status, content type, body)`, `None` if nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type: ")
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    Some((status, content_type, body.to_string()))
+}
+
+/// Runs `oxidekiq args...` with `REDIS_URL=redis_url` to its end: (exit code, stdout, stderr).
+pub fn run_cli(redis_url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(Oxidekiq::binary())
+        .args(args)
+        .env("REDIS_URL", redis_url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Epoch seconds, as a float (Ruby's `Time.now.to_f`), for timestamps a test writes or compares.
