@@ -436,6 +436,7 @@ fn check_run(rec: &Rec, lock: &str, failed: bool) {
         );
     }
     let during = &run["keys_during_perform"];
+    assert!(during.is_object(), "{}: perform did not run", rec.name);
     let during_has = |k: &str| during.get(k).is_some();
     let keys = lock_keys(run);
     let set = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>();
@@ -570,6 +571,12 @@ fn check_server_conflict(rec: &Rec, strategy: &str) {
     let first_running = rec.phase_named("first_running");
     assert_locked_by(rec, first_running, &run_locked, JID1, "{}");
     let second = rec.phase_named("second_run");
+    // The gem does not perform a job whose runtime lock it could not take.
+    assert!(
+        second["keys_during_perform"].is_null(),
+        "{}: the second job performed",
+        rec.name
+    );
     assert_locked_by(rec, second, &run_locked, JID1, "{}: the first keeps :RUN");
     assert!(
         changelog(second)
