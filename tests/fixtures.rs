@@ -14,6 +14,10 @@ use oxidekiq::Job;
 use oxidekiq::job::{RetrySetting, timestamp_seconds};
 use serde_json::{Map, Value};
 
+/// The Sidekiq 8.1.7 iterable-job recordings (`fixtures/sidekiq-8.1.7-iterable/`).
+#[path = "fixtures/iterable.rs"]
+mod iterable;
+
 /// 2020-01-01 and 2100-01-01 in epoch seconds: any timestamp a real Sidekiq wrote lies between.
 const PLAUSIBLE: std::ops::Range<f64> = 1_577_836_800.0..4_102_444_800.0;
 
@@ -266,6 +270,8 @@ fn folders(root: &Path, out: &mut Vec<PathBuf>) {
             } else if name == "unique-jobs" || name.starts_with("unique-jobs-") {
                 // sidekiq-unique-jobs recordings and their recorder: checked by
                 // tests/unique_jobs_fixtures.rs, which also fails on a file it has no expectation for.
+            } else if name == "sidekiq-8.1.7-iterable" {
+                // Iterable-job recordings of a Sidekiq 8.1.7 server: checked by the `iterable` module.
             } else if folder_kind(&name).is_some() {
                 out.push(path);
             } else {
