@@ -45,7 +45,7 @@
 //! ```
 //!
 //! Everything an application needs is re-exported here: the worker side ([`Worker`], [`JobContext`],
-//! [`JobError`], [`WorkerOptions`]), registration with locks and limits ([`Registry`],
+//! [`JobError`], [`WorkerOptions`], and [`BlockingWorker`] with [`Blocking`] for synchronous code), registration with locks and limits ([`Registry`],
 //! [`Registration`], [`UniqueJob`], [`SequentialJob`], [`ConcurrencyLimit`], [`RateLimit`]), custom
 //! middleware ([`ServerMiddleware`], [`ClientMiddleware`]), enqueuing from Rust ([`Client`],
 //! [`NewJob`]) and running without [`run`] ([`Config`], [`Launcher`]). The public modules ([`cli`],
@@ -59,6 +59,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub(crate) mod activejob;
+pub(crate) mod blocking;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -97,6 +98,8 @@ extern crate self as oxidekiq;
 #[path = "../tests/support/mod.rs"]
 mod test_support;
 
+#[doc(inline)]
+pub use blocking::{Blocking, BlockingWorker};
 #[doc(inline)]
 pub use cli::run;
 #[doc(inline)]

@@ -215,17 +215,24 @@ pub(crate) struct Manager {
     drain_acks: Arc<tokio::sync::Notify>,
     /// Set once `jobs` ended: what it handed back.
     ended: Option<Vec<UnitOfWork>>,
+    /// How many unfinished jobs the push-back took out of the work table but could not push back.
+    not_pushed_back: usize,
 }
 
 impl Manager {
     /// Starts `concurrency` processors, the fetch loops that feed them, and the acker that acknowledges
     /// what `processor` settles (it sends to the other end of `acks`).
+    ///
+    /// The processors run on `jobs` (the job runtime); everything else here (the fetch loops, the
+    /// acker, the push-back) runs on the caller's runtime, the control plane's, so a job that blocks
+    /// its thread holds up neither a fetch loop's quiet nor an ack nor the shutdown.
     pub(crate) fn start(
         fetch: Arc<dyn Fetch>,
         processor: Processor,
         acks: mpsc::UnboundedReceiver<UnitOfWork>,
         concurrency: usize,
         signal: ShutdownSignal,
+        jobs: tokio::runtime::Handle,
     ) -> Manager {
         let work = processor.work.clone();
         let drain_acks = Arc::new(tokio::sync::Notify::new());
@@ -235,6 +242,7 @@ impl Manager {
             Arc::new(processor),
             concurrency.max(1),
             signal,
+            jobs,
         ));
         Manager {
             fetch,
@@ -243,6 +251,7 @@ impl Manager {
             acker,
             drain_acks,
             ended: None,
+            not_pushed_back: 0,
         }
     }
 
@@ -284,7 +293,11 @@ impl Manager {
         // Jobs fetched but never started go back first, then the ones that were running: each RPUSH goes
         // to the end served next, so the running (older) ones are served first.
         let mut unfinished = self.ended.take().unwrap_or_default();
-        unfinished.extend(self.work.snapshot().into_iter().map(|r| r.unit));
+        // Taken out of the table, not copied: a job stuck in synchronous code that the shutdown gave
+        // up on may still end after this point, and its settling then finds no row, so it queues no
+        // ack for a job that is pushed back (its failure writes no fate either: the phase is
+        // Cancelled). The row is the one claim on the job's fate, and it is the push-back's now.
+        unfinished.extend(self.work.drain().into_iter().map(|r| r.unit));
         match with_retries(|| fetch.requeue_leftovers(false)).await {
             Ok(0) => {}
             Ok(n) => {
@@ -299,7 +312,6 @@ impl Manager {
         if !unfinished.is_empty() {
             match with_retries(|| fetch.bulk_requeue(&unfinished)).await {
                 Ok(n) => {
-                    self.work.drain();
                     crate::prom::metrics().pushed_back(n as usize);
                     tracing::info!(
                         count = unfinished.len(),
@@ -308,6 +320,7 @@ impl Manager {
                 }
                 Err(e) => {
                     ok = false;
+                    self.not_pushed_back = unfinished.len();
                     if fetch.holds_in_redis() {
                         tracing::error!(error = %e, count = unfinished.len(),
                             "could not push unfinished jobs back; they stay in this process's working lists for recovery")
@@ -333,7 +346,7 @@ impl Manager {
     /// The push-back was cut short (Redis down, or a second stop): stop the acker and say what stays.
     pub(crate) fn abandon(&mut self) {
         self.acker.abort();
-        let left = self.work.drain().len().max(self.fetch.outstanding());
+        let left = (self.work.drain().len() + self.not_pushed_back).max(self.fetch.outstanding());
         tracing::error!(
             jobs = left,
             "unfinished jobs stay in this process's working keys; another oxidekiq process pushes them \
@@ -350,16 +363,16 @@ async fn run(
     processor: Arc<Processor>,
     concurrency: usize,
     signal: ShutdownSignal,
+    jobs: tokio::runtime::Handle,
 ) -> Vec<UnitOfWork> {
     let slots = Arc::new(Semaphore::new(concurrency));
     let (feed, tasks) = Feed::new();
     let mut processors = JoinSet::new();
     for _ in 0..concurrency {
-        processors.spawn(process_loop(
-            processor.clone(),
-            feed.clone(),
-            signal.clone(),
-        ));
+        processors.spawn_on(
+            process_loop(processor.clone(), feed.clone(), signal.clone()),
+            &jobs,
+        );
     }
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
