@@ -128,7 +128,8 @@ impl Handle {
 ///     async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult { Ok(()) }
 /// }
 ///
-/// #[tokio::main]
+/// // The control plane runs here; the jobs on a runtime the launcher builds (`config.threads`).
+/// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> oxidekiq::Result<()> {
 ///     let mut registry = Registry::new();
 ///     registry.register(HardWorker);

@@ -406,11 +406,12 @@ async fn run(
         }
         stranded
     };
-    let (_, stranded, mut left) = tokio::join!(
-        quiet_sweep(&*fetch, fetching_rx, signal.clone()),
+    let (unhanded, stranded, mut left) = tokio::join!(
+        quiet_sweep(&*fetch, &feed, fetching_rx, signal.clone()),
         join,
         wait_for(&mut processors, signal)
     );
+    left.extend(unhanded);
     left.extend(stranded);
     // Units still queued were fetched but never started: the shutdown pushes them back.
     while let Some((unit, _)) = feed.try_recv() {
@@ -495,21 +496,41 @@ async fn wait_for(
 const ABORT_BOUND: Duration = Duration::from_secs(2);
 
 /// Once no fetch is under way any more (every loop dropped its sender), pushes back what this process
-/// holds but never handed out.
+/// holds but never handed out, and what waits in the feed for a processor. The feed holds a unit only
+/// while every processor that could take it is held up (jobs blocking all of the job runtime's
+/// threads): a quiet process gives those back for other processes to run rather than keep them
+/// until the blocking ends. Returns the units taken from the feed that could not be pushed back (the
+/// shutdown's push-back takes them).
 async fn quiet_sweep(
     fetch: &dyn Fetch,
+    feed: &Feed,
     mut fetching: mpsc::Receiver<()>,
     mut signal: ShutdownSignal,
-) {
+) -> Vec<UnitOfWork> {
     let _ = fetching.recv().await;
+    // Taken under the feed's lock, one at a time: a unit a processor took first runs as usual.
+    let mut waiting = Vec::new();
+    while let Some((unit, _slot)) = feed.try_recv() {
+        waiting.push(unit);
+    }
     tokio::select! {
-        r = with_retries(|| fetch.requeue_leftovers(false)) => match r {
+        r = with_retries(|| async {
+            let n = fetch.requeue_leftovers(false).await?;
+            if !waiting.is_empty() {
+                fetch.bulk_requeue(&waiting).await?;
+            }
+            Ok(n + waiting.len() as u64)
+        }) => match r {
             Ok(0) => {}
-            Ok(n) => tracing::info!(count = n, "quiet: pushed back jobs fetched but never started"),
+            Ok(n) => {
+                waiting.clear();
+                tracing::info!(count = n, "quiet: pushed back jobs fetched but never started")
+            }
             Err(e) => tracing::warn!(error = %e, "quiet: could not push back jobs fetched but never started; the shutdown tries again"),
         },
         _ = signal.cancelled() => {}
     }
+    waiting
 }
 
 /// The slots, and how many of them one fetch loop takes at most.

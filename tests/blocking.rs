@@ -231,3 +231,46 @@ fn a_worker_declared_blocking_leaves_the_runtime_thread_to_other_jobs() {
     let done: Vec<String> = conn.hkeys("chaos:done").unwrap();
     assert_eq!(done, ["after"], "only the third job ends");
 }
+
+/// With every runtime thread held by a blocking job (`--threads 1`), the jobs fetched after it wait in
+/// the process for a thread. A quiet gives them back: they are on their queue again within a few beats,
+/// for another process to run, while the process lives on with its one blocked job.
+#[test]
+fn quiet_pushes_back_jobs_waiting_behind_a_blocked_runtime() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let _: () = conn
+        .rpush("queue:default", chaos_payload("block", BLOCK_MS, "blocker"))
+        .unwrap();
+    let mut ox = start(&redis, Some("1"));
+    assert!(
+        wait_until(Duration::from_secs(20), || counted(&mut conn, "chaos:runs")
+            >= 1),
+        "the blocking job did not start"
+    );
+    let waiting: Vec<String> = (0..3)
+        .map(|i| chaos_payload("ok", 0, &format!("waiting{i}")))
+        .collect();
+    for p in &waiting {
+        let _: () = conn.rpush("queue:default", p).unwrap();
+    }
+    // Fetched (the control plane fetches up to -c), not started (the one thread is blocked).
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            let queued: usize = conn.llen("queue:default").unwrap();
+            queued == 0
+        }),
+        "the waiting jobs were not fetched"
+    );
+    ox.signal("TSTP");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let queued: usize = conn.llen("queue:default").unwrap();
+            queued == waiting.len()
+        }),
+        "a quiet process kept jobs it cannot start"
+    );
+    assert_back_once(&mut conn, &waiting);
+    assert!(ox.try_exit().is_none(), "the quiet process exited");
+    assert_eq!(counted(&mut conn, "chaos:done"), 0, "a waiting job ran");
+}

@@ -287,7 +287,7 @@ pub const CHAOS_DONE: &str = "chaos:done";
 /// `mode` is `ok` (succeed at once), `sleep` (succeed after `sleep_ms`, or stop early at the shutdown
 /// deadline and be pushed back), `block` (hold its runtime thread for `sleep_ms` with
 /// `std::thread::sleep`, as a ported synchronous call would: deaf to the shutdown, so at the deadline it
-/// is pushed back and its thread abandoned), `fail` (raise `ChaosError`: the retry path) or `panic`
+/// is pushed back and its thread abandoned; `CHAOS_BLOCK_CAP_MS` caps it), `fail` (raise `ChaosError`: the retry path) or `panic`
 /// (panic inside the job's task: a failure the process must turn into a retry, never strand). Every run first counts
 /// itself in [`CHAOS_RUNS`]; a successful one counts itself in [`CHAOS_DONE`] last, so a job whose
 /// `done` count is above one ran to its end twice.
@@ -329,7 +329,7 @@ impl Worker for ChaosJob {
                 }
             }
             // Blocks the runtime thread on purpose (no await): the control plane must not care.
-            "block" => std::thread::sleep(Duration::from_millis(sleep_ms)),
+            "block" => std::thread::sleep(Duration::from_millis(sleep_ms.min(block_cap_ms()))),
             "fail" => return Err(JobError::new("ChaosError", format!("chaos failure {id}"))),
             // A worker bug, on purpose: the process must treat it as this job's failure.
             "panic" => panic!("chaos panic {id}"),
@@ -396,6 +396,18 @@ impl BlockingWorker for SyncSleepJob {
         count(CHAOS_DONE)?;
         Ok(())
     }
+}
+
+/// The longest a `block` [`ChaosJob`] holds its thread in this process: `CHAOS_BLOCK_CAP_MS` if set (the
+/// chaos test's last process, which drains what is left, must not wait out long blocks), else no cap.
+fn block_cap_ms() -> u64 {
+    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        std::env::var("CHAOS_BLOCK_CAP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u64::MAX)
+    })
 }
 
 /// Every worker of this application.
