@@ -11,8 +11,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use oxidekiq::config::FetchMode;
+use oxidekiq::{JobContext, JobError, JobResult, Registry, Worker};
 use redis::Commands;
-use support::{Oxidekiq, RedisServer, identity_of, now, wait_until};
+use support::{Oxidekiq, RedisServer, config, identity_of, launch, now, wait_for, wait_until};
 
 /// `--beat-interval` of every process here: the bound a stop or a quiet may be late by.
 const BEAT: Duration = Duration::from_secs(1);
@@ -273,4 +277,91 @@ fn quiet_pushes_back_jobs_waiting_behind_a_blocked_runtime() {
     assert_back_once(&mut conn, &waiting);
     assert!(ox.try_exit().is_none(), "the quiet process exited");
     assert_eq!(counted(&mut conn, "chaos:done"), 0, "a waiting job ran");
+}
+
+/// Runs of [`LateJob`] that began, and that returned (after the process gave up on them).
+static LATE_STARTED: AtomicUsize = AtomicUsize::new(0);
+static LATE_ENDED: AtomicUsize = AtomicUsize::new(0);
+
+/// Holds its thread for `ms` (deaf to the shutdown), then succeeds or fails as `mode` says: a job the
+/// stop gives up on, which ends after its payload was pushed back.
+#[derive(Debug)]
+struct LateJob;
+
+impl Worker for LateJob {
+    const CLASS: &'static str = "LateJob";
+    type Args = (String, u64);
+
+    async fn perform(&self, _ctx: &JobContext, (mode, ms): Self::Args) -> JobResult {
+        LATE_STARTED.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(ms));
+        LATE_ENDED.fetch_add(1, Ordering::SeqCst);
+        match mode.as_str() {
+            "fail" => Err(JobError::msg("failed after the push-back")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The fate of a job the stop gave up on is the push-back's alone: a blocked job that ends after it
+/// (failing or succeeding) writes no retry and no ack, so its payload is on its queue once, nothing
+/// in the retry or dead set, nothing held, with either fetch. In process, so the late end is seen
+/// (the binary exits first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
+    for fetch in [FetchMode::RELIABLE, FetchMode::BASIC] {
+        let redis = RedisServer::start();
+        let mut conn = redis.conn();
+        let t = now();
+        let payloads: Vec<String> = ["fail", "ok"]
+            .iter()
+            .map(|mode| {
+                format!(
+                    r#"{{"retry":true,"queue":"default","class":"LateJob","args":["{mode}",4000],"jid":"late{mode}","created_at":{t},"enqueued_at":{t}}}"#
+                )
+            })
+            .collect();
+        for p in &payloads {
+            let _: () = conn.rpush("queue:default", p).unwrap();
+        }
+        let (started, ended) = (
+            LATE_STARTED.load(Ordering::SeqCst),
+            LATE_ENDED.load(Ordering::SeqCst),
+        );
+        let mut registry = Registry::new();
+        registry.register(LateJob);
+        let cfg = oxidekiq::Config {
+            fetch,
+            threads: Some(2),
+            timeout: Duration::from_secs(1),
+            ..config(&redis.url(), &["default"], 2)
+        };
+        let handle = launch(cfg, registry).await;
+        wait_for("both jobs to start", Duration::from_secs(10), || {
+            LATE_STARTED.load(Ordering::SeqCst) >= started + 2
+        })
+        .await;
+        handle.stop().await.unwrap();
+        assert!(
+            LATE_ENDED.load(Ordering::SeqCst) < ended + 2,
+            "the stop waited for the blocked jobs ({fetch:?})"
+        );
+        assert_back_once(&mut conn, &payloads);
+        wait_for("the blocked jobs to end", Duration::from_secs(10), || {
+            LATE_ENDED.load(Ordering::SeqCst) >= ended + 2
+        })
+        .await;
+        // Give a late write time to land, were there one.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_back_once(&mut conn, &payloads);
+        let retries: usize = conn.zcard("retry").unwrap();
+        let dead: usize = conn.zcard("dead").unwrap();
+        assert_eq!(
+            (retries, dead),
+            (0, 0),
+            "a late end wrote a fate ({fetch:?})"
+        );
+        let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
+        assert!(held.is_empty(), "held after the stop: {held:?} ({fetch:?})");
+    }
 }
