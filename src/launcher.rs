@@ -20,14 +20,14 @@
 //!
 //! # Two runtimes: the control plane and the jobs
 //!
-//! Jobs run on a runtime of their own ([`JobRuntime`], `--threads` worker threads), built here. The
+//! Jobs run on a runtime of their own (`JobRuntime`, `--threads` worker threads), built here. The
 //! runtime [`Launcher::start`] is called on keeps everything else: signals, this loop and the stop
 //! deadline, the heartbeat and liveness key, the fetch loops, the acker, the push-back, the scheduled
 //! poller, recovery and `--http`, with the Redis connections they use (a connection's driver task lives
 //! on the runtime that made it). A job that holds its thread (a synchronous driver, `std::thread::sleep`,
 //! a CPU-bound loop) can then starve other jobs of its runtime, never the process: it beats, quiets and
 //! stops on time, as Sidekiq's heartbeat thread does beside stuck job threads. At the deadline such a
-//! job is pushed back like any unfinished one and its thread abandoned: [`JobRuntime`] is shut down
+//! job is pushed back like any unfinished one and its thread abandoned: `JobRuntime` is shut down
 //! without waiting for it, and the process exits with the thread still stuck. Jobs get a connection of
 //! their own, so a reconnect one of them triggers (which spawns the new driver where it runs) never
 //! moves the control plane's connection onto the job runtime.
