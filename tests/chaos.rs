@@ -3,7 +3,7 @@
 //! Each seed draws a configuration (1–5 queues, strict or weighted; 1–3 `oxidekiq` processes of
 //! concurrency 1–500) and a timeline: bursts of `ChaosJob`s (`workers/src/lib.rs`: succeed, sleep,
 //! fail, panic; some pushed to the schedule set), and faults: jobs that block their runtime thread
-//! with `std::thread::sleep` (as many as a process has threads, often past the stop's deadline),
+//! with `std::thread::sleep` (as many as the processes have threads, often past the stop's deadline),
 //! SIGKILL of a process (then a replacement starts), `CLIENT KILL` of client connections, a Redis
 //! SIGSTOP longer than the liveness TTL, and a quiet (TSTP) process. Then every process is stopped with TERM, a last process drains what is left
 //! and recovers what the dead left behind, and every jid is accounted for:
@@ -18,6 +18,9 @@
 //! - **dead without reason**: every dead entry carries `error_class` and `error_message`;
 //! - **own panic**: a panic in a process that is not the chaos worker's own;
 //! - **stop hang**: a process that does not exit after TERM within its deadline plus a margin;
+//! - **beat lag**: a live process whose last beat (seen before each kill, client kill, quiet and the
+//!   stop) is older than the liveness TTL and a second while Redis has been up (a job blocking its
+//!   threads must not starve the heartbeat);
 //! - **quiet strand**: a quiet process keeps jobs in its keys that it does not run.
 //!
 //! The seed fixes the configuration and the timeline, not the interleaving of the processes, so a
@@ -143,7 +146,7 @@ enum Event {
     Stall,
     /// TSTP the process in this slot: it stops fetching; it is checked for stranded jobs later.
     Quiet(usize),
-    /// Push these `block` jobs, as many as a process has runtime threads: each holds its thread with
+    /// Push these `block` jobs, as many as the processes have runtime threads: each holds its thread with
     /// `std::thread::sleep`, often past the stop's deadline (issue 26).
     Block(Vec<JobSpec>),
     /// SIGSTOP Redis, TERM the process in this slot: it must exit by its deadline (plus a margin)
@@ -251,8 +254,9 @@ impl Plan {
                 at += rng.random_range(0.02..0.15);
             }
         }
-        // Jobs that block their runtime thread, as many as a process has threads, in one or two
-        // bursts on half the seeds. From a generator of their own, so every other draw of a seed is
+        // Jobs that block their runtime thread, as many as the processes have threads in all, in one
+        // or two bursts on half the seeds, early enough and long enough to hold a process at a fault
+        // or at the stop. From a generator of their own, so every other draw of a seed is
         // what it was before they existed.
         let mut brng = StdRng::seed_from_u64(seed ^ 0x626c_6f63_6b73);
         let runtime_threads = threads.unwrap_or_else(|| {
@@ -260,13 +264,13 @@ impl Plan {
         });
         if brng.random_bool(0.5) {
             for b in 0..brng.random_range(1..=2) {
-                let at = brng.random_range(0.5..chaos_secs - 1.0);
-                let jobs = (0..runtime_threads)
+                let at = brng.random_range(0.5..chaos_secs - 6.0);
+                let jobs = (0..runtime_threads * procs)
                     .map(|k| JobSpec {
                         jid: format!("s{seed}b{b}k{k}"),
                         queue: queues.choose(&mut brng).map(|q| q.0.clone()).unwrap(),
                         mode: "block",
-                        sleep_ms: brng.random_range(1000..=MAX_BLOCK_MS),
+                        sleep_ms: brng.random_range(6000..=MAX_BLOCK_MS),
                         retry_zero: brng.random_bool(0.3),
                         scheduled_in: None,
                     })
@@ -667,6 +671,7 @@ impl<'a> Run<'a> {
 
     fn kill(&mut self, slot: usize) {
         let slot = slot % self.procs.len();
+        self.check_beats();
         let Some(mut p) = self.procs[slot].take() else {
             return;
         };
@@ -679,6 +684,7 @@ impl<'a> Run<'a> {
     }
 
     fn client_kill(&mut self, all: bool, rng: &mut StdRng) {
+        self.check_beats();
         let own: i64 = redis::cmd("CLIENT").arg("ID").query(&mut self.c).unwrap();
         let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut self.c).unwrap();
         let ids: Vec<i64> = list
@@ -755,6 +761,7 @@ impl<'a> Run<'a> {
     }
 
     fn quiet(&mut self, slot: usize) {
+        self.check_beats();
         let slot = slot % self.procs.len();
         if let Some(p) = self.procs[slot].as_mut()
             && !p.quiet
@@ -800,8 +807,39 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Every live process beats while Redis is up, whatever its jobs do (a job blocking every runtime
+    /// thread included): a last beat older than the liveness TTL and a second, with Redis up for the
+    /// last ten seconds, is a starved control plane (its liveness key lapsed while it ran). Checked before each kill, client kill and quiet,
+    /// and before the stop.
+    fn check_beats(&mut self) {
+        let redis_up_since = self.stall_end.map_or(f64::MIN, |t| t);
+        if now() - redis_up_since < 10.0 {
+            return;
+        }
+        let live: Vec<String> = self
+            .procs
+            .iter()
+            .flatten()
+            .map(|p| p.identity.clone())
+            .collect();
+        for identity in live {
+            let beat: Option<f64> = self.c.hget(&identity, "beat").unwrap_or(None);
+            // Seconds, or milliseconds when the fleet writes Sidekiq 8's format.
+            let Some(beat) = beat.map(|b| if b > 1e11 { b / 1000.0 } else { b }) else {
+                continue;
+            };
+            let age = now() - beat;
+            if age > liveness_ttl().as_secs_f64() + 1.0 {
+                self.findings.push(format!(
+                    "BEAT LAG: {identity} last beat {age:.1}s ago (beat every {BEAT_SECS}s, Redis up)"
+                ));
+            }
+        }
+    }
+
     /// TERM every process, wait for each to exit.
     fn stop_all(&mut self) {
+        self.check_beats();
         let mut stopping = Vec::new();
         for slot in self.procs.iter_mut() {
             if let Some(p) = slot.take() {
