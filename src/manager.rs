@@ -310,8 +310,12 @@ impl Manager {
             }
         }
         if !unfinished.is_empty() {
+            // Counted until the push-back succeeds: a clean-up cut short mid-write (the stop's bound, a
+            // second stop) says how many jobs it left behind.
+            self.not_pushed_back = unfinished.len();
             match with_retries(|| fetch.bulk_requeue(&unfinished)).await {
                 Ok(n) => {
+                    self.not_pushed_back = 0;
                     crate::prom::metrics().pushed_back(n as usize);
                     tracing::info!(
                         count = unfinished.len(),
@@ -320,7 +324,6 @@ impl Manager {
                 }
                 Err(e) => {
                     ok = false;
-                    self.not_pushed_back = unfinished.len();
                     if fetch.holds_in_redis() {
                         tracing::error!(error = %e, count = unfinished.len(),
                             "could not push unfinished jobs back; they stay in this process's working lists for recovery")
