@@ -138,6 +138,7 @@ fn blocked_jobs_do_not_hold_up_the_control_plane(threads: Option<&str>) {
     let bound = STOP_TIMEOUT + BEAT + Duration::from_secs(12);
     let status = ox.wait_exit(bound);
     let took = term.elapsed();
+    eprintln!("threads {threads:?}: exited {took:?} after TERM (-t 2)");
     assert!(
         status.is_some(),
         "TERM with -t 2 did not end the process within {bound:?} while jobs blocked"
