@@ -66,9 +66,8 @@ pub struct Cli {
     #[arg(global = true, short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
     pub concurrency: Option<usize>,
 
-    /// Threads that run jobs, 1 to 1024 [default: one per CPU]. One thread spends the least CPU per job, but
-    /// a job that blocks its thread then also stops the heartbeat and TERM handling: only for workers
-    /// that never block (blocking work in spawn_blocking)
+    /// Threads that run jobs, 1 to 1024 [default: one per CPU]. The heartbeat, signals and the stop run
+    /// on a thread of their own: a job that blocks its thread delays other jobs, never them
     #[arg(global = true, long, value_name = "INT", value_parser = threads_value)]
     pub threads: Option<usize>,
 
@@ -581,11 +580,12 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
         }
     };
     let _log = crate::logging::init_with(config.verbose, config.log_format);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = config.threads {
-        builder.worker_threads(n);
-    }
-    let runtime = match builder.enable_all().build() {
+    // The control plane's runtime, on this thread: the launcher runs the jobs on a runtime of its own
+    // (`--threads`), so no job can starve what runs here (the heartbeat, signals, the stop).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{PROGRAM}: cannot start the runtime: {e}");
@@ -619,8 +619,9 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
             ExitCode::from(1)
         }
     };
-    // A job stuck outside an await, which the shutdown gave up on and pushed back, must not keep the
-    // process alive: dropping the runtime would wait for its task forever.
+    // Bounded, as a task still running here must not keep the process alive. A job stuck outside an
+    // await, which the shutdown gave up on and pushed back, is on the job runtime, which the launcher
+    // already shut down without waiting; returning from `main` ends its thread with the process.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
 }

@@ -17,6 +17,20 @@
 //! [`CLEANUP_MIN`] after the jobs ended if that is later; a TERM/INT during it ends it at once. Whatever it
 //! could not push back (Redis down) stays in this process's working keys, where another process's
 //! recovery finds it: the stop never hangs on Redis, and no job is lost.
+//!
+//! # Two runtimes: the control plane and the jobs
+//!
+//! Jobs run on a runtime of their own (`JobRuntime`, `--threads` worker threads), built here. The
+//! runtime [`Launcher::start`] is called on keeps everything else: signals, this loop and the stop
+//! deadline, the heartbeat and liveness key, the fetch loops, the acker, the push-back, the scheduled
+//! poller, recovery and `--http`, with the Redis connections they use (a connection's driver task lives
+//! on the runtime that made it). A job that holds its thread (a synchronous driver, `std::thread::sleep`,
+//! a CPU-bound loop) can then starve other jobs of its runtime, never the process: it beats, quiets and
+//! stops on time, as Sidekiq's heartbeat thread does beside stuck job threads. At the deadline such a
+//! job is pushed back like any unfinished one and its thread abandoned: `JobRuntime` is shut down
+//! without waiting for it, and the process exits with the thread still stuck. Jobs get a connection of
+//! their own, so a reconnect one of them triggers (which spawns the new driver where it runs) never
+//! moves the control plane's connection onto the job runtime.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,7 +130,8 @@ impl Handle {
 ///     async fn perform(&self, _ctx: &JobContext, _args: Self::Args) -> JobResult { Ok(()) }
 /// }
 ///
-/// #[tokio::main]
+/// // The control plane runs here; the jobs on a runtime the launcher builds (`config.threads`).
+/// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> oxidekiq::Result<()> {
 ///     let mut registry = Registry::new();
 ///     registry.register(HardWorker);
@@ -161,6 +176,7 @@ impl Launcher {
         // The same cost bounds as the flags and sidekiq.yml, for a Config built by hand in Rust (a weight
         // of u32::MAX would otherwise allocate its shuffle list per fetch).
         cfg.check_bounds()?;
+        let jobs = JobRuntime::build(cfg.threads)?;
         let target = redis_conn::Target::new(
             &cfg.redis_url(),
             cfg.redis_ca_file().as_deref(),
@@ -168,6 +184,7 @@ impl Launcher {
         )
         .await?;
         let conn = target.connect().await?;
+        let job_conn = target.connect().await?;
         let block = Duration::from_secs(1);
         let blocking = target.connect_blocking(block).await?;
         // The timestamp format follows the fleet, re-decided on every beat (the first one below runs
@@ -201,7 +218,19 @@ impl Launcher {
                 fleet: fleet.clone(),
             },
         );
-        let parts = Parts::build(cfg, self.registry, conn, fetch, fleet, info).await?;
+        let parts = Parts::build(
+            cfg,
+            self.registry,
+            Conns {
+                control: conn,
+                jobs: job_conn,
+            },
+            fetch,
+            fleet,
+            info,
+            jobs,
+        )
+        .await?;
         tracing::info!(
             identity = %identity,
             concurrency = parts.cfg.concurrency,
@@ -221,12 +250,59 @@ impl Launcher {
     }
 }
 
+/// The runtime that runs the jobs (`--threads` worker threads, one per CPU by default), apart from the
+/// control plane's (see the module docs). Dropping it shuts it down without waiting: a thread stuck in
+/// a job is abandoned rather than waited for (a plain drop of a runtime would wait for it forever, and
+/// panics inside an async context).
+#[derive(Debug)]
+pub(crate) struct JobRuntime(Option<tokio::runtime::Runtime>);
+
+impl JobRuntime {
+    /// A multi-thread runtime of `threads` workers (one per CPU when `None`).
+    fn build(threads: Option<usize>) -> Result<JobRuntime> {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = threads {
+            builder.worker_threads(n);
+        }
+        let runtime = builder
+            .thread_name("oxidekiq-job")
+            .enable_all()
+            .build()
+            .map_err(|e| crate::Error::Config(format!("cannot start the job runtime: {e}")))?;
+        Ok(JobRuntime(Some(runtime)))
+    }
+
+    /// Where the processors are spawned.
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|r| r.handle().clone())
+    }
+}
+
+impl Drop for JobRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The two Redis connections of a process.
+struct Conns {
+    /// The control plane's: heartbeat, fetch, acks, push-back, poller, recovery, `--http`.
+    control: Conn,
+    /// The jobs': fate writes, [`JobContext::redis`](crate::JobContext::redis), job locks.
+    jobs: Conn,
+}
+
 /// Everything the running launcher owns.
 struct Parts {
     /// The `--http` endpoint, served until the launcher ends.
     http: Option<crate::http::Server>,
     cfg: Config,
+    /// The control plane's connection.
     conn: Conn,
+    /// The runtime the jobs run on; shut down, without waiting for stuck threads, when the launcher ends.
+    jobs: JobRuntime,
     shutdown: Shutdown,
     fetch: Arc<dyn Fetch>,
     manager: Manager,
@@ -241,24 +317,32 @@ struct Parts {
 impl Parts {
     /// Builds the processor, the heartbeat and the `--http` endpoint, registers the process, and starts
     /// the manager.
+    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the list
     async fn build(
         cfg: Config,
         registry: Registry,
-        conn: Conn,
+        conns: Conns,
         fetch: Arc<dyn Fetch>,
         fleet: Arc<Fleet>,
         info: ProcessInfo,
+        jobs: JobRuntime,
     ) -> Result<Parts> {
+        let Conns {
+            control: conn,
+            jobs: job_conn,
+        } = conns;
         let shutdown = Shutdown::new();
         let signal = shutdown.signal();
         let (stats, work) = (Arc::new(Stats::default()), Arc::new(WorkTable::default()));
         let metrics = Arc::new(Metrics::default());
         let (acks, acks_rx) = mpsc::unbounded_channel();
-        // One batch task for every job's lock commands, over the shared connection.
-        let locks = Locks::new(conn.clone());
+        // One batch task for every job's lock commands, over the jobs' connection. Built here, on the
+        // control plane's runtime, so the stop's flush of lock releases never waits on a blocked job
+        // runtime.
+        let locks = Locks::new(job_conn.clone());
         let processor = Processor {
             registry: registry.freeze(),
-            conn: conn.clone(),
+            conn: job_conn.clone(),
             stats: stats.clone(),
             work: work.clone(),
             acks,
@@ -291,12 +375,23 @@ impl Parts {
         }
         heartbeat.beat(false).await?;
         crate::prom::metrics().beat();
-        let manager = Manager::start(fetch.clone(), processor, acks_rx, cfg.concurrency, signal);
+        let Some(on) = jobs.handle() else {
+            return Err(crate::Error::Config("the job runtime is gone".into()));
+        };
+        let manager = Manager::start(
+            fetch.clone(),
+            processor,
+            acks_rx,
+            cfg.concurrency,
+            signal,
+            on,
+        );
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         Ok(Parts {
             http,
             cfg,
             conn,
+            jobs,
             shutdown,
             fetch,
             manager,
@@ -473,6 +568,9 @@ impl Parts {
             _ => tracing::warn!("could not leave the process set; the entry expires in 60 s"),
         }
         drop(self.http);
+        // No job runs any more, or one is stuck in synchronous code and was pushed back: the job
+        // runtime's threads are let go without waiting for it.
+        drop(self.jobs);
         tracing::info!("Bye!");
     }
 }

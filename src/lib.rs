@@ -45,7 +45,7 @@
 //! ```
 //!
 //! Everything an application needs is re-exported here: the worker side ([`Worker`], [`JobContext`],
-//! [`JobError`], [`WorkerOptions`]), registration with locks and limits ([`Registry`],
+//! [`JobError`], [`WorkerOptions`], and [`BlockingWorker`] with [`Blocking`] for synchronous code), registration with locks and limits ([`Registry`],
 //! [`Registration`], [`UniqueJob`], [`SequentialJob`], [`ConcurrencyLimit`], [`RateLimit`]), custom
 //! middleware ([`ServerMiddleware`], [`ClientMiddleware`]), enqueuing from Rust ([`Client`],
 //! [`NewJob`]), sidekiq-cron schedules declared in Rust ([`CronJob`]) and running without [`run`]
@@ -75,6 +75,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub(crate) mod activejob;
+pub(crate) mod blocking;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -121,6 +122,8 @@ mod test_support;
 #[cfg(doctest)]
 mod doc_snippets;
 
+#[doc(inline)]
+pub use blocking::{Blocking, BlockingWorker};
 #[doc(inline)]
 pub use cli::run;
 #[doc(inline)]

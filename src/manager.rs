@@ -142,17 +142,24 @@ pub(crate) struct Manager {
     drain_acks: Arc<tokio::sync::Notify>,
     /// Set once `jobs` ended: what it handed back.
     ended: Option<Vec<UnitOfWork>>,
+    /// How many unfinished jobs the push-back took out of the work table but could not push back.
+    not_pushed_back: usize,
 }
 
 impl Manager {
     /// Starts `concurrency` processors, the fetch loops that feed them, and the acker that acknowledges
     /// what `processor` settles (it sends to the other end of `acks`).
+    ///
+    /// The processors run on `jobs` (the job runtime); everything else here (the fetch loops, the
+    /// acker, the push-back) runs on the caller's runtime, the control plane's, so a job that blocks
+    /// its thread holds up neither a fetch loop's quiet nor an ack nor the shutdown.
     pub(crate) fn start(
         fetch: Arc<dyn Fetch>,
         processor: Processor,
         acks: mpsc::UnboundedReceiver<UnitOfWork>,
         concurrency: usize,
         signal: ShutdownSignal,
+        jobs: tokio::runtime::Handle,
     ) -> Manager {
         let work = processor.work.clone();
         let drain_acks = Arc::new(tokio::sync::Notify::new());
@@ -162,6 +169,7 @@ impl Manager {
             Arc::new(processor),
             concurrency.max(1),
             signal,
+            jobs,
         ));
         Manager {
             fetch,
@@ -170,6 +178,7 @@ impl Manager {
             acker,
             drain_acks,
             ended: None,
+            not_pushed_back: 0,
         }
     }
 
@@ -211,7 +220,11 @@ impl Manager {
         // Jobs fetched but never started go back first, then the ones that were running: each RPUSH goes
         // to the end served next, so the running (older) ones are served first.
         let mut unfinished = self.ended.take().unwrap_or_default();
-        unfinished.extend(self.work.snapshot().into_iter().map(|r| r.unit));
+        // Taken out of the table, not copied: a job stuck in synchronous code that the shutdown gave
+        // up on may still end after this point, and its settling then finds no row, so it queues no
+        // ack for a job that is pushed back (its failure writes no fate either: the phase is
+        // Cancelled). The row is the one claim on the job's fate, and it is the push-back's now.
+        unfinished.extend(self.work.drain().into_iter().map(|r| r.unit));
         match with_retries(|| fetch.requeue_leftovers(false)).await {
             Ok(0) => {}
             Ok(n) => {
@@ -224,9 +237,12 @@ impl Manager {
             }
         }
         if !unfinished.is_empty() {
+            // Counted until the push-back succeeds: a clean-up cut short mid-write (the stop's bound, a
+            // second stop) says how many jobs it left behind.
+            self.not_pushed_back = unfinished.len();
             match with_retries(|| fetch.bulk_requeue(&unfinished)).await {
                 Ok(n) => {
-                    self.work.drain();
+                    self.not_pushed_back = 0;
                     crate::prom::metrics().pushed_back(n as usize);
                     tracing::info!(
                         count = unfinished.len(),
@@ -260,7 +276,7 @@ impl Manager {
     /// The push-back was cut short (Redis down, or a second stop): stop the acker and say what stays.
     pub(crate) fn abandon(&mut self) {
         self.acker.abort();
-        let left = self.work.drain().len().max(self.fetch.outstanding());
+        let left = (self.work.drain().len() + self.not_pushed_back).max(self.fetch.outstanding());
         tracing::error!(
             jobs = left,
             "unfinished jobs stay in this process's working keys; another oxidekiq process pushes them \
@@ -277,16 +293,16 @@ async fn run(
     processor: Arc<Processor>,
     concurrency: usize,
     signal: ShutdownSignal,
+    jobs: tokio::runtime::Handle,
 ) -> Vec<UnitOfWork> {
     let slots = Arc::new(Semaphore::new(concurrency));
     let (feed, tasks) = Feed::new();
     let mut processors = JoinSet::new();
     for _ in 0..concurrency {
-        processors.spawn(process_loop(
-            processor.clone(),
-            feed.clone(),
-            signal.clone(),
-        ));
+        processors.spawn_on(
+            process_loop(processor.clone(), feed.clone(), signal.clone()),
+            &jobs,
+        );
     }
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
@@ -320,11 +336,12 @@ async fn run(
         }
         stranded
     };
-    let (_, stranded, mut left) = tokio::join!(
-        quiet_sweep(&*fetch, fetching_rx, signal.clone()),
+    let (unhanded, stranded, mut left) = tokio::join!(
+        quiet_sweep(&*fetch, &feed, fetching_rx, signal.clone()),
         join,
         wait_for(&mut processors, signal)
     );
+    left.extend(unhanded);
     left.extend(stranded);
     // Units still queued were fetched but never started: the shutdown pushes them back.
     while let Some((unit, _)) = feed.try_recv() {
@@ -409,21 +426,41 @@ async fn wait_for(
 const ABORT_BOUND: Duration = Duration::from_secs(2);
 
 /// Once no fetch is under way any more (every loop dropped its sender), pushes back what this process
-/// holds but never handed out.
+/// holds but never handed out, and what waits in the feed for a processor. The feed holds a unit only
+/// while every processor that could take it is held up (jobs blocking all of the job runtime's
+/// threads): a quiet process gives those back for other processes to run rather than keep them
+/// until the blocking ends. Returns the units taken from the feed that could not be pushed back (the
+/// shutdown's push-back takes them).
 async fn quiet_sweep(
     fetch: &dyn Fetch,
+    feed: &Feed,
     mut fetching: mpsc::Receiver<()>,
     mut signal: ShutdownSignal,
-) {
+) -> Vec<UnitOfWork> {
     let _ = fetching.recv().await;
+    // Taken under the feed's lock, one at a time: a unit a processor took first runs as usual.
+    let mut waiting = Vec::new();
+    while let Some((unit, _slot)) = feed.try_recv() {
+        waiting.push(unit);
+    }
     tokio::select! {
-        r = with_retries(|| fetch.requeue_leftovers(false)) => match r {
+        r = with_retries(|| async {
+            let n = fetch.requeue_leftovers(false).await?;
+            if !waiting.is_empty() {
+                fetch.bulk_requeue(&waiting).await?;
+            }
+            Ok(n + waiting.len() as u64)
+        }) => match r {
             Ok(0) => {}
-            Ok(n) => tracing::info!(count = n, "quiet: pushed back jobs fetched but never started"),
+            Ok(n) => {
+                waiting.clear();
+                tracing::info!(count = n, "quiet: pushed back jobs fetched but never started")
+            }
             Err(e) => tracing::warn!(error = %e, "quiet: could not push back jobs fetched but never started; the shutdown tries again"),
         },
         _ = signal.cancelled() => {}
     }
+    waiting
 }
 
 /// The slots, and how many of them one fetch loop takes at most.

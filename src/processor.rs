@@ -64,7 +64,8 @@ impl Stats {
 pub(crate) struct Processor {
     /// Workers by class.
     pub registry: Arc<Registry>,
-    /// Shared Redis connection.
+    /// The jobs' Redis connection (fate writes, [`JobContext::redis`], job locks), apart from the
+    /// control plane's (see the launcher's module docs).
     pub conn: Conn,
     /// Counters flushed by the heartbeat.
     pub stats: Arc<Stats>,

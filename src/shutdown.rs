@@ -111,6 +111,12 @@ impl ShutdownSignal {
         self.phase() >= Phase::Stopping
     }
 
+    /// True once the shutdown deadline passed: a running job should stop now (its payload is pushed
+    /// back). The check for synchronous code, which cannot await [`ShutdownSignal::cancelled`].
+    pub fn is_cancelled(&self) -> bool {
+        self.phase() >= Phase::Cancelled
+    }
+
     /// Waits until the phase reaches `phase` (at once if it already has).
     pub async fn reached(&mut self, phase: Phase) {
         // An Err means the launcher dropped its handle: treat that as the end of everything.

@@ -157,7 +157,7 @@ impl AfterFate {
 ///
 ///     async fn perform(&self, ctx: &JobContext, (path,): Self::Args) -> JobResult {
 ///         tracing::info!(jid = ctx.jid(), queue = ctx.queue(), path, "export");
-///         // Any Redis command, on the process's shared connection.
+///         // Any Redis command, on the connection the jobs share.
 ///         let mut redis = ctx.redis();
 ///         redis::cmd("INCR").arg("exports").query_async::<i64>(&mut redis).await?;
 ///         // A long job stops at the shutdown deadline; it is pushed back to its queue either way.
@@ -175,7 +175,7 @@ pub struct JobContext {
     pub(crate) job: Arc<Job>,
     /// The queue it was fetched from.
     pub(crate) queue: Arc<str>,
-    /// The shared Redis connection (for middleware such as locks).
+    /// The Redis connection the jobs share (for middleware such as locks).
     pub(crate) redis: Conn,
     /// The process's shutdown phase.
     pub(crate) shutdown: ShutdownSignal,
@@ -265,7 +265,7 @@ impl JobContext {
         self.job.args_json()
     }
 
-    /// A clone of the shared Redis connection.
+    /// A clone of the Redis connection the jobs share (not the heartbeat's: a job cannot hold up the beat).
     pub fn redis(&self) -> Conn {
         self.redis.clone()
     }

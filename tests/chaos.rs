@@ -2,9 +2,10 @@
 //!
 //! Each seed draws a configuration (1–5 queues, strict or weighted; 1–3 `oxidekiq` processes of
 //! concurrency 1–500) and a timeline: bursts of `ChaosJob`s (`workers/src/lib.rs`: succeed, sleep,
-//! fail, panic; some pushed to the schedule set), and faults: SIGKILL of a process (then a replacement
-//! starts), `CLIENT KILL` of client connections, a Redis SIGSTOP longer than the liveness TTL, and a
-//! quiet (TSTP) process. Then every process is stopped with TERM, a last process drains what is left
+//! fail, panic; some pushed to the schedule set), and faults: jobs that block their runtime thread
+//! with `std::thread::sleep` (as many as the processes have threads, often past the stop's deadline),
+//! SIGKILL of a process (then a replacement starts), `CLIENT KILL` of client connections, a Redis
+//! SIGSTOP longer than the liveness TTL, and a quiet (TSTP) process. Then every process is stopped with TERM, a last process drains what is left
 //! and recovers what the dead left behind, and every jid is accounted for:
 //!
 //! - **lost**: it never ran to its end and is in no queue, retry, schedule or dead set;
@@ -17,6 +18,9 @@
 //! - **dead without reason**: every dead entry carries `error_class` and `error_message`;
 //! - **own panic**: a panic in a process that is not the chaos worker's own;
 //! - **stop hang**: a process that does not exit after TERM within its deadline plus a margin;
+//! - **beat lag**: a live process whose last beat (seen before each kill, client kill, quiet and the
+//!   stop) is older than the liveness TTL and a second while Redis has been up (a job blocking its
+//!   threads must not starve the heartbeat);
 //! - **quiet strand**: a quiet process keeps jobs in its keys that it does not run.
 //!
 //! The seed fixes the configuration and the timeline, not the interleaving of the processes, so a
@@ -71,6 +75,14 @@ const STOP_IN_STALL_MARGIN: Duration = Duration::from_secs(6);
 
 /// The longest sleep a `sleep` job draws (longer than `-t`, so some are cut off at a stop).
 const MAX_SLEEP_MS: u64 = 4000;
+
+/// The longest a `block` job holds its thread (past the stop's deadline and the liveness TTL, so a
+/// process whose control plane a job could starve misses beats and overruns its stop). The last
+/// process caps its blocks ([`FINAL_BLOCK_CAP_MS`]): it must drain, not wait.
+const MAX_BLOCK_MS: u64 = 20_000;
+
+/// `CHAOS_BLOCK_CAP_MS` of the last process: a `block` job re-run there blocks this long at most.
+const FINAL_BLOCK_CAP_MS: &str = "300";
 
 /// Seeds run when neither `CHAOS_SEED` nor `CHAOS_SEEDS` is set: keeps the test around two minutes.
 const DEFAULT_SEEDS: u64 = 3;
@@ -134,6 +146,9 @@ enum Event {
     Stall,
     /// TSTP the process in this slot: it stops fetching; it is checked for stranded jobs later.
     Quiet(usize),
+    /// Push these `block` jobs, as many as the processes have runtime threads: each holds its thread with
+    /// `std::thread::sleep`, often past the stop's deadline (issue 26).
+    Block(Vec<JobSpec>),
     /// SIGSTOP Redis, TERM the process in this slot: it must exit by its deadline (plus a margin)
     /// while Redis is still down, leaving its jobs in Redis for recovery; then Redis resumes and a
     /// replacement starts.
@@ -239,6 +254,30 @@ impl Plan {
                 at += rng.random_range(0.02..0.15);
             }
         }
+        // Jobs that block their runtime thread, as many as the processes have threads in all, in one
+        // or two bursts on half the seeds, early enough and long enough to hold a process at a fault
+        // or at the stop. From a generator of their own, so every other draw of a seed is
+        // what it was before they existed.
+        let mut brng = StdRng::seed_from_u64(seed ^ 0x626c_6f63_6b73);
+        let runtime_threads = threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+        });
+        if brng.random_bool(0.5) {
+            for b in 0..brng.random_range(1..=2) {
+                let at = brng.random_range(0.5..chaos_secs - 6.0);
+                let jobs = (0..runtime_threads * procs)
+                    .map(|k| JobSpec {
+                        jid: format!("s{seed}b{b}k{k}"),
+                        queue: queues.choose(&mut brng).map(|q| q.0.clone()).unwrap(),
+                        mode: "block",
+                        sleep_ms: brng.random_range(6000..=MAX_BLOCK_MS),
+                        retry_zero: brng.random_bool(0.3),
+                        scheduled_in: None,
+                    })
+                    .collect();
+                events.push((at, Event::Block(jobs)));
+            }
+        }
         events.sort_by(|a, b| a.0.total_cmp(&b.0));
         Plan {
             queues,
@@ -255,7 +294,7 @@ impl Plan {
 
     fn jobs(&self) -> impl Iterator<Item = &JobSpec> {
         self.events.iter().flat_map(|(_, e)| match e {
-            Event::Burst(jobs) => jobs.as_slice(),
+            Event::Burst(jobs) | Event::Block(jobs) => jobs.as_slice(),
             _ => &[],
         })
     }
@@ -281,6 +320,7 @@ impl Plan {
                 Event::Stall => "stall",
                 Event::Quiet(_) => "quiet",
                 Event::StopInStall(_) => "stop-in-stall",
+                Event::Block(_) => "block",
             };
             *kinds.entry(k).or_default() += 1;
         }
@@ -515,9 +555,19 @@ impl<'a> Run<'a> {
 
     /// Starts a process and waits for it in `processes`.
     fn start(&mut self, concurrency: usize, strict_override: bool) -> Proc {
+        self.start_with(concurrency, strict_override, &[])
+    }
+
+    /// As [`Run::start`], with more environment variables.
+    fn start_with(
+        &mut self,
+        concurrency: usize,
+        strict_override: bool,
+        env: &[(&str, &str)],
+    ) -> Proc {
         let args = self.args(concurrency, strict_override);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let proc = Oxidekiq::start(&self.redis.url(), &args);
+        let proc = Oxidekiq::start_with_env(&self.redis.url(), &args, env);
         let needle = format!(":{}:", proc.pid());
         let mut identity = None;
         let up = wait_until(Duration::from_secs(30), || {
@@ -621,6 +671,7 @@ impl<'a> Run<'a> {
 
     fn kill(&mut self, slot: usize) {
         let slot = slot % self.procs.len();
+        self.check_beats();
         let Some(mut p) = self.procs[slot].take() else {
             return;
         };
@@ -633,6 +684,7 @@ impl<'a> Run<'a> {
     }
 
     fn client_kill(&mut self, all: bool, rng: &mut StdRng) {
+        self.check_beats();
         let own: i64 = redis::cmd("CLIENT").arg("ID").query(&mut self.c).unwrap();
         let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut self.c).unwrap();
         let ids: Vec<i64> = list
@@ -709,6 +761,7 @@ impl<'a> Run<'a> {
     }
 
     fn quiet(&mut self, slot: usize) {
+        self.check_beats();
         let slot = slot % self.procs.len();
         if let Some(p) = self.procs[slot].as_mut()
             && !p.quiet
@@ -754,8 +807,39 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Every live process beats while Redis is up, whatever its jobs do (a job blocking every runtime
+    /// thread included): a last beat older than the liveness TTL and a second, with Redis up for the
+    /// last ten seconds, is a starved control plane (its liveness key lapsed while it ran). Checked before each kill, client kill and quiet,
+    /// and before the stop.
+    fn check_beats(&mut self) {
+        let redis_up_since = self.stall_end.map_or(f64::MIN, |t| t);
+        if now() - redis_up_since < 10.0 {
+            return;
+        }
+        let live: Vec<String> = self
+            .procs
+            .iter()
+            .flatten()
+            .map(|p| p.identity.clone())
+            .collect();
+        for identity in live {
+            let beat: Option<f64> = self.c.hget(&identity, "beat").unwrap_or(None);
+            // Seconds, or milliseconds when the fleet writes Sidekiq 8's format.
+            let Some(beat) = beat.map(|b| if b > 1e11 { b / 1000.0 } else { b }) else {
+                continue;
+            };
+            let age = now() - beat;
+            if age > liveness_ttl().as_secs_f64() + 1.0 {
+                self.findings.push(format!(
+                    "BEAT LAG: {identity} last beat {age:.1}s ago (beat every {BEAT_SECS}s, Redis up)"
+                ));
+            }
+        }
+    }
+
     /// TERM every process, wait for each to exit.
     fn stop_all(&mut self) {
+        self.check_beats();
         let mut stopping = Vec::new();
         for slot in self.procs.iter_mut() {
             if let Some(p) = slot.take() {
@@ -811,7 +895,11 @@ impl<'a> Run<'a> {
     /// The last process: runs until the queues, the schedule set and oxidekiq's keys are empty, or
     /// stops making progress, or the bound passes.
     fn final_drain(&mut self) {
-        let last = self.start(FINAL_CONCURRENCY, true);
+        let last = self.start_with(
+            FINAL_CONCURRENCY,
+            true,
+            &[("CHAOS_BLOCK_CAP_MS", FINAL_BLOCK_CAP_MS)],
+        );
         let start = Instant::now();
         // When each jid now held was first seen held, continuously: a job held far longer than the
         // longest sleep with nothing left to fetch is stuck (nobody runs it, nobody will).
@@ -1235,7 +1323,7 @@ fn run_seed(seed: u64) -> Outcome {
             std::thread::sleep(wait);
         }
         match event {
-            Event::Burst(jobs) => run.push(jobs),
+            Event::Burst(jobs) | Event::Block(jobs) => run.push(jobs),
             Event::Kill(slot) => run.kill(*slot),
             Event::ClientKill { all } => run.client_kill(*all, &mut rng),
             Event::Stall => run.stall(),

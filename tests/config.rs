@@ -621,3 +621,25 @@ fn cron_runs_by_default_and_the_flags_turn_it_off_or_set_its_interval() {
     assert_eq!(c.cron.poll_interval, Duration::from_secs(5));
     assert!(parse_args(args(&["--cron-poll-interval", "0"])).is_err());
 }
+
+#[tokio::test]
+async fn a_config_built_by_hand_with_zero_or_too_many_job_threads_is_refused_at_start() {
+    // The launcher builds the job runtime from `threads`: refused before it is built or Redis is asked.
+    for threads in [0, oxidekiq::config::MAX_THREADS + 1] {
+        let c = Config {
+            redis_url: Some("redis://127.0.0.1:1/0".into()),
+            threads: Some(threads),
+            ..Config::default()
+        };
+        let e = oxidekiq::launcher::Launcher::new(c, oxidekiq::Registry::new())
+            .start()
+            .await
+            .map(|_| ())
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("threads") && e.contains("not a valid value"),
+            "{e}"
+        );
+    }
+}

@@ -267,6 +267,15 @@ impl Config {
                 )));
             }
         }
+        // The launcher builds the job runtime from it: 0 threads panics in Tokio's builder, and each
+        // thread is a stack of its own.
+        if let Some(n) = self.threads
+            && !(1..=MAX_THREADS).contains(&n)
+        {
+            return Err(Error::Config(format!(
+                "threads: {n} is not a valid value, it must be 1 to {MAX_THREADS}"
+            )));
+        }
         if let Some(q) = self.queues.iter().find(|q| q.weight > MAX_QUEUE_WEIGHT) {
             return Err(Error::Config(format!(
                 "queue {}: weight {} is too large, it must be at most {MAX_QUEUE_WEIGHT}",

@@ -7,7 +7,7 @@ use oxidekiq::error::JobResult;
 use oxidekiq::middleware::Keyed;
 use oxidekiq::middleware::sequential::SequentialJob;
 use oxidekiq::middleware::unique::UniqueJob;
-use oxidekiq::{JobContext, JobError, Registry, Worker};
+use oxidekiq::{Blocking, BlockingWorker, JobContext, JobError, Registry, Worker};
 use serde::Deserialize;
 
 /// ```ruby
@@ -285,8 +285,10 @@ pub const CHAOS_DONE: &str = "chaos:done";
 /// to do, and each run is counted in Redis so a test can account for every job.
 ///
 /// `mode` is `ok` (succeed at once), `sleep` (succeed after `sleep_ms`, or stop early at the shutdown
-/// deadline and be pushed back), `fail` (raise `ChaosError`: the retry path) or `panic` (panic inside
-/// the job's task: a failure the process must turn into a retry, never strand). Every run first counts
+/// deadline and be pushed back), `block` (hold its runtime thread for `sleep_ms` with
+/// `std::thread::sleep`, as a ported synchronous call would: deaf to the shutdown, so at the deadline it
+/// is pushed back and its thread abandoned; `CHAOS_BLOCK_CAP_MS` caps it), `fail` (raise `ChaosError`: the retry path) or `panic`
+/// (panic inside the job's task: a failure the process must turn into a retry, never strand). Every run first counts
 /// itself in [`CHAOS_RUNS`]; a successful one counts itself in [`CHAOS_DONE`] last, so a job whose
 /// `done` count is above one ran to its end twice.
 ///
@@ -295,7 +297,7 @@ pub const CHAOS_DONE: &str = "chaos:done";
 ///   include Sidekiq::Worker
 ///   def perform(mode, sleep_ms, id)
 ///     Sidekiq.redis { |c| c.hincrby("chaos:runs", id, 1) }
-///     sleep(sleep_ms / 1000.0) if mode == "sleep"
+///     sleep(sleep_ms / 1000.0) if mode == "sleep" || mode == "block"
 ///     raise ChaosError, "chaos failure #{id}" if mode == "fail"
 ///     raise "chaos panic #{id}" if mode == "panic"
 ///     Sidekiq.redis { |c| c.hincrby("chaos:done", id, 1) }
@@ -326,6 +328,8 @@ impl Worker for ChaosJob {
                     _ = shutdown.cancelled() => return Err(JobError::msg("interrupted by shutdown")),
                 }
             }
+            // Blocks the runtime thread on purpose (no await): the control plane must not care.
+            "block" => std::thread::sleep(Duration::from_millis(sleep_ms.min(block_cap_ms()))),
             "fail" => return Err(JobError::new("ChaosError", format!("chaos failure {id}"))),
             // A worker bug, on purpose: the process must treat it as this job's failure.
             "panic" => panic!("chaos panic {id}"),
@@ -346,6 +350,66 @@ impl Worker for ChaosJob {
     }
 }
 
+/// Test probe for synchronous work (`tests/blocking.rs`), declared blocking so it runs on the blocking
+/// pool: counts its run in [`CHAOS_RUNS`], holds its thread for `sleep_ms` with `std::thread::sleep`
+/// (ending early once the stop's deadline passed: it is pushed back), then counts its end in
+/// [`CHAOS_DONE`].
+///
+/// ```ruby
+/// class SyncSleepJob
+///   include Sidekiq::Worker
+///   def perform(sleep_ms, id)
+///     Sidekiq.redis { |c| c.hincrby("chaos:runs", id, 1) }
+///     sleep(sleep_ms / 1000.0)
+///     Sidekiq.redis { |c| c.hincrby("chaos:done", id, 1) }
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct SyncSleepJob;
+
+impl BlockingWorker for SyncSleepJob {
+    const CLASS: &'static str = "SyncSleepJob";
+    type Args = (u64, String);
+
+    fn perform(&self, ctx: &JobContext, (sleep_ms, id): Self::Args) -> JobResult {
+        let count = |hash: &'static str| {
+            let mut c = ctx.redis();
+            // A blocking-pool thread of the job runtime: async calls are a `block_on` away.
+            tokio::runtime::Handle::current().block_on(async {
+                redis::cmd("HINCRBY")
+                    .arg(hash)
+                    .arg(&id)
+                    .arg(1)
+                    .query_async::<i64>(&mut c)
+                    .await
+            })
+        };
+        count(CHAOS_RUNS)?;
+        let until = std::time::Instant::now() + Duration::from_millis(sleep_ms);
+        while std::time::Instant::now() < until {
+            if ctx.shutdown().is_cancelled() {
+                return Err(JobError::msg("interrupted by shutdown"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        count(CHAOS_DONE)?;
+        Ok(())
+    }
+}
+
+/// The longest a `block` [`ChaosJob`] holds its thread in this process: `CHAOS_BLOCK_CAP_MS` if set (the
+/// chaos test's last process, which drains what is left, must not wait out long blocks), else no cap.
+fn block_cap_ms() -> u64 {
+    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        std::env::var("CHAOS_BLOCK_CAP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u64::MAX)
+    })
+}
+
 /// Every worker of this application.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
@@ -363,6 +427,7 @@ pub fn registry() -> Registry {
         .register(LatencyJob)
         .register(NoopActiveJob)
         .register(ChaosJob)
+        .register(Blocking::new(SyncSleepJob))
         .register(UniqueNoopJob)
         .with(UniqueJob::new().key_by_args())
         .register(SequentialNoopJob)
