@@ -246,7 +246,7 @@ impl Parts {
         let metrics = Arc::new(Metrics::default());
         let (acks, acks_rx) = mpsc::unbounded_channel();
         let processor = Processor {
-            registry: registry.freeze(),
+            registry: registry.freeze()?,
             conn: conn.clone(),
             stats: stats.clone(),
             work: work.clone(),

@@ -112,7 +112,7 @@ fn processor(
 ) -> oxidekiq::processor::Processor {
     let (acks, _rx) = tokio::sync::mpsc::unbounded_channel();
     oxidekiq::processor::Processor {
-        registry: Registry::new().freeze(),
+        registry: Registry::new().freeze().unwrap(),
         conn,
         stats: Arc::new(Default::default()),
         work: Arc::new(Default::default()),
