@@ -99,3 +99,66 @@ fn a_failing_command_in_the_beat_counts_stats_once_and_keeps_a_web_ui_signal() {
     );
     stop(&mut ox);
 }
+
+/// Four sleeping jobs on a process that is then killed; `damage` runs before a second process starts,
+/// which must recover and run them again, and report the damage at error level naming `reported`.
+fn killed_process_jobs_are_recovered_despite(
+    damage: impl FnOnce(&mut redis::Connection),
+    reported: &str,
+) {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let jobs: Vec<String> = (0..4)
+        .map(|i| chaos("default", "sleep", 120_000, &format!("r{i}")))
+        .collect();
+    push(&mut c, "default", &jobs);
+    let mut first = start(&redis, &["-q", "default", "-c", "4"]);
+    assert!(
+        wait_until(WAIT, || c.hlen::<_, usize>("chaos:runs").unwrap() == 4),
+        "the first process never ran the jobs:\n{}",
+        first.log()
+    );
+    first.kill_9();
+    damage(&mut c);
+    let mut second = start(&redis, &["-q", "default", "-c", "4"]);
+    let reran = wait_until(Duration::from_secs(60), || {
+        let runs: Vec<(String, u64)> = c.hgetall("chaos:runs").unwrap();
+        runs.len() == 4 && runs.iter().all(|(_, n)| *n >= 2)
+    });
+    let log = second.log();
+    assert!(
+        reran,
+        "the killed process's jobs were not recovered:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains(reported)),
+        "the damaged key {reported} is not reported at error level:\n{log}"
+    );
+    stop(&mut second);
+    let held: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    assert!(held.is_empty(), "jobs still held: {held:?}");
+    assert_eq!(c.llen::<_, usize>("queue:default").unwrap(), 4);
+}
+
+#[test]
+fn orphan_recovery_goes_on_when_its_bookkeeping_keys_have_the_wrong_type() {
+    killed_process_jobs_are_recovered_despite(
+        |c| {
+            let _: () = c.set("oxidekiq:recovered", "x").unwrap();
+            let _: () = c.set("oxidekiq:suspects", "x").unwrap();
+        },
+        "oxidekiq:suspects",
+    );
+}
+
+#[test]
+fn orphan_recovery_goes_on_when_its_lock_key_is_not_a_lock() {
+    killed_process_jobs_are_recovered_despite(
+        |c| {
+            let _: () = c.rpush("oxidekiq:recovery-lock", "x").unwrap();
+            let _: () = c.set("oxidekiq:recovered", "x").unwrap();
+        },
+        "oxidekiq:recovery-lock",
+    );
+}
