@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fetch::{self, Fetch, UnitOfWork};
 use crate::job::Job;
-use crate::processor::{Processor, Stats, to_base36};
+use crate::processor::{Park, Processor, Stats, to_base36};
 use crate::shutdown::{Phase, ShutdownSignal};
 use crate::time;
 
@@ -354,12 +354,16 @@ async fn run(
     let slots = Arc::new(Semaphore::new(concurrency));
     let (feed, tasks) = Feed::new();
     let mut processors = JoinSet::new();
+    // A job whose fate write is stuck gives up its slot and asks here for a processor in its place.
+    let (respawn, respawn_rx) = mpsc::unbounded_channel();
+    let spawner = Spawner {
+        processor: processor.clone(),
+        feed: feed.clone(),
+        signal: signal.clone(),
+        respawn,
+    };
     for _ in 0..concurrency {
-        processors.spawn(process_loop(
-            processor.clone(),
-            feed.clone(),
-            signal.clone(),
-        ));
+        spawner.spawn(&mut processors);
     }
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
@@ -396,7 +400,7 @@ async fn run(
     let (_, stranded, mut left) = tokio::join!(
         quiet_sweep(&*fetch, fetching_rx, signal.clone()),
         join,
-        wait_for(&mut processors, signal)
+        wait_for(&mut processors, signal, spawner, respawn_rx)
     );
     left.extend(stranded);
     // Units still queued were fetched but never started: the shutdown pushes them back.
@@ -413,6 +417,7 @@ async fn process_loop(
     processor: Arc<Processor>,
     feed: Arc<Feed>,
     signal: ShutdownSignal,
+    respawn: mpsc::UnboundedSender<()>,
 ) -> Option<UnitOfWork> {
     loop {
         let next = feed.recv().await;
@@ -423,7 +428,8 @@ async fn process_loop(
         }
         // `process` catches a job's panic itself; this guard only keeps the processor alive should its
         // own recovery panic as well (the job then stays held, and the shutdown pushes it back).
-        if crate::processor::catch_unwind(processor.clone().process(unit))
+        let park = Park::new(slot, respawn.clone());
+        if crate::processor::catch_unwind(processor.clone().process(unit, &park))
             .await
             .is_err()
         {
@@ -431,7 +437,31 @@ async fn process_loop(
                 "a job's panic recovery panicked; the job stays held until the shutdown"
             );
         }
-        drop(slot);
+        if park.parked() {
+            // Its job gave up the slot while its fate write was stuck, and a fresh processor took
+            // this one's place: end, so the count stays `concurrency`.
+            return None;
+        }
+    }
+}
+
+/// Starts processors: `concurrency` at first, and one in the place of each whose job's fate write is
+/// stuck ([`Park`]).
+struct Spawner {
+    processor: Arc<Processor>,
+    feed: Arc<Feed>,
+    signal: ShutdownSignal,
+    respawn: mpsc::UnboundedSender<()>,
+}
+
+impl Spawner {
+    fn spawn(&self, processors: &mut JoinSet<Option<UnitOfWork>>) {
+        processors.spawn(process_loop(
+            self.processor.clone(),
+            self.feed.clone(),
+            self.signal.clone(),
+            self.respawn.clone(),
+        ));
     }
 }
 
@@ -441,6 +471,8 @@ async fn process_loop(
 async fn wait_for(
     processors: &mut JoinSet<Option<UnitOfWork>>,
     mut signal: ShutdownSignal,
+    spawner: Spawner,
+    mut respawn: mpsc::UnboundedReceiver<()>,
 ) -> Vec<UnitOfWork> {
     let mut left = Vec::new();
     let mut collect = |next: Option<std::result::Result<Option<UnitOfWork>, _>>| match next {
@@ -450,10 +482,15 @@ async fn wait_for(
         }
         None => false,
     };
-    tokio::select! {
-        _ = async { while collect(processors.join_next().await) {} } => return left,
-        _ = signal.cancelled() => {}
+    loop {
+        tokio::select! {
+            next = processors.join_next() => if !collect(next) { return left },
+            Some(()) = respawn.recv() => spawner.spawn(processors),
+            _ = signal.cancelled() => break,
+        }
     }
+    // Its processor holds the last reference to the processor state the acker waits on.
+    drop(spawner);
     let grace = tokio::time::sleep(Duration::from_millis(200));
     tokio::pin!(grace);
     loop {

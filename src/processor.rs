@@ -7,6 +7,13 @@
 //! [`crate::manager`] feeds the processor units of work and owns the work table and the acker that
 //! `RunState` settles a job into.
 //!
+//! A fate write that fails for a reason other than an outage (a key of the wrong type, out of memory,
+//! a script error) is not retried in a loop that pins the processor: it is logged at error level with
+//! the error (which names the key and its type), counted (`oxidekiq_fate_write_failures_total`), makes
+//! `/ready` answer 503, and the job gives up its slot ([`Park`]) so a fresh processor serves the other
+//! jobs, while it stays in the work table and in its working copy in Redis and its write is retried
+//! every few seconds; it lands once the key is repaired, or the stop pushes it back.
+//!
 //! Under reliable fetch a fate write (retry, dead, schedule, hand-off) also removes the job's entry from
 //! the working hash, in the same script, and writes nothing when that entry is gone ([`retry::Token`]).
 //! So a retry after a lost reply writes nothing twice, and a write cut off by the shutdown deadline after
@@ -16,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -32,6 +39,9 @@ use crate::retry::{self, Failure, Fate};
 use crate::shutdown::ShutdownSignal;
 use crate::time;
 use crate::worker::{AfterFate, JobContext};
+
+/// Most jobs that give up their slot while their fate write is stuck ([`Park`]).
+const MAX_PARKED: i64 = 1000;
 
 /// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
 #[derive(Debug, Default)]
@@ -92,8 +102,10 @@ impl Processor {
     /// Runs one fetched job to its fate and queues its ack. A panic anywhere on the way (the worker, a
     /// middleware, oxidekiq's own code) is caught here and becomes the job's failure
     /// ([`Processor::after_panic`]): the job never stays stranded in the working hash and the Busy page.
-    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork) {
-        let run = RunState::new(unit.queue.clone(), unit.id);
+    ///
+    /// `park` holds the processor's slot: a job whose fate write is stuck gives it up (see [`Park`]).
+    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park) {
+        let run = RunState::new(unit.queue.clone(), unit.id, park);
         if let Err(panic) = catch_unwind(self.clone().process_unit(unit, &run)).await {
             self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
                 .await;
@@ -101,7 +113,7 @@ impl Processor {
     }
 
     /// [`Processor::process`] without the panic guard; `run` records what a panic recovery needs.
-    async fn process_unit(self: Arc<Self>, mut unit: UnitOfWork, run: &RunState) {
+    async fn process_unit(self: Arc<Self>, mut unit: UnitOfWork, run: &RunState<'_>) {
         let queue = unit.queue.clone();
         match Job::parse(unit.take_raw(), self.max_payload_bytes) {
             Err((bytes, error)) => {
@@ -120,11 +132,16 @@ impl Processor {
                     }
                 };
                 let token = run.token(&self);
-                self.persist(|mut conn| {
-                    let (member, token) = (member.clone(), token.clone());
-                    async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
-                })
-                .await;
+                let written = self
+                    .persist(run.park, |mut conn| {
+                        let (member, token) = (member.clone(), token.clone());
+                        async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
+                    })
+                    .await;
+                if written.is_none() {
+                    // Given up at the stop: it stays in flight and is pushed back.
+                    return;
+                }
                 run.settle(&self);
                 self.stats.processed.fetch_add(1, Ordering::Relaxed);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -158,10 +175,12 @@ impl Processor {
 
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
-    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
+    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState<'_>) -> bool {
         // The token is only built when a hand-off is configured: most processes have none.
         let token = self.handoff.as_ref().and_then(|_| state.token(&self));
-        if let Some(handed) = crate::migrate::handoff::divert(&self, &job, token.as_ref()).await {
+        if let Some(handed) =
+            crate::migrate::handoff::divert(&self, &job, token.as_ref(), state.park).await
+        {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
                 state.settle(&self);
@@ -200,7 +219,7 @@ impl Processor {
     /// `ensure`, `ExecutionTracker#track`'s `ensure`). The failed stat is the fate's ([`Processor::fail`]).
     fn count_run(
         &self,
-        state: &RunState,
+        state: &RunState<'_>,
         job: &Job,
         queue: &str,
         took: Duration,
@@ -225,7 +244,7 @@ impl Processor {
         error: JobError,
         elapsed: f64,
         after: AfterFate,
-        state: &RunState,
+        state: &RunState<'_>,
     ) -> bool {
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
@@ -255,11 +274,15 @@ impl Processor {
         );
         let token = state.token(self);
         let fate = self
-            .persist(|mut conn| {
+            .persist(state.park, |mut conn| {
                 let (job, plan, token) = (job.clone(), plan.clone(), token.clone());
                 async move { retry::apply(&mut conn, &job, &plan, now, token.as_ref()).await }
             })
             .await;
+        let Some(fate) = fate else {
+            // Given up at the stop (its write kept failing): no fate, so it is pushed back.
+            return false;
+        };
         state.settle(self);
         after.run(&fate).await;
         crate::prom::metrics().fate(job.wrapped().unwrap_or(job.class()), &fate);
@@ -289,7 +312,7 @@ impl Processor {
     /// covers) leaves it in this process's working hash, unacknowledged: the shutdown's last sweep pushes
     /// it back to its queue (or, if the process dies, recovery does, and a job recovered too often goes to
     /// the dead set). It is not lost; it waits there until then.
-    async fn after_panic(&self, queue: Arc<str>, run: &RunState, message: String) {
+    async fn after_panic(&self, queue: Arc<str>, run: &RunState<'_>, message: String) {
         let Some((_, raw)) = run.held() else {
             tracing::error!(queue = %queue, panic = %message,
                 "panic while decoding a job: it stays in this process's working hash until the shutdown pushes it back");
@@ -334,13 +357,16 @@ impl Processor {
                     let member = annotate_error(&raw, crate::error::PANIC, &text);
                     let now = time::now();
                     let token = run.token(self);
-                    self.persist(|mut conn| {
-                        let (member, token) = (member.clone(), token.clone());
-                        async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
-                    })
-                    .await;
-                    tracing::error!("sent to the dead set");
-                    true
+                    let written = self
+                        .persist(run.park, |mut conn| {
+                            let (member, token) = (member.clone(), token.clone());
+                            async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
+                        })
+                        .await;
+                    if written.is_some() {
+                        tracing::error!("sent to the dead set");
+                    }
+                    written.is_some()
                 }
             }
         }
@@ -413,24 +439,40 @@ impl Processor {
         }
     }
 
-    /// Runs a Redis write until it succeeds: a job's fate must reach Redis before its ack. Gives up only
-    /// when the process is cancelled; the job is then still in flight and gets pushed back.
-    async fn persist<T, F, Fut>(&self, mut write: F) -> T
+    /// Runs a fate write until it succeeds: a job's fate must reach Redis before its ack. `None` when it
+    /// gave up (the job then has no fate: it stays in flight and the stop pushes it back):
+    ///
+    /// - an outage (Redis unreachable, loading, failing over) is retried every 50 ms to 2 s, and given
+    ///   up on only at the shutdown deadline, as every job then is;
+    /// - any other failure (a key of the wrong type, out of memory, a script error) will not mend by
+    ///   itself: it is logged at error level, counted, shown by `/ready`, and the job gives up its slot
+    ///   ([`Park::park`]) so the other jobs keep moving, then is retried every 1 to 30 s until it
+    ///   lands, or given up on once the process is stopping.
+    pub(crate) async fn persist<T, F, Fut>(&self, park: &Park, mut write: F) -> Option<T>
     where
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let mut delay = Duration::from_millis(50);
         let mut logged = false;
+        let mut stuck: Option<crate::prom::StuckFate> = None;
+        let mut signal = self.shutdown.clone();
         loop {
+            if signal.phase() >= crate::shutdown::Phase::Cancelled {
+                return None;
+            }
             match write(self.conn.clone()).await {
                 Ok(v) => {
-                    if logged {
+                    if stuck.take().is_some() {
+                        tracing::warn!(
+                            "job fate written at last: the key that refused it was repaired"
+                        );
+                    } else if logged {
                         tracing::info!("redis reachable again: job fate written");
                     }
-                    return v;
+                    return Some(v);
                 }
-                Err(e) => {
+                Err(e) if e.is_outage() => {
                     if !logged {
                         tracing::warn!(error = %e, "cannot write job fate to redis; retrying");
                         logged = true;
@@ -438,8 +480,79 @@ impl Processor {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
+                Err(e) => {
+                    if stuck.is_none() {
+                        tracing::error!(error = %e,
+                            "cannot write the job's fate, and not for an outage: repair the key named; the \
+                             job stays held (its working copy in redis), its write is retried every few \
+                             seconds, and its slot goes to other jobs");
+                        let m = crate::prom::metrics();
+                        stuck = Some(m.fate_stuck(&e.to_string()));
+                        // Bounded: each parked job holds its payload and a task. Past the bound a
+                        // job keeps its slot (as an outage would), which slows the process, loudly,
+                        // rather than grow it without end.
+                        if m.stuck_fates().is_some_and(|(n, _)| n <= MAX_PARKED) {
+                            park.park();
+                        }
+                        delay = Duration::from_secs(1);
+                    }
+                    if signal.is_stopping() {
+                        tracing::warn!(error = %e,
+                            "stopping: the job whose fate cannot be written is pushed back to its queue");
+                        return None;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = signal.reached(crate::shutdown::Phase::Stopping) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
             }
         }
+    }
+}
+
+/// A processor's slot while it runs one job. A job whose fate write fails for a reason other than an
+/// outage gives the slot up ([`Park::park`]) and asks for a fresh processor, so the other jobs keep
+/// moving while it waits for the key to be repaired; its processor ends once the job does.
+#[derive(Debug, Default)]
+pub(crate) struct Park {
+    /// The slot, until given up.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Asks the manager for a processor to take this one's place.
+    respawn: Option<mpsc::UnboundedSender<()>>,
+    /// Set once the slot was given up.
+    parked: AtomicBool,
+}
+
+impl Park {
+    /// A job's hold on `slot`; `respawn` asks for a replacement processor.
+    pub(crate) fn new(slot: OwnedSemaphorePermit, respawn: mpsc::UnboundedSender<()>) -> Park {
+        Park {
+            slot: Mutex::new(Some(slot)),
+            respawn: Some(respawn),
+            parked: AtomicBool::new(false),
+        }
+    }
+
+    /// Gives the slot up and asks for a replacement processor, once.
+    pub(crate) fn park(&self) {
+        if self.parked.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let slot = match self.slot.lock() {
+            Ok(mut s) => s.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        drop(slot);
+        if let Some(r) = &self.respawn {
+            let _ = r.send(());
+        }
+    }
+
+    /// True once the slot was given up (a replacement processor took this one's place).
+    pub(crate) fn parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire)
     }
 }
 
@@ -451,7 +564,9 @@ impl Processor {
 /// cancellation after that point (issue 11, item 7) must not push it back to its queue as well, and a
 /// panic after it must not fail it a second time.
 #[derive(Debug)]
-struct RunState {
+struct RunState<'p> {
+    /// The processor's slot, given up when the fate write is stuck.
+    park: &'p Park,
     /// The queue it was fetched from.
     queue: Arc<str>,
     /// Its id in the working hash.
@@ -468,9 +583,10 @@ struct RunState {
     counted: AtomicBool,
 }
 
-impl RunState {
-    fn new(queue: Arc<str>, id: u64) -> Self {
+impl<'p> RunState<'p> {
+    fn new(queue: Arc<str>, id: u64, park: &'p Park) -> Self {
         RunState {
+            park,
             queue,
             id,
             held: Mutex::new(None),

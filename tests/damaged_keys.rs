@@ -29,7 +29,8 @@ fn push(c: &mut redis::Connection, queue: &str, payloads: &[String]) {
     for p in payloads {
         let _: () = c.lpush(format!("queue:{queue}"), p).unwrap();
     }
-    let _: () = c.sadd("queues", queue).unwrap();
+    // A damaged `queues` (a test of its own) refuses this; the jobs are pushed all the same.
+    let _: redis::RedisResult<()> = c.sadd("queues", queue);
 }
 
 fn start(redis: &RedisServer, args: &[&str]) -> Oxidekiq {
@@ -160,5 +161,159 @@ fn orphan_recovery_goes_on_when_its_lock_key_is_not_a_lock() {
             let _: () = c.set("oxidekiq:recovered", "x").unwrap();
         },
         "oxidekiq:recovery-lock",
+    );
+}
+
+/// A `ChaosJob` that fails straight into the dead set (`retry: 0`).
+fn dying(queue: &str, jid: &str) -> String {
+    chaos(queue, "fail", 0, jid).replace(r#""retry":true"#, r#""retry":0"#)
+}
+
+/// The jids held in oxidekiq's working hashes.
+fn held_jids(c: &mut redis::Connection) -> Vec<String> {
+    let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let mut out = Vec::new();
+    for k in keys {
+        let values: Vec<String> = c.hvals(&k).unwrap();
+        for v in values {
+            let job: serde_json::Value = serde_json::from_str(&v).unwrap();
+            out.push(job["jid"].as_str().unwrap().to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The jids in a list or sorted set.
+fn jids_in(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    let kind: String = redis::cmd("TYPE").arg(key).query(c).unwrap();
+    let members: Vec<String> = match kind.as_str() {
+        "list" => c.lrange(key, 0, -1).unwrap(),
+        "zset" => c.zrange(key, 0, -1).unwrap(),
+        _ => Vec::new(),
+    };
+    let mut out: Vec<String> = members
+        .iter()
+        .map(|m| {
+            serde_json::from_str::<serde_json::Value>(m).unwrap()["jid"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `key` (which the fates of four "bad" jobs need) is damaged with `SET key notazset`; four bad jobs
+/// and five good ones at `-c 4`: the good ones finish, the bad ones are held and reported (error log
+/// with the key and its type, `/ready` 503, the counter), and land in `landing` once the key is
+/// repaired; damaged again, a stop pushes the bad ones back to their queue.
+fn stuck_fates_do_not_pin_their_processors(
+    key: &str,
+    landing: &str,
+    bad_job: fn(&str, &str) -> String,
+    args: &[&str],
+) {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set(key, "notazset").unwrap();
+    let bad: Vec<String> = (0..4)
+        .map(|i| bad_job("default", &format!("bad{i}")))
+        .collect();
+    push(&mut c, "default", &bad);
+    let port = support::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut all = vec!["-q", "default", "-c", "4", "--http", &addr];
+    all.extend_from_slice(args);
+    let mut ox = start(&redis, &all);
+    let want: Vec<String> = (0..4).map(|i| format!("bad{i}")).collect();
+    // Every bad job's fate write failed once (one error line each) before the good jobs come.
+    let failed_writes = |ox: &Oxidekiq| {
+        ox.log()
+            .lines()
+            .filter(|l| l.contains("ERROR") && l.contains("cannot write the job's fate"))
+            .count()
+    };
+    let pinned = wait_until(WAIT, || {
+        held_jids(&mut c) == want
+            && (failed_writes(&ox) == 4 || c.hlen::<_, usize>("chaos:runs").unwrap() == 4)
+    });
+    assert!(pinned, "the bad jobs were never held:\n{}", ox.log());
+    std::thread::sleep(Duration::from_millis(500));
+    // Pushed once every processor has a failing job: before the fix, all four were pinned.
+    let good: Vec<String> = (0..5)
+        .map(|i| chaos("default", "ok", 0, &format!("good{i}")))
+        .collect();
+    push(&mut c, "default", &good);
+    assert!(
+        wait_until(WAIT, || done_count(&mut c) == 5),
+        "good jobs did not finish while the failing ones' fate could not be written:\n{}",
+        ox.log()
+    );
+    assert_eq!(held_jids(&mut c), want, "the bad jobs stay held");
+    let log = ox.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains(key) && l.contains("string")),
+        "no error naming {key} and its type:\n{log}"
+    );
+    let (status, _, body) = support::http_get(port, "/ready").unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(key), "{body}");
+    let (_, _, metrics) = support::http_get(port, "/metrics").unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("oxidekiq_fate_write_failures_total ") && l.ends_with(" 4")),
+        "{metrics}"
+    );
+    // Repaired: the stuck writes land, nothing stays held, and the process is ready again.
+    let _: () = c.del(key).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || jids_in(&mut c, landing) == want),
+        "the stuck fates did not land in {landing} once {key} was repaired:\n{}",
+        ox.log()
+    );
+    assert!(held_jids(&mut c).is_empty());
+    assert!(wait_until(WAIT, || support::http_get(port, "/ready")
+        .is_some_and(|(s, _, _)| s == 200)));
+    // Damaged again, then a stop: the failing jobs go back to their queue, none lost or doubled.
+    let _: () = c.set(key, "notazset").unwrap();
+    let more: Vec<String> = (4..6)
+        .map(|i| bad_job("default", &format!("bad{i}")))
+        .collect();
+    push(&mut c, "default", &more);
+    assert!(wait_until(WAIT, || held_jids(&mut c) == ["bad4", "bad5"]
+        && failed_writes(&ox) == 6));
+    stop(&mut ox);
+    assert!(held_jids(&mut c).is_empty());
+    assert_eq!(jids_in(&mut c, "queue:default"), ["bad4", "bad5"]);
+}
+
+#[test]
+fn a_wrong_typed_retry_set_pins_no_processor_and_loses_no_job() {
+    stuck_fates_do_not_pin_their_processors(
+        "retry",
+        "retry",
+        |q, jid| chaos(q, "fail", 0, jid),
+        &[],
+    );
+}
+
+#[test]
+fn a_wrong_typed_dead_set_pins_no_processor_and_loses_no_job() {
+    stuck_fates_do_not_pin_their_processors("dead", "dead", dying, &[]);
+}
+
+#[test]
+fn a_wrong_typed_queues_set_pins_no_hand_off_and_loses_no_job() {
+    // A class with no Rust worker, handed off to `ruby`: the push writes `queues`.
+    let ruby_only = |q: &str, jid: &str| chaos(q, "ok", 0, jid).replace("ChaosJob", "RubyOnlyJob");
+    stuck_fates_do_not_pin_their_processors(
+        "queues",
+        "queue:ruby",
+        ruby_only,
+        &["--handoff", "ruby"],
     );
 }

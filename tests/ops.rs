@@ -4,36 +4,12 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use redis::Commands;
 use serde_json::Value;
 
-/// `GET path` on 127.0.0.1:port: `(status, content type, body)`, `None` if nothing answers.
-fn get(port: u16, path: &str) -> Option<(u16, String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let (head, body) = buf.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-type: ")
-                .map(str::to_string)
-        })
-        .unwrap_or_default();
-    Some((status, content_type, body.to_string()))
-}
+use support::http_get as get;
 
 /// The samples of a text exposition: `(name, labels, value)`.
 fn samples(text: &str) -> Vec<(String, String, f64)> {

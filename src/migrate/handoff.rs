@@ -10,18 +10,15 @@
 //! still run it twice (Ruby, and the hand-off again), never lose it. Each class is logged once.
 //! Without `--handoff`, unknown classes keep Sidekiq's path (the retry set).
 
-use std::collections::HashSet;
-use std::sync::Mutex;
-use std::time::Duration;
-
 use crate::config::Config;
 use crate::job::Job;
 use crate::keys;
 use crate::migrate::check::Contract;
-use crate::processor::Processor;
+use crate::processor::{Park, Processor};
 use crate::registry::Entry;
 use crate::retry::{self, Token};
-use crate::shutdown::Phase;
+use std::collections::HashSet;
+use std::sync::Mutex;
 
 /// The hand-off settings and which classes were already logged.
 #[derive(Debug)]
@@ -82,45 +79,44 @@ impl Handoff {
 }
 
 /// The processor's hand-off step: `None` when the job runs here; `Some(true)` when it was pushed to
-/// the hand-off queue (acknowledge it); `Some(false)` when the process was cancelled before the push
-/// reached Redis (leave it in flight: the shutdown pushes it back). The push consumes the job's `token`
-/// (its working-hash entry, reliable fetch) in the same script, so a retry after a lost reply pushes
-/// nothing twice.
-pub(crate) async fn divert(p: &Processor, job: &Job, token: Option<&Token>) -> Option<bool> {
+/// the hand-off queue (acknowledge it); `Some(false)` when no push reached Redis before the process
+/// gave up on it (the deadline, or a stop while the push kept failing for a reason other than an
+/// outage: leave it in flight, the shutdown pushes it back). The push goes through the processor's
+/// fate write ([`Processor::persist`]), so a push that fails because of a damaged key (`queues`, the
+/// hand-off queue) gives up the job's slot instead of pinning it. It consumes the job's `token` (its
+/// working-hash entry, reliable fetch) in the same script, so a retry after a lost reply pushes nothing
+/// twice.
+pub(crate) async fn divert(
+    p: &Processor,
+    job: &Job,
+    token: Option<&Token>,
+    park: &Park,
+) -> Option<bool> {
     let h = p.handoff.as_ref()?;
     let reason = h.reason(job, p.registry.get(job.worker_class()))?;
     let class = job.worker_class();
-    let mut delay = Duration::from_millis(50);
-    loop {
-        let mut conn = p.conn.clone();
-        let pushed = retry::push_to_queue(
-            &mut conn,
-            &h.queue,
-            job.raw().as_bytes(),
-            Some(class),
-            token,
-        )
+    let pushed = p
+        .persist(park, |mut conn| async move {
+            retry::push_to_queue(
+                &mut conn,
+                &h.queue,
+                job.raw().as_bytes(),
+                Some(class),
+                token,
+            )
+            .await
+        })
         .await;
-        match pushed {
-            Ok(written) => {
-                // Not written: the token was gone, so an earlier try whose reply was lost pushed it (or
-                // a recovery took it back); either way it is not pushed twice.
-                if written {
-                    crate::prom::metrics().handed_off(class);
-                }
-                h.log_once(class, &reason);
-                return Some(true);
-            }
-            Err(e) => {
-                if p.shutdown.phase() >= Phase::Cancelled {
-                    return Some(false);
-                }
-                tracing::warn!(error = %e, class, "cannot hand the job off yet; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-        }
+    let Some(written) = pushed else {
+        return Some(false);
+    };
+    // Not written: the token was gone, so an earlier try whose reply was lost pushed it (or a
+    // recovery took it back); either way it is not pushed twice.
+    if written {
+        crate::prom::metrics().handed_off(class);
     }
+    h.log_once(class, &reason);
+    Some(true)
 }
 
 /// At start: warns when no live Ruby process serves the hand-off queue (its jobs would wait there).

@@ -153,7 +153,8 @@ async fn a_hand_off_retried_after_a_lost_reply_pushes_once() {
     // Stalled for 7 s: the push waits, Redis runs it at the end of the stall, and its reply comes after
     // the 5 s response timeout, so the hand-off tries again.
     let stalled = stall(&redis.url(), 7);
-    let handed = oxidekiq::migrate::handoff::divert(&p, &job, Some(&token)).await;
+    let handed =
+        oxidekiq::migrate::handoff::divert(&p, &job, Some(&token), &Default::default()).await;
     stalled.join().unwrap();
     assert_eq!(handed, Some(true));
     let ruby: Vec<String> = c.lrange("queue:ruby", 0, -1).unwrap();

@@ -10,6 +10,7 @@
 //! - [`config`] / [`launch`]: a launcher in this process on the test's Redis; [`wait_for`] polls a
 //!   condition from async code; [`count_in`] counts concurrent runs from a job; [`fixture`] reads the
 //!   repository's `fixtures/`.
+//! - [`http_get`]: one `GET` of the binary's `--http` endpoint.
 //! - [`acl_args`]: `redis-server` arguments for an ACL user `app` with the `default` user off.
 //!
 //! Every test binary uses only part of this, hence the `dead_code` allowance.
@@ -25,7 +26,8 @@ pub use launch::{
 pub use process::{LoggedProcess, Oxidekiq, RubySidekiq};
 pub use ruby::{RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, web_ui_get};
 
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -213,4 +215,28 @@ pub fn acl_args(password: &str) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// `GET path` on 127.0.0.1:port: `(status, content type, body)`, `None` if nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type: ")
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    Some((status, content_type, body.to_string()))
 }
