@@ -257,6 +257,7 @@ impl Parts {
             fleet: fleet.clone(),
             metrics: metrics.clone(),
             handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
+            routes: crate::routes::RolledBack::new(conn.clone()),
             working_prefix: fetch.working_prefix(),
         };
         let alive_ttl = alive_ttl(cfg.beat_interval);

@@ -83,6 +83,7 @@ pub(crate) mod prom;
 pub(crate) mod redis_conn;
 pub mod registry;
 pub(crate) mod retry;
+pub(crate) mod routes;
 pub(crate) mod scheduled;
 pub(crate) mod sentinel;
 pub(crate) mod shutdown;

@@ -215,6 +215,79 @@ pub(crate) struct Manager {
     drain_acks: Arc<tokio::sync::Notify>,
     /// Set once `jobs` ended: what it handed back.
     ended: Option<Vec<UnitOfWork>>,
+    /// Where the push-back sends jobs of a rolled-back class.
+    to_ruby: ToRuby,
+}
+
+/// The push-back of jobs of a class rolled back (`route CLASS 0`) that were fetched from
+/// `<queue>_rust`: they go to `<queue>`, since no oxidekiq may serve the Rust queue any more (the one
+/// stopping may have been the last).
+#[derive(Debug)]
+struct ToRuby {
+    /// The classes rolled back.
+    routes: Arc<crate::routes::RolledBack>,
+    /// Connection for the pushes.
+    conn: crate::redis_conn::Conn,
+    /// This process's working-hash prefix (reliable fetch): each push consumes the job's entry.
+    working_prefix: Option<String>,
+}
+
+impl ToRuby {
+    /// Pushes the units of rolled-back classes to their Ruby queue; returns the others (and any whose
+    /// push failed), for the ordinary push-back.
+    async fn hand_back(&self, units: Vec<UnitOfWork>) -> Vec<UnitOfWork> {
+        let suffix = crate::keys::RUST_QUEUE_SUFFIX;
+        if !units.iter().any(|u| u.queue.ends_with(suffix)) {
+            return units;
+        }
+        // Read now, not from the cache: a stop right after `route CLASS 0` must see the 0.
+        let rolled_back = self.routes.classes(Duration::ZERO).await;
+        if rolled_back.is_empty() {
+            return units;
+        }
+        let mut rest = Vec::new();
+        let mut moved = 0;
+        for unit in units {
+            let job = std::str::from_utf8(unit.raw())
+                .ok()
+                .and_then(|s| Job::from_str(s).ok());
+            let base = job
+                .and_then(|j| crate::routes::redirect(&rolled_back, &unit.queue, j.worker_class()));
+            let Some(base) = base else {
+                rest.push(unit);
+                continue;
+            };
+            let token = self.working_prefix.as_ref().map(|p| crate::retry::Token {
+                working: format!("{p}{}", unit.queue),
+                id: unit.id,
+            });
+            let (base_ref, raw, token) = (&base, unit.raw(), token.as_ref());
+            let pushed =
+                with_retries(|| {
+                    let mut conn = self.conn.clone();
+                    async move {
+                        crate::retry::push_to_queue(&mut conn, base_ref, raw, None, token).await
+                    }
+                })
+                .await;
+            match pushed {
+                Ok(_) => moved += 1,
+                Err(e) => {
+                    tracing::error!(error = %e, to = %base,
+                        "could not hand a job of a rolled-back class to its Ruby queue; it goes back to its Rust queue");
+                    rest.push(unit);
+                }
+            }
+        }
+        if moved > 0 {
+            crate::prom::metrics().pushed_back(moved);
+            tracing::info!(
+                count = moved,
+                "pushed unfinished jobs of rolled-back classes (route 0) to their Ruby queues"
+            );
+        }
+        rest
+    }
 }
 
 impl Manager {
@@ -228,6 +301,11 @@ impl Manager {
         signal: ShutdownSignal,
     ) -> Manager {
         let work = processor.work.clone();
+        let to_ruby = ToRuby {
+            routes: processor.routes.clone(),
+            conn: processor.conn.clone(),
+            working_prefix: processor.working_prefix.clone(),
+        };
         let drain_acks = Arc::new(tokio::sync::Notify::new());
         let acker = tokio::spawn(ack_loop(fetch.clone(), acks, drain_acks.clone()));
         let jobs = tokio::spawn(run(
@@ -243,6 +321,7 @@ impl Manager {
             acker,
             drain_acks,
             ended: None,
+            to_ruby,
         }
     }
 
@@ -285,6 +364,7 @@ impl Manager {
         // to the end served next, so the running (older) ones are served first.
         let mut unfinished = self.ended.take().unwrap_or_default();
         unfinished.extend(self.work.snapshot().into_iter().map(|r| r.unit));
+        let unfinished = self.to_ruby.hand_back(unfinished).await;
         match with_retries(|| fetch.requeue_leftovers(false)).await {
             Ok(0) => {}
             Ok(n) => {

@@ -93,6 +93,9 @@ pub(crate) struct Processor {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// `--handoff QUEUE`: jobs oxidekiq should not run go to a queue Ruby serves.
     pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
+    /// The classes rolled back (`route CLASS 0`): their jobs fetched from `<queue>_rust` go to
+    /// `<queue>` instead of running.
+    pub routes: Arc<crate::routes::RolledBack>,
     /// This process's working-hash prefix ([`crate::keys::working_prefix`]) under reliable fetch, `None`
     /// with basic fetch: a job's entry there is its [`retry::Token`], consumed by its fate write.
     pub working_prefix: Option<String>,
@@ -176,6 +179,9 @@ impl Processor {
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
     async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState<'_>) -> bool {
+        if let Some(handed) = self.roll_back(&job, &queue, state).await {
+            return handed;
+        }
         // The token is only built when a hand-off is configured: most processes have none.
         let token = self.handoff.as_ref().and_then(|_| state.token(&self));
         if let Some(handed) =
@@ -210,6 +216,30 @@ impl Processor {
         // The failure path is boxed: it is rare, and its state would otherwise make every job's task
         // (copied in at spawn) larger.
         Box::pin(self.fail(job, queue, entry, error, elapsed, after, state)).await
+    }
+
+    /// A job of a rolled-back class fetched from `<queue>_rust` goes to `<queue>`, byte for byte,
+    /// instead of starting (a roll back means no new Rust run of the class): `None` when it runs here;
+    /// `Some(true)` when it was handed to Ruby's queue (settled); `Some(false)` when the push was given
+    /// up at the stop (it stays in flight and is pushed back). The push consumes the job's working
+    /// entry in the same script, so a retry after a lost reply pushes nothing twice.
+    async fn roll_back(&self, job: &Job, queue: &str, state: &RunState<'_>) -> Option<bool> {
+        let base = self.routes.redirect(queue, job.worker_class()).await?;
+        let token = state.token(self);
+        let pushed = self
+            .persist(state.park, |mut conn| {
+                let (base, token) = (&base, token.as_ref());
+                async move {
+                    retry::push_to_queue(&mut conn, base, job.raw().as_bytes(), None, token).await
+                }
+            })
+            .await;
+        if pushed.is_none() {
+            return Some(false);
+        }
+        tracing::info!(to = %base, "class rolled back (route 0): handed to its Ruby queue, not run");
+        state.settle(self);
+        Some(true)
     }
 
     /// Counts a run that ended (with `error` when it failed), once per job whatever the path: in the

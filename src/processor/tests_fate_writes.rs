@@ -113,6 +113,7 @@ fn processor(
     let (acks, _rx) = tokio::sync::mpsc::unbounded_channel();
     oxidekiq::processor::Processor {
         registry: Registry::new().freeze().unwrap(),
+        routes: oxidekiq::routes::RolledBack::new(conn.clone()),
         conn,
         stats: Arc::new(Default::default()),
         work: Arc::new(Default::default()),
