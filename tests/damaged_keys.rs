@@ -317,3 +317,67 @@ fn a_wrong_typed_queues_set_pins_no_hand_off_and_loses_no_job() {
         &["--handoff", "ruby"],
     );
 }
+
+/// A worker whose every run asks to run again later (as a limit does): its fate is the `schedule` set.
+#[derive(Debug)]
+struct Later;
+impl oxidekiq::Worker for Later {
+    const CLASS: &'static str = "LaterJob";
+    type Args = oxidekiq::NoArgs;
+    async fn perform(&self, _: &oxidekiq::JobContext, _: oxidekiq::NoArgs) -> oxidekiq::JobResult {
+        Err(oxidekiq::JobError::reschedule(3600.0, "not yet"))
+    }
+}
+
+/// A worker that records each run in the list `good:ran`.
+#[derive(Debug)]
+struct Good;
+impl oxidekiq::Worker for Good {
+    const CLASS: &'static str = "GoodJob";
+    type Args = oxidekiq::NoArgs;
+    async fn perform(
+        &self,
+        ctx: &oxidekiq::JobContext,
+        _: oxidekiq::NoArgs,
+    ) -> oxidekiq::JobResult {
+        let mut c = ctx.redis();
+        let _: () = redis::AsyncCommands::rpush(&mut c, "good:ran", 1).await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_typed_schedule_set_pins_no_processor_and_loses_no_job() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("schedule", "notazset").unwrap();
+    let later: Vec<String> = (0..2)
+        .map(|i| format!(r#"{{"class":"LaterJob","args":[],"jid":"later{i}","queue":"default","retry":true}}"#))
+        .collect();
+    push(&mut c, "default", &later);
+    let mut registry = oxidekiq::Registry::new();
+    registry.register(Later).register(Good);
+    let handle = support::launch(support::config(&redis.url(), &["default"], 2), registry).await;
+    let want = ["later0".to_string(), "later1".to_string()];
+    support::wait_for("the rescheduled jobs held", WAIT, || {
+        held_jids(&mut c) == want
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let good: Vec<String> = (0..3)
+        .map(|i| format!(r#"{{"class":"GoodJob","args":[],"jid":"good{i}","queue":"default"}}"#))
+        .collect();
+    push(&mut c, "default", &good);
+    support::wait_for("the good jobs done", WAIT, || {
+        c.llen::<_, usize>("good:ran").unwrap() == 3
+    })
+    .await;
+    assert_eq!(held_jids(&mut c), want);
+    let _: () = c.del("schedule").unwrap();
+    support::wait_for("the reschedules written", Duration::from_secs(60), || {
+        jids_in(&mut c, "schedule") == want
+    })
+    .await;
+    assert!(held_jids(&mut c).is_empty());
+    handle.stop().await.unwrap();
+}

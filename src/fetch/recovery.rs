@@ -123,12 +123,19 @@ async fn key_type(conn: &mut Conn, key: &str) -> Result<String> {
     Ok(redis::cmd("TYPE").arg(key).query_async(conn).await?)
 }
 
-/// Suspect marks kept in memory while the suspects hash has the wrong type: identity → Redis time in
-/// ms when this process first saw it without its liveness key. Process-wide, as the hash is
-/// Redis-wide; each process that runs a pass judges by its own marks, so a dead process's jobs still
-/// go back one grace after the first pass that saw it, and a merely stalled one keeps them.
-static MEMORY_MARKS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, u64>>> =
+/// Suspect marks kept in memory while the suspects hash has the wrong type: identity → (Redis time in
+/// ms when this process first saw it without its liveness key, when this process last saw it so).
+/// Process-wide, as the hash is Redis-wide; each process that runs a pass judges by its own marks, so
+/// a dead process's jobs still go back one grace after the first pass that saw it, and a merely
+/// stalled one keeps them. The suspect cannot clear a mark in another process's memory (its beat
+/// clears the hash's), so a mark not seen again within two graces is stale: the absence it dated may
+/// have ended since, and a new one starts its own grace. (Two, not one: each process runs its own
+/// passes, a little over a grace apart at most, and a pass missed to another's lock must not reset it.)
+static MEMORY_MARKS: std::sync::LazyLock<std::sync::Mutex<Marks>> =
     std::sync::LazyLock::new(Default::default);
+
+/// [`MEMORY_MARKS`]' map.
+type Marks = std::collections::HashMap<String, (u64, tokio::time::Instant)>;
 
 /// What of recovery's own bookkeeping can be used in this pass.
 #[derive(Debug, Clone, Copy)]
@@ -311,7 +318,9 @@ async fn recover_locked(
             let since = MEMORY_MARKS
                 .lock()
                 .ok()
-                .and_then(|m| m.get(&identity).copied());
+                .and_then(|m| m.get(&identity).copied())
+                .filter(|(_, seen)| seen.elapsed() < policy.grace * 2)
+                .map(|(ms, _)| ms);
             since.map_or_else(|| "m".to_string(), |ms| format!("m{ms}"))
         };
         let mut inv = script.key(keys::alive(&identity));
@@ -334,7 +343,13 @@ async fn recover_locked(
         {
             match state {
                 1 => {
-                    marks.entry(identity.clone()).or_insert(redis_ms);
+                    let seen = tokio::time::Instant::now();
+                    let mark = marks.entry(identity.clone()).or_insert((redis_ms, seen));
+                    if mark.1.elapsed() >= policy.grace * 2 {
+                        // Stale (see MEMORY_MARKS): this absence starts now.
+                        mark.0 = redis_ms;
+                    }
+                    mark.1 = seen;
                 }
                 _ if err.is_empty() => {
                     marks.remove(&identity);
