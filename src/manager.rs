@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fetch::{self, Fetch, UnitOfWork};
 use crate::job::Job;
-use crate::processor::{Park, Processor, Stats, to_base36};
+use crate::processor::{Park, Processor, to_base36};
 use crate::shutdown::{Phase, ShutdownSignal};
 use crate::time;
 
@@ -233,6 +233,15 @@ struct ToRuby {
 }
 
 impl ToRuby {
+    /// The push-back of `processor`'s jobs.
+    fn of(processor: &Processor) -> ToRuby {
+        ToRuby {
+            routes: processor.routes.clone(),
+            conn: processor.conn.clone(),
+            working_prefix: processor.working_prefix.clone(),
+        }
+    }
+
     /// Pushes the units of rolled-back classes to their Ruby queue; returns the others (and any whose
     /// push failed), for the ordinary push-back.
     async fn hand_back(&self, units: Vec<UnitOfWork>) -> Vec<UnitOfWork> {
@@ -301,11 +310,7 @@ impl Manager {
         signal: ShutdownSignal,
     ) -> Manager {
         let work = processor.work.clone();
-        let to_ruby = ToRuby {
-            routes: processor.routes.clone(),
-            conn: processor.conn.clone(),
-            working_prefix: processor.working_prefix.clone(),
-        };
+        let to_ruby = ToRuby::of(&processor);
         let drain_acks = Arc::new(tokio::sync::Notify::new());
         let acker = tokio::spawn(ack_loop(fetch.clone(), acks, drain_acks.clone()));
         let jobs = tokio::spawn(run(
@@ -458,7 +463,7 @@ async fn run(
     for _ in 0..loop_count {
         loops.spawn(fetch_loop(
             fetch.clone(),
-            processor.stats.clone(),
+            processor.clone(),
             tasks.clone(),
             Share {
                 slots: slots.clone(),
@@ -648,7 +653,7 @@ async fn take_slots(
 /// One fetch loop: take free slots (at most `share`), fetch that many jobs, hand them to the processors.
 async fn fetch_loop(
     fetch: Arc<dyn Fetch>,
-    stats: Arc<Stats>,
+    processor: Arc<Processor>,
     tasks: FeedSender,
     share: Share,
     outage: Outage,
@@ -657,6 +662,10 @@ async fn fetch_loop(
 ) -> Vec<UnitOfWork> {
     let mut backoff = Duration::from_millis(100);
     let mut stranded = Vec::new();
+    let stats = processor.stats.clone();
+    // Jobs fetched after quiet go back; those of a rolled-back class to their Ruby queue.
+    let to_ruby = ToRuby::of(&processor);
+    drop(processor);
     while !signal.is_quiet() {
         let Some(permits) = take_slots(&share, &mut signal).await else {
             break;
@@ -701,7 +710,7 @@ async fn fetch_loop(
                 continue;
             }
         };
-        stranded.extend(hand_out(&*fetch, units, permits, &tasks, signal.clone()).await);
+        stranded.extend(hand_out(&*fetch, units, permits, &tasks, signal.clone(), &to_ruby).await);
     }
     drop(fetching);
     stranded
@@ -718,11 +727,13 @@ async fn hand_out(
     permits: Vec<OwnedSemaphorePermit>,
     tasks: &FeedSender,
     signal: ShutdownSignal,
+    to_ruby: &ToRuby,
 ) -> Vec<UnitOfWork> {
     let keep = if signal.is_quiet() { 0 } else { permits.len() };
     let mut stranded = Vec::new();
     if units.len() > keep {
         let back: Vec<UnitOfWork> = units.drain(keep..).collect();
+        let back = to_ruby.hand_back(back).await;
         let mut cancelled = signal.clone();
         let pushed = tokio::select! {
             r = with_retries(|| fetch.bulk_requeue(&back)) => match r {
