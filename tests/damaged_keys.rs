@@ -381,3 +381,17 @@ async fn a_wrong_typed_schedule_set_pins_no_processor_and_loses_no_job() {
     assert!(held_jids(&mut c).is_empty());
     handle.stop().await.unwrap();
 }
+
+#[test]
+fn orphan_recovery_goes_on_when_a_dead_process_liveness_key_is_not_one() {
+    killed_process_jobs_are_recovered_despite(
+        |c| {
+            // The killed process's liveness key becomes a list without a TTL: no sign of life.
+            let alive: Vec<String> = c.keys("oxidekiq:alive:*").unwrap();
+            assert_eq!(alive.len(), 1, "{alive:?}");
+            let _: () = c.del(&alive[0]).unwrap();
+            let _: () = c.rpush(&alive[0], "x").unwrap();
+        },
+        "oxidekiq:alive:",
+    );
+}

@@ -38,7 +38,9 @@ const SCAN_COUNT: usize = 1000;
 /// first seen without it is only marked; only one still without it a grace later (measured by Redis's
 /// own clock) has its jobs pushed back. So a process that merely could not beat (a Redis stall longer
 /// than the TTL) re-sets its key on its next beat and keeps its jobs. Returns {state (0 alive, 1
-/// suspect, 2 recovered), moved, killed, error, Redis time in ms}.
+/// suspect, 2 recovered), moved, killed, error, Redis time in ms, a damaged liveness key ('' if
+/// none)}. A liveness key that is not a string with a TTL (every one is written by `PSETEX`) counts as
+/// gone, reported, so a damaged one cannot keep a dead process's jobs in its keys for good.
 const ORPHAN_LUA: &str = concat!(
     lua_common!(),
     super::lua_move_back!(),
@@ -47,9 +49,15 @@ const ORPHAN_LUA: &str = concat!(
 if redis.replicate_commands then redis.replicate_commands() end
 local who = ARGV[7]
 local mem = ARGV[8] ~= ''
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- Every liveness key is a string with a TTL (PSETEX); anything else there is no sign of life, or the
+-- process's jobs would stay in its keys for good. It is reported (6th reply) and judged as absent.
+local ttl, alive_kind = redis.call('PTTL', KEYS[1]), kind(KEYS[1])
+local damaged = ''
+if ttl >= 0 and alive_kind == 'string' then
   if not mem then redis.call('HDEL', KEYS[2], who) end
-  return {0, 0, 0, '', 0}
+  return {0, 0, 0, '', 0, ''}
+elseif ttl ~= -2 then
+  damaged = KEYS[1] .. ' is a ' .. alive_kind .. ' with ' .. (ttl == -1 and 'no TTL' or 'a TTL') .. ', not the string with a TTL every liveness key is'
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -57,9 +65,9 @@ local since
 if mem then since = tonumber(string.sub(ARGV[8], 2)) else since = tonumber(redis.call('HGET', KEYS[2], who)) end
 if not since then
   if not mem then redis.call('HSET', KEYS[2], who, string.format('%d', now_ms)) end
-  return {1, 0, 0, '', now_ms}
+  return {1, 0, 0, '', now_ms, damaged}
 end
-if now_ms - since < tonumber(ARGV[1]) then return {1, 0, 0, '', now_ms} end
+if now_ms - since < tonumber(ARGV[1]) then return {1, 0, 0, '', now_ms, damaged} end
 local limit = tonumber(ARGV[2])
 local moved, killed, errs = 0, 0, {}
 for i = 5, #KEYS, 2 do
@@ -70,7 +78,7 @@ for i = 5, #KEYS, 2 do
   if err then errs[#errs + 1] = err end
 end
 if #errs == 0 and not mem then redis.call('HDEL', KEYS[2], who) end
-return {2, moved, killed, table.concat(errs, '; '), now_ms}
+return {2, moved, killed, table.concat(errs, '; '), now_ms, damaged}
 "#
 );
 
@@ -336,8 +344,13 @@ async fn recover_locked(
             .arg(dead_max)
             .arg(&identity)
             .arg(&mark);
-        let (state, moved, killed, err, redis_ms): (u8, u64, u64, String, u64) =
+        let (state, moved, killed, err, redis_ms, damaged): (u8, u64, u64, String, u64, String) =
             inv.invoke_async(conn).await?;
+        if !damaged.is_empty() {
+            tracing::error!(process = %identity, error = %damaged,
+                "orphan recovery: a liveness key of oxidekiq's is damaged; its process is judged by the \
+                 recovery grace as if the key were gone");
+        }
         if !books.suspects
             && let Ok(mut marks) = MEMORY_MARKS.lock()
         {
