@@ -162,7 +162,9 @@ pub(crate) async fn enqueue_due_routed(
         let (moved, failed, error): (u64, u64, String) = inv.invoke_async(conn).await?;
         total += moved;
         if failed > 0 {
-            tracing::warn!(set, count = failed, error = %error,
+            // Not an outage (that fails the whole call): a key of the wrong type, which will not mend
+            // by itself, so it is an error; the other due jobs moved on.
+            tracing::error!(set, count = failed, error = %error,
                 "due jobs stay in their set: their queue cannot take them (retried next round)");
             skip += failed;
         }
