@@ -360,7 +360,9 @@ impl Heartbeat {
             // The transaction ran, even if some of its commands failed: the counts are in, and the
             // signal it popped is acted on (restoring either would count twice or lose the signal).
             Ok(mut replies) => match replies.pop() {
-                Some(Ok(v)) => Ok(redis::from_redis_value::<Option<String>>(v).unwrap_or(None)),
+                Some(v @ redis::Value::BulkString(_)) => {
+                    Ok(redis::from_redis_value::<Option<String>>(v).unwrap_or(None))
+                }
                 _ => Ok(None),
             },
             Err(e) => {
@@ -400,23 +402,32 @@ impl Heartbeat {
     }
 }
 
-/// Runs the commands of `pipe` as one `MULTI`/`EXEC` and returns every reply, in order, whatever
-/// `pipe` marked as ignored. Redis runs every other command of a transaction when one fails at run
-/// time (a key of the wrong type): its effects are in, so a caller must not write them again, and
-/// what it popped must be used. Each failed command is logged at error level with its key and the
-/// key's type. `Err` only when the transaction did not run (a connection error, `EXECABORT`).
-async fn exec_all(
-    conn: &mut Conn,
-    pipe: &redis::Pipeline,
-) -> Result<Vec<redis::RedisResult<redis::Value>>> {
-    let mut all = redis::pipe();
-    all.atomic().ignore_errors();
-    for cmd in pipe.cmd_iter() {
-        all.add_command(cmd.clone());
-    }
-    let replies: Vec<redis::RedisResult<redis::Value>> = all.query_async(conn).await?;
+/// Runs `pipe` (atomic) as one `MULTI`/`EXEC` and returns every reply, in order, whatever `pipe`
+/// marked as ignored. Redis runs every other command of a transaction when one fails at run time (a
+/// key of the wrong type): its effects are in, so a caller must not write them again, and what it
+/// popped must be used. Each failed command is logged at error level with its key and the key's type.
+/// `Err` only when the transaction did not run (a connection error, `EXECABORT`).
+///
+/// The raw `EXEC` reply is read with the pipeline's own request (what `query_async` sends), before
+/// redis-rs turns one failed command into an error for the whole pipeline; nothing is copied.
+async fn exec_all(conn: &mut Conn, pipe: &redis::Pipeline) -> Result<Vec<redis::Value>> {
+    use redis::aio::ConnectionLike;
+    let mut reply = conn.req_packed_commands(pipe, pipe.len() + 1, 1).await?;
+    let replies = match reply.pop() {
+        Some(redis::Value::Array(items)) => items,
+        Some(redis::Value::ServerError(e)) => return Err(redis::RedisError::from(e).into()),
+        other => {
+            return Err(crate::Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected reply to the beat's EXEC",
+                format!("{other:?}"),
+            ))));
+        }
+    };
     for (cmd, reply) in pipe.cmd_iter().zip(&replies) {
-        let Err(e) = reply else { continue };
+        let redis::Value::ServerError(e) = reply else {
+            continue;
+        };
         let mut args = cmd.args_iter().filter_map(|a| match a {
             redis::Arg::Simple(b) => Some(String::from_utf8_lossy(b).into_owned()),
             _ => None,
@@ -430,7 +441,7 @@ async fn exec_all(
             .query_async(conn)
             .await
             .unwrap_or_else(|_| "unknown".into());
-        tracing::error!(command = %name, key = %key, key_type = %kind, error = %e,
+        tracing::error!(command = %name, key = %key, key_type = %kind, error = ?e,
             "heartbeat: one command of the beat failed (a key of the wrong type?); the others ran and \
              are not repeated: repair or delete the key");
     }
