@@ -476,7 +476,7 @@ impl Processor {
     ///   up on only at the shutdown deadline, as every job then is;
     /// - any other failure (a key of the wrong type, out of memory, a script error) will not mend by
     ///   itself: it is logged at error level, counted, shown by `/ready`, and the job gives up its slot
-    ///   ([`Park::park`]) so the other jobs keep moving, then is retried every 1 to 30 s until it
+    ///   ([`Park::park`]) so the other jobs keep moving, then is retried every 1 to 10 s until it
     ///   lands, or given up on once the process is stopping.
     pub(crate) async fn persist<T, F, Fut>(&self, park: &Park, mut write: F) -> Option<T>
     where
@@ -535,7 +535,7 @@ impl Processor {
                         _ = tokio::time::sleep(delay) => {}
                         _ = signal.reached(crate::shutdown::Phase::Stopping) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(30));
+                    delay = (delay * 2).min(Duration::from_secs(10));
                 }
             }
         }

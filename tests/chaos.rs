@@ -360,7 +360,11 @@ impl Plan {
                 Event::Stall => "stall",
                 Event::Quiet(_) => "quiet",
                 Event::StopInStall(_) => "stop-in-stall",
-                Event::Damage(_) => "damage",
+                Event::Damage(Damage::Recovered) => "damage-recovered",
+                Event::Damage(Damage::Suspects) => "damage-suspects",
+                Event::Damage(Damage::RecoveryLock) => "damage-lock",
+                Event::Damage(Damage::StatDaily) => "damage-stat",
+                Event::Damage(Damage::Retry) => "damage-retry",
                 Event::Repair(_) => continue,
                 Event::RollBack => "rollback",
             };
@@ -1056,8 +1060,18 @@ impl<'a> Run<'a> {
             }
         }
         let queue_keys: Vec<String> = c.keys("queue:*").unwrap();
+        // After a roll back, the Ruby twin of the `_rust` queue: what is there was handed to Ruby,
+        // which runs it (and fails it) from there.
+        let ruby_queue = self
+            .rust_queue()
+            .map(|q| format!("queue:{}", q.trim_end_matches("_rust")));
         for k in queue_keys {
             let members: Vec<String> = c.lrange(&k, 0, -1).unwrap();
+            let place = if Some(&k) == ruby_queue.as_ref() {
+                "ruby"
+            } else {
+                "queue"
+            };
             for m in members {
                 let v: serde_json::Value = serde_json::from_str(&m).unwrap_or_default();
                 let has_error = v.get("error_class").is_some();
@@ -1065,7 +1079,7 @@ impl<'a> Run<'a> {
                     places
                         .entry(j.to_string())
                         .or_default()
-                        .push(("queue", has_error));
+                        .push((place, has_error));
                 }
             }
         }
@@ -1099,10 +1113,11 @@ impl<'a> Run<'a> {
 
         let mut interrupted: HashSet<String> = HashSet::new();
         for (_, log) in &self.logs {
-            for line in log
-                .lines()
-                .filter(|l| l.contains("interrupted by shutdown"))
-            {
+            for line in log.lines().filter(|l| {
+                l.contains("interrupted by shutdown")
+                        // A failed run whose fate write a damaged key refused, pushed back at a stop.
+                        || l.contains("whose fate cannot be written is pushed back")
+            }) {
                 if let Some(rest) = line.split("jid=").nth(1) {
                     interrupted.insert(rest.split(' ').next().unwrap_or("").to_string());
                 }
@@ -1137,7 +1152,7 @@ impl<'a> Run<'a> {
                 match *p {
                     "retry" => n_retry += 1,
                     "dead" => n_dead += 1,
-                    "queue" => n_queued += 1,
+                    "queue" | "ruby" => n_queued += 1,
                     "schedule" => n_sched += 1,
                     _ => {}
                 }
@@ -1153,7 +1168,8 @@ impl<'a> Run<'a> {
             let failed_properly = at
                 .iter()
                 .any(|(p, err)| matches!(*p, "retry" | "dead") || (*p == "queue" && *err))
-                || (at.iter().any(|(p, _)| *p == "queue") && interrupted.contains(&job.jid));
+                || (at.iter().any(|(p, _)| *p == "queue") && interrupted.contains(&job.jid))
+                || at.iter().any(|(p, _)| *p == "ruby");
             if r > 0 && !failed_properly {
                 match job.mode {
                     "panic" => panic_not_failed.push(job.jid.clone()),
