@@ -6,8 +6,9 @@
 //! `<queue>_rust`), the manager (the push-back at stop) and the poller (a retry or scheduled job coming
 //! due toward `<queue>_rust`) ask it where such a job goes; `migrate::route` writes the table.
 //!
-//! A class is rolled back when its share is exactly 0 (a class with no route was never routed, and a
-//! job on a `_rust` queue without a route was put there on purpose). The table is read at most every
+//! A class is rolled back when its share is 0 (or anything the Ruby router reads as 0: a negative or
+//! unreadable value); a class with no route was never routed, and a job on a `_rust` queue without a
+//! route was put there on purpose. The table is read at most every
 //! [`REFRESH`], as the Ruby router reads it (`ruby/oxidekiq.rb` `REFRESH`), and only by processes that
 //! meet a `_rust` queue; a failed read keeps the last answer.
 
@@ -96,7 +97,8 @@ async fn read(conn: &mut Conn) -> Result<HashSet<String>> {
         .await?;
     Ok(all
         .into_iter()
-        .filter(|(_, share)| share.trim().parse::<u32>() == Ok(0))
+        // As the Ruby router reads a share (`to_i.clamp(0, 100)`): anything not above 0 routes nothing.
+        .filter(|(_, share)| share.trim().parse::<i64>().map_or(true, |n| n <= 0))
         .map(|(class, _)| class)
         .collect())
 }
