@@ -50,6 +50,23 @@ impl Error {
             _ => false,
         }
     }
+
+    /// True when the error says Redis is away or busy for now (a dropped or refused connection, a
+    /// timeout, a server still loading, a failover under way, a busy script): waiting and trying again
+    /// is the cure. False for an error that stays until someone acts (a key of the wrong type, out of
+    /// memory, a script error): retrying it in a loop only hides it.
+    pub fn is_outage(&self) -> bool {
+        if self.is_connection_error() {
+            return true;
+        }
+        let Error::Redis(e) = self else {
+            return false;
+        };
+        matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY")
+        )
+    }
 }
 
 impl fmt::Display for Error {
@@ -301,6 +318,22 @@ mod tests {
         assert_eq!(e.class, "core::num::error::ParseIntError");
         assert_eq!(e.message, "invalid digit found in string");
         assert_eq!(e.action, RetryAction::Default);
+    }
+
+    #[test]
+    fn an_outage_is_told_apart_from_a_damaged_key() {
+        let io: Error =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+                .into();
+        assert!(io.is_outage());
+        let wrong: Error = redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "a key has the wrong type",
+            "retry is a string, not a sorted set".to_string(),
+        ))
+        .into();
+        assert!(!wrong.is_outage());
+        assert!(!Error::Config("x".into()).is_outage());
     }
 
     #[test]

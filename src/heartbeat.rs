@@ -356,13 +356,19 @@ impl Heartbeat {
             .ignore();
         pipe.cmd("EXPIRE").arg(id).arg(TTL_SECS).ignore();
         pipe.cmd("RPOP").arg(keys::signals(id));
-        let result: redis::RedisResult<(Option<String>,)> = pipe.query_async(&mut conn).await;
-        match result {
-            Ok((signal,)) => Ok(signal),
+        match exec_all(&mut conn, &pipe).await {
+            // The transaction ran, even if some of its commands failed: the counts are in, and the
+            // signal it popped is acted on (restoring either would count twice or lose the signal).
+            Ok(mut replies) => match replies.pop() {
+                Some(v @ redis::Value::BulkString(_)) => {
+                    Ok(redis::from_redis_value::<Option<String>>(v).unwrap_or(None))
+                }
+                _ => Ok(None),
+            },
             Err(e) => {
                 self.stats.restore(processed, failed);
                 self.metrics.restore(metrics);
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -387,13 +393,59 @@ impl Heartbeat {
             .arg(keys::workers_legacy(id))
             .ignore();
         let mut conn = self.conn.clone();
-        if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+        if let Err(e) = exec_all(&mut conn, &pipe).await {
             self.stats.restore(processed, failed);
             self.metrics.restore(metrics);
-            return Err(e.into());
+            return Err(e);
         }
         Ok(())
     }
+}
+
+/// Runs `pipe` (atomic) as one `MULTI`/`EXEC` and returns every reply, in order, whatever `pipe`
+/// marked as ignored. Redis runs every other command of a transaction when one fails at run time (a
+/// key of the wrong type): its effects are in, so a caller must not write them again, and what it
+/// popped must be used. Each failed command is logged at error level with its key and the key's type.
+/// `Err` only when the transaction did not run (a connection error, `EXECABORT`).
+///
+/// The raw `EXEC` reply is read with the pipeline's own request (what `query_async` sends), before
+/// redis-rs turns one failed command into an error for the whole pipeline; nothing is copied.
+async fn exec_all(conn: &mut Conn, pipe: &redis::Pipeline) -> Result<Vec<redis::Value>> {
+    use redis::aio::ConnectionLike;
+    let mut reply = conn.req_packed_commands(pipe, pipe.len() + 1, 1).await?;
+    let replies = match reply.pop() {
+        Some(redis::Value::Array(items)) => items,
+        Some(redis::Value::ServerError(e)) => return Err(redis::RedisError::from(e).into()),
+        other => {
+            return Err(crate::Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected reply to the beat's EXEC",
+                format!("{other:?}"),
+            ))));
+        }
+    };
+    for (cmd, reply) in pipe.cmd_iter().zip(&replies) {
+        let redis::Value::ServerError(e) = reply else {
+            continue;
+        };
+        let mut args = cmd.args_iter().filter_map(|a| match a {
+            redis::Arg::Simple(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        });
+        let (name, key) = (
+            args.next().unwrap_or_default(),
+            args.next().unwrap_or_default(),
+        );
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .unwrap_or_else(|_| "unknown".into());
+        tracing::error!(command = %name, key = %key, key_type = %kind, error = ?e,
+            "heartbeat: one command of the beat failed (a key of the wrong type?); the others ran and \
+             are not repeated: repair or delete the key");
+    }
+    Ok(replies)
 }
 
 /// `INCRBY stat:processed|failed n` and the daily keys with their 5-year TTL (`launcher.rb flush_stats`),

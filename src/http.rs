@@ -8,8 +8,10 @@
 //!   is wedged and should be restarted; a Redis outage is no reason to restart it.
 //! - `/ready` (readiness): `200 ready` when Redis answers `PING` within [`REDIS_CHECK`], the last
 //!   heartbeat reached Redis recently (within three beat intervals, as the reliable fetch's alive
-//!   key), and the process is neither quiet nor stopping; else `503` with the reason in the body
-//!   (`redis unreachable: ...`, `heartbeat stale: ...`, `quiet`, `stopping`).
+//!   key), the process is neither quiet nor stopping, and no job waits for a fate write that fails
+//!   for a reason other than an outage (a key of the wrong type); else `503` with the reason in the
+//!   body (`redis unreachable: ...`, `heartbeat stale: ...`, `quiet`, `stopping`, `... job(s) whose
+//!   fate cannot be written ...`).
 //!
 //! HTTP/1.1 by hyper (with hyper-util's tokio glue): no parsing here. Requests are read with a
 //! header timeout, so an idle or slow client holds nothing for long, and at most
@@ -212,6 +214,11 @@ async fn readiness(state: &State) -> std::result::Result<(), String> {
     }
     if state.signal.is_quiet() {
         return Err("quiet".into());
+    }
+    if let Some((n, why)) = prom::metrics().stuck_fates() {
+        return Err(format!(
+            "{n} job(s) whose fate cannot be written to redis (not an outage): {why}"
+        ));
     }
     let mut conn = state.conn.clone();
     let cmd = redis::cmd("PING");

@@ -341,7 +341,7 @@ impl Parts {
         // runtime.
         let locks = Locks::new(job_conn.clone());
         let processor = Processor {
-            registry: registry.freeze(),
+            registry: registry.freeze()?,
             conn: job_conn.clone(),
             stats: stats.clone(),
             work: work.clone(),
@@ -353,6 +353,7 @@ impl Parts {
             metrics: metrics.clone(),
             handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
             locks: locks.clone(),
+            routes: crate::routes::RolledBack::new(conn.clone()),
             working_prefix: fetch.working_prefix(),
         };
         let alive_ttl = alive_ttl(cfg.beat_interval);

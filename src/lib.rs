@@ -103,6 +103,7 @@ pub(crate) mod redact;
 pub(crate) mod redis_conn;
 pub mod registry;
 pub(crate) mod retry;
+pub(crate) mod routes;
 pub(crate) mod scheduled;
 pub(crate) mod sentinel;
 pub(crate) mod shutdown;

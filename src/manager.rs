@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fetch::{self, Fetch, UnitOfWork};
 use crate::job::Job;
-use crate::processor::{Processor, Stats};
+use crate::processor::{Park, Processor};
 use crate::shutdown::{Phase, ShutdownSignal};
 use crate::work_table::WorkTable;
 
@@ -144,6 +144,88 @@ pub(crate) struct Manager {
     ended: Option<Vec<UnitOfWork>>,
     /// How many unfinished jobs the push-back took out of the work table but could not push back.
     not_pushed_back: usize,
+    /// Where the push-back sends jobs of a rolled-back class.
+    to_ruby: ToRuby,
+}
+
+/// The push-back of jobs of a class rolled back (`route CLASS 0`) that were fetched from
+/// `<queue>_rust`: they go to `<queue>`, since no oxidekiq may serve the Rust queue any more (the one
+/// stopping may have been the last).
+#[derive(Debug)]
+struct ToRuby {
+    /// The classes rolled back.
+    routes: Arc<crate::routes::RolledBack>,
+    /// Connection for the pushes.
+    conn: crate::redis_conn::Conn,
+    /// This process's working-hash prefix (reliable fetch): each push consumes the job's entry.
+    working_prefix: Option<String>,
+}
+
+impl ToRuby {
+    /// The push-back of `processor`'s jobs.
+    fn of(processor: &Processor) -> ToRuby {
+        ToRuby {
+            routes: processor.routes.clone(),
+            conn: processor.conn.clone(),
+            working_prefix: processor.working_prefix.clone(),
+        }
+    }
+
+    /// Pushes the units of rolled-back classes to their Ruby queue; returns the others (and any whose
+    /// push failed), for the ordinary push-back.
+    async fn hand_back(&self, units: Vec<UnitOfWork>) -> Vec<UnitOfWork> {
+        let suffix = crate::keys::RUST_QUEUE_SUFFIX;
+        if !units.iter().any(|u| u.queue.ends_with(suffix)) {
+            return units;
+        }
+        // Read now, not from the cache: a stop right after `route CLASS 0` must see the 0.
+        let rolled_back = self.routes.classes(Duration::ZERO).await;
+        if rolled_back.is_empty() {
+            return units;
+        }
+        let mut rest = Vec::new();
+        let mut moved = 0;
+        for unit in units {
+            let job = std::str::from_utf8(unit.raw())
+                .ok()
+                .and_then(|s| Job::from_str(s).ok());
+            let base = job
+                .and_then(|j| crate::routes::redirect(&rolled_back, &unit.queue, j.worker_class()));
+            let Some(base) = base else {
+                rest.push(unit);
+                continue;
+            };
+            let token = self.working_prefix.as_ref().map(|p| crate::retry::Token {
+                working: format!("{p}{}", unit.queue),
+                id: unit.id,
+            });
+            let (base_ref, raw, token) = (&base, unit.raw(), token.as_ref());
+            let pushed =
+                with_retries(|| {
+                    let mut conn = self.conn.clone();
+                    async move {
+                        crate::retry::push_to_queue(&mut conn, base_ref, raw, None, token).await
+                    }
+                })
+                .await;
+            match pushed {
+                Ok(_) => moved += 1,
+                Err(e) => {
+                    tracing::error!(error = %e, to = %base,
+                        "could not hand a job of a rolled-back class to its Ruby queue; it goes back to its Rust queue");
+                    rest.push(unit);
+                }
+            }
+        }
+        if moved > 0 {
+            crate::prom::metrics().pushed_back(moved);
+            tracing::info!(
+                count = moved,
+                "pushed unfinished jobs of rolled-back classes (route 0) to their Ruby queues"
+            );
+        }
+        rest
+    }
 }
 
 impl Manager {
@@ -162,6 +244,7 @@ impl Manager {
         jobs: tokio::runtime::Handle,
     ) -> Manager {
         let work = processor.work.clone();
+        let to_ruby = ToRuby::of(&processor);
         let drain_acks = Arc::new(tokio::sync::Notify::new());
         let acker = tokio::spawn(ack_loop(fetch.clone(), acks, drain_acks.clone()));
         let jobs = tokio::spawn(run(
@@ -179,6 +262,7 @@ impl Manager {
             drain_acks,
             ended: None,
             not_pushed_back: 0,
+            to_ruby,
         }
     }
 
@@ -225,6 +309,7 @@ impl Manager {
         // ack for a job that is pushed back (its failure writes no fate either: the phase is
         // Cancelled). The row is the one claim on the job's fate, and it is the push-back's now.
         unfinished.extend(self.work.drain().into_iter().map(|r| r.unit));
+        let unfinished = self.to_ruby.hand_back(unfinished).await;
         match with_retries(|| fetch.requeue_leftovers(false)).await {
             Ok(0) => {}
             Ok(n) => {
@@ -298,11 +383,17 @@ async fn run(
     let slots = Arc::new(Semaphore::new(concurrency));
     let (feed, tasks) = Feed::new();
     let mut processors = JoinSet::new();
+    // A job whose fate write is stuck gives up its slot and asks here for a processor in its place.
+    let (respawn, respawn_rx) = mpsc::unbounded_channel();
+    let spawner = Spawner {
+        jobs: jobs.clone(),
+        processor: processor.clone(),
+        feed: feed.clone(),
+        signal: signal.clone(),
+        respawn,
+    };
     for _ in 0..concurrency {
-        processors.spawn_on(
-            process_loop(processor.clone(), feed.clone(), signal.clone()),
-            &jobs,
-        );
+        spawner.spawn(&mut processors);
     }
     let outage: Outage = Arc::default();
     let mut loops = JoinSet::new();
@@ -317,7 +408,7 @@ async fn run(
     for _ in 0..loop_count {
         loops.spawn(fetch_loop(
             fetch.clone(),
-            processor.stats.clone(),
+            processor.clone(),
             tasks.clone(),
             Share {
                 slots: slots.clone(),
@@ -339,7 +430,7 @@ async fn run(
     let (unhanded, stranded, mut left) = tokio::join!(
         quiet_sweep(&*fetch, &feed, fetching_rx, signal.clone()),
         join,
-        wait_for(&mut processors, signal)
+        wait_for(&mut processors, signal, spawner, respawn_rx)
     );
     left.extend(unhanded);
     left.extend(stranded);
@@ -357,6 +448,7 @@ async fn process_loop(
     processor: Arc<Processor>,
     feed: Arc<Feed>,
     signal: ShutdownSignal,
+    respawn: mpsc::UnboundedSender<()>,
 ) -> Option<UnitOfWork> {
     loop {
         let next = feed.recv().await;
@@ -367,7 +459,8 @@ async fn process_loop(
         }
         // `process` catches a job's panic itself; this guard only keeps the processor alive should its
         // own recovery panic as well (the job then stays held, and the shutdown pushes it back).
-        if crate::processor::catch_unwind(processor.clone().process(unit))
+        let park = Park::new(slot, respawn.clone());
+        if crate::processor::catch_unwind(processor.clone().process(unit, &park))
             .await
             .is_err()
         {
@@ -375,7 +468,36 @@ async fn process_loop(
                 "a job's panic recovery panicked; the job stays held until the shutdown"
             );
         }
-        drop(slot);
+        if park.parked() {
+            // Its job gave up the slot while its fate write was stuck, and a fresh processor took
+            // this one's place: end, so the count stays `concurrency`.
+            return None;
+        }
+    }
+}
+
+/// Starts processors: `concurrency` at first, and one in the place of each whose job's fate write is
+/// stuck ([`Park`]).
+struct Spawner {
+    /// The job runtime the processors run on (never the control plane's).
+    jobs: tokio::runtime::Handle,
+    processor: Arc<Processor>,
+    feed: Arc<Feed>,
+    signal: ShutdownSignal,
+    respawn: mpsc::UnboundedSender<()>,
+}
+
+impl Spawner {
+    fn spawn(&self, processors: &mut JoinSet<Option<UnitOfWork>>) {
+        processors.spawn_on(
+            process_loop(
+                self.processor.clone(),
+                self.feed.clone(),
+                self.signal.clone(),
+                self.respawn.clone(),
+            ),
+            &self.jobs,
+        );
     }
 }
 
@@ -385,6 +507,8 @@ async fn process_loop(
 async fn wait_for(
     processors: &mut JoinSet<Option<UnitOfWork>>,
     mut signal: ShutdownSignal,
+    spawner: Spawner,
+    mut respawn: mpsc::UnboundedReceiver<()>,
 ) -> Vec<UnitOfWork> {
     let mut left = Vec::new();
     let mut collect = |next: Option<std::result::Result<Option<UnitOfWork>, _>>| match next {
@@ -394,10 +518,15 @@ async fn wait_for(
         }
         None => false,
     };
-    tokio::select! {
-        _ = async { while collect(processors.join_next().await) {} } => return left,
-        _ = signal.cancelled() => {}
+    loop {
+        tokio::select! {
+            next = processors.join_next() => if !collect(next) { return left },
+            Some(()) = respawn.recv() => spawner.spawn(processors),
+            _ = signal.cancelled() => break,
+        }
     }
+    // Its processor holds the last reference to the processor state the acker waits on.
+    drop(spawner);
     let grace = tokio::time::sleep(Duration::from_millis(200));
     tokio::pin!(grace);
     loop {
@@ -495,7 +624,7 @@ async fn take_slots(
 /// One fetch loop: take free slots (at most `share`), fetch that many jobs, hand them to the processors.
 async fn fetch_loop(
     fetch: Arc<dyn Fetch>,
-    stats: Arc<Stats>,
+    processor: Arc<Processor>,
     tasks: FeedSender,
     share: Share,
     outage: Outage,
@@ -504,6 +633,10 @@ async fn fetch_loop(
 ) -> Vec<UnitOfWork> {
     let mut backoff = Duration::from_millis(100);
     let mut stranded = Vec::new();
+    let stats = processor.stats.clone();
+    // Jobs fetched after quiet go back; those of a rolled-back class to their Ruby queue.
+    let to_ruby = ToRuby::of(&processor);
+    drop(processor);
     while !signal.is_quiet() {
         let Some(permits) = take_slots(&share, &mut signal).await else {
             break;
@@ -548,7 +681,7 @@ async fn fetch_loop(
                 continue;
             }
         };
-        stranded.extend(hand_out(&*fetch, units, permits, &tasks, signal.clone()).await);
+        stranded.extend(hand_out(&*fetch, units, permits, &tasks, signal.clone(), &to_ruby).await);
     }
     drop(fetching);
     stranded
@@ -565,11 +698,13 @@ async fn hand_out(
     permits: Vec<OwnedSemaphorePermit>,
     tasks: &FeedSender,
     signal: ShutdownSignal,
+    to_ruby: &ToRuby,
 ) -> Vec<UnitOfWork> {
     let keep = if signal.is_quiet() { 0 } else { permits.len() };
     let mut stranded = Vec::new();
     if units.len() > keep {
         let back: Vec<UnitOfWork> = units.drain(keep..).collect();
+        let back = to_ruby.hand_back(back).await;
         let mut cancelled = signal.clone();
         let pushed = tokio::select! {
             r = with_retries(|| fetch.bulk_requeue(&back)) => match r {

@@ -7,6 +7,13 @@
 //! [`crate::manager`] feeds the processor units of work and owns the work table and the acker that
 //! `RunState` settles a job into.
 //!
+//! A fate write that fails for a reason other than an outage (a key of the wrong type, out of memory,
+//! a script error) is not retried in a loop that pins the processor: it is logged at error level with
+//! the error (which names the key and its type), counted (`oxidekiq_fate_write_failures_total`), makes
+//! `/ready` answer 503, and the job gives up its slot ([`Park`]) so a fresh processor serves the other
+//! jobs, while it stays in the work table and in its working copy in Redis and its write is retried
+//! every few seconds; it lands once the key is repaired, or the stop pushes it back.
+//!
 //! Under reliable fetch a fate write (retry, dead, schedule, hand-off) also removes the job's entry from
 //! the working hash, in the same script, and writes nothing when that entry is gone ([`retry::Token`]).
 //! So a retry after a lost reply writes nothing twice, and a write cut off by the shutdown deadline after
@@ -17,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -33,6 +40,9 @@ use crate::shutdown::ShutdownSignal;
 use crate::time;
 use crate::work_table::WorkTable;
 use crate::worker::{AfterFate, JobContext};
+
+/// Most jobs that give up their slot while their fate write is stuck ([`Park`]).
+const MAX_PARKED: i64 = 1000;
 
 /// Processed and failed counts since the last heartbeat flush (`Processor::PROCESSED`/`FAILURE`).
 #[derive(Debug, Default)]
@@ -87,6 +97,9 @@ pub(crate) struct Processor {
     pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
     /// The job locks' batch task, handed to each job's context for the lock middleware.
     pub locks: crate::lock_batch::Locks,
+    /// The classes rolled back (`route CLASS 0`): their jobs fetched from `<queue>_rust` go to
+    /// `<queue>` instead of running.
+    pub routes: Arc<crate::routes::RolledBack>,
     /// This process's working-hash prefix ([`crate::keys::working_prefix`]) under reliable fetch, `None`
     /// with basic fetch: a job's entry there is its [`retry::Token`], consumed by its fate write.
     pub working_prefix: Option<String>,
@@ -96,8 +109,10 @@ impl Processor {
     /// Runs one fetched job to its fate and queues its ack. A panic anywhere on the way (the worker, a
     /// middleware, oxidekiq's own code) is caught here and becomes the job's failure
     /// ([`Processor::after_panic`]): the job never stays stranded in the working hash and the Busy page.
-    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork) {
-        let run = RunState::new(unit.queue.clone(), unit.id);
+    ///
+    /// `park` holds the processor's slot: a job whose fate write is stuck gives it up (see [`Park`]).
+    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park) {
+        let run = RunState::new(unit.queue.clone(), unit.id, park);
         if let Err(panic) = catch_unwind(self.clone().process_unit(unit, &run)).await {
             self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
                 .await;
@@ -105,7 +120,7 @@ impl Processor {
     }
 
     /// [`Processor::process`] without the panic guard; `run` records what a panic recovery needs.
-    async fn process_unit(self: Arc<Self>, mut unit: UnitOfWork, run: &RunState) {
+    async fn process_unit(self: Arc<Self>, mut unit: UnitOfWork, run: &RunState<'_>) {
         let queue = unit.queue.clone();
         match Job::parse(unit.take_raw(), self.max_payload_bytes) {
             Err((bytes, error)) => {
@@ -124,11 +139,16 @@ impl Processor {
                     }
                 };
                 let token = run.token(&self);
-                self.persist(|mut conn| {
-                    let (member, token) = (member.clone(), token.clone());
-                    async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
-                })
-                .await;
+                let written = self
+                    .persist(run.park, |mut conn| {
+                        let (member, token) = (member.clone(), token.clone());
+                        async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
+                    })
+                    .await;
+                if written.is_none() {
+                    // Given up at the stop: it stays in flight and is pushed back.
+                    return;
+                }
                 run.settle(&self);
                 self.stats.processed.fetch_add(1, Ordering::Relaxed);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -163,18 +183,13 @@ impl Processor {
 
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
-    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState) -> bool {
+    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState<'_>) -> bool {
+        if let Some(handed) = self.roll_back(&job, &queue, state).await {
+            return handed;
+        }
         // The token is only built when a hand-off is configured: most processes have none.
         let token = self.handoff.as_ref().and_then(|_| state.token(&self));
-        let divert = crate::migrate::handoff::divert(
-            self.handoff.as_deref(),
-            &self.conn,
-            &self.registry,
-            &self.shutdown,
-            &job,
-            token.as_ref(),
-        );
-        if let Some(handed) = divert.await {
+        if let Some(handed) = self.hand_off(&job, token.as_ref(), state.park).await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
                 state.settle(&self);
@@ -206,6 +221,30 @@ impl Processor {
         Box::pin(self.fail(job, queue, entry, error, elapsed, after, state)).await
     }
 
+    /// A job of a rolled-back class fetched from `<queue>_rust` goes to `<queue>`, byte for byte,
+    /// instead of starting (a roll back means no new Rust run of the class): `None` when it runs here;
+    /// `Some(true)` when it was handed to Ruby's queue (settled); `Some(false)` when the push was given
+    /// up at the stop (it stays in flight and is pushed back). The push consumes the job's working
+    /// entry in the same script, so a retry after a lost reply pushes nothing twice.
+    async fn roll_back(&self, job: &Job, queue: &str, state: &RunState<'_>) -> Option<bool> {
+        let base = self.routes.redirect(queue, job.worker_class()).await?;
+        let token = state.token(self);
+        let pushed = self
+            .persist(state.park, |mut conn| {
+                let (base, token) = (&base, token.as_ref());
+                async move {
+                    retry::push_to_queue(&mut conn, base, job.raw().as_bytes(), None, token).await
+                }
+            })
+            .await;
+        if pushed.is_none() {
+            return Some(false);
+        }
+        tracing::info!(to = %base, "class rolled back (route 0): handed to its Ruby queue, not run");
+        state.settle(self);
+        Some(true)
+    }
+
     /// Counts a run that ended (with `error` when it failed), once per job whatever the path: in the
     /// processed stat, in the per-class metrics (the one hook; `Metrics::Middleware` wraps the job in
     /// Ruby) and in the Prometheus counters. A run that panicked is counted by
@@ -213,7 +252,7 @@ impl Processor {
     /// `ensure`, `ExecutionTracker#track`'s `ensure`). The failed stat is the fate's ([`Processor::fail`]).
     fn count_run(
         &self,
-        state: &RunState,
+        state: &RunState<'_>,
         job: &Job,
         queue: &str,
         took: Duration,
@@ -238,7 +277,7 @@ impl Processor {
         mut error: JobError,
         elapsed: f64,
         after: AfterFate,
-        state: &RunState,
+        state: &RunState<'_>,
     ) -> bool {
         // Every text of the error is logged below or stored by the retry (the Web UI shows it): a
         // Redis URL's password in it is hidden, by the one rule the panic hook and `retry` apply too.
@@ -274,11 +313,15 @@ impl Processor {
         );
         let token = state.token(self);
         let fate = self
-            .persist(|mut conn| {
+            .persist(state.park, |mut conn| {
                 let (job, plan, token) = (job.clone(), plan.clone(), token.clone());
                 async move { retry::apply(&mut conn, &job, &plan, now, token.as_ref()).await }
             })
             .await;
+        let Some(fate) = fate else {
+            // Given up at the stop (its write kept failing): no fate, so it is pushed back.
+            return false;
+        };
         state.settle(self);
         after.run(&fate).await;
         crate::prom::metrics().fate(job.wrapped().unwrap_or(job.class()), &fate);
@@ -308,7 +351,7 @@ impl Processor {
     /// covers) leaves it in this process's working hash, unacknowledged: the shutdown's last sweep pushes
     /// it back to its queue (or, if the process dies, recovery does, and a job recovered too often goes to
     /// the dead set). It is not lost; it waits there until then.
-    async fn after_panic(&self, queue: Arc<str>, run: &RunState, message: String) {
+    async fn after_panic(&self, queue: Arc<str>, run: &RunState<'_>, message: String) {
         let Some((_, raw)) = run.held() else {
             tracing::error!(queue = %queue, panic = %message,
                 "panic while decoding a job: it stays in this process's working hash until the shutdown pushes it back");
@@ -354,13 +397,16 @@ impl Processor {
                     let member = annotate_error(&raw, crate::error::PANIC, &text);
                     let now = time::now();
                     let token = run.token(self);
-                    self.persist(|mut conn| {
-                        let (member, token) = (member.clone(), token.clone());
-                        async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
-                    })
-                    .await;
-                    tracing::error!("sent to the dead set");
-                    true
+                    let written = self
+                        .persist(run.park, |mut conn| {
+                            let (member, token) = (member.clone(), token.clone());
+                            async move { retry::kill(&mut conn, &member, now, token.as_ref()).await }
+                        })
+                        .await;
+                    if written.is_some() {
+                        tracing::error!("sent to the dead set");
+                    }
+                    written.is_some()
                 }
             }
         }
@@ -434,24 +480,63 @@ impl Processor {
         }
     }
 
-    /// Runs a Redis write until it succeeds: a job's fate must reach Redis before its ack. Gives up only
-    /// when the process is cancelled; the job is then still in flight and gets pushed back.
-    async fn persist<T, F, Fut>(&self, mut write: F) -> T
+    /// The hand-off step (`--handoff`, [`crate::migrate::handoff::divert`]): `None` when the job runs
+    /// here, else whether it reached the hand-off queue. The push is a fate write ([`Self::persist`]):
+    /// it consumes the job's `token` in the same script, and a damaged key parks the job, not its slot.
+    pub(crate) async fn hand_off(
+        &self,
+        job: &Job,
+        token: Option<&retry::Token>,
+        park: &Park,
+    ) -> Option<bool> {
+        crate::migrate::handoff::divert(
+            self.handoff.as_deref(),
+            &self.registry,
+            job,
+            |queue, label| {
+                let raw = job.raw().as_bytes();
+                self.persist(park, move |mut conn| async move {
+                    retry::push_to_queue(&mut conn, queue, raw, Some(label), token).await
+                })
+            },
+        )
+        .await
+    }
+
+    /// Runs a fate write until it succeeds: a job's fate must reach Redis before its ack. `None` when it
+    /// gave up (the job then has no fate: it stays in flight and the stop pushes it back):
+    ///
+    /// - an outage (Redis unreachable, loading, failing over) is retried every 50 ms to 2 s, and given
+    ///   up on only at the shutdown deadline, as every job then is;
+    /// - any other failure (a key of the wrong type, out of memory, a script error) will not mend by
+    ///   itself: it is logged at error level, counted, shown by `/ready`, and the job gives up its slot
+    ///   ([`Park::park`]) so the other jobs keep moving, then is retried every 1 to 10 s until it
+    ///   lands, or given up on once the process is stopping.
+    pub(crate) async fn persist<T, F, Fut>(&self, park: &Park, mut write: F) -> Option<T>
     where
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let mut delay = Duration::from_millis(50);
         let mut logged = false;
+        let mut stuck: Option<crate::prom::StuckFate> = None;
+        let mut signal = self.shutdown.clone();
         loop {
+            if signal.phase() >= crate::shutdown::Phase::Cancelled {
+                return None;
+            }
             match write(self.conn.clone()).await {
                 Ok(v) => {
-                    if logged {
+                    if stuck.take().is_some() {
+                        tracing::warn!(
+                            "job fate written at last: the key that refused it was repaired"
+                        );
+                    } else if logged {
                         tracing::info!("redis reachable again: job fate written");
                     }
-                    return v;
+                    return Some(v);
                 }
-                Err(e) => {
+                Err(e) if e.is_outage() => {
                     if !logged {
                         tracing::warn!(error = %e, "cannot write job fate to redis; retrying");
                         logged = true;
@@ -459,8 +544,79 @@ impl Processor {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
+                Err(e) => {
+                    if stuck.is_none() {
+                        tracing::error!(error = %e,
+                            "cannot write the job's fate, and not for an outage: repair the key named; the \
+                             job stays held (its working copy in redis), its write is retried every few \
+                             seconds, and its slot goes to other jobs");
+                        let m = crate::prom::metrics();
+                        stuck = Some(m.fate_stuck(&e.to_string()));
+                        // Bounded: each parked job holds its payload and a task. Past the bound a
+                        // job keeps its slot (as an outage would), which slows the process, loudly,
+                        // rather than grow it without end.
+                        if m.stuck_fates().is_some_and(|(n, _)| n <= MAX_PARKED) {
+                            park.park();
+                        }
+                        delay = Duration::from_secs(1);
+                    }
+                    if signal.is_stopping() {
+                        tracing::warn!(error = %e,
+                            "stopping: the job whose fate cannot be written is pushed back to its queue");
+                        return None;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = signal.reached(crate::shutdown::Phase::Stopping) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
             }
         }
+    }
+}
+
+/// A processor's slot while it runs one job. A job whose fate write fails for a reason other than an
+/// outage gives the slot up ([`Park::park`]) and asks for a fresh processor, so the other jobs keep
+/// moving while it waits for the key to be repaired; its processor ends once the job does.
+#[derive(Debug, Default)]
+pub(crate) struct Park {
+    /// The slot, until given up.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Asks the manager for a processor to take this one's place.
+    respawn: Option<mpsc::UnboundedSender<()>>,
+    /// Set once the slot was given up.
+    parked: AtomicBool,
+}
+
+impl Park {
+    /// A job's hold on `slot`; `respawn` asks for a replacement processor.
+    pub(crate) fn new(slot: OwnedSemaphorePermit, respawn: mpsc::UnboundedSender<()>) -> Park {
+        Park {
+            slot: Mutex::new(Some(slot)),
+            respawn: Some(respawn),
+            parked: AtomicBool::new(false),
+        }
+    }
+
+    /// Gives the slot up and asks for a replacement processor, once.
+    pub(crate) fn park(&self) {
+        if self.parked.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let slot = match self.slot.lock() {
+            Ok(mut s) => s.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        drop(slot);
+        if let Some(r) = &self.respawn {
+            let _ = r.send(());
+        }
+    }
+
+    /// True once the slot was given up (a replacement processor took this one's place).
+    pub(crate) fn parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire)
     }
 }
 
@@ -472,7 +628,9 @@ impl Processor {
 /// cancellation after that point (issue 11, item 7) must not push it back to its queue as well, and a
 /// panic after it must not fail it a second time.
 #[derive(Debug)]
-struct RunState {
+struct RunState<'p> {
+    /// The processor's slot, given up when the fate write is stuck.
+    park: &'p Park,
     /// The queue it was fetched from.
     queue: Arc<str>,
     /// Its id in the working hash.
@@ -489,9 +647,10 @@ struct RunState {
     counted: AtomicBool,
 }
 
-impl RunState {
-    fn new(queue: Arc<str>, id: u64) -> Self {
+impl<'p> RunState<'p> {
+    fn new(queue: Arc<str>, id: u64, park: &'p Park) -> Self {
         RunState {
+            park,
             queue,
             id,
             held: Mutex::new(None),

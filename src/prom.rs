@@ -170,6 +170,8 @@ pub(crate) struct Metrics {
     rescheduled: Family<ClassLabel, Counter>,
     handed_off: Family<ClassLabel, Counter>,
     pushed_back: Counter,
+    fate_write_failures: Counter,
+    fates_stuck: Gauge,
     fetches: Counter,
     fetch_batch: AtomicHistogram,
     redis_errors: Counter,
@@ -187,6 +189,19 @@ pub(crate) struct Metrics {
     cache: RwLock<HandleCache>,
     /// Epoch milliseconds of the last heartbeat that reached Redis (0: none yet).
     last_beat_ms: AtomicU64,
+    /// Why the latest job whose fate write is stuck could not write it (for `/ready`).
+    stuck_reason: std::sync::Mutex<String>,
+}
+
+/// One job whose fate write fails for a reason other than an outage, while it waits: counted in
+/// `oxidekiq_fates_stuck` (and so in `/ready`) until dropped.
+#[derive(Debug)]
+pub(crate) struct StuckFate(());
+
+impl Drop for StuckFate {
+    fn drop(&mut self) {
+        metrics().fates_stuck.dec();
+    }
 }
 
 impl Default for Metrics {
@@ -221,6 +236,8 @@ impl Metrics {
             rescheduled,
             handed_off: Family::default(),
             pushed_back: Counter::default(),
+            fate_write_failures: Counter::default(),
+            fates_stuck: Gauge::default(),
             fetches: Counter::default(),
             fetch_batch: AtomicHistogram::new(&BATCH_BOUNDS),
             redis_errors: Counter::default(),
@@ -236,6 +253,7 @@ impl Metrics {
             last_beat_age: Gauge::default(),
             cache: RwLock::default(),
             last_beat_ms: AtomicU64::new(0),
+            stuck_reason: std::sync::Mutex::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -280,6 +298,18 @@ impl Metrics {
             "jobs_pushed_back",
             "Jobs handed back to their queue unfinished (shutdown, quiet, leftovers)",
             m.pushed_back.clone(),
+        );
+        r.register(
+            "fate_write_failures",
+            "Jobs whose fate (retry, dead, schedule, hand-off) could not be written for a reason other \
+             than an outage (a key of the wrong type, out of memory): the job stays held and its write is \
+             retried",
+            m.fate_write_failures.clone(),
+        );
+        r.register(
+            "fates_stuck",
+            "Jobs waiting now for a fate write that fails for a reason other than an outage",
+            m.fates_stuck.clone(),
         );
         r.register(
             "fetch_round_trips",
@@ -452,6 +482,31 @@ impl Metrics {
                 class: self.class_label(class).to_string(),
             })
             .inc();
+    }
+
+    /// A job's fate write failed for a reason other than an outage (`reason`): counted, and the job
+    /// counts as stuck (`/ready` says so) until the returned guard is dropped.
+    pub(crate) fn fate_stuck(&self, reason: &str) -> StuckFate {
+        self.fate_write_failures.inc();
+        self.fates_stuck.inc();
+        if let Ok(mut r) = self.stuck_reason.lock() {
+            *r = reason.to_string();
+        }
+        StuckFate(())
+    }
+
+    /// How many jobs wait for a fate write that fails for a reason other than an outage, and why the
+    /// latest one failed; `None` when there are none.
+    pub(crate) fn stuck_fates(&self) -> Option<(i64, String)> {
+        let n = self.fates_stuck.get();
+        (n > 0).then(|| {
+            let why = self
+                .stuck_reason
+                .lock()
+                .map(|r| r.clone())
+                .unwrap_or_default();
+            (n, why)
+        })
     }
 
     /// A fetch round brought back `jobs` jobs.

@@ -64,6 +64,39 @@ pub struct Entry {
     pub(crate) check_args: args_check::ArgsCheck,
 }
 
+#[cfg(test)]
+mod tests {
+    use crate::{JobContext, JobResult, NoArgs, Worker};
+
+    #[derive(Debug)]
+    struct Charge;
+    impl Worker for Charge {
+        const CLASS: &'static str = "ChargeJob";
+        type Args = NoArgs;
+        async fn perform(&self, _: &JobContext, _: NoArgs) -> JobResult {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_class_registered_twice_is_an_error_naming_it_not_a_silent_replacement() {
+        let mut r = super::Registry::new();
+        r.register(Charge)
+            .with(crate::UniqueJob::new())
+            .register(Charge)
+            .with(crate::SequentialJob::new());
+        let e = r.freeze().unwrap_err().to_string();
+        assert!(e.contains("ChargeJob"), "{e}");
+        assert!(e.contains("more than once"), "{e}");
+        let mut once = super::Registry::new();
+        once.register(Charge).with(crate::UniqueJob::new());
+        assert_eq!(
+            once.freeze().unwrap().get("ChargeJob").unwrap().chain.len(),
+            1
+        );
+    }
+}
+
 /// Ruby class name → worker: every worker the process runs, with its own middleware (locks, limits)
 /// and the middleware that runs around all of them.
 ///
@@ -101,6 +134,9 @@ pub struct Registry {
     workers: HashMap<String, Entry>,
     /// Middleware that runs around every worker, in order.
     global: Vec<Arc<dyn ServerMiddleware>>,
+    /// Classes registered more than once: [`Registry::freeze`] refuses them, since a second
+    /// registration would otherwise replace the first and drop its locks and limits without a word.
+    twice: Vec<String>,
 }
 
 impl Registry {
@@ -109,10 +145,23 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers `worker` under [`Worker::CLASS`]; a second registration of a class replaces the first.
-    /// Returns the worker's [`Registration`], to add its locks and limits with
-    /// [`Registration::with`] and [`Registration::with_key`].
+    /// Registers `worker` under [`Worker::CLASS`]. Returns the worker's [`Registration`], to add its
+    /// locks and limits with [`Registration::with`] and [`Registration::with_key`].
+    ///
+    /// A class is registered once, with all its middleware on that one registration: a second
+    /// `register` of the same class keeps the first (the second's middleware go nowhere) and makes
+    /// [`Registry::freeze`] fail with an error naming the class.
     pub fn register<W: Worker>(&mut self, worker: W) -> Registration<'_, W> {
+        if self.workers.contains_key(W::CLASS) {
+            if !self.twice.iter().any(|c| c == W::CLASS) {
+                self.twice.push(W::CLASS.to_string());
+            }
+            return Registration {
+                registry: self,
+                first: false,
+                _worker: PhantomData,
+            };
+        }
         let options = worker.options();
         self.workers.insert(
             W::CLASS.to_string(),
@@ -126,6 +175,7 @@ impl Registry {
         );
         Registration {
             registry: self,
+            first: true,
             _worker: PhantomData,
         }
     }
@@ -136,13 +186,22 @@ impl Registry {
         self
     }
 
-    /// Builds every worker's chain; the registry is not changed afterwards.
+    /// Builds every worker's chain; the registry is not changed afterwards. Fails, naming the class,
+    /// when a class was registered more than once ([`Registry::register`]).
     ///
     /// A worker with [`WorkerOptions::local_concurrency`] gets a [`LocalConcurrencyLimit`] of its own
     /// first in its chain: a job waiting for the local cap holds no lock or limit slot taken further on.
     /// (Before any of them, [`Next::new`](crate::middleware::Next::new) runs the server half of the
     /// client's until-executed locks.)
-    pub fn freeze(mut self) -> Arc<Registry> {
+    pub fn freeze(mut self) -> crate::Result<Arc<Registry>> {
+        if !self.twice.is_empty() {
+            return Err(crate::Error::Config(format!(
+                "worker class {} is registered more than once: a second `register` would replace the \
+                 first and its locks and limits; register each class once, with all its middleware \
+                 on that one registration",
+                self.twice.join(", ")
+            )));
+        }
         let global = self.global.clone();
         for entry in self.workers.values_mut() {
             let local = entry
@@ -156,7 +215,7 @@ impl Registry {
                 .collect();
             entry.chain = Arc::from(chain);
         }
-        Arc::new(self)
+        Ok(Arc::new(self))
     }
 
     /// The worker registered for a class name.
@@ -202,6 +261,9 @@ impl Registry {
 pub struct Registration<'r, W> {
     /// The registry the worker was added to.
     registry: &'r mut Registry,
+    /// False for a second registration of a class: its middleware are not added to the first's (the
+    /// registry refuses to freeze anyway).
+    first: bool,
     /// The worker whose arguments key closures read.
     _worker: PhantomData<fn() -> W>,
 }
@@ -209,6 +271,9 @@ pub struct Registration<'r, W> {
 impl<'r, W: Worker> Registration<'r, W> {
     /// Adds a middleware of this worker's own: a lock, a limit, or any [`ServerMiddleware`].
     pub fn with(self, middleware: impl ServerMiddleware) -> Self {
+        if !self.first {
+            return self;
+        }
         if let Some(entry) = self.registry.workers.get_mut(W::CLASS) {
             entry.own.push(Arc::new(middleware));
         }

@@ -85,12 +85,31 @@ return {moved, fails, first}
 );
 
 /// Moves every due job of `set` into its queue; returns how many moved.
+#[allow(
+    dead_code,
+    reason = "the tests' entry point; the poller reads the route table too"
+)]
 pub(crate) async fn enqueue_due(
     conn: &mut Conn,
     set: &str,
     now: f64,
     tf: TimeFormat,
 ) -> Result<u64> {
+    enqueue_due_routed(conn, set, now, tf, None).await
+}
+
+/// [`enqueue_due`], sending a job of a rolled-back class (`route CLASS 0`) that comes due toward
+/// `<queue>_rust` to `<queue>` instead, with its `queue` rewritten as the Ruby router rewrites it (a
+/// roll back means no new Rust run of the class; Ruby's poller does the same with the router in
+/// `configure_server`).
+pub(crate) async fn enqueue_due_routed(
+    conn: &mut Conn,
+    set: &str,
+    now: f64,
+    tf: TimeFormat,
+    routes: Option<&crate::routes::RolledBack>,
+) -> Result<u64> {
+    let suffix = format!("{}\"", keys::RUST_QUEUE_SUFFIX);
     let script = Script::new(ENQUEUE_LUA);
     let read = Script::new(READ_DUE_LUA);
     let mut total = 0;
@@ -113,10 +132,18 @@ pub(crate) async fn enqueue_due(
         inv.key(set).key(keys::QUEUES).key(keys::DEAD);
         let (trim_before, dead_max) = crate::lua::dead_trim(now);
         inv.arg(trim_before).arg(dead_max);
+        // The route table is read only when a due job may be headed for a `_rust` queue.
+        let headed_to_rust = due
+            .iter()
+            .any(|m| m.windows(suffix.len()).any(|w| w == suffix.as_bytes()));
+        let rolled_back = match routes {
+            Some(r) if headed_to_rust => r.classes(crate::routes::REFRESH).await,
+            _ => Default::default(),
+        };
         for member in &due {
             let job = std::str::from_utf8(member)
                 .ok()
-                .and_then(|m| requeued_payload(m, now, tf));
+                .and_then(|m| requeued_to(m, now, tf, &rolled_back));
             match job {
                 Some((queue, payload)) => {
                     inv.key(keys::queue(&queue));
@@ -135,7 +162,9 @@ pub(crate) async fn enqueue_due(
         let (moved, failed, error): (u64, u64, String) = inv.invoke_async(conn).await?;
         total += moved;
         if failed > 0 {
-            tracing::warn!(set, count = failed, error = %error,
+            // Not an outage (that fails the whole call): a key of the wrong type, which will not mend
+            // by itself, so it is an error; the other due jobs moved on.
+            tracing::error!(set, count = failed, error = %error,
                 "due jobs stay in their set: their queue cannot take them (retried next round)");
             skip += failed;
         }
@@ -146,7 +175,19 @@ pub(crate) async fn enqueue_due(
 
 /// The payload as `Client#push` re-pushes it: the same keys with `enqueued_at` = now and no `at`.
 /// `None` when the member is not a job (no string `class`, `args` not an array, no queue).
+#[allow(dead_code, reason = "the tests' and the fuzz target's entry point")]
 pub(crate) fn requeued_payload(member: &str, now: f64, tf: TimeFormat) -> Option<(String, String)> {
+    requeued_to(member, now, tf, &Default::default())
+}
+
+/// [`requeued_payload`], with a job of a `rolled_back` class headed for `<queue>_rust` sent to
+/// `<queue>` (its `queue` rewritten).
+fn requeued_to(
+    member: &str,
+    now: f64,
+    tf: TimeFormat,
+    rolled_back: &std::collections::HashSet<String>,
+) -> Option<(String, String)> {
     let mut msg: serde_json::Map<String, Value> = serde_json::from_str(member).ok()?;
     if !msg.get("class").is_some_and(Value::is_string)
         || !msg.get("args").is_some_and(Value::is_array)
@@ -157,6 +198,18 @@ pub(crate) fn requeued_payload(member: &str, now: f64, tf: TimeFormat) -> Option
         Some(Value::String(q)) if !q.is_empty() => q.clone(),
         None => "default".to_string(),
         _ => return None,
+    };
+    let class = msg
+        .get("wrapped")
+        .and_then(Value::as_str)
+        .or_else(|| msg.get("class").and_then(Value::as_str))
+        .unwrap_or_default();
+    let queue = match crate::routes::redirect(rolled_back, &queue, class) {
+        Some(base) => {
+            msg.insert("queue".into(), Value::String(base.clone()));
+            base
+        }
+        None => queue,
     };
     msg.shift_remove("at");
     msg.insert("enqueued_at".into(), tf.value(now));
@@ -202,6 +255,7 @@ pub(crate) async fn run(
     fleet: std::sync::Arc<crate::fleet::Fleet>,
     mut shutdown: ShutdownSignal,
 ) {
+    let routes = crate::routes::RolledBack::new(conn.clone());
     // Ruby waits 10–15 s before the first round; we scale that with the configured average so a short
     // test interval also starts soon.
     let initial = average.as_secs_f64() * (2.0 + rand::rng().random::<f64>());
@@ -216,7 +270,7 @@ pub(crate) async fn run(
         let tf = fleet.time_format();
         let mut ok = true;
         for set in [keys::RETRY, keys::SCHEDULE] {
-            match enqueue_due(&mut conn, set, now, tf).await {
+            match enqueue_due_routed(&mut conn, set, now, tf, Some(&routes)).await {
                 Ok(n) if n > 0 => tracing::debug!(set, moved = n, "enqueued due jobs"),
                 Ok(_) => {}
                 Err(e) => {
@@ -260,6 +314,14 @@ mod tests {
         );
         assert!(requeued_payload(r#"{"args":[]}"#, 1.0, TimeFormat::Seconds).is_none());
         assert!(requeued_payload("nope", 1.0, TimeFormat::Seconds).is_none());
+        let rolled_back = ["A".to_string()].into();
+        let m = r#"{"queue":"q_rust","class":"A","args":[]}"#;
+        let (q, p) = requeued_to(m, 1.0, TimeFormat::Seconds, &rolled_back).unwrap();
+        assert_eq!(q, "q");
+        assert_eq!(
+            p,
+            r#"{"queue":"q","class":"A","args":[],"enqueued_at":1.0}"#
+        );
     }
 
     #[test]

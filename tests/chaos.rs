@@ -23,6 +23,17 @@
 //!   threads must not starve the heartbeat);
 //! - **quiet strand**: a quiet process keeps jobs in its keys that it does not run.
 //!
+//! Issue 26 adds, drawn from generators of their own (so every other draw of a seed is what it was):
+//! damaged bookkeeping keys (`oxidekiq:recovered`, `oxidekiq:suspects` or `oxidekiq:recovery-lock` of
+//! the wrong type, left so until the end; today's `stat:processed:<day>` as a list; `retry` of the wrong
+//! type for a few seconds, its members kept aside and put back), and a roll back during the drain: the
+//! last queue becomes a `_rust` queue routed at 100%, and `oxidekiq route ChaosJob 0` runs mid-chaos.
+//! Findings of their own:
+//!
+//! - **rust run after roll back**: a job from the `_rust` queue started by a process more than one
+//!   route-cache window after the roll back;
+//! - **rust queue strand**: jobs left on the `_rust` queue after the final drain.
+//!
 //! The seed fixes the configuration and the timeline, not the interleaving of the processes, so a
 //! failing seed is a strong hint, not a replay. Run:
 //!
@@ -153,6 +164,59 @@ enum Event {
     /// while Redis is still down, leaving its jobs in Redis for recovery; then Redis resumes and a
     /// replacement starts.
     StopInStall(usize),
+    /// Give a key the wrong type (issue 26).
+    Damage(Damage),
+    /// Repair a damaged key (`retry`: its members come back).
+    Repair(Damage),
+    /// `oxidekiq route ChaosJob 0`: the `_rust` queue's jobs go to its Ruby twin from now on.
+    RollBack,
+}
+
+/// A key a seed damages (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Damage {
+    /// `oxidekiq:recovered` as a string.
+    Recovered,
+    /// `oxidekiq:suspects` as a string.
+    Suspects,
+    /// `oxidekiq:recovery-lock` as a list.
+    RecoveryLock,
+    /// Today's `stat:processed:<day>` as a list: the beat's MULTI has a failing command.
+    StatDaily,
+    /// `retry` as a string, for a while (its members set aside).
+    Retry,
+}
+
+/// Where `retry`'s members wait while `retry` is damaged.
+const RETRY_SAVED: &str = "chaos:retry-saved";
+
+/// Draws a seed's issue-26 faults from a generator of its own: damaged keys and a roll back. Returns
+/// the events and whether the last queue becomes a `_rust` queue.
+fn draw_issue26(seed: u64, chaos_secs: f64, events: &mut Vec<(f64, Event)>) -> bool {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0069_7373_7565_3236);
+    for kind in [
+        Damage::Recovered,
+        Damage::Suspects,
+        Damage::RecoveryLock,
+        Damage::StatDaily,
+    ] {
+        if rng.random_bool(0.25) {
+            events.push((rng.random_range(0.2..chaos_secs - 1.0), Event::Damage(kind)));
+        }
+    }
+    if rng.random_bool(0.3) {
+        let at = rng.random_range(0.5..chaos_secs - 5.0);
+        events.push((at, Event::Damage(Damage::Retry)));
+        events.push((
+            at + rng.random_range(1.0..4.0),
+            Event::Repair(Damage::Retry),
+        ));
+    }
+    let rollback = rng.random_bool(0.3);
+    if rollback {
+        events.push((rng.random_range(1.0..chaos_secs - 2.0), Event::RollBack));
+    }
+    rollback
 }
 
 /// Everything a seed draws.
@@ -278,6 +342,21 @@ impl Plan {
                 events.push((at, Event::Block(jobs)));
             }
         }
+        let rollback = draw_issue26(seed, chaos_secs, &mut events);
+        let mut queues = queues;
+        if rollback {
+            // Renamed after every draw: the jobs drawn for it keep their places, under the new name.
+            let last = queues.len() - 1;
+            let old = queues[last].0.clone();
+            queues[last].0 = format!("{old}_rust");
+            for (_, e) in events.iter_mut() {
+                if let Event::Burst(jobs) | Event::Block(jobs) = e {
+                    for j in jobs.iter_mut().filter(|j| j.queue == old) {
+                        j.queue = queues[last].0.clone();
+                    }
+                }
+            }
+        }
         events.sort_by(|a, b| a.0.total_cmp(&b.0));
         Plan {
             queues,
@@ -321,6 +400,13 @@ impl Plan {
                 Event::Quiet(_) => "quiet",
                 Event::StopInStall(_) => "stop-in-stall",
                 Event::Block(_) => "block",
+                Event::Damage(Damage::Recovered) => "damage-recovered",
+                Event::Damage(Damage::Suspects) => "damage-suspects",
+                Event::Damage(Damage::RecoveryLock) => "damage-lock",
+                Event::Damage(Damage::StatDaily) => "damage-stat",
+                Event::Damage(Damage::Retry) => "damage-retry",
+                Event::Repair(_) => continue,
+                Event::RollBack => "rollback",
             };
             *kinds.entry(k).or_default() += 1;
         }
@@ -525,6 +611,10 @@ struct Run<'a> {
     payload_fields: HashSet<String>,
     /// The log of every process that has ended, by identity (to explain a lost job).
     logs: Vec<(String, String)>,
+    /// When `route ChaosJob 0` ran (epoch seconds), if it did.
+    rolled_back_at: Option<f64>,
+    /// Keys damaged and not repaired yet.
+    damaged: Vec<Damage>,
 }
 
 impl<'a> Run<'a> {
@@ -1058,8 +1148,18 @@ impl<'a> Run<'a> {
             }
         }
         let queue_keys: Vec<String> = c.keys("queue:*").unwrap();
+        // After a roll back, the Ruby twin of the `_rust` queue: what is there was handed to Ruby,
+        // which runs it (and fails it) from there.
+        let ruby_queue = self
+            .rust_queue()
+            .map(|q| format!("queue:{}", q.trim_end_matches("_rust")));
         for k in queue_keys {
             let members: Vec<String> = c.lrange(&k, 0, -1).unwrap();
+            let place = if Some(&k) == ruby_queue.as_ref() {
+                "ruby"
+            } else {
+                "queue"
+            };
             for m in members {
                 let v: serde_json::Value = serde_json::from_str(&m).unwrap_or_default();
                 let has_error = v.get("error_class").is_some();
@@ -1067,7 +1167,7 @@ impl<'a> Run<'a> {
                     places
                         .entry(j.to_string())
                         .or_default()
-                        .push(("queue", has_error));
+                        .push((place, has_error));
                 }
             }
         }
@@ -1101,10 +1201,11 @@ impl<'a> Run<'a> {
 
         let mut interrupted: HashSet<String> = HashSet::new();
         for (_, log) in &self.logs {
-            for line in log
-                .lines()
-                .filter(|l| l.contains("interrupted by shutdown"))
-            {
+            for line in log.lines().filter(|l| {
+                l.contains("interrupted by shutdown")
+                        // A failed run whose fate write a damaged key refused, pushed back at a stop.
+                        || l.contains("whose fate cannot be written is pushed back")
+            }) {
                 if let Some(rest) = line.split("jid=").nth(1) {
                     interrupted.insert(rest.split(' ').next().unwrap_or("").to_string());
                 }
@@ -1139,7 +1240,7 @@ impl<'a> Run<'a> {
                 match *p {
                     "retry" => n_retry += 1,
                     "dead" => n_dead += 1,
-                    "queue" => n_queued += 1,
+                    "queue" | "ruby" => n_queued += 1,
                     "schedule" => n_sched += 1,
                     _ => {}
                 }
@@ -1155,7 +1256,8 @@ impl<'a> Run<'a> {
             let failed_properly = at
                 .iter()
                 .any(|(p, err)| matches!(*p, "retry" | "dead") || (*p == "queue" && *err))
-                || (at.iter().any(|(p, _)| *p == "queue") && interrupted.contains(&job.jid));
+                || (at.iter().any(|(p, _)| *p == "queue") && interrupted.contains(&job.jid))
+                || at.iter().any(|(p, _)| *p == "ruby");
             if r > 0 && !failed_properly {
                 match job.mode {
                     "panic" => panic_not_failed.push(job.jid.clone()),
@@ -1266,6 +1368,133 @@ impl<'a> Run<'a> {
     }
 }
 
+/// Issue 26's faults: damaged keys and a roll back (see the module documentation).
+impl Run<'_> {
+    /// The plan's `_rust` queue, if it has one.
+    fn rust_queue(&self) -> Option<String> {
+        self.plan
+            .queues
+            .iter()
+            .map(|(q, _)| q.clone())
+            .find(|q| q.ends_with("_rust"))
+    }
+
+    /// Routes ChaosJob at 100% when the plan has a `_rust` queue (as a canary under way would be).
+    fn route_rust_queue(&mut self) {
+        if self.rust_queue().is_some() {
+            let _: () = self.c.hset("oxidekiq:routes", "ChaosJob", 100).unwrap();
+        }
+    }
+
+    fn damage(&mut self, kind: Damage) {
+        let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        let script = match kind {
+            Damage::Recovered => "redis.call('SET', 'oxidekiq:recovered', 'damaged')",
+            Damage::Suspects => "redis.call('SET', 'oxidekiq:suspects', 'damaged')",
+            Damage::RecoveryLock => {
+                "redis.call('DEL', 'oxidekiq:recovery-lock') redis.call('RPUSH', 'oxidekiq:recovery-lock', 'damaged')"
+            }
+            Damage::StatDaily => {
+                "redis.call('DEL', KEYS[1]) redis.call('RPUSH', KEYS[1], 'damaged')"
+            }
+            // Only a sorted set (or nothing) is set aside: a second damage must not lose the first's.
+            Damage::Retry => {
+                "local t = redis.call('TYPE', 'retry').ok \
+                 if t ~= 'zset' and t ~= 'none' then return end \
+                 if t == 'zset' then redis.call('RENAME', 'retry', KEYS[2]) end \
+                 redis.call('SET', 'retry', 'damaged')"
+            }
+        };
+        let _: () = redis::Script::new(script)
+            .key(format!("stat:processed:{today}"))
+            .key(RETRY_SAVED)
+            .invoke(&mut self.c)
+            .unwrap();
+        self.damaged.push(kind);
+    }
+
+    fn repair(&mut self, kind: Damage) {
+        let script = match kind {
+            Damage::Retry => {
+                "if redis.call('TYPE', 'retry').ok == 'zset' then return end \
+                 redis.call('DEL', 'retry') \
+                 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('RENAME', KEYS[1], 'retry') end"
+            }
+            Damage::Recovered => "redis.call('DEL', 'oxidekiq:recovered')",
+            Damage::Suspects => "redis.call('DEL', 'oxidekiq:suspects')",
+            Damage::RecoveryLock => "redis.call('DEL', 'oxidekiq:recovery-lock')",
+            Damage::StatDaily => "return",
+        };
+        let _: () = redis::Script::new(script)
+            .key(RETRY_SAVED)
+            .invoke(&mut self.c)
+            .unwrap();
+        self.damaged.retain(|d| *d != kind);
+    }
+
+    /// `oxidekiq route ChaosJob 0`, through the binary, as an operator would run it.
+    fn roll_back(&mut self) {
+        let out = Command::new(Oxidekiq::binary())
+            .args(["route", "ChaosJob", "0", "--settle", "0.5"])
+            .env("REDIS_URL", self.redis.url())
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            self.findings.push(format!(
+                "ROLL BACK FAILED: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        self.rolled_back_at = Some(now());
+    }
+
+    /// After the final drain: repairs what is still damaged (`retry` must be whole for the
+    /// accounting), then checks the roll back: no Rust run of the `_rust` queue started later than
+    /// the route cache allows, nothing left on it.
+    fn check_issue26(&mut self) {
+        for kind in self.damaged.clone() {
+            self.repair(kind);
+        }
+        let (Some(rq), Some(at)) = (self.rust_queue(), self.rolled_back_at) else {
+            return;
+        };
+        // The processes read the route table at most every 3 s; a job fetched just before may start
+        // a moment later.
+        let allowed = at + 3.0 + 2.0;
+        let mut late = Vec::new();
+        for (identity, log) in &self.logs {
+            for line in log
+                .lines()
+                .filter(|l| l.contains(&format!("queue={rq} ")) && l.ends_with("INFO: start"))
+            {
+                let t = line
+                    .split(' ')
+                    .next()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.timestamp_millis() as f64 / 1000.0);
+                if t.is_some_and(|t| t > allowed) {
+                    late.push(format!("[{identity}] {line:.200}"));
+                }
+            }
+        }
+        if !late.is_empty() {
+            self.findings.push(format!(
+                "RUST RUN AFTER ROLL BACK: {} job(s) of the rolled-back class started from {rq} more \
+                 than 5 s after `route ChaosJob 0`: {:?}",
+                late.len(),
+                late.iter().take(3).collect::<Vec<_>>()
+            ));
+        }
+        let left: usize = self.c.llen(format!("queue:{rq}")).unwrap_or(0);
+        if left > 0 {
+            self.findings.push(format!(
+                "RUST QUEUE STRAND: {left} job(s) left on queue:{rq} after the roll back and the final drain"
+            ));
+        }
+    }
+}
+
 /// utime + stime of a process, in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -1309,7 +1538,10 @@ fn run_seed(seed: u64) -> Outcome {
         logs: Vec::new(),
         payload_fields: HashSet::new(),
         idle_cpu: None,
+        rolled_back_at: None,
+        damaged: Vec::new(),
     };
+    run.route_rust_queue();
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     for &c in &plan.concurrency {
         let p = run.start(c, false);
@@ -1328,6 +1560,9 @@ fn run_seed(seed: u64) -> Outcome {
             Event::ClientKill { all } => run.client_kill(*all, &mut rng),
             Event::Stall => run.stall(),
             Event::StopInStall(slot) => run.stop_in_stall(*slot),
+            Event::Damage(kind) => run.damage(*kind),
+            Event::Repair(kind) => run.repair(*kind),
+            Event::RollBack => run.roll_back(),
             Event::Quiet(slot) => {
                 run.quiet(*slot);
                 quiet_at = Some(Instant::now());
@@ -1348,6 +1583,7 @@ fn run_seed(seed: u64) -> Outcome {
     }
     run.stop_all();
     run.final_drain();
+    run.check_issue26();
     let summary = run.account();
     Outcome {
         summary: format!(

@@ -564,3 +564,128 @@ fn routes_tells_rust_and_ruby_runs_apart_with_sidekiq_7_metrics() {
     assert_eq!(row(&out)[1..], ["50%", "1", "8", "2", "5", "1"], "{out}");
     assert!(out.contains("Sidekiq 7.x execution metrics"), "{out}");
 }
+
+/// A `ChaosJob` payload (`workers/src/lib.rs`) on `queue`.
+fn chaos_job(queue: &str, mode: &str, sleep_ms: u64, jid: &str) -> String {
+    format!(
+        r#"{{"retry":true,"queue":"{queue}","class":"ChaosJob","args":["{mode}",{sleep_ms},"{jid}"],"jid":"{jid}","created_at":1700000000.0,"enqueued_at":1700000000.0}}"#
+    )
+}
+
+/// The jids in list `key`, sorted.
+fn jids_in_list(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    let members: Vec<String> = redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(c)
+        .unwrap();
+    let mut out: Vec<String> = members
+        .iter()
+        .map(|m| {
+            let v: serde_json::Value = serde_json::from_str(m).unwrap();
+            v["jid"].as_str().unwrap().to_string()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Issue 26, item 4: `route CLASS 0` while the only oxidekiq on `default_rust` runs jobs of CLASS,
+/// then a normal stop: the running jobs are pushed back to `default`, not to the Rust queue nobody
+/// serves any more; a job of CLASS fetched from `default_rust` after the roll back is handed to
+/// `default` without running; a retry of CLASS coming due toward `default_rust` goes to `default`.
+#[test]
+fn a_roll_back_during_a_drain_strands_nothing_on_the_rust_queue_and_starts_no_rust_run() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut c = redis.conn();
+    route(&url, "ChaosJob", 100);
+    for i in 0..5 {
+        let p = chaos_job("default_rust", "sleep", 120_000, &format!("run{i}"));
+        let _: () = redis::cmd("LPUSH")
+            .arg("queue:default_rust")
+            .arg(p)
+            .query(&mut c)
+            .unwrap();
+    }
+    let mut ox = Oxidekiq::start(
+        &url,
+        &[
+            "-q",
+            "default_rust",
+            "-c",
+            "6",
+            "-t",
+            "2",
+            "--beat-interval",
+            "1",
+            "--poll-interval",
+            "0.5",
+        ],
+    );
+    let runs = |c: &mut redis::Connection| -> BTreeMap<String, u64> {
+        redis::cmd("HGETALL").arg("chaos:runs").query(c).unwrap()
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || runs(&mut c).len() == 5),
+        "{}",
+        ox.log()
+    );
+    let out = route(&url, "ChaosJob", 0);
+    assert!(
+        out.contains("moved 0"),
+        "they are running, not waiting: {out}"
+    );
+    // A client that had not seen the 0 yet routes one more; a retry of the class comes due.
+    let late = chaos_job("default_rust", "ok", 0, "late");
+    let _: () = redis::cmd("LPUSH")
+        .arg("queue:default_rust")
+        .arg(&late)
+        .query(&mut c)
+        .unwrap();
+    let retried = chaos_job("default_rust", "ok", 0, "retried").replace(
+        r#""retry":true"#,
+        r#""retry":true,"retry_count":0,"error_class":"ChaosError","error_message":"x""#,
+    );
+    let _: () = redis::cmd("ZADD")
+        .arg("retry")
+        .arg(1.0)
+        .arg(&retried)
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let q = jids_in_list(&mut c, "queue:default");
+            q.contains(&"late".to_string()) && q.contains(&"retried".to_string())
+        }),
+        "the late job and the retry were not handed to Ruby's queue:\n{}",
+        ox.log()
+    );
+    let ran = runs(&mut c);
+    assert!(
+        !ran.contains_key("late") && !ran.contains_key("retried"),
+        "{ran:?}"
+    );
+    ox.signal("TERM");
+    assert!(
+        ox.wait_exit(Duration::from_secs(30)).is_some(),
+        "{}",
+        ox.log()
+    );
+    assert_eq!(
+        jids_in_list(&mut c, "queue:default_rust"),
+        Vec::<String>::new(),
+        "{}",
+        ox.log()
+    );
+    assert_eq!(
+        jids_in_list(&mut c, "queue:default"),
+        ["late", "retried", "run0", "run1", "run2", "run3", "run4"]
+    );
+    let held: Vec<String> = redis::cmd("KEYS")
+        .arg("oxidekiq:working:*")
+        .query(&mut c)
+        .unwrap();
+    assert!(held.is_empty(), "{held:?}");
+}

@@ -9,10 +9,7 @@ use std::time::Duration;
 use redis::Commands;
 use serde_json::Value;
 
-/// `GET path` on 127.0.0.1:port (see [`support::http_get`]).
-fn get(port: u16, path: &str) -> Option<(u16, String, String)> {
-    support::http_get(port, path)
-}
+use support::http_get as get;
 
 /// The samples of a text exposition: `(name, labels, value)`.
 fn samples(text: &str) -> Vec<(String, String, f64)> {

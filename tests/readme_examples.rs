@@ -81,7 +81,7 @@ fn the_readme_registrations_build_a_registry() {
     registry
         .register(ReportJob)
         .with(SequentialJob::new().timeout(Duration::from_secs(120)));
-    let frozen = registry.freeze();
+    let frozen = registry.freeze().unwrap();
     assert_eq!(
         frozen.classes(),
         ["Billing::ChargeJob", "ReportJob", "SyncJob"]

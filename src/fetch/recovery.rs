@@ -32,11 +32,15 @@ const SCAN_COUNT: usize = 1000;
 /// key, KEYS[2] the hash of suspects (identity → Redis time in ms when first seen without a liveness key),
 /// KEYS[3] the recovery counts, KEYS[4] the dead set, then pairs (working hash or landing list, its queue):
 /// the keys found by the SCAN in Rust, passed here whole. ARGV: grace in ms, recovery limit, dead score,
-/// `failed_at` text, dead trim score, dead max size, identity. A process whose key exists is alive (its
-/// suspect mark goes); one first seen without it is only marked; only one still without it a grace later
-/// (measured by Redis's own clock) has its jobs pushed back. So a process that merely could not beat (a
-/// Redis stall longer than the TTL) re-sets its key on its next beat and keeps its jobs. Returns {state
-/// (0 alive, 1 suspect, 2 recovered), moved, killed, error}.
+/// `failed_at` text, dead trim score, dead max size, identity, and the suspect mark kept by the caller
+/// when the suspects hash cannot be used (a key of the wrong type: `m` for no mark yet, `m<ms>` for a
+/// mark; empty when the hash is used). A process whose key exists is alive (its suspect mark goes); one
+/// first seen without it is only marked; only one still without it a grace later (measured by Redis's
+/// own clock) has its jobs pushed back. So a process that merely could not beat (a Redis stall longer
+/// than the TTL) re-sets its key on its next beat and keeps its jobs. Returns {state (0 alive, 1
+/// suspect, 2 recovered), moved, killed, error, Redis time in ms, a damaged liveness key ('' if
+/// none)}. A liveness key that is not a string with a TTL (every one is written by `PSETEX`) counts as
+/// gone, reported, so a damaged one cannot keep a dead process's jobs in its keys for good.
 const ORPHAN_LUA: &str = concat!(
     lua_common!(),
     super::lua_move_back!(),
@@ -44,18 +48,26 @@ const ORPHAN_LUA: &str = concat!(
 -- TIME before writes needs effects replication (the only mode from Redis 7; opt-in before 5).
 if redis.replicate_commands then redis.replicate_commands() end
 local who = ARGV[7]
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HDEL', KEYS[2], who)
-  return {0, 0, 0, ''}
+local mem = ARGV[8] ~= ''
+-- Every liveness key is a string with a TTL (PSETEX); anything else there is no sign of life, or the
+-- process's jobs would stay in its keys for good. It is reported (6th reply) and judged as absent.
+local ttl, alive_kind = redis.call('PTTL', KEYS[1]), kind(KEYS[1])
+local damaged = ''
+if ttl >= 0 and alive_kind == 'string' then
+  if not mem then redis.call('HDEL', KEYS[2], who) end
+  return {0, 0, 0, '', 0, ''}
+elseif ttl ~= -2 then
+  damaged = KEYS[1] .. ' is a ' .. alive_kind .. ' with ' .. (ttl == -1 and 'no TTL' or 'a TTL') .. ', not the string with a TTL every liveness key is'
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local since = tonumber(redis.call('HGET', KEYS[2], who))
+local since
+if mem then since = tonumber(string.sub(ARGV[8], 2)) else since = tonumber(redis.call('HGET', KEYS[2], who)) end
 if not since then
-  redis.call('HSET', KEYS[2], who, string.format('%d', now_ms))
-  return {1, 0, 0, ''}
+  if not mem then redis.call('HSET', KEYS[2], who, string.format('%d', now_ms)) end
+  return {1, 0, 0, '', now_ms, damaged}
 end
-if now_ms - since < tonumber(ARGV[1]) then return {1, 0, 0, ''} end
+if now_ms - since < tonumber(ARGV[1]) then return {1, 0, 0, '', now_ms, damaged} end
 local limit = tonumber(ARGV[2])
 local moved, killed, errs = 0, 0, {}
 for i = 5, #KEYS, 2 do
@@ -65,8 +77,8 @@ for i = 5, #KEYS, 2 do
   killed = killed + k
   if err then errs[#errs + 1] = err end
 end
-if #errs == 0 then redis.call('HDEL', KEYS[2], who) end
-return {2, moved, killed, table.concat(errs, '; ')}
+if #errs == 0 and not mem then redis.call('HDEL', KEYS[2], who) end
+return {2, moved, killed, table.concat(errs, '; '), now_ms, damaged}
 "#
 );
 
@@ -78,13 +90,95 @@ return {2, moved, killed, table.concat(errs, '; ')}
 pub(crate) async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -> Result<bool> {
     let ms = ttl.as_millis().max(1000) as u64;
     let key = keys::alive(identity);
-    let (existed, (), _): (bool, (), u64) = redis::pipe()
+    // Each reply on its own: a suspects hash of the wrong type must not make the liveness write look
+    // failed (it ran), only be reported.
+    let replies: Vec<redis::RedisResult<redis::Value>> = redis::pipe()
+        .ignore_errors()
         .exists(&key)
         .pset_ex(&key, 1, ms)
         .hdel(SUSPECTS, identity)
         .query_async(conn)
         .await?;
-    Ok(existed)
+    let mut replies = replies.into_iter();
+    let existed = replies
+        .next()
+        .transpose()?
+        .map(redis::from_redis_value::<bool>);
+    if let Some(Err(e)) = replies.next() {
+        return Err(e.into());
+    }
+    if let Some(Err(e)) = replies.next() {
+        report_damaged(conn, SUSPECTS, &e.to_string()).await;
+    }
+    Ok(existed
+        .transpose()
+        .map_err(redis::RedisError::from)?
+        .unwrap_or(false))
+}
+
+/// Logs at error level a key of ours that recovery cannot use, with its type.
+async fn report_damaged(conn: &mut Conn, key: &str, what: &str) {
+    let kind = key_type(conn, key)
+        .await
+        .unwrap_or_else(|_| "unknown".into());
+    tracing::error!(key, key_type = %kind, error = what,
+        "orphan recovery: a key of oxidekiq's has the wrong type; recovery goes on without it \
+         (delete the key to restore it)");
+}
+
+/// `TYPE key`.
+async fn key_type(conn: &mut Conn, key: &str) -> Result<String> {
+    Ok(redis::cmd("TYPE").arg(key).query_async(conn).await?)
+}
+
+/// Suspect marks kept in memory while the suspects hash has the wrong type: identity → (Redis time in
+/// ms when this process first saw it without its liveness key, when this process last saw it so).
+/// Process-wide, as the hash is Redis-wide; each process that runs a pass judges by its own marks, so
+/// a dead process's jobs still go back one grace after the first pass that saw it, and a merely
+/// stalled one keeps them. The suspect cannot clear a mark in another process's memory (its beat
+/// clears the hash's), so a mark not seen again within two graces is stale: the absence it dated may
+/// have ended since, and a new one starts its own grace. (Two, not one: each process runs its own
+/// passes, a little over a grace apart at most, and a pass missed to another's lock must not reset it.)
+static MEMORY_MARKS: std::sync::LazyLock<std::sync::Mutex<Marks>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// [`MEMORY_MARKS`]' map.
+type Marks = std::collections::HashMap<String, (u64, tokio::time::Instant)>;
+
+/// What of recovery's own bookkeeping can be used in this pass.
+#[derive(Debug, Clone, Copy)]
+struct Bookkeeping {
+    /// `oxidekiq:suspects` is a hash (or absent): marks go there, else in [`MEMORY_MARKS`].
+    suspects: bool,
+    /// `oxidekiq:recovered` and `dead` are usable: a job recovered too often goes to the dead set.
+    /// Without them every job is pushed back, uncounted (a job that kills every process it touches then
+    /// loops, which is better than stranding every job of the dead process).
+    counts: bool,
+}
+
+/// Checks the types of the keys a pass writes, reporting each damaged one.
+async fn bookkeeping(conn: &mut Conn) -> Result<Bookkeeping> {
+    let (suspects, recovered, dead): (String, String, String) = redis::pipe()
+        .cmd("TYPE")
+        .arg(SUSPECTS)
+        .cmd("TYPE")
+        .arg(RECOVERED)
+        .cmd("TYPE")
+        .arg(keys::DEAD)
+        .query_async(conn)
+        .await?;
+    let ok = |key: &str, kind: &str, want: &str| {
+        let fine = kind == want || kind == "none";
+        if !fine {
+            tracing::error!(key, key_type = %kind,
+                "orphan recovery: {key} is a {kind}, not a {want}; recovery goes on without it (delete \
+                 or repair the key to restore it)");
+        }
+        fine
+    };
+    let suspects = ok(SUSPECTS, &suspects, "hash");
+    let counts = ok(RECOVERED, &recovered, "hash") & ok(keys::DEAD, &dead, "zset");
+    Ok(Bookkeeping { suspects, counts })
 }
 
 /// What [`recover_orphans`] did.
@@ -135,9 +229,25 @@ pub(crate) async fn recover_orphans(
         .query_async(conn)
         .await?;
     if got.is_none() {
-        return Ok(None);
+        // Held, unless the key is no lock of ours: every lock this code takes is a string with a TTL.
+        // Anything else would stop recovery for good, so the pass goes on without the lock (each
+        // process's jobs still move in one script, so two passes at once never move a job twice).
+        let kind = key_type(conn, keys::RECOVERY_LOCK).await?;
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(keys::RECOVERY_LOCK)
+            .query_async(conn)
+            .await?;
+        if kind == "none" || (kind == "string" && ttl != -1) {
+            return Ok(None);
+        }
+        tracing::error!(key = keys::RECOVERY_LOCK, key_type = %kind, ttl_ms = ttl,
+            "orphan recovery: {} is a {kind} without the TTL its lock always has: not a lock of \
+             oxidekiq's; recovering without the lock (delete the key to restore it)", keys::RECOVERY_LOCK);
+        return recover_locked(conn, own_identity, now, policy, false)
+            .await
+            .map(Some);
     }
-    let result = recover_locked(conn, own_identity, now, policy).await;
+    let result = recover_locked(conn, own_identity, now, policy, true).await;
     // Compare-and-delete: a pass that outlasted the lock's 30 s must not free another process's lock.
     let _ = crate::lock::release(conn, keys::RECOVERY_LOCK, own_identity).await;
     result.map(Some)
@@ -185,38 +295,81 @@ async fn held_by_others(
     Ok(by_process)
 }
 
+/// One pass, with the recovery lock held (`locked`) or, when that key is damaged, without it.
 async fn recover_locked(
     conn: &mut Conn,
     own_identity: &str,
     now: f64,
     policy: RecoveryPolicy,
+    locked: bool,
 ) -> Result<Recovered> {
     let by_process = held_by_others(conn, own_identity).await?;
     // A walk of a huge keyspace may have taken a while: go on only while the lock is still ours (and
     // for another 30 s), so two passes never judge the same processes at once.
-    if !crate::lock::extend(conn, keys::RECOVERY_LOCK, own_identity, RECOVERY_LOCK_TTL).await? {
+    if locked
+        && !crate::lock::extend(conn, keys::RECOVERY_LOCK, own_identity, RECOVERY_LOCK_TTL).await?
+    {
         tracing::warn!("orphan recovery lock expired during the key scan; this pass stops");
         return Ok(Recovered::default());
     }
+    let books = bookkeeping(conn).await?;
     let holders: Vec<String> = by_process.iter().map(|(i, _)| i.clone()).collect();
     let mut total = Recovered::default();
     let script = Script::new(ORPHAN_LUA);
     let grace_ms = policy.grace.as_millis().max(1) as u64;
     let (trim_before, dead_max) = dead_trim(now);
+    let limit = if books.counts { MAX_RECOVERIES } else { -1 };
     for (identity, held) in by_process {
+        let mark = if books.suspects {
+            String::new()
+        } else {
+            let since = MEMORY_MARKS
+                .lock()
+                .ok()
+                .and_then(|m| m.get(&identity).copied())
+                .filter(|(_, seen)| seen.elapsed() < policy.grace * 2)
+                .map(|(ms, _)| ms);
+            since.map_or_else(|| "m".to_string(), |ms| format!("m{ms}"))
+        };
         let mut inv = script.key(keys::alive(&identity));
         inv.key(SUSPECTS).key(RECOVERED).key(keys::DEAD);
         for (key, queue) in &held {
             inv.key(key).key(queue);
         }
         inv.arg(grace_ms)
-            .arg(MAX_RECOVERIES)
+            .arg(limit)
             .arg(score(now))
             .arg(policy.time_format.value(now).to_string())
             .arg(&trim_before)
             .arg(dead_max)
-            .arg(&identity);
-        let (state, moved, killed, err): (u8, u64, u64, String) = inv.invoke_async(conn).await?;
+            .arg(&identity)
+            .arg(&mark);
+        let (state, moved, killed, err, redis_ms, damaged): (u8, u64, u64, String, u64, String) =
+            inv.invoke_async(conn).await?;
+        if !damaged.is_empty() {
+            tracing::error!(process = %identity, error = %damaged,
+                "orphan recovery: a liveness key of oxidekiq's is damaged; its process is judged by the \
+                 recovery grace as if the key were gone");
+        }
+        if !books.suspects
+            && let Ok(mut marks) = MEMORY_MARKS.lock()
+        {
+            match state {
+                1 => {
+                    let seen = tokio::time::Instant::now();
+                    let mark = marks.entry(identity.clone()).or_insert((redis_ms, seen));
+                    if mark.1.elapsed() >= policy.grace * 2 {
+                        // Stale (see MEMORY_MARKS): this absence starts now.
+                        mark.0 = redis_ms;
+                    }
+                    mark.1 = seen;
+                }
+                _ if err.is_empty() => {
+                    marks.remove(&identity);
+                }
+                _ => {}
+            }
+        }
         match state {
             1 => total.suspects += 1,
             2 => {
@@ -235,6 +388,12 @@ async fn recover_locked(
         total.killed += killed;
     }
     // A suspect that has no key left (it stopped cleanly, or was recovered) needs no mark.
+    if !books.suspects {
+        if let Ok(mut marks) = MEMORY_MARKS.lock() {
+            marks.retain(|who, _| holders.contains(who));
+        }
+        return Ok(total);
+    }
     let suspects: Vec<String> = conn.hkeys(SUSPECTS).await?;
     let gone: Vec<&String> = suspects
         .iter()
@@ -257,7 +416,13 @@ async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy) {
             )
         }
         Ok(_) => {}
-        Err(e) => tracing::debug!(error = %e, "orphan recovery failed; will try again"),
+        Err(e) if e.is_outage() => {
+            tracing::debug!(error = %e, "orphan recovery failed; will try again")
+        }
+        // Not an outage: a key it needs is damaged (those of its own it can do without are reported
+        // and worked around above), and retrying will not mend it.
+        Err(e) => tracing::error!(error = %e,
+            "orphan recovery failed, not for an outage (a key of the wrong type?); will try again"),
     }
 }
 

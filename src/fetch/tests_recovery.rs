@@ -136,8 +136,9 @@ async fn the_recovery_lock_is_released_only_by_its_holder() {
     let _: () = c.mset(&unrelated).unwrap();
     // Near-misses of the scan pattern, which recovery must ignore.
     let _: () = c.hset("oxidekiq:lording:x:1:ab:q", "1", JOB).unwrap();
+    // Held as every lock is taken: with a TTL (one without is not a lock of oxidekiq's).
     let _: () = c
-        .set("oxidekiq:recovery-lock", "someone:9:cccccccccccc")
+        .pset_ex("oxidekiq:recovery-lock", "someone:9:cccccccccccc", 30_000)
         .unwrap();
     let r = fetch::recover_orphans(&mut conn, ME, time::now(), policy(Duration::from_secs(1)))
         .await

@@ -16,18 +16,15 @@
 //! counted together under `(other)`, and a name is clipped in every log line.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use crate::config::Config;
 use crate::job::Job;
 use crate::keys;
 use crate::migrate::check::Contract;
 use crate::prom::{MAX_CLASS_LEN, MAX_CLASSES, OTHER_CLASS};
-use crate::redis_conn::Conn;
 use crate::registry::{Entry, Registry};
-use crate::retry::{self, Token};
-use crate::shutdown::{Phase, ShutdownSignal};
 
 /// The hand-off settings and which classes were already logged.
 #[derive(Debug)]
@@ -100,56 +97,42 @@ impl Handoff {
 }
 
 /// The processor's hand-off step: `None` when the job runs here; `Some(true)` when it was pushed to
-/// the hand-off queue (acknowledge it); `Some(false)` when the process was cancelled before the push
-/// reached Redis (leave it in flight: the shutdown pushes it back). The push consumes the job's `token`
-/// (its working-hash entry, reliable fetch) in the same script, so a retry after a lost reply pushes
-/// nothing twice. Given the parts of the processor it needs (the hand-off settings, the shared
-/// connection, the registry, the process's phase), not the processor: the processor sits above.
-pub(crate) async fn divert(
-    handoff: Option<&Handoff>,
-    conn: &Conn,
+/// the hand-off queue (acknowledge it); `Some(false)` when no push reached Redis before the process
+/// gave up on it (the deadline, or a stop while the push kept failing for a reason other than an
+/// outage: leave it in flight, the shutdown pushes it back).
+///
+/// The push itself is the caller's `push(queue, label)`: the processor sends it through its fate write
+/// (`Processor::persist`), so a push that fails because of a damaged key (`queues`, the hand-off queue)
+/// gives up the job's slot instead of pinning it, and it consumes the job's token (its working-hash
+/// entry, reliable fetch) in the same script, so a retry after a lost reply pushes nothing twice. It
+/// answers whether the push wrote the job (`Some(false)`: the token was gone), or `None` when it gave
+/// up. Taking the push as a value keeps this module below the processor.
+pub(crate) async fn divert<'a, F, Fut>(
+    handoff: Option<&'a Handoff>,
     registry: &Registry,
-    shutdown: &ShutdownSignal,
-    job: &Job,
-    token: Option<&Token>,
-) -> Option<bool> {
+    job: &'a Job,
+    push: F,
+) -> Option<bool>
+where
+    F: FnOnce(&'a str, &'a str) -> Fut,
+    Fut: Future<Output = Option<bool>>,
+{
     let h = handoff?;
     let reason = h.reason(job, registry.get(job.worker_class()))?;
     let class = job.worker_class();
     let (label, first) = h.label(class);
-    let mut delay = Duration::from_millis(50);
-    loop {
-        let mut conn = conn.clone();
-        let pushed = retry::push_to_queue(
-            &mut conn,
-            &h.queue,
-            job.raw().as_bytes(),
-            Some(label),
-            token,
-        )
-        .await;
-        match pushed {
-            Ok(written) => {
-                // Not written: the token was gone, so an earlier try whose reply was lost pushed it (or
-                // a recovery took it back); either way it is not pushed twice.
-                if written {
-                    crate::prom::metrics().handed_off(class);
-                }
-                if first {
-                    h.log_first(class, label, &reason);
-                }
-                return Some(true);
-            }
-            Err(e) => {
-                if shutdown.phase() >= Phase::Cancelled {
-                    return Some(false);
-                }
-                tracing::warn!(error = %e, "cannot hand the job off yet; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-        }
+    let Some(written) = push(&h.queue, label).await else {
+        return Some(false);
+    };
+    // Not written: the token was gone, so an earlier try whose reply was lost pushed it (or a
+    // recovery took it back); either way it is not pushed twice.
+    if written {
+        crate::prom::metrics().handed_off(class);
     }
+    if first {
+        h.log_first(class, label, &reason);
+    }
+    Some(true)
 }
 
 /// At start: warns when no live Ruby process serves the hand-off queue (its jobs would wait there).

@@ -112,8 +112,9 @@ fn processor(
 ) -> oxidekiq::processor::Processor {
     let (acks, _rx) = tokio::sync::mpsc::unbounded_channel();
     oxidekiq::processor::Processor {
-        registry: Registry::new().freeze(),
+        registry: Registry::new().freeze().unwrap(),
         locks: oxidekiq::lock_batch::Locks::new(conn.clone()),
+        routes: oxidekiq::routes::RolledBack::new(conn.clone()),
         conn,
         stats: Arc::new(Default::default()),
         work: Arc::new(Default::default()),
@@ -154,15 +155,7 @@ async fn a_hand_off_retried_after_a_lost_reply_pushes_once() {
     // Stalled for 7 s: the push waits, Redis runs it at the end of the stall, and its reply comes after
     // the 5 s response timeout, so the hand-off tries again.
     let stalled = stall(&redis.url(), 7);
-    let handed = oxidekiq::migrate::handoff::divert(
-        p.handoff.as_deref(),
-        &p.conn,
-        &p.registry,
-        &p.shutdown,
-        &job,
-        Some(&token),
-    )
-    .await;
+    let handed = p.hand_off(&job, Some(&token), &Default::default()).await;
     stalled.join().unwrap();
     assert_eq!(handed, Some(true));
     let ruby: Vec<String> = c.lrange("queue:ruby", 0, -1).unwrap();
