@@ -366,3 +366,56 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
         assert!(held.is_empty(), "held after the stop: {held:?} ({fetch:?})");
     }
 }
+
+/// The job locks' batch task must live on the control plane: a stop with every job thread blocked
+/// still flushes the lock releases at once. Once a lock job has run (which makes the process's lock
+/// batch task exist), two jobs block both runtime threads; TERM with `-t 2` then ends the clean-up
+/// without reaching its own deadline, and the process says goodbye cleanly, with its liveness key
+/// removed (the push-back succeeded: nothing is left for recovery).
+#[test]
+fn a_stop_flushes_job_locks_while_jobs_block_every_thread() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let t = now();
+    let unique = format!(
+        r#"{{"retry":true,"queue":"default","class":"UniqueNoopJob","args":[1],"jid":"uniq1","created_at":{t},"enqueued_at":{t}}}"#
+    );
+    let _: () = conn.rpush("queue:default", &unique).unwrap();
+    let mut ox = start(&redis, Some("2"));
+    let identity = identity_of(&mut conn, ox.pid(), Duration::from_secs(20));
+    // The lock job ran (its lock taken and released through the batch task).
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let queued: usize = conn.llen("queue:default").unwrap();
+            let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
+            queued == 0 && held.iter().all(|k| conn.hlen::<_, usize>(k).unwrap() == 0)
+        }),
+        "the lock job did not run"
+    );
+    let payloads: Vec<String> = (0..2)
+        .map(|i| chaos_payload("block", BLOCK_MS, &format!("lockblock{i}")))
+        .collect();
+    for p in &payloads {
+        let _: () = conn.rpush("queue:default", p).unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || counted(&mut conn, "chaos:runs")
+            >= 2),
+        "the blocking jobs did not start"
+    );
+    ox.signal("TERM");
+    let status = ox.wait_exit(STOP_TIMEOUT + BEAT + Duration::from_secs(12));
+    assert!(status.is_some(), "TERM did not end the process");
+    let log = ox.log();
+    assert!(
+        !log.contains("before the clean-up ended"),
+        "the stop's clean-up waited for the blocked job runtime:\n{log}"
+    );
+    assert!(
+        status.unwrap().success(),
+        "the process exited with {status:?}:\n{log}"
+    );
+    assert_back_once(&mut conn, &payloads);
+    let alive: bool = conn.exists(format!("oxidekiq:alive:{identity}")).unwrap();
+    assert!(!alive, "the liveness key stayed after a clean push-back");
+}
