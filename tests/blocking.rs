@@ -419,3 +419,64 @@ fn a_stop_flushes_job_locks_while_jobs_block_every_thread() {
     let alive: bool = conn.exists(format!("oxidekiq:alive:{identity}")).unwrap();
     assert!(!alive, "the liveness key stayed after a clean push-back");
 }
+
+/// Runs of [`DeafJob`] that began: its own count, as tests run in parallel with [`LateJob`]'s.
+static DEAF_STARTED: AtomicUsize = AtomicUsize::new(0);
+
+/// Holds its thread for `ms`, deaf to the shutdown, then succeeds.
+#[derive(Debug)]
+struct DeafJob;
+
+impl Worker for DeafJob {
+    const CLASS: &'static str = "DeafJob";
+    type Args = (u64,);
+
+    async fn perform(&self, _ctx: &JobContext, (ms,): Self::Args) -> JobResult {
+        DEAF_STARTED.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(ms));
+        Ok(())
+    }
+}
+
+/// Basic fetch keeps the running jobs only in memory, and pushes them back with one pipeline of
+/// `RPUSH`es at the stop. When one queue key has the wrong type, the others' pushes have run: a retry
+/// of the whole pipeline must not push them again. Two jobs blocked in queues `a` and `b`, then
+/// `queue:b` damaged (a string): after the stop `a`'s job is on its queue once, and `b`'s failure is
+/// loud and names the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_basic_push_back_that_fails_on_one_queue_pushes_the_others_once() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let t = now();
+    let payload = |q: &str| {
+        format!(
+            r#"{{"retry":true,"queue":"{q}","class":"DeafJob","args":[8000],"jid":"basic{q}","created_at":{t},"enqueued_at":{t}}}"#
+        )
+    };
+    let (a, b) = (payload("a"), payload("b"));
+    let _: () = conn.rpush("queue:a", &a).unwrap();
+    let _: () = conn.rpush("queue:b", &b).unwrap();
+    let started = DEAF_STARTED.load(Ordering::SeqCst);
+    let mut registry = Registry::new();
+    registry.register(DeafJob);
+    let cfg = oxidekiq::Config {
+        fetch: FetchMode::BASIC,
+        threads: Some(2),
+        timeout: Duration::from_secs(1),
+        ..config(&redis.url(), &["a", "b"], 2)
+    };
+    let handle = launch(cfg, registry).await;
+    wait_for("both jobs to start", Duration::from_secs(10), || {
+        DEAF_STARTED.load(Ordering::SeqCst) >= started + 2
+    })
+    .await;
+    let _: () = conn.set("queue:b", "damaged").unwrap();
+    let _ = handle.stop().await;
+    let queued: Vec<String> = conn.lrange("queue:a", 0, -1).unwrap();
+    assert_eq!(
+        queued.iter().filter(|p| **p == a).count(),
+        1,
+        "queue:a's job pushed back {} times",
+        queued.len()
+    );
+}
