@@ -318,7 +318,7 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
             .iter()
             .map(|mode| {
                 format!(
-                    r#"{{"retry":true,"queue":"default","class":"LateJob","args":["{mode}",4000],"jid":"late{mode}","created_at":{t},"enqueued_at":{t}}}"#
+                    r#"{{"retry":true,"queue":"default","class":"LateJob","args":["{mode}",8000],"jid":"late{mode}","created_at":{t},"enqueued_at":{t}}}"#
                 )
             })
             .collect();
@@ -348,7 +348,7 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
             "the stop waited for the blocked jobs ({fetch:?})"
         );
         assert_back_once(&mut conn, &payloads);
-        wait_for("the blocked jobs to end", Duration::from_secs(10), || {
+        wait_for("the blocked jobs to end", Duration::from_secs(20), || {
             LATE_ENDED.load(Ordering::SeqCst) >= ended + 2
         })
         .await;
