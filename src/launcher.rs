@@ -336,10 +336,11 @@ impl Parts {
         let (stats, work) = (Arc::new(Stats::default()), Arc::new(WorkTable::default()));
         let metrics = Arc::new(Metrics::default());
         let (acks, acks_rx) = mpsc::unbounded_channel();
-        // One batch task for every job's lock commands, over the jobs' connection. Built here, on the
+        // One batch task for every job's lock commands, over the jobs' connection. Spawned here, on the
         // control plane's runtime, so the stop's flush of lock releases never waits on a blocked job
-        // runtime.
+        // runtime: left to its first use, it would start on the job runtime (a lock job's thread).
         let locks = Locks::new(job_conn.clone());
+        locks.batcher();
         let processor = Processor {
             registry: registry.freeze()?,
             conn: job_conn.clone(),

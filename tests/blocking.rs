@@ -318,7 +318,7 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
             .iter()
             .map(|mode| {
                 format!(
-                    r#"{{"retry":true,"queue":"default","class":"LateJob","args":["{mode}",4000],"jid":"late{mode}","created_at":{t},"enqueued_at":{t}}}"#
+                    r#"{{"retry":true,"queue":"default","class":"LateJob","args":["{mode}",8000],"jid":"late{mode}","created_at":{t},"enqueued_at":{t}}}"#
                 )
             })
             .collect();
@@ -348,7 +348,7 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
             "the stop waited for the blocked jobs ({fetch:?})"
         );
         assert_back_once(&mut conn, &payloads);
-        wait_for("the blocked jobs to end", Duration::from_secs(10), || {
+        wait_for("the blocked jobs to end", Duration::from_secs(20), || {
             LATE_ENDED.load(Ordering::SeqCst) >= ended + 2
         })
         .await;
@@ -365,4 +365,118 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
         let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
         assert!(held.is_empty(), "held after the stop: {held:?} ({fetch:?})");
     }
+}
+
+/// The job locks' batch task must live on the control plane: a stop with every job thread blocked
+/// still flushes the lock releases at once. Once a lock job has run (which makes the process's lock
+/// batch task exist), two jobs block both runtime threads; TERM with `-t 2` then ends the clean-up
+/// without reaching its own deadline, and the process says goodbye cleanly, with its liveness key
+/// removed (the push-back succeeded: nothing is left for recovery).
+#[test]
+fn a_stop_flushes_job_locks_while_jobs_block_every_thread() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let t = now();
+    let unique = format!(
+        r#"{{"retry":true,"queue":"default","class":"UniqueNoopJob","args":[1],"jid":"uniq1","created_at":{t},"enqueued_at":{t}}}"#
+    );
+    let _: () = conn.rpush("queue:default", &unique).unwrap();
+    let mut ox = start(&redis, Some("2"));
+    let identity = identity_of(&mut conn, ox.pid(), Duration::from_secs(20));
+    // The lock job ran (its lock taken and released through the batch task).
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let queued: usize = conn.llen("queue:default").unwrap();
+            let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
+            queued == 0 && held.iter().all(|k| conn.hlen::<_, usize>(k).unwrap() == 0)
+        }),
+        "the lock job did not run"
+    );
+    let payloads: Vec<String> = (0..2)
+        .map(|i| chaos_payload("block", BLOCK_MS, &format!("lockblock{i}")))
+        .collect();
+    for p in &payloads {
+        let _: () = conn.rpush("queue:default", p).unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || counted(&mut conn, "chaos:runs")
+            >= 2),
+        "the blocking jobs did not start"
+    );
+    ox.signal("TERM");
+    let status = ox.wait_exit(STOP_TIMEOUT + BEAT + Duration::from_secs(12));
+    assert!(status.is_some(), "TERM did not end the process");
+    let log = ox.log();
+    assert!(
+        !log.contains("before the clean-up ended"),
+        "the stop's clean-up waited for the blocked job runtime:\n{log}"
+    );
+    assert!(
+        status.unwrap().success(),
+        "the process exited with {status:?}:\n{log}"
+    );
+    assert_back_once(&mut conn, &payloads);
+    let alive: bool = conn.exists(format!("oxidekiq:alive:{identity}")).unwrap();
+    assert!(!alive, "the liveness key stayed after a clean push-back");
+}
+
+/// Runs of [`DeafJob`] that began: its own count, as tests run in parallel with [`LateJob`]'s.
+static DEAF_STARTED: AtomicUsize = AtomicUsize::new(0);
+
+/// Holds its thread for `ms`, deaf to the shutdown, then succeeds.
+#[derive(Debug)]
+struct DeafJob;
+
+impl Worker for DeafJob {
+    const CLASS: &'static str = "DeafJob";
+    type Args = (u64,);
+
+    async fn perform(&self, _ctx: &JobContext, (ms,): Self::Args) -> JobResult {
+        DEAF_STARTED.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(ms));
+        Ok(())
+    }
+}
+
+/// Basic fetch keeps the running jobs only in memory, and pushes them back with one pipeline of
+/// `RPUSH`es at the stop. When one queue key has the wrong type, the others' pushes have run: a retry
+/// of the whole pipeline must not push them again. Two jobs blocked in queues `a` and `b`, then
+/// `queue:b` damaged (a string): after the stop `a`'s job is on its queue once, and `b`'s failure is
+/// loud and names the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_basic_push_back_that_fails_on_one_queue_pushes_the_others_once() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let t = now();
+    let payload = |q: &str| {
+        format!(
+            r#"{{"retry":true,"queue":"{q}","class":"DeafJob","args":[8000],"jid":"basic{q}","created_at":{t},"enqueued_at":{t}}}"#
+        )
+    };
+    let (a, b) = (payload("a"), payload("b"));
+    let _: () = conn.rpush("queue:a", &a).unwrap();
+    let _: () = conn.rpush("queue:b", &b).unwrap();
+    let started = DEAF_STARTED.load(Ordering::SeqCst);
+    let mut registry = Registry::new();
+    registry.register(DeafJob);
+    let cfg = oxidekiq::Config {
+        fetch: FetchMode::BASIC,
+        threads: Some(2),
+        timeout: Duration::from_secs(1),
+        ..config(&redis.url(), &["a", "b"], 2)
+    };
+    let handle = launch(cfg, registry).await;
+    wait_for("both jobs to start", Duration::from_secs(10), || {
+        DEAF_STARTED.load(Ordering::SeqCst) >= started + 2
+    })
+    .await;
+    let _: () = conn.set("queue:b", "damaged").unwrap();
+    let _ = handle.stop().await;
+    let queued: Vec<String> = conn.lrange("queue:a", 0, -1).unwrap();
+    assert_eq!(
+        queued.iter().filter(|p| **p == a).count(),
+        1,
+        "queue:a's job pushed back {} times",
+        queued.len()
+    );
 }

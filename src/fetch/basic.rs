@@ -86,16 +86,47 @@ impl Basic {
             .collect())
     }
 
+    /// `RPUSH`es `units` back to their queues, pipelined; how many went back.
+    ///
+    /// The pipeline is not atomic: a queue key of the wrong type fails only its own `RPUSH`es, and the
+    /// others have run. That failure is reported here, naming the key and its type, and not returned:
+    /// the caller's retry of the whole list would push every other job again (once per attempt), and a
+    /// key of the wrong type does not heal within a stop. Those jobs have no copy in Redis (basic fetch),
+    /// as after any failed push-back. Only a failure of the whole call (Redis unreachable) is an error.
     async fn requeue(&self, units: &[UnitOfWork]) -> Result<u64> {
         if units.is_empty() {
             return Ok(0);
         }
         let mut pipe = redis::pipe();
         for h in units {
-            pipe.rpush(keys::queue(&h.queue), h.raw()).ignore();
+            pipe.rpush(keys::queue(&h.queue), h.raw());
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
-        Ok(units.len() as u64)
+        let replies: Vec<redis::RedisResult<redis::Value>> = pipe
+            .ignore_errors()
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut pushed = 0;
+        let mut failed: Vec<(&str, usize, String)> = Vec::new();
+        for (h, reply) in units.iter().zip(&replies) {
+            match reply {
+                Ok(_) => pushed += 1,
+                Err(e) => match failed.iter_mut().find(|(q, _, _)| *q == &*h.queue) {
+                    Some((_, n, _)) => *n += 1,
+                    None => failed.push((&h.queue, 1, e.to_string())),
+                },
+            }
+        }
+        for (queue, count, error) in failed {
+            let key = keys::queue(queue);
+            let kind: String = redis::cmd("TYPE")
+                .arg(&key)
+                .query_async(&mut self.conn.clone())
+                .await
+                .unwrap_or_else(|_| "unknown type".into());
+            tracing::error!(key = %key, key_type = %kind, count, error = %error,
+                "could not push unfinished jobs back: the queue key is not a list; this fetch keeps no copy in redis, so they are lost");
+        }
+        Ok(pushed)
     }
 }
 
