@@ -576,3 +576,82 @@ fn sidekiq_yml_schedules_run_unless_sidekiq_scheduler_runs_them() {
     assert!(ox.wait_for_log("left to sidekiq-scheduler", Duration::from_secs(30)));
     assert!(!redis.conn().exists::<_, bool>("cron_job:from yml").unwrap());
 }
+
+/// The jobs in `queue` and the ticks claimed in each of the two claim sets `sets`, read in one
+/// `MULTI`.
+fn jobs_and_ticks(
+    conn: &mut redis::Connection,
+    queue: &str,
+    sets: [&str; 2],
+) -> (usize, [HashSet<String>; 2]) {
+    let (jobs, a, b): (usize, Vec<String>, Vec<String>) = redis::pipe()
+        .atomic()
+        .llen(format!("queue:{queue}"))
+        .zrange(sets[0], 0, -1)
+        .zrange(sets[1], 0, -1)
+        .query(conn)
+        .unwrap();
+    (jobs, [a.into_iter().collect(), b.into_iter().collect()])
+}
+
+/// A schedule file loaded by oxidekiq into an empty Redis goes to sidekiq-cron 1.x's layout
+/// (`cron_job:<name>`); a sidekiq-cron 2.x process started later with the same file writes
+/// `cron_job:default:<name>` and never reads the first. The two hashes are one schedule: each tick is
+/// enqueued once, and claimed in both claim sets, so a Ruby poller of either layout sees it taken.
+#[test]
+fn a_schedule_in_both_layouts_is_enqueued_once_per_tick() {
+    let redis = RedisServer::start();
+    let dir = temp_dir("oxidekiq-cron-twin");
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::write(
+        dir.join("config/schedule.yml"),
+        "report:\n  cron: '* * * * * *'\n  class: Report\n  queue: twin\n",
+    )
+    .unwrap();
+    let _ox = Oxidekiq::start_in(dir, &redis.url(), OXIDEKIQ_ARGS, &[]);
+    let mut conn = redis.conn();
+    assert!(wait_until(Duration::from_secs(30), || {
+        conn.sismember("cron_jobs", "cron_job:report").unwrap()
+    }));
+    // What sidekiq-cron 2.x's `save` writes for the same schedule.yml entry (`to_hash`, the set, and
+    // the tick before now claimed).
+    let fields: std::collections::HashMap<String, String> =
+        conn.hgetall("cron_job:report").unwrap();
+    let mut fields: Vec<(String, String)> = fields.into_iter().collect();
+    fields.push(("namespace".into(), "default".into()));
+    fields.push(("source".into(), "schedule".into()));
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("HSET")
+        .arg("cron_job:default:report")
+        .arg(&fields)
+        .cmd("SADD")
+        .arg("cron_jobs:default")
+        .arg("cron_job:default:report")
+        .query(&mut conn)
+        .unwrap();
+    let sets = [
+        "cron_job:report:enqueued",
+        "cron_job:default:report:enqueued",
+    ];
+    let (jobs_before, before) = jobs_and_ticks(&mut conn, "twin", sets);
+    let old: HashSet<String> = before.into_iter().flatten().collect();
+    wait_for_jobs(
+        &redis,
+        "twin",
+        jobs_before + 6,
+        "the schedule in both layouts",
+    );
+    let (jobs, claimed) = jobs_and_ticks(&mut conn, "twin", sets);
+    let new: Vec<HashSet<String>> = claimed
+        .into_iter()
+        .map(|c| c.difference(&old).cloned().collect())
+        .collect();
+    let ticks: HashSet<&String> = new.iter().flatten().collect();
+    assert_eq!(
+        jobs - jobs_before,
+        ticks.len(),
+        "one job per tick, whichever layout's hash claimed it: {new:?}"
+    );
+    assert_eq!(new[0], new[1], "each tick is claimed in both claim sets");
+}

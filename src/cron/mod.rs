@@ -214,6 +214,7 @@ impl Poller {
                 ),
             }
         }
+        entry::link_twins(&mut entries);
         let running = !entries.is_empty();
         if running != self.running {
             self.running = running;
@@ -248,7 +249,8 @@ impl Poller {
                 // Debug, as the gem logs it: a 1-second schedule would fill the log at info.
                 let name = crate::logging::escape(&entry.name);
                 tracing::debug!(schedule = %name, tick = %tick, jid = %jid, "cron job enqueued");
-                if let Err(e) = store::after_enqueue(conn, &entry.key, &jid, now).await {
+                let twin = entry.twin.as_deref();
+                if let Err(e) = store::after_enqueue(conn, &entry.key, twin, &jid, now).await {
                     let key = crate::logging::escape(&entry.key);
                     tracing::error!(key = %key, error = %e, "cron job enqueued, but its last_enqueue_time and jid_history were not written");
                 }
