@@ -655,3 +655,51 @@ fn a_schedule_in_both_layouts_is_enqueued_once_per_tick() {
     );
     assert_eq!(new[0], new[1], "each tick is claimed in both claim sets");
 }
+
+/// A schedule hash whose `status` is empty (written by a tool, or by a client that saved a `nil`
+/// status) is enabled or not as the gem reads it (`status == "enabled"`, asked of the gem in this
+/// run): the Cron tab shows it as the gem reads it, and oxidekiq must not run a schedule the tab
+/// shows disabled.
+#[test]
+fn a_schedule_with_an_empty_status_runs_only_if_the_gem_reads_it_enabled() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    for (name, status) in [("blank", ""), ("on", "enabled")] {
+        let key = format!("cron_job:{name}");
+        let message = format!(r#"{{"queue":"{name}","class":"K","args":[]}}"#);
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(&[
+                ("name", name),
+                ("cron", "* * * * * *"),
+                ("klass", "K"),
+                ("args", "[]"),
+                ("message", message.as_str()),
+                ("status", status),
+            ])
+            .cmd("SADD")
+            .arg("cron_jobs")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let gem = ruby(
+        &format!("{CRON}puts Sidekiq::Cron::Job.all.find {{ |j| j.name == 'blank' }}.enabled?"),
+        &redis.url(),
+    );
+    let gem_enabled = match gem.trimmed() {
+        "true" => true,
+        "false" => false,
+        other => panic!("the gem answered {other:?}"),
+    };
+    let _ox = Oxidekiq::start(&redis.url(), OXIDEKIQ_ARGS);
+    // The enabled schedule shows the poller ran over several ticks.
+    wait_for_jobs(&redis, "on", 3, "the enabled schedule");
+    let blank: usize = conn.llen("queue:blank").unwrap();
+    assert_eq!(
+        blank > 0,
+        gem_enabled,
+        "the gem reads an empty status as enabled: {gem_enabled}; oxidekiq pushed {blank} jobs"
+    );
+}

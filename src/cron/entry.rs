@@ -38,7 +38,7 @@ pub(crate) struct Entry {
     args: Vec<Value>,
     /// `message` (the payload template): `queue`, `class`, `retry`, the class's other options.
     message: Map<String, Value>,
-    /// `status == "enabled"` (a hash without `status` is enabled).
+    /// `status == "enabled"` (a hash without `status` is enabled; an empty one is not).
     pub(crate) enabled: bool,
     /// `active_job`.
     active_job: bool,
@@ -64,6 +64,9 @@ impl Entry {
         mut h: HashMap<String, String>,
         parse: &mut dyn FnMut(&str) -> Result<Schedule, String>,
     ) -> Result<Entry, String> {
+        // Read as is: the gem's `status == "enabled"` makes an empty status disabled (only a hash
+        // without the field is enabled), and the Cron tab shows it so.
+        let status = h.remove("status");
         let mut take = |f: &str| h.remove(f).filter(|v| !v.is_empty());
         let name = take("name").ok_or("`name` is not set")?;
         let cron = take("cron").ok_or("`cron` is not set")?;
@@ -86,7 +89,7 @@ impl Entry {
             class,
             args,
             message,
-            enabled: take("status").is_none_or(|s| s == "enabled"),
+            enabled: status.is_none_or(|s| s == "enabled"),
             active_job: flag(take("active_job")),
             date_as_argument: flag(take("date_as_argument")),
             queue_name_prefix: take("queue_name_prefix"),
