@@ -113,6 +113,14 @@ fn wait_for_jobs(redis: &RedisServer, queue: &str, n: usize, what: &str) {
     );
 }
 
+/// Starts an oxidekiq (with [`OXIDEKIQ_ARGS`]) in a directory whose `config/schedule.yml` is `yaml`.
+fn start_with_schedule_file(redis: &RedisServer, yaml: &str) -> Oxidekiq {
+    let dir = temp_dir("oxidekiq-cron-file");
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::write(dir.join("config/schedule.yml"), yaml).unwrap();
+    Oxidekiq::start_in(dir, &redis.url(), OXIDEKIQ_ARGS, &[])
+}
+
 /// Sleeps until `offset_ms` past the next whole second (the tick of a 1-second schedule is claimable
 /// from one second after it, so a little past a whole second is "at the tick").
 fn sleep_to_tick(offset_ms: u64) {
@@ -307,14 +315,10 @@ fn a_schedule_file_is_written_in_the_namespaced_layout_the_fleet_uses() {
         .arg("cron_job:default:ns tick")
         .query(&mut conn)
         .unwrap();
-    let dir = temp_dir("oxidekiq-cron-file");
-    std::fs::create_dir_all(dir.join("config")).unwrap();
-    std::fs::write(
-        dir.join("config/schedule.yml"),
+    let _ox = start_with_schedule_file(
+        &redis,
         "from file:\n  cron: '0 3 * * *'\n  class: FromFile\n  args: [1]\n",
-    )
-    .unwrap();
-    let _ox = Oxidekiq::start_in(dir, &redis.url(), OXIDEKIQ_ARGS, &[]);
+    );
     wait_for_jobs(&redis, "ns", 0, "the namespaced schedule");
     assert!(wait_until(Duration::from_secs(10), || {
         conn.sismember("cron_jobs:default", "cron_job:default:from file")
@@ -601,14 +605,10 @@ fn jobs_and_ticks(
 #[test]
 fn a_schedule_in_both_layouts_is_enqueued_once_per_tick() {
     let redis = RedisServer::start();
-    let dir = temp_dir("oxidekiq-cron-twin");
-    std::fs::create_dir_all(dir.join("config")).unwrap();
-    std::fs::write(
-        dir.join("config/schedule.yml"),
+    let _ox = start_with_schedule_file(
+        &redis,
         "report:\n  cron: '* * * * * *'\n  class: Report\n  queue: twin\n",
-    )
-    .unwrap();
-    let _ox = Oxidekiq::start_in(dir, &redis.url(), OXIDEKIQ_ARGS, &[]);
+    );
     let mut conn = redis.conn();
     assert!(wait_until(Duration::from_secs(30), || {
         conn.sismember("cron_jobs", "cron_job:report").unwrap()
@@ -701,5 +701,57 @@ fn a_schedule_with_an_empty_status_runs_only_if_the_gem_reads_it_enabled() {
         blank > 0,
         gem_enabled,
         "the gem reads an empty status as enabled: {gem_enabled}; oxidekiq pushed {blank} jobs"
+    );
+}
+
+/// The keyspace `SCAN` for sidekiq-cron 2.x namespaces (every key walked, about 0.8 s per million keys)
+/// holds up no tick: a process starting on a Redis with many keys enqueues a due tick of `cron_jobs`
+/// before that scan ends. The declared schedules wait for the scan (their layout depends on it), so
+/// the order is read from the process's own clock: the job's `enqueued_at` is earlier than the score
+/// `save` gives the declared schedule's first claim.
+#[test]
+fn the_namespace_scan_holds_up_no_tick() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let mut conn = redis.conn();
+    let _: () = redis::cmd("DEBUG")
+        .arg("POPULATE")
+        .arg(500_000)
+        .query(&mut conn)
+        .unwrap();
+    // No claimed tick yet: the tick before now is due at the first look.
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg("cron_job:now")
+        .arg(&[
+            ("name", "now"),
+            ("cron", "* * * * * *"),
+            ("klass", "Now"),
+            ("message", r#"{"queue":"now","class":"Now","args":[]}"#),
+        ])
+        .cmd("SADD")
+        .arg("cron_jobs")
+        .arg("cron_job:now")
+        .query(&mut conn)
+        .unwrap();
+    let _ox = start_with_schedule_file(
+        &redis,
+        "declared:\n  cron: '0 3 * * *'\n  class: Declared\n",
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || conn
+            .exists::<_, bool>("cron_job:declared:enqueued")
+            .unwrap()),
+        "the declared schedule was not written"
+    );
+    wait_for_jobs(&redis, "now", 0, "the due tick");
+    let first: String = conn.lindex("queue:now", -1).unwrap();
+    let job: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let secs = |t: f64| if t > 1e11 { t / 1000.0 } else { t };
+    let enqueued_at = secs(job["enqueued_at"].as_f64().unwrap());
+    let claims = claims(&mut conn, "cron_job:declared");
+    let declared_at = secs(claims[0].1);
+    assert!(
+        enqueued_at < declared_at,
+        "the first tick was enqueued at {enqueued_at}, after the scan ended (declared at {declared_at})"
     );
 }
