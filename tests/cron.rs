@@ -755,3 +755,27 @@ fn the_namespace_scan_holds_up_no_tick() {
         "the first tick was enqueued at {enqueued_at}, after the scan ended (declared at {declared_at})"
     );
 }
+
+/// A Redis whose ACL refuses `SCAN` (a common hardening) still runs every schedule of `cron_jobs` and
+/// gets the declared ones written: the refusal is reported once, and only the usual sets are read.
+#[test]
+fn a_redis_refusing_scan_still_gets_the_declared_schedules() {
+    let redis = RedisServer::start_with(&[
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-scan",
+    ]);
+    let mut conn = redis.conn();
+    let refused: redis::RedisResult<(u64, Vec<String>)> =
+        redis::cmd("SCAN").arg(0).query(&mut conn);
+    assert!(refused.is_err(), "the ACL lets SCAN through");
+    let ox = start_with_schedule_file(
+        &redis,
+        "declared:\n  cron: '* * * * * *'\n  class: Declared\n  queue: declared\n",
+    );
+    wait_for_jobs(&redis, "declared", 1, "the declared schedule");
+    let log = ox.log();
+    assert_eq!(
+        log.matches("could not be scanned").count(),
+        1,
+        "the refused SCAN is reported once:\n{log}"
+    );
+}

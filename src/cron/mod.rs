@@ -299,11 +299,24 @@ impl Poller {
             .is_none_or(|(_, at)| at.elapsed() >= NAMESPACE_SCAN_INTERVAL.max(poll_interval))
     }
 
-    /// Keeps what the scan that began at `started` found; a failed scan is logged and tried again
-    /// from the next round.
+    /// Keeps what the scan that began at `started` found. A scan the server refuses (an ACL without
+    /// `SCAN`) is reported once and counts as finding no namespace, so declared schedules are still
+    /// written and the usual sets read; it is tried again after the interval. Any other failure
+    /// (Redis unreachable) is logged and tried again from the next round.
     fn scanned(&mut self, found: Result<Vec<String>>, started: tokio::time::Instant) {
         match found {
             Ok(sets) => self.sets = Some((sets, started)),
+            Err(e) if !e.is_connection_error() => {
+                self.report(
+                    crate::keys::CRON_JOBS_NAMESPACED,
+                    &format!(
+                        "could not be scanned for ({e}); only {} and {} are read",
+                        crate::keys::CRON_JOBS,
+                        crate::keys::cron_jobs_in(store::DEFAULT_NAMESPACE)
+                    ),
+                );
+                self.sets = Some((vec![crate::keys::CRON_JOBS.to_string()], started));
+            }
             Err(e) => {
                 tracing::error!(error = %e, "cron poller: the scan for sidekiq-cron namespaces failed; trying again")
             }
