@@ -215,10 +215,13 @@ pub(crate) fn claim_of(job_key: &str, tick: DateTime<Utc>) -> Claim {
 /// the default namespace without deleting it). Run as two schedules, each tick would be enqueued twice;
 /// paired, each claims in both claim sets ([`Entry::claim`]), so a tick is enqueued once whichever
 /// layout's poller (Ruby 1.x, Ruby 2.x, oxidekiq) takes it.
+///
+/// A pair runs only while both are enabled: the Cron tab shows one of the two (1.x's or 2.x's, by the
+/// gem's version), and disabling it there must stop the schedule.
 pub(crate) fn link_twins(entries: &mut [Entry]) {
-    let named: HashMap<String, String> = entries
+    let named: HashMap<String, (String, bool)> = entries
         .iter()
-        .map(|e| (e.key.clone(), e.name.clone()))
+        .map(|e| (e.key.clone(), (e.name.clone(), e.enabled)))
         .collect();
     for e in entries.iter_mut() {
         let plain = keys::cron_job(None, &e.name);
@@ -230,7 +233,10 @@ pub(crate) fn link_twins(entries: &mut [Entry]) {
         } else {
             continue;
         };
-        if named.get(&other) == Some(&e.name) {
+        if let Some((name, enabled)) = named.get(&other)
+            && *name == e.name
+        {
+            e.enabled &= *enabled;
             e.twin = Some(other);
         }
     }
@@ -364,6 +370,12 @@ mod tests {
                 None
             ]
         );
+        assert!(entries.iter().all(|e| e.enabled));
+        // Disabled on the Cron tab, which shows one of the two: the pair stops.
+        let mut pair = vec![entry("cron_job:r", "r"), entry("cron_job:default:r", "r")];
+        pair[1].enabled = false;
+        link_twins(&mut pair);
+        assert!(!pair[0].enabled && !pair[1].enabled);
         let c = entries[0].claim(at(10, 0, 0));
         assert_eq!(
             (c.key.as_str(), c.twin.as_deref()),
