@@ -275,15 +275,28 @@ pub(crate) struct Claim {
     pub(crate) score: String,
     /// The member whose absence is the claim.
     pub(crate) member: String,
+    /// A second sorted set that must not hold `member` either, and gets it too: the claim set of the
+    /// same sidekiq-cron schedule in the other key layout (1.x's `cron_job:<name>` beside 2.x's
+    /// `cron_job:default:<name>`), so a poller of either layout sees the tick taken.
+    pub(crate) twin: Option<String>,
 }
 
-/// KEYS[1] the claim's sorted set, KEYS[2] `queues`, KEYS[3] the queue's list; ARGV[1] score, ARGV[2]
-/// member, ARGV[3] queue name, ARGV[4] payload. Returns 1 if claimed and pushed, 0 if the member was
-/// there already. A push that fails (a key of the wrong type) removes the member again and returns the
-/// error, so the claim is free for the next try.
+/// KEYS[1] the claim's sorted set, KEYS[2] `queues`, KEYS[3] the queue's list, KEYS[4] (optional) the
+/// twin claim set; ARGV[1] score, ARGV[2] member, ARGV[3] queue name, ARGV[4] payload. Returns 1 if
+/// claimed and pushed, 0 if the member was there already (in either set). A push that fails (a key of
+/// the wrong type) removes the member again and returns the error, so the claim is free for the next
+/// try. The twin gets the member only after the push: nothing was written if it cannot be read.
 const CLAIM_PUSH_SCRIPT: &str = concat!(
     crate::lua::lua_common!(),
     r"
+local twin = KEYS[4]
+if twin then
+  local t = redis.pcall('ZSCORE', twin, ARGV[2])
+  if failed(t) then
+    return redis.error_reply(twin .. ' is a ' .. kind(twin) .. ', not a sorted set: ' .. t.err)
+  end
+  if t then return 0 end
+end
 local r = redis.pcall('ZADD', KEYS[1], ARGV[1], ARGV[2])
 if failed(r) then
   return redis.error_reply(KEYS[1] .. ' is a ' .. kind(KEYS[1]) .. ', not a sorted set: ' .. r.err)
@@ -294,6 +307,7 @@ if err then
   redis.call('ZREM', KEYS[1], ARGV[2])
   return redis.error_reply(err)
 end
+if twin then redis.pcall('ZADD', twin, ARGV[1], ARGV[2]) end
 return 1
 "
 );
@@ -552,10 +566,14 @@ impl Client {
             .job
             .payload(&push.jid, time::now(), self.time_format().await?);
         let queue = &push.job.queue;
-        let pushed: i64 = CLAIM_PUSH
-            .key(&claim.key)
+        let mut inv = CLAIM_PUSH.prepare_invoke();
+        inv.key(&claim.key)
             .key(keys::QUEUES)
-            .key(keys::queue(queue))
+            .key(keys::queue(queue));
+        if let Some(twin) = &claim.twin {
+            inv.key(twin);
+        }
+        let pushed: i64 = inv
             .arg(&claim.score)
             .arg(&claim.member)
             .arg(queue)

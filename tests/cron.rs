@@ -113,6 +113,14 @@ fn wait_for_jobs(redis: &RedisServer, queue: &str, n: usize, what: &str) {
     );
 }
 
+/// Starts an oxidekiq (with [`OXIDEKIQ_ARGS`]) in a directory whose `config/schedule.yml` is `yaml`.
+fn start_with_schedule_file(redis: &RedisServer, yaml: &str) -> Oxidekiq {
+    let dir = temp_dir("oxidekiq-cron-file");
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::write(dir.join("config/schedule.yml"), yaml).unwrap();
+    Oxidekiq::start_in(dir, &redis.url(), OXIDEKIQ_ARGS, &[])
+}
+
 /// Sleeps until `offset_ms` past the next whole second (the tick of a 1-second schedule is claimable
 /// from one second after it, so a little past a whole second is "at the tick").
 fn sleep_to_tick(offset_ms: u64) {
@@ -307,14 +315,10 @@ fn a_schedule_file_is_written_in_the_namespaced_layout_the_fleet_uses() {
         .arg("cron_job:default:ns tick")
         .query(&mut conn)
         .unwrap();
-    let dir = temp_dir("oxidekiq-cron-file");
-    std::fs::create_dir_all(dir.join("config")).unwrap();
-    std::fs::write(
-        dir.join("config/schedule.yml"),
+    let _ox = start_with_schedule_file(
+        &redis,
         "from file:\n  cron: '0 3 * * *'\n  class: FromFile\n  args: [1]\n",
-    )
-    .unwrap();
-    let _ox = Oxidekiq::start_in(dir, &redis.url(), OXIDEKIQ_ARGS, &[]);
+    );
     wait_for_jobs(&redis, "ns", 0, "the namespaced schedule");
     assert!(wait_until(Duration::from_secs(10), || {
         conn.sismember("cron_jobs:default", "cron_job:default:from file")
@@ -575,4 +579,203 @@ fn sidekiq_yml_schedules_run_unless_sidekiq_scheduler_runs_them() {
     let ox = start(&redis);
     assert!(ox.wait_for_log("left to sidekiq-scheduler", Duration::from_secs(30)));
     assert!(!redis.conn().exists::<_, bool>("cron_job:from yml").unwrap());
+}
+
+/// The jobs in `queue` and the ticks claimed in each of the two claim sets `sets`, read in one
+/// `MULTI`.
+fn jobs_and_ticks(
+    conn: &mut redis::Connection,
+    queue: &str,
+    sets: [&str; 2],
+) -> (usize, [HashSet<String>; 2]) {
+    let (jobs, a, b): (usize, Vec<String>, Vec<String>) = redis::pipe()
+        .atomic()
+        .llen(format!("queue:{queue}"))
+        .zrange(sets[0], 0, -1)
+        .zrange(sets[1], 0, -1)
+        .query(conn)
+        .unwrap();
+    (jobs, [a.into_iter().collect(), b.into_iter().collect()])
+}
+
+/// A schedule file loaded by oxidekiq into an empty Redis goes to sidekiq-cron 1.x's layout
+/// (`cron_job:<name>`); a sidekiq-cron 2.x process started later with the same file writes
+/// `cron_job:default:<name>` and never reads the first. The two hashes are one schedule: each tick is
+/// enqueued once, and claimed in both claim sets, so a Ruby poller of either layout sees it taken.
+#[test]
+fn a_schedule_in_both_layouts_is_enqueued_once_per_tick() {
+    let redis = RedisServer::start();
+    let _ox = start_with_schedule_file(
+        &redis,
+        "report:\n  cron: '* * * * * *'\n  class: Report\n  queue: twin\n",
+    );
+    let mut conn = redis.conn();
+    assert!(wait_until(Duration::from_secs(30), || {
+        conn.sismember("cron_jobs", "cron_job:report").unwrap()
+    }));
+    // What sidekiq-cron 2.x's `save` writes for the same schedule.yml entry (`to_hash`, the set, and
+    // the tick before now claimed).
+    let fields: std::collections::HashMap<String, String> =
+        conn.hgetall("cron_job:report").unwrap();
+    let mut fields: Vec<(String, String)> = fields.into_iter().collect();
+    fields.push(("namespace".into(), "default".into()));
+    fields.push(("source".into(), "schedule".into()));
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("HSET")
+        .arg("cron_job:default:report")
+        .arg(&fields)
+        .cmd("SADD")
+        .arg("cron_jobs:default")
+        .arg("cron_job:default:report")
+        .query(&mut conn)
+        .unwrap();
+    let sets = [
+        "cron_job:report:enqueued",
+        "cron_job:default:report:enqueued",
+    ];
+    let (jobs_before, before) = jobs_and_ticks(&mut conn, "twin", sets);
+    let old: HashSet<String> = before.into_iter().flatten().collect();
+    wait_for_jobs(
+        &redis,
+        "twin",
+        jobs_before + 6,
+        "the schedule in both layouts",
+    );
+    let (jobs, claimed) = jobs_and_ticks(&mut conn, "twin", sets);
+    let new: Vec<HashSet<String>> = claimed
+        .into_iter()
+        .map(|c| c.difference(&old).cloned().collect())
+        .collect();
+    let ticks: HashSet<&String> = new.iter().flatten().collect();
+    assert_eq!(
+        jobs - jobs_before,
+        ticks.len(),
+        "one job per tick, whichever layout's hash claimed it: {new:?}"
+    );
+    assert_eq!(new[0], new[1], "each tick is claimed in both claim sets");
+}
+
+/// A schedule hash whose `status` is empty (written by a tool, or by a client that saved a `nil`
+/// status) is enabled or not as the gem reads it (`status == "enabled"`, asked of the gem in this
+/// run): the Cron tab shows it as the gem reads it, and oxidekiq must not run a schedule the tab
+/// shows disabled.
+#[test]
+fn a_schedule_with_an_empty_status_runs_only_if_the_gem_reads_it_enabled() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    for (name, status) in [("blank", ""), ("on", "enabled")] {
+        let key = format!("cron_job:{name}");
+        let message = format!(r#"{{"queue":"{name}","class":"K","args":[]}}"#);
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(&[
+                ("name", name),
+                ("cron", "* * * * * *"),
+                ("klass", "K"),
+                ("args", "[]"),
+                ("message", message.as_str()),
+                ("status", status),
+            ])
+            .cmd("SADD")
+            .arg("cron_jobs")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let gem = ruby(
+        &format!("{CRON}puts Sidekiq::Cron::Job.all.find {{ |j| j.name == 'blank' }}.enabled?"),
+        &redis.url(),
+    );
+    let gem_enabled = match gem.trimmed() {
+        "true" => true,
+        "false" => false,
+        other => panic!("the gem answered {other:?}"),
+    };
+    let _ox = Oxidekiq::start(&redis.url(), OXIDEKIQ_ARGS);
+    // The enabled schedule shows the poller ran over several ticks.
+    wait_for_jobs(&redis, "on", 3, "the enabled schedule");
+    let blank: usize = conn.llen("queue:blank").unwrap();
+    assert_eq!(
+        blank > 0,
+        gem_enabled,
+        "the gem reads an empty status as enabled: {gem_enabled}; oxidekiq pushed {blank} jobs"
+    );
+}
+
+/// The keyspace `SCAN` for sidekiq-cron 2.x namespaces (every key walked, about 0.8 s per million keys)
+/// holds up no tick: a process starting on a Redis with many keys enqueues a due tick of `cron_jobs`
+/// before that scan ends. The declared schedules wait for the scan (their layout depends on it), so
+/// the order is read from the process's own clock: the job's `enqueued_at` is earlier than the score
+/// `save` gives the declared schedule's first claim.
+#[test]
+fn the_namespace_scan_holds_up_no_tick() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let mut conn = redis.conn();
+    let _: () = redis::cmd("DEBUG")
+        .arg("POPULATE")
+        .arg(500_000)
+        .query(&mut conn)
+        .unwrap();
+    // No claimed tick yet: the tick before now is due at the first look.
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg("cron_job:now")
+        .arg(&[
+            ("name", "now"),
+            ("cron", "* * * * * *"),
+            ("klass", "Now"),
+            ("message", r#"{"queue":"now","class":"Now","args":[]}"#),
+        ])
+        .cmd("SADD")
+        .arg("cron_jobs")
+        .arg("cron_job:now")
+        .query(&mut conn)
+        .unwrap();
+    let _ox = start_with_schedule_file(
+        &redis,
+        "declared:\n  cron: '0 3 * * *'\n  class: Declared\n",
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || conn
+            .exists::<_, bool>("cron_job:declared:enqueued")
+            .unwrap()),
+        "the declared schedule was not written"
+    );
+    wait_for_jobs(&redis, "now", 0, "the due tick");
+    let first: String = conn.lindex("queue:now", -1).unwrap();
+    let job: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let secs = |t: f64| if t > 1e11 { t / 1000.0 } else { t };
+    let enqueued_at = secs(job["enqueued_at"].as_f64().unwrap());
+    let claims = claims(&mut conn, "cron_job:declared");
+    let declared_at = secs(claims[0].1);
+    assert!(
+        enqueued_at < declared_at,
+        "the first tick was enqueued at {enqueued_at}, after the scan ended (declared at {declared_at})"
+    );
+}
+
+/// A Redis whose ACL refuses `SCAN` (a common hardening) still runs every schedule of `cron_jobs` and
+/// gets the declared ones written: the refusal is reported once, and only the usual sets are read.
+#[test]
+fn a_redis_refusing_scan_still_gets_the_declared_schedules() {
+    let redis = RedisServer::start_with(&[
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-scan",
+    ]);
+    let mut conn = redis.conn();
+    let refused: redis::RedisResult<(u64, Vec<String>)> =
+        redis::cmd("SCAN").arg(0).query(&mut conn);
+    assert!(refused.is_err(), "the ACL lets SCAN through");
+    let ox = start_with_schedule_file(
+        &redis,
+        "declared:\n  cron: '* * * * * *'\n  class: Declared\n  queue: declared\n",
+    );
+    wait_for_jobs(&redis, "declared", 1, "the declared schedule");
+    let log = ox.log();
+    assert_eq!(
+        log.matches("could not be scanned").count(),
+        1,
+        "the refused SCAN is reported once:\n{log}"
+    );
 }

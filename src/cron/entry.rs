@@ -38,7 +38,7 @@ pub(crate) struct Entry {
     args: Vec<Value>,
     /// `message` (the payload template): `queue`, `class`, `retry`, the class's other options.
     message: Map<String, Value>,
-    /// `status == "enabled"` (a hash without `status` is enabled).
+    /// `status == "enabled"` (a hash without `status` is enabled; an empty one is not).
     pub(crate) enabled: bool,
     /// `active_job`.
     active_job: bool,
@@ -52,6 +52,8 @@ pub(crate) struct Entry {
     description: Value,
     /// `last_enqueue_time`, when set and readable.
     last_enqueue: Option<DateTime<Utc>>,
+    /// The same schedule's hash in the other key layout, when Redis holds both ([`link_twins`]).
+    pub(crate) twin: Option<String>,
 }
 
 impl Entry {
@@ -62,6 +64,9 @@ impl Entry {
         mut h: HashMap<String, String>,
         parse: &mut dyn FnMut(&str) -> Result<Schedule, String>,
     ) -> Result<Entry, String> {
+        // Read as is: the gem's `status == "enabled"` makes an empty status disabled (only a hash
+        // without the field is enabled), and the Cron tab shows it so.
+        let status = h.remove("status");
         let mut take = |f: &str| h.remove(f).filter(|v| !v.is_empty());
         let name = take("name").ok_or("`name` is not set")?;
         let cron = take("cron").ok_or("`cron` is not set")?;
@@ -84,13 +89,14 @@ impl Entry {
             class,
             args,
             message,
-            enabled: take("status").is_none_or(|s| s == "enabled"),
+            enabled: status.is_none_or(|s| s == "enabled"),
             active_job: flag(take("active_job")),
             date_as_argument: flag(take("date_as_argument")),
             queue_name_prefix: take("queue_name_prefix"),
             queue_name_delimiter: take("queue_name_delimiter"),
             description: take("description").map_or(Value::Null, Value::String),
             last_enqueue: take("last_enqueue_time").and_then(|t| parse_enqueue_time(&t)),
+            twin: None,
         })
     }
 
@@ -122,8 +128,13 @@ impl Entry {
 
     /// The claim on `tick`: `ZADD cron_job:<name>:enqueued <tick.to_f.to_s> <tick.iso8601>`, byte for
     /// byte as the gem writes it, so a Ruby poller and oxidekiq contend for the same member.
+    /// With a [`twin`](Entry::twin), the tick must be unclaimed in its claim set too, and is claimed
+    /// in both.
     pub(crate) fn claim(&self, tick: DateTime<Utc>) -> Claim {
-        claim_of(&self.key, tick)
+        Claim {
+            twin: self.twin.as_deref().map(keys::cron_enqueued),
+            ..claim_of(&self.key, tick)
+        }
     }
 
     /// The job to push at `now` (epoch seconds), as a process without the job's Ruby class pushes it:
@@ -192,6 +203,42 @@ pub(crate) fn claim_of(job_key: &str, tick: DateTime<Utc>) -> Claim {
         key: keys::cron_enqueued(job_key),
         score: format!("{}.0", tick.timestamp()),
         member: tick.to_rfc3339_opts(SecondsFormat::Secs, true),
+        twin: None,
+    }
+}
+
+/// Pairs the hashes of one schedule held in both key layouts: `cron_job:<name>` (a member of 1.x's
+/// `cron_jobs`) and `cron_job:default:<name>` (2.x's default namespace), both with `name` `<name>`.
+/// That happens when one side wrote the schedule before the other: oxidekiq loading
+/// `config/schedule.yml` into an empty Redis (1.x layout), then a sidekiq-cron 2.x process loading the
+/// same file (2.x never reads `cron_jobs`, and its `migrate_old_jobs_if_needed!` copies such a hash to
+/// the default namespace without deleting it). Run as two schedules, each tick would be enqueued twice;
+/// paired, each claims in both claim sets ([`Entry::claim`]), so a tick is enqueued once whichever
+/// layout's poller (Ruby 1.x, Ruby 2.x, oxidekiq) takes it.
+///
+/// A pair runs only while both are enabled: the Cron tab shows one of the two (1.x's or 2.x's, by the
+/// gem's version), and disabling it there must stop the schedule.
+pub(crate) fn link_twins(entries: &mut [Entry]) {
+    let named: HashMap<String, (String, bool)> = entries
+        .iter()
+        .map(|e| (e.key.clone(), (e.name.clone(), e.enabled)))
+        .collect();
+    for e in entries.iter_mut() {
+        let plain = keys::cron_job(None, &e.name);
+        let namespaced = keys::cron_job(Some(super::store::DEFAULT_NAMESPACE), &e.name);
+        let other = if e.key == plain {
+            namespaced
+        } else if e.key == namespaced {
+            plain
+        } else {
+            continue;
+        };
+        if let Some((name, enabled)) = named.get(&other)
+            && *name == e.name
+        {
+            e.enabled &= *enabled;
+            e.twin = Some(other);
+        }
     }
 }
 
@@ -289,6 +336,50 @@ mod tests {
                 .due(at(10, 0, 30))
                 .unwrap()
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn one_schedule_in_both_layouts_is_paired_and_claims_in_both() {
+        let entry = |key: &str, name: &str| {
+            Entry::from_hash(
+                key,
+                hash(&[("name", name), ("cron", "* * * * *"), ("klass", "K")]),
+                &mut |c| Schedule::parse(c),
+            )
+            .unwrap()
+        };
+        let mut entries = vec![
+            entry("cron_job:r", "r"),
+            entry("cron_job:default:r", "r"),
+            // sidekiq-cron 1.x's schedule named `default:x` has the key 2.x gives `x`: not a twin of
+            // 1.x's `x`.
+            entry("cron_job:x", "x"),
+            entry("cron_job:default:x", "default:x"),
+            entry("cron_job:alone", "alone"),
+        ];
+        link_twins(&mut entries);
+        let twins: Vec<Option<&str>> = entries.iter().map(|e| e.twin.as_deref()).collect();
+        assert_eq!(
+            twins,
+            [
+                Some("cron_job:default:r"),
+                Some("cron_job:r"),
+                None,
+                None,
+                None
+            ]
+        );
+        assert!(entries.iter().all(|e| e.enabled));
+        // Disabled on the Cron tab, which shows one of the two: the pair stops.
+        let mut pair = vec![entry("cron_job:r", "r"), entry("cron_job:default:r", "r")];
+        pair[1].enabled = false;
+        link_twins(&mut pair);
+        assert!(!pair[0].enabled && !pair[1].enabled);
+        let c = entries[0].claim(at(10, 0, 0));
+        assert_eq!(
+            (c.key.as_str(), c.twin.as_deref()),
+            ("cron_job:r:enqueued", Some("cron_job:default:r:enqueued"))
         );
     }
 

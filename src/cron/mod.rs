@@ -19,7 +19,8 @@
 //! enabled elsewhere. Missed ticks (Redis down, every process stopped) are not caught up: only the
 //! latest one, if at most 60 s old, as in the gem. A quiet process stops polling, as Ruby's
 //! `Launcher#quiet` stops the cron poller. With no schedule in Redis, a round is two `SMEMBERS`
-//! (`cron_jobs`, `cron_jobs:default`) per interval, and a `SCAN` for other namespaces every 10 minutes.
+//! (`cron_jobs`, `cron_jobs:default`) per interval, and a `SCAN` for other namespaces every 10 minutes,
+//! run beside the rounds so that a large keyspace delays no tick.
 //!
 //! Schedules are also declared here: `config/schedule.yml` (as the gem's `schedule_loader.rb` reads
 //! it), `sidekiq.yml`'s `:schedule:`, and [`CronJob`]s given in Rust are written at start in the gem's
@@ -60,7 +61,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The poller's memory between rounds.
 #[derive(Debug, Default)]
 struct Poller {
-    /// The schedule sets found by the last `SCAN` (and `cron_jobs`), and when it ran.
+    /// The schedule sets found by the last `SCAN` (and `cron_jobs`), and when it started.
     sets: Option<(Vec<String>, tokio::time::Instant)>,
     /// Schedules reported as unreadable (key and message), so each is reported once, not each round.
     reported: HashSet<(String, String)>,
@@ -103,7 +104,16 @@ pub(crate) async fn run(
         pending: declared(&cfg),
         ..Poller::default()
     };
+    // The keyspace SCAN for namespaces runs beside the rounds, not inside one: it walks every key
+    // (about 0.8 s per million keys), and a round waiting for it enqueues no tick meanwhile.
+    let mut scan: Option<Scan> = None;
     loop {
+        if scan.is_none() && poller.scan_due(cfg.poll_interval) {
+            let (conn, started) = (conn.clone(), tokio::time::Instant::now());
+            scan = Some(Box::pin(async move {
+                (store::schedule_sets(&conn).await, started)
+            }));
+        }
         let wait = match poller.round(&conn, &client, &cfg).await {
             Ok(wait) => wait,
             Err(e) => {
@@ -111,10 +121,33 @@ pub(crate) async fn run(
                 RETRY_AFTER
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.quiet() => break,
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => break,
+                (found, started) = running(&mut scan) => {
+                    scan = None;
+                    poller.scanned(found, started);
+                    // Declared schedules waited for this scan: write them now, not a poll later.
+                    if !poller.pending.is_empty() {
+                        break;
+                    }
+                }
+                _ = shutdown.quiet() => return,
+            }
         }
+    }
+}
+
+/// The namespace scan under way: the sets found, and when it started.
+type Scan =
+    std::pin::Pin<Box<dyn Future<Output = (Result<Vec<String>>, tokio::time::Instant)> + Send>>;
+
+/// Waits for the scan under way; never ends when there is none.
+async fn running(scan: &mut Option<Scan>) -> (Result<Vec<String>>, tokio::time::Instant) {
+    match scan {
+        Some(s) => s.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -167,16 +200,6 @@ impl Poller {
     /// One round: declared schedules written (once), schedules read, due ticks claimed and pushed.
     /// Returns how long to sleep before the next round.
     async fn round(&mut self, conn: &Conn, client: &Client, cfg: &CronConfig) -> Result<Duration> {
-        let rescan = self
-            .sets
-            .as_ref()
-            .is_none_or(|(_, at)| at.elapsed() >= NAMESPACE_SCAN_INTERVAL.max(cfg.poll_interval));
-        if rescan {
-            self.sets = Some((
-                store::schedule_sets(conn).await?,
-                tokio::time::Instant::now(),
-            ));
-        }
         let found = self
             .sets
             .as_ref()
@@ -186,7 +209,9 @@ impl Poller {
             self.pending.extend(sidekiq_yml_schedules(conn, cfg).await?);
             self.sidekiq_yml_checked = true;
         }
-        if !self.pending.is_empty() {
+        // Declared schedules wait for the first scan: the layout they are written in depends on
+        // which namespaced sets exist.
+        if !self.pending.is_empty() && self.sets.is_some() {
             let layout = store::layout_of(&found);
             for job in std::mem::take(&mut self.pending) {
                 if let Err(e) = store::save(conn, &job, layout, Utc::now()).await {
@@ -214,6 +239,7 @@ impl Poller {
                 ),
             }
         }
+        entry::link_twins(&mut entries);
         let running = !entries.is_empty();
         if running != self.running {
             self.running = running;
@@ -248,7 +274,8 @@ impl Poller {
                 // Debug, as the gem logs it: a 1-second schedule would fill the log at info.
                 let name = crate::logging::escape(&entry.name);
                 tracing::debug!(schedule = %name, tick = %tick, jid = %jid, "cron job enqueued");
-                if let Err(e) = store::after_enqueue(conn, &entry.key, &jid, now).await {
+                let twin = entry.twin.as_deref();
+                if let Err(e) = store::after_enqueue(conn, &entry.key, twin, &jid, now).await {
                     let key = crate::logging::escape(&entry.key);
                     tracing::error!(key = %key, error = %e, "cron job enqueued, but its last_enqueue_time and jid_history were not written");
                 }
@@ -260,6 +287,38 @@ impl Poller {
             Err(e) => {
                 self.report(&entry.key, &format!("its job was not enqueued (the tick is left unclaimed, tried again each round): {e}"));
                 Ok(())
+            }
+        }
+    }
+
+    /// Whether the namespace scan is due: none has finished yet, or the last one started
+    /// [`NAMESPACE_SCAN_INTERVAL`] (at least `poll_interval`) ago.
+    fn scan_due(&self, poll_interval: Duration) -> bool {
+        self.sets
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= NAMESPACE_SCAN_INTERVAL.max(poll_interval))
+    }
+
+    /// Keeps what the scan that began at `started` found. A scan the server refuses (an ACL without
+    /// `SCAN`) is reported once and counts as finding no namespace, so declared schedules are still
+    /// written and the usual sets read; it is tried again after the interval. Any other failure
+    /// (Redis unreachable) is logged and tried again from the next round.
+    fn scanned(&mut self, found: Result<Vec<String>>, started: tokio::time::Instant) {
+        match found {
+            Ok(sets) => self.sets = Some((sets, started)),
+            Err(e) if !e.is_connection_error() => {
+                self.report(
+                    crate::keys::CRON_JOBS_NAMESPACED,
+                    &format!(
+                        "could not be scanned for ({e}); only {} and {} are read",
+                        crate::keys::CRON_JOBS,
+                        crate::keys::cron_jobs_in(store::DEFAULT_NAMESPACE)
+                    ),
+                );
+                self.sets = Some((vec![crate::keys::CRON_JOBS.to_string()], started));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cron poller: the scan for sidekiq-cron namespaces failed; trying again")
             }
         }
     }

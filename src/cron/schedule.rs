@@ -139,7 +139,7 @@ fn special(line: &str) -> Option<&'static str> {
 }
 
 /// Splits a trailing time zone off a cron line: fugit reads `<fields> <zone>` with an IANA name
-/// (`Europe/Paris`, `America/New_York`) or `UTC`/`GMT`/`Z`.
+/// (`Europe/Paris`, `America/New_York`) or `UTC`/`GMT`; `Z` is read too, though fugit 1.5 refuses it.
 fn split_zone(line: &str) -> Result<(String, Tz), String> {
     let mut words: Vec<&str> = line.split_whitespace().collect();
     let Some(last) = words.last().copied() else {

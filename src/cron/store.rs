@@ -305,11 +305,13 @@ static SAVE: std::sync::LazyLock<redis::Script> =
 
 /// What the gem writes after an enqueue (`save_last_enqueue_time`, `add_jid_history`,
 /// `remove_previous_enques`): the enqueue time, the jid at the head of the history (kept to 10), and
-/// claimed ticks older than a day removed. The job is already in its queue: a failure here is logged
-/// by the caller and changes nothing about which tick ran.
+/// claimed ticks older than a day removed, in the `twin`'s claim set too (the claimed push adds to it,
+/// and its own poller may never enqueue to trim it). The job is already in its queue: a failure here
+/// is logged by the caller and changes nothing about which tick ran.
 pub(crate) async fn after_enqueue(
     conn: &Conn,
     job_key: &str,
+    twin: Option<&str>,
     jid: &str,
     now: DateTime<Utc>,
 ) -> Result<()> {
@@ -331,11 +333,13 @@ pub(crate) async fn after_enqueue(
         .arg(0)
         .arg(HISTORY_SIZE - 1)
         .ignore();
-    pipe.cmd("ZREMRANGEBYSCORE")
-        .arg(keys::cron_enqueued(job_key))
-        .arg(0)
-        .arg(format!("({}", score(secs - REMEMBER_SECS)))
-        .ignore();
+    for key in std::iter::once(job_key).chain(twin) {
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(keys::cron_enqueued(key))
+            .arg(0)
+            .arg(format!("({}", score(secs - REMEMBER_SECS)))
+            .ignore();
+    }
     pipe.query_async::<()>(&mut conn.clone()).await?;
     Ok(())
 }
