@@ -62,11 +62,31 @@ impl Error {
         let Error::Redis(e) = self else {
             return false;
         };
-        matches!(
-            e.code(),
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY")
-        )
+        e.code().is_some_and(|code| OUTAGE_CODES.contains(&code))
     }
+}
+
+/// The error codes of a Redis that cannot serve or take writes for now and mends by itself: loading
+/// its data, a busy script, a failover under way (`READONLY` from a server demoted to replica,
+/// `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`), or too few replicas for `min-replicas-to-write`
+/// (`NOREPLICAS`, which a replica's link blip causes).
+pub(crate) const OUTAGE_CODES: &[&str] = &[
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "NOREPLICAS",
+];
+
+/// The outage code a script's own error text carries, if any: a script reports a write that `pcall`
+/// refused as `<key> is a <type>, not a <type>: <Redis's error>`, and Redis's error starts with its code.
+pub(crate) fn outage_code_in(text: &str) -> Option<&'static str> {
+    text.split(": ").skip(1).find_map(|part| {
+        let code = part.split(' ').next()?;
+        OUTAGE_CODES.iter().find(|c| **c == code).copied()
+    })
 }
 
 impl fmt::Display for Error {
