@@ -154,7 +154,26 @@ pub(crate) async fn survey(conn: &mut Conn) -> Result<Survey> {
     for id in &ids {
         pipe.cmd("HGET").arg(id).arg("info");
     }
-    let infos: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await?;
+    // The raw replies, one per member: `query_async` would turn one member whose key is not a hash
+    // (WRONGTYPE) into an error for the whole survey, and with it fail every beat and the start.
+    let replies = {
+        use redis::aio::ConnectionLike;
+        conn.req_packed_commands(&pipe, 0, pipe.len()).await?
+    };
+    let infos: Vec<Option<Vec<u8>>> = ids
+        .iter()
+        .zip(replies)
+        .map(|(id, reply)| match reply {
+            redis::Value::BulkString(b) => Some(b),
+            redis::Value::ServerError(e) => {
+                tracing::error!(key = %String::from_utf8_lossy(id), error = ?e,
+                    "a member of `processes` names a key that is not a process's hash: counted as no \
+                     process; repair or delete the key, or SREM the member");
+                None
+            }
+            _ => None,
+        })
+        .collect();
     Ok(Survey::classify(infos.iter().map(|i| {
         i.as_deref().and_then(|b| std::str::from_utf8(b).ok())
     })))

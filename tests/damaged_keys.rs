@@ -48,6 +48,17 @@ fn stop(ox: &mut Oxidekiq) {
     );
 }
 
+/// Leaves a Web UI quiet (`TSTP`) for process `id`; true once its beat says it is quiet.
+fn quiet_on_web_ui_tstp(c: &mut redis::Connection, id: &str) -> bool {
+    let _: () = c.lpush(format!("{id}-signals"), "TSTP").unwrap();
+    wait_until(WAIT, || {
+        c.hget::<_, _, Option<String>>(id, "quiet")
+            .unwrap()
+            .as_deref()
+            == Some("true")
+    })
+}
+
 fn done_count(c: &mut redis::Connection) -> usize {
     c.hlen("chaos:done").unwrap()
 }
@@ -83,13 +94,8 @@ fn a_failing_command_in_the_beat_counts_stats_once_and_keeps_a_web_ui_signal() {
     let processed: u64 = c.get("stat:processed").unwrap();
     assert_eq!(processed, 30, "stat:processed counts each job once");
     // The Web UI's quiet: popped inside the same partly failing MULTI, it must still be acted on.
-    let _: () = c.lpush(format!("{id}-signals"), "TSTP").unwrap();
     assert!(
-        wait_until(WAIT, || c
-            .hget::<_, _, Option<String>>(&id, "quiet")
-            .unwrap()
-            .as_deref()
-            == Some("true")),
+        quiet_on_web_ui_tstp(&mut c, &id),
         "the TSTP from the Web UI was lost:\n{}",
         ox.log()
     );
@@ -394,4 +400,40 @@ fn orphan_recovery_goes_on_when_a_dead_process_liveness_key_is_not_one() {
         },
         "oxidekiq:alive:",
     );
+}
+
+/// A member of Sidekiq's `processes` whose key is not a process's hash (a stray member, a key
+/// overwritten) made the heartbeat's fleet survey fail: oxidekiq refused to start ("Pipeline failure:
+/// WRONGTYPE"), and a running one lost every beat (the Busy page, stats, Web UI signals). It now counts
+/// as no process and is reported; the process starts, beats and runs jobs.
+#[test]
+fn a_member_of_processes_that_is_no_process_hash_stops_neither_the_start_nor_the_beat() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let stray = "stray-host:1:0123456789ab";
+    let _: () = c.sadd("processes", stray).unwrap();
+    let _: () = c.set(stray, "damaged").unwrap();
+    let jobs: Vec<String> = (0..5)
+        .map(|i| chaos("default", "ok", 0, &format!("p{i}")))
+        .collect();
+    push(&mut c, "default", &jobs);
+    let mut ox = start(&redis, &["-q", "default", "-c", "2"]);
+    assert!(
+        wait_until(WAIT, || done_count(&mut c) == 5),
+        "the jobs never ran:\n{}",
+        ox.log()
+    );
+    let id = support::identity_of(&mut c, ox.pid(), WAIT);
+    // A Web UI signal is read by a beat: the process goes quiet.
+    assert!(
+        quiet_on_web_ui_tstp(&mut c, &id),
+        "the beat never read the Web UI's TSTP:\n{}",
+        ox.log()
+    );
+    assert!(
+        ox.log().contains(stray),
+        "the stray member must be named in the log:\n{}",
+        ox.log()
+    );
+    stop(&mut ox);
 }
