@@ -437,3 +437,41 @@ fn a_member_of_processes_that_is_no_process_hash_stops_neither_the_start_nor_the
     );
     stop(&mut ox);
 }
+
+/// A rolled-back class's jobs held when the stop comes go to `<queue>`; when that push fails for a
+/// damaged key (`queues` of the wrong type) they must go back to `<queue>_rust`. The push-back retried
+/// each such job for 6 s, ran past the stop's clean-up and, with basic fetch (nothing in Redis while a
+/// job is held), lost every one of them.
+#[test]
+fn a_rolled_back_class_pushed_back_past_a_damaged_queues_set_is_not_lost_with_basic_fetch() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("queues", "damaged").unwrap();
+    let _: () = c.hset("oxidekiq:routes", "ChaosJob", 0).unwrap();
+    let jids: Vec<String> = (0..4).map(|i| format!("rb{i}")).collect();
+    let jobs: Vec<String> = jids
+        .iter()
+        .map(|j| chaos("default_rust", "ok", 0, j))
+        .collect();
+    push(&mut c, "default_rust", &jobs);
+    let mut ox = start(
+        &redis,
+        &["-q", "default_rust", "-c", "4", "--fetch", "basic"],
+    );
+    // Each job is fetched, its hand-off to `default` refused by the damaged `queues`: it waits held.
+    assert!(
+        wait_until(WAIT, || ox.log().matches("queues is a string").count() >= 4),
+        "the jobs were never fetched and held:\n{}",
+        ox.log()
+    );
+    stop(&mut ox);
+    let mut held = jids_in(&mut c, "queue:default_rust");
+    held.extend(jids_in(&mut c, "queue:default"));
+    held.sort();
+    assert_eq!(
+        held,
+        jids,
+        "every job is in Redis after the stop:\n{}",
+        ox.log()
+    );
+}
