@@ -82,11 +82,11 @@ pub(crate) const OUTAGE_CODES: &[&str] = &[
 
 /// The outage code a script's own error text carries, if any: a script reports a write that `pcall`
 /// refused as `<key> is a <type>, not a <type>: <Redis's error>`, and Redis's error starts with its code.
+/// Only the last part is read: a key name (a queue's, from a payload) may hold `: READONLY` itself.
 pub(crate) fn outage_code_in(text: &str) -> Option<&'static str> {
-    text.split(": ").skip(1).find_map(|part| {
-        let code = part.split(' ').next()?;
-        OUTAGE_CODES.iter().find(|c| **c == code).copied()
-    })
+    let (_, last) = text.rsplit_once(": ")?;
+    let code = last.split(' ').next()?;
+    OUTAGE_CODES.iter().find(|c| **c == code).copied()
 }
 
 impl fmt::Display for Error {
@@ -354,6 +354,12 @@ mod tests {
         .into();
         assert!(!wrong.is_outage());
         assert!(!Error::Config("x".into()).is_outage());
+        let refused =
+            "queue:a is a none, not a list: READONLY You can't write against a read only replica.";
+        assert_eq!(outage_code_in(refused), Some("READONLY"));
+        let named =
+            "queue:x: READONLY y is a string, not a list: WRONGTYPE Operation against a key";
+        assert_eq!(outage_code_in(named), None, "a key's name is not the error");
     }
 
     #[test]
