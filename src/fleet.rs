@@ -143,10 +143,27 @@ impl Survey {
 /// Reads `processes` and the `info` of each member: `SMEMBERS`, then one pipeline of `HGET`s.
 pub(crate) async fn survey(conn: &mut Conn) -> Result<Survey> {
     // Bytes: a member or an `info` that is not UTF-8 counts as no process, never as an error.
-    let ids: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
+    let ids: Vec<Vec<u8>> = match redis::cmd("SMEMBERS")
         .arg(keys::PROCESSES)
         .query_async(conn)
-        .await?;
+        .await
+    {
+        Ok(ids) => ids,
+        Err(e) if crate::Error::from(e.clone()).is_outage() => return Err(e.into()),
+        Err(e) => {
+            // Sidekiq's own key, damaged: no process is seen (as if none ran) rather than the beat,
+            // and with it the start, failing for good.
+            let kind: String = redis::cmd("TYPE")
+                .arg(keys::PROCESSES)
+                .query_async(conn)
+                .await
+                .unwrap_or_else(|_| "unknown".into());
+            tracing::error!(key = keys::PROCESSES, key_type = %kind, error = %e,
+                "the process set is not a set: no process counts as alive for the fleet survey; \
+                 repair or delete the key");
+            return Ok(Survey::default());
+        }
+    };
     if ids.is_empty() {
         return Ok(Survey::default());
     }

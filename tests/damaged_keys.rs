@@ -48,15 +48,47 @@ fn stop(ox: &mut Oxidekiq) {
     );
 }
 
-/// Leaves a Web UI quiet (`TSTP`) for process `id`; true once its beat says it is quiet.
-fn quiet_on_web_ui_tstp(c: &mut redis::Connection, id: &str) -> bool {
+/// Leaves a Web UI quiet (`TSTP`) for process `id` and waits for its beat to say it is quiet (a beat
+/// that fails, or loses the signal, never does); then checks the log reports the damage at error level
+/// with every text of `named`, and stops the process.
+fn quiets_on_web_ui_and_reports(
+    c: &mut redis::Connection,
+    ox: &mut Oxidekiq,
+    id: &str,
+    named: &[&str],
+) {
     let _: () = c.lpush(format!("{id}-signals"), "TSTP").unwrap();
-    wait_until(WAIT, || {
-        c.hget::<_, _, Option<String>>(id, "quiet")
-            .unwrap()
-            .as_deref()
-            == Some("true")
-    })
+    assert!(
+        wait_until(WAIT, || {
+            c.hget::<_, _, Option<String>>(id, "quiet")
+                .unwrap()
+                .as_deref()
+                == Some("true")
+        }),
+        "the TSTP from the Web UI was lost:\n{}",
+        ox.log()
+    );
+    let log = ox.log();
+    assert!(
+        log.contains("ERROR") && named.iter().all(|n| log.contains(n)),
+        "the damaged key is reported at error level ({named:?}):\n{log}"
+    );
+    stop(ox);
+}
+
+/// Starts a process on `default` with five jobs waiting there, and waits for all five to be done.
+fn runs_five_jobs(redis: &RedisServer, c: &mut redis::Connection) -> Oxidekiq {
+    let jobs: Vec<String> = (0..5)
+        .map(|i| chaos("default", "ok", 0, &format!("five{i}")))
+        .collect();
+    push(c, "default", &jobs);
+    let ox = start(redis, &["-q", "default", "-c", "2"]);
+    assert!(
+        wait_until(WAIT, || done_count(c) == 5),
+        "the jobs never ran:\n{}",
+        ox.log()
+    );
+    ox
 }
 
 fn done_count(c: &mut redis::Connection) -> usize {
@@ -94,17 +126,7 @@ fn a_failing_command_in_the_beat_counts_stats_once_and_keeps_a_web_ui_signal() {
     let processed: u64 = c.get("stat:processed").unwrap();
     assert_eq!(processed, 30, "stat:processed counts each job once");
     // The Web UI's quiet: popped inside the same partly failing MULTI, it must still be acted on.
-    assert!(
-        quiet_on_web_ui_tstp(&mut c, &id),
-        "the TSTP from the Web UI was lost:\n{}",
-        ox.log()
-    );
-    let log = ox.log();
-    assert!(
-        log.contains("ERROR") && log.contains("stat:processed:") && log.contains("list"),
-        "the damaged key is reported at error level with its type:\n{log}"
-    );
-    stop(&mut ox);
+    quiets_on_web_ui_and_reports(&mut c, &mut ox, &id, &["stat:processed:", "list"]);
 }
 
 /// Four sleeping jobs on a process that is then killed; `damage` runs before a second process starts,
@@ -413,29 +435,10 @@ fn a_member_of_processes_that_is_no_process_hash_stops_neither_the_start_nor_the
     let stray = "stray-host:1:0123456789ab";
     let _: () = c.sadd("processes", stray).unwrap();
     let _: () = c.set(stray, "damaged").unwrap();
-    let jobs: Vec<String> = (0..5)
-        .map(|i| chaos("default", "ok", 0, &format!("p{i}")))
-        .collect();
-    push(&mut c, "default", &jobs);
-    let mut ox = start(&redis, &["-q", "default", "-c", "2"]);
-    assert!(
-        wait_until(WAIT, || done_count(&mut c) == 5),
-        "the jobs never ran:\n{}",
-        ox.log()
-    );
+    let mut ox = runs_five_jobs(&redis, &mut c);
     let id = support::identity_of(&mut c, ox.pid(), WAIT);
     // A Web UI signal is read by a beat: the process goes quiet.
-    assert!(
-        quiet_on_web_ui_tstp(&mut c, &id),
-        "the beat never read the Web UI's TSTP:\n{}",
-        ox.log()
-    );
-    assert!(
-        ox.log().contains(stray),
-        "the stray member must be named in the log:\n{}",
-        ox.log()
-    );
-    stop(&mut ox);
+    quiets_on_web_ui_and_reports(&mut c, &mut ox, &id, &[stray]);
 }
 
 /// A rolled-back class's jobs held when the stop comes go to `<queue>`; when that push fails for a
@@ -474,4 +477,24 @@ fn a_rolled_back_class_pushed_back_past_a_damaged_queues_set_is_not_lost_with_ba
         "every job is in Redis after the stop:\n{}",
         ox.log()
     );
+}
+
+/// Sidekiq's `processes` of the wrong type made the heartbeat's fleet survey fail: oxidekiq refused to
+/// start, naming no key. It now starts, runs jobs and reads Web UI signals; the key is named.
+#[test]
+fn a_process_set_of_the_wrong_type_stops_neither_the_start_nor_the_beat() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("processes", "damaged").unwrap();
+    let mut ox = runs_five_jobs(&redis, &mut c);
+    // Not in `processes` (it cannot be): found by its identity hash, `host:pid:hex`.
+    let needle = format!(":{}:", ox.pid());
+    let mut id = None;
+    assert!(wait_until(WAIT, || {
+        let keys: Vec<String> = c.keys(format!("*{needle}*")).unwrap();
+        id = keys.into_iter().find(|k| k.matches(':').count() == 2);
+        id.is_some()
+    }));
+    let id = id.unwrap();
+    quiets_on_web_ui_and_reports(&mut c, &mut ox, &id, &["key=processes", "string"]);
 }
