@@ -62,11 +62,31 @@ impl Error {
         let Error::Redis(e) = self else {
             return false;
         };
-        matches!(
-            e.code(),
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY")
-        )
+        e.code().is_some_and(|code| OUTAGE_CODES.contains(&code))
     }
+}
+
+/// The error codes of a Redis that cannot serve or take writes for now and mends by itself: loading
+/// its data, a busy script, a failover under way (`READONLY` from a server demoted to replica,
+/// `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`), or too few replicas for `min-replicas-to-write`
+/// (`NOREPLICAS`, which a replica's link blip causes).
+pub(crate) const OUTAGE_CODES: &[&str] = &[
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "NOREPLICAS",
+];
+
+/// The outage code a script's own error text carries, if any: a script reports a write that `pcall`
+/// refused as `<key> is a <type>, not a <type>: <Redis's error>`, and Redis's error starts with its code.
+/// Only the last part is read: a key name (a queue's, from a payload) may hold `: READONLY` itself.
+pub(crate) fn outage_code_in(text: &str) -> Option<&'static str> {
+    let (_, last) = text.rsplit_once(": ")?;
+    let code = last.split(' ').next()?;
+    OUTAGE_CODES.iter().find(|c| **c == code).copied()
 }
 
 impl fmt::Display for Error {
@@ -334,6 +354,12 @@ mod tests {
         .into();
         assert!(!wrong.is_outage());
         assert!(!Error::Config("x".into()).is_outage());
+        let refused =
+            "queue:a is a none, not a list: READONLY You can't write against a read only replica.";
+        assert_eq!(outage_code_in(refused), Some("READONLY"));
+        let named =
+            "queue:x: READONLY y is a string, not a list: WRONGTYPE Operation against a key";
+        assert_eq!(outage_code_in(named), None, "a key's name is not the error");
     }
 
     #[test]

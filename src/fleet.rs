@@ -143,10 +143,27 @@ impl Survey {
 /// Reads `processes` and the `info` of each member: `SMEMBERS`, then one pipeline of `HGET`s.
 pub(crate) async fn survey(conn: &mut Conn) -> Result<Survey> {
     // Bytes: a member or an `info` that is not UTF-8 counts as no process, never as an error.
-    let ids: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
+    let ids: Vec<Vec<u8>> = match redis::cmd("SMEMBERS")
         .arg(keys::PROCESSES)
         .query_async(conn)
-        .await?;
+        .await
+    {
+        Ok(ids) => ids,
+        Err(e) if crate::Error::from(e.clone()).is_outage() => return Err(e.into()),
+        Err(e) => {
+            // Sidekiq's own key, damaged: no process is seen (as if none ran) rather than the beat,
+            // and with it the start, failing for good.
+            let kind: String = redis::cmd("TYPE")
+                .arg(keys::PROCESSES)
+                .query_async(conn)
+                .await
+                .unwrap_or_else(|_| "unknown".into());
+            tracing::error!(key = keys::PROCESSES, key_type = %kind, error = %e,
+                "the process set is not a set: no process counts as alive for the fleet survey; \
+                 repair or delete the key");
+            return Ok(Survey::default());
+        }
+    };
     if ids.is_empty() {
         return Ok(Survey::default());
     }
@@ -154,7 +171,26 @@ pub(crate) async fn survey(conn: &mut Conn) -> Result<Survey> {
     for id in &ids {
         pipe.cmd("HGET").arg(id).arg("info");
     }
-    let infos: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await?;
+    // The raw replies, one per member: `query_async` would turn one member whose key is not a hash
+    // (WRONGTYPE) into an error for the whole survey, and with it fail every beat and the start.
+    let replies = {
+        use redis::aio::ConnectionLike;
+        conn.req_packed_commands(&pipe, 0, pipe.len()).await?
+    };
+    let infos: Vec<Option<Vec<u8>>> = ids
+        .iter()
+        .zip(replies)
+        .map(|(id, reply)| match reply {
+            redis::Value::BulkString(b) => Some(b),
+            redis::Value::ServerError(e) => {
+                tracing::error!(key = %String::from_utf8_lossy(id), error = ?e,
+                    "a member of `processes` names a key that is not a process's hash: counted as no \
+                     process; repair or delete the key, or SREM the member");
+                None
+            }
+            _ => None,
+        })
+        .collect();
     Ok(Survey::classify(infos.iter().map(|i| {
         i.as_deref().and_then(|b| std::str::from_utf8(b).ok())
     })))

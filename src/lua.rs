@@ -81,7 +81,18 @@ pub(crate) fn dead_trim(now: f64) -> (String, i64) {
 }
 
 /// A Redis error carrying a script's own message (a key of the wrong type, named with its type).
+///
+/// A write the script's `pcall` saw refused for an outage (`READONLY` from a server demoted to replica by
+/// a failover, `NOREPLICAS`, ...) keeps that code, so [`crate::Error::is_outage`] tells it apart from a
+/// damaged key: it is retried quietly, where a damaged key parks its job and makes `/ready` fail.
 pub(crate) fn script_error(msg: String) -> crate::Error {
+    if let Some(code) = crate::error::outage_code_in(&msg) {
+        // Parsed as Redis's own error line would be, so `code()` answers the code. One line: no CR/LF.
+        let line = format!("-{code} {}\r\n", msg.replace(['\r', '\n'], " "));
+        if let Ok(redis::Value::ServerError(e)) = redis::parse_redis_value(line.as_bytes()) {
+            return crate::Error::Redis(e.into());
+        }
+    }
     crate::Error::Redis(redis::RedisError::from((
         redis::ErrorKind::UnexpectedReturnType,
         "a key has the wrong type",

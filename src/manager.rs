@@ -814,7 +814,10 @@ async fn ack_loop(
     }
 }
 
-/// Tries a shutdown write a few times over about five seconds.
+/// Tries a shutdown write a few times over about five seconds while Redis is away
+/// ([`crate::Error::is_outage`]); a failure that will not mend (a key of the wrong type) is answered at
+/// once. Retrying one would only spend the stop's time: the push-back of a rolled-back class's jobs
+/// waited 6 s per job on a damaged `queues`, ran past the deadline, and a basic fetch lost them.
 pub(crate) async fn with_retries<T, F, Fut>(mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -825,6 +828,7 @@ where
     for _ in 0..6 {
         match f().await {
             Ok(v) => return Ok(v),
+            Err(e) if !e.is_outage() => return Err(e),
             Err(e) => last = Some(e),
         }
         tokio::time::sleep(delay).await;

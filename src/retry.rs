@@ -540,6 +540,68 @@ mod tests_dead_set;
 #[cfg(test)]
 mod tests_ruby;
 
+/// A fate write refused because Redis takes no writes for now is an outage (retried quietly), not a
+/// damaged key (which parks the job, logs at error level and fails `/ready`): a server demoted to
+/// replica by a failover answers `READONLY`, one short of `min-replicas-to-write` `NOREPLICAS`, and
+/// the fate script's `pcall` sees both.
+#[cfg(test)]
+mod tests_outage {
+    use super::*;
+    use crate::test_support::RedisServer;
+    use redis::Commands;
+
+    #[tokio::test]
+    async fn a_write_refused_by_a_replica_or_for_want_of_replicas_is_an_outage_a_damaged_key_is_not()
+     {
+        let master = RedisServer::start();
+        let replica = RedisServer::start();
+        let port = master.url().rsplit(':').next().unwrap().to_string();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(&port)
+            .query(&mut replica.conn())
+            .unwrap();
+        let mut on_replica = replica.async_conn().await;
+        let e = push_to_queue(&mut on_replica, "default", b"{}", None, None)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("READONLY"), "{e}");
+        assert!(
+            e.is_outage(),
+            "a demoted server's refusal must be an outage: {e}"
+        );
+
+        let mut m = master.conn();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("min-replicas-to-write")
+            .arg("2")
+            .query(&mut m)
+            .unwrap();
+        let mut on_master = master.async_conn().await;
+        let e = kill(&mut on_master, b"{}", crate::time::now(), None)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("NOREPLICAS"), "{e}");
+        assert!(e.is_outage(), "too few replicas must be an outage: {e}");
+
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("min-replicas-to-write")
+            .arg("0")
+            .query(&mut m)
+            .unwrap();
+        let _: () = m.set(keys::QUEUES, "damaged").unwrap();
+        let e = push_to_queue(&mut on_master, "default", b"{}", None, None)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        assert!(!e.is_outage(), "a damaged key is no outage: {e}");
+        let len: usize = m.llen("queue:default").unwrap();
+        assert_eq!(len, 0, "nothing pushed past the damaged key");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,8 +60,15 @@ impl RolledBack {
                 }
                 fresh
             }
-            Err(e) => {
+            Err(e) if e.is_outage() => {
                 tracing::debug!(error = %e, key = keys::ROUTES, "cannot read the route table; using the last answer");
+                last
+            }
+            Err(e) => {
+                // A damaged table hides every roll back: loud, as any damaged key of ours.
+                tracing::error!(error = %e, key = keys::ROUTES,
+                    "cannot read the route table (not a hash?): no class counts as rolled back until it is \
+                     repaired; using the last answer");
                 last
             }
         }
@@ -89,23 +96,98 @@ pub(crate) fn redirect(rolled_back: &HashSet<String>, queue: &str, class: &str) 
     rolled_back.contains(class).then(|| base.to_string())
 }
 
-/// `HGETALL oxidekiq:routes`, keeping the classes whose share is 0.
+/// `HGETALL oxidekiq:routes`, keeping the classes whose share is 0. Read as bytes: one field that is not
+/// UTF-8 (no class of ours, a job's class is JSON text) must not fail the read of every other route.
 async fn read(conn: &mut Conn) -> Result<HashSet<String>> {
-    let all: Vec<(String, String)> = redis::cmd("HGETALL")
+    let all: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
         .arg(keys::ROUTES)
         .query_async(conn)
         .await?;
     Ok(all
         .into_iter()
         // As the Ruby router reads a share (`to_i.clamp(0, 100)`): anything not above 0 routes nothing.
-        .filter(|(_, share)| share.trim().parse::<i64>().map_or(true, |n| n <= 0))
-        .map(|(class, _)| class)
+        .filter(|(_, share)| !ruby_to_i_is_positive(share))
+        .filter_map(|(class, _)| String::from_utf8(class).ok())
         .collect())
+}
+
+/// Whether Ruby's `String#to_i` reads `s` as above 0: leading whitespace, an optional sign, then the
+/// leading digits (`"50%"` is 50, `"abc"` 0, a number too long for an `i64` still its sign).
+fn ruby_to_i_is_positive(s: &[u8]) -> bool {
+    let s = s.trim_ascii_start();
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, s),
+    };
+    // `to_i` stops at the first byte that is not a digit; one `_` between two digits is read through.
+    let mut nonzero = false;
+    let mut after_digit = false;
+    for (i, b) in digits.iter().enumerate() {
+        if b.is_ascii_digit() {
+            nonzero |= *b != b'0';
+            after_digit = true;
+        } else if *b == b'_' && after_digit && digits.get(i + 1).is_some_and(u8::is_ascii_digit) {
+            after_digit = false;
+        } else {
+            break;
+        }
+    }
+    !negative && nonzero
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shares as the Ruby router reads them and as a worker process reads them agree (Ruby computes
+    /// its side in the same run, through `ruby/oxidekiq.rb`), and a field that is not UTF-8 hides no
+    /// roll back of another class.
+    #[tokio::test]
+    async fn every_share_reads_as_the_ruby_router_reads_it_and_a_binary_field_hides_nothing() {
+        let redis = crate::test_support::RedisServer::start();
+        let shares: &[(&str, &str)] = &[
+            ("Gone", "0"),
+            ("Pct", "50%"),
+            ("Big", "99999999999999999999"),
+            ("Neg", "-3"),
+            ("Junk", "abc"),
+            ("Plus", "+7"),
+            ("Spaced", " 12 "),
+            ("Under", "1_0"),
+            ("Double", "0__5"),
+            ("Lead", "_5"),
+            ("Zeros", "000"),
+            ("Frac", "0.9"),
+            ("Empty", ""),
+        ];
+        let mut hset = redis::cmd("HSET");
+        hset.arg(keys::ROUTES).arg(b"\xff\xfe".as_slice()).arg("0");
+        for (class, share) in shares {
+            hset.arg(class).arg(share);
+        }
+        let _: () = hset.query(&mut redis.conn()).unwrap();
+        let router = concat!(env!("CARGO_MANIFEST_DIR"), "/ruby/oxidekiq.rb");
+        let out = crate::test_support::ruby(
+            &format!(
+                "require {router:?}\n\
+                 Oxidekiq.cache(Sidekiq.redis_pool).routes(Sidekiq.redis_pool).each {{ |k, v| puts \"#{{k}} #{{v}}\" if v <= 0 && k.valid_encoding? }}"
+            ),
+            &redis.url(),
+        );
+        let ruby: HashSet<String> = out
+            .lines()
+            .iter()
+            .map(|l| l.split(' ').next().unwrap_or_default().to_string())
+            .collect();
+        assert!(
+            ruby.contains("Gone"),
+            "the test must see a roll back: {ruby:?}"
+        );
+        let rolled_back = RolledBack::new(redis.async_conn().await);
+        let rust = rolled_back.classes(Duration::ZERO).await;
+        assert_eq!(*rust, ruby, "rolled back in Rust vs in the Ruby router");
+    }
 
     #[test]
     fn only_a_rolled_back_class_on_a_rust_queue_is_redirected() {

@@ -48,6 +48,49 @@ fn stop(ox: &mut Oxidekiq) {
     );
 }
 
+/// Leaves a Web UI quiet (`TSTP`) for process `id` and waits for its beat to say it is quiet (a beat
+/// that fails, or loses the signal, never does); then checks the log reports the damage at error level
+/// with every text of `named`, and stops the process.
+fn quiets_on_web_ui_and_reports(
+    c: &mut redis::Connection,
+    ox: &mut Oxidekiq,
+    id: &str,
+    named: &[&str],
+) {
+    let _: () = c.lpush(format!("{id}-signals"), "TSTP").unwrap();
+    assert!(
+        wait_until(WAIT, || {
+            c.hget::<_, _, Option<String>>(id, "quiet")
+                .unwrap()
+                .as_deref()
+                == Some("true")
+        }),
+        "the TSTP from the Web UI was lost:\n{}",
+        ox.log()
+    );
+    let log = ox.log();
+    assert!(
+        log.contains("ERROR") && named.iter().all(|n| log.contains(n)),
+        "the damaged key is reported at error level ({named:?}):\n{log}"
+    );
+    stop(ox);
+}
+
+/// Starts a process on `default` with five jobs waiting there, and waits for all five to be done.
+fn runs_five_jobs(redis: &RedisServer, c: &mut redis::Connection) -> Oxidekiq {
+    let jobs: Vec<String> = (0..5)
+        .map(|i| chaos("default", "ok", 0, &format!("five{i}")))
+        .collect();
+    push(c, "default", &jobs);
+    let ox = start(redis, &["-q", "default", "-c", "2"]);
+    assert!(
+        wait_until(WAIT, || done_count(c) == 5),
+        "the jobs never ran:\n{}",
+        ox.log()
+    );
+    ox
+}
+
 fn done_count(c: &mut redis::Connection) -> usize {
     c.hlen("chaos:done").unwrap()
 }
@@ -83,22 +126,7 @@ fn a_failing_command_in_the_beat_counts_stats_once_and_keeps_a_web_ui_signal() {
     let processed: u64 = c.get("stat:processed").unwrap();
     assert_eq!(processed, 30, "stat:processed counts each job once");
     // The Web UI's quiet: popped inside the same partly failing MULTI, it must still be acted on.
-    let _: () = c.lpush(format!("{id}-signals"), "TSTP").unwrap();
-    assert!(
-        wait_until(WAIT, || c
-            .hget::<_, _, Option<String>>(&id, "quiet")
-            .unwrap()
-            .as_deref()
-            == Some("true")),
-        "the TSTP from the Web UI was lost:\n{}",
-        ox.log()
-    );
-    let log = ox.log();
-    assert!(
-        log.contains("ERROR") && log.contains("stat:processed:") && log.contains("list"),
-        "the damaged key is reported at error level with its type:\n{log}"
-    );
-    stop(&mut ox);
+    quiets_on_web_ui_and_reports(&mut c, &mut ox, &id, &["stat:processed:", "list"]);
 }
 
 /// Four sleeping jobs on a process that is then killed; `damage` runs before a second process starts,
@@ -394,4 +422,79 @@ fn orphan_recovery_goes_on_when_a_dead_process_liveness_key_is_not_one() {
         },
         "oxidekiq:alive:",
     );
+}
+
+/// A member of Sidekiq's `processes` whose key is not a process's hash (a stray member, a key
+/// overwritten) made the heartbeat's fleet survey fail: oxidekiq refused to start ("Pipeline failure:
+/// WRONGTYPE"), and a running one lost every beat (the Busy page, stats, Web UI signals). It now counts
+/// as no process and is reported; the process starts, beats and runs jobs.
+#[test]
+fn a_member_of_processes_that_is_no_process_hash_stops_neither_the_start_nor_the_beat() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let stray = "stray-host:1:0123456789ab";
+    let _: () = c.sadd("processes", stray).unwrap();
+    let _: () = c.set(stray, "damaged").unwrap();
+    let mut ox = runs_five_jobs(&redis, &mut c);
+    let id = support::identity_of(&mut c, ox.pid(), WAIT);
+    // A Web UI signal is read by a beat: the process goes quiet.
+    quiets_on_web_ui_and_reports(&mut c, &mut ox, &id, &[stray]);
+}
+
+/// A rolled-back class's jobs held when the stop comes go to `<queue>`; when that push fails for a
+/// damaged key (`queues` of the wrong type) they must go back to `<queue>_rust`. The push-back retried
+/// each such job for 6 s, ran past the stop's clean-up and, with basic fetch (nothing in Redis while a
+/// job is held), lost every one of them.
+#[test]
+fn a_rolled_back_class_pushed_back_past_a_damaged_queues_set_is_not_lost_with_basic_fetch() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("queues", "damaged").unwrap();
+    let _: () = c.hset("oxidekiq:routes", "ChaosJob", 0).unwrap();
+    let jids: Vec<String> = (0..4).map(|i| format!("rb{i}")).collect();
+    let jobs: Vec<String> = jids
+        .iter()
+        .map(|j| chaos("default_rust", "ok", 0, j))
+        .collect();
+    push(&mut c, "default_rust", &jobs);
+    let mut ox = start(
+        &redis,
+        &["-q", "default_rust", "-c", "4", "--fetch", "basic"],
+    );
+    // Each job is fetched, its hand-off to `default` refused by the damaged `queues`: it waits held.
+    assert!(
+        wait_until(WAIT, || ox.log().matches("queues is a string").count() >= 4),
+        "the jobs were never fetched and held:\n{}",
+        ox.log()
+    );
+    stop(&mut ox);
+    let mut held = jids_in(&mut c, "queue:default_rust");
+    held.extend(jids_in(&mut c, "queue:default"));
+    held.sort();
+    assert_eq!(
+        held,
+        jids,
+        "every job is in Redis after the stop:\n{}",
+        ox.log()
+    );
+}
+
+/// Sidekiq's `processes` of the wrong type made the heartbeat's fleet survey fail: oxidekiq refused to
+/// start, naming no key. It now starts, runs jobs and reads Web UI signals; the key is named.
+#[test]
+fn a_process_set_of_the_wrong_type_stops_neither_the_start_nor_the_beat() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("processes", "damaged").unwrap();
+    let mut ox = runs_five_jobs(&redis, &mut c);
+    // Not in `processes` (it cannot be): found by its identity hash, `host:pid:hex`.
+    let needle = format!(":{}:", ox.pid());
+    let mut id = None;
+    assert!(wait_until(WAIT, || {
+        let keys: Vec<String> = c.keys(format!("*{needle}*")).unwrap();
+        id = keys.into_iter().find(|k| k.matches(':').count() == 2);
+        id.is_some()
+    }));
+    let id = id.unwrap();
+    quiets_on_web_ui_and_reports(&mut c, &mut ox, &id, &["key=processes", "string"]);
 }
