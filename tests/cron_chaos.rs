@@ -9,14 +9,16 @@
 //! across ticks, and quiet (TSTP). Every schedule has `date_as_argument`, so each job carries the
 //! instant it was enqueued. At the end, from the claim sets (`cron_job:<name>:enqueued`) and the queues:
 //!
-//! - **two jobs for one tick**: each job belongs to the claim made just before it (the latest claim
-//!   whose score is at most the job's date: a claim and its push are one script in oxidekiq, a `ZADD`
-//!   and then a push a few milliseconds later in the gem); two jobs on one claim are a tick enqueued
-//!   twice;
+//! - **two jobs for one tick**: each job belongs to a claimed tick: an oxidekiq job to the tick that
+//!   was the latest at its date (oxidekiq dates a job with the instant it chose the tick at, and
+//!   claims and pushes in one script); a job of the gem's (which claims, then pushes with a new
+//!   `Time.now`, seconds later if Redis pauses between the two) to a claimed tick without a job (the
+//!   tick that was the latest at the job's date, if free, else the latest free one) whose window it can follow (by at most [`CLAIM_TO_PUSH`] plus the time Redis was paused); a
+//!   tick with two jobs was enqueued twice;
 //! - **claim without job** / **job without claim**: every tick claimed during the run has its job, and
-//!   every job a claim less than [`CLAIM_TO_PUSH`] before it;
-//! - **enqueued while disabled**: a claim made more than [`ROUND_SLACK`] after `disable!` returned and
-//!   before `enable!` started;
+//!   every job a claimed tick;
+//! - **enqueued while disabled**: a job whose claim was surely made more than [`ROUND_SLACK`] after
+//!   `disable!` returned and before `enable!` started;
 //! - **missed tick**: a tick nobody claimed although, over its whole claim window (a tick `T` of a
 //!   schedule of period `p` is the latest, so claimable, from `T + 1 s` to `T + 1 s + p`, see
 //!   `src/cron/mod.rs`), widened by [`WINDOW_SLACK`] on each side: some process was polling (an
@@ -78,8 +80,9 @@ const WINDOW_SLACK: f64 = 1.0;
 /// long after the Ruby call returned.
 const ROUND_SLACK: f64 = 1.0;
 
-/// The longest a job's date may follow its claim's score: 0 in oxidekiq (one script, one instant);
-/// the gem's `enque!` takes a new `Time.now` a few milliseconds after its `ZADD`.
+/// The longest a job of the gem's may be dated after its tick stopped being the latest, Redis pauses
+/// aside: the gem's `enque!` takes a new `Time.now` a few milliseconds after its `ZADD` (oxidekiq
+/// dates a job with the instant it chose the tick at).
 const CLAIM_TO_PUSH: f64 = 0.5;
 
 /// A schedule of the plan.
@@ -362,6 +365,14 @@ impl Run<'_> {
         }
     }
 
+    /// How long Redis was paused within `from..to`.
+    fn paused(&self, from: f64, to: f64) -> f64 {
+        self.pauses
+            .iter()
+            .map(|p| (p.to.min(to) - p.from.max(from)).max(0.0))
+            .sum()
+    }
+
     /// Whether some poller that can take the ticks of a `period`-second schedule polled over all of
     /// `from..to`.
     fn polled(&self, period: u32, from: f64, to: f64) -> bool {
@@ -375,22 +386,6 @@ fn tick_of(member: &str) -> Option<f64> {
     chrono::DateTime::parse_from_rfc3339(member)
         .ok()
         .map(|t| t.timestamp() as f64)
-}
-
-/// The tick (epoch seconds) of a job pushed at `date` for a `period`-second schedule: the latest
-/// tick then (a tick `T` is the latest from `T + 1 s` to `T + 1 s + period`). oxidekiq dates the job
-/// with the instant it chose the tick at; the gem takes a new `Time.now` for the job a few milliseconds
-/// after its claim, so a date just past a window's start whose tick is not claimed belongs to the tick
-/// before, if that one is.
-fn tick_at(date: f64, period: u32, claimed: &BTreeMap<i64, &str>) -> Option<i64> {
-    let p = f64::from(period);
-    let tick = ((date - 1.0) / p).floor() * p;
-    let tick = tick as i64;
-    if claimed.contains_key(&tick) {
-        return Some(tick);
-    }
-    let before = tick - i64::from(period);
-    (date - 1.0 - tick as f64 <= CLAIM_TO_PUSH && claimed.contains_key(&before)).then_some(before)
 }
 
 /// The date a job carries (`date_as_argument`: the last argument).
@@ -490,6 +485,12 @@ fn run_seed(seed: u64, plan: &Plan) -> Vec<String> {
     }
     // The gem claims, then pushes: stop it first, so that no claim of its waits for its job when the
     // claims and the queues are read (oxidekiq claims and pushes in one script).
+    // Killed half a second past a whole second: its poll, just after the second, is over by then
+    // (a kill between its claim and its push would leave a claim without a job: the gem's own gap).
+    if gem.is_some() {
+        let now = support::now();
+        std::thread::sleep(Duration::from_secs_f64((1.6 - now.fract()) % 1.0));
+    }
     let gem_end = support::now();
     drop(gem);
     if let Some(g) = &mut run.gem {
@@ -537,10 +538,7 @@ fn run_seed(seed: u64, plan: &Plan) -> Vec<String> {
 type ClaimsAndJobs = (Vec<(String, f64)>, Vec<String>);
 
 /// The claims and the jobs of each schedule, read in one `MULTI`.
-fn read_claims_and_jobs(
-    c: &mut redis::Connection,
-    schedules: &[Sched],
-) -> Vec<ClaimsAndJobs> {
+fn read_claims_and_jobs(c: &mut redis::Connection, schedules: &[Sched]) -> Vec<ClaimsAndJobs> {
     let mut pipe = redis::pipe();
     pipe.atomic();
     for s in schedules {
@@ -599,23 +597,70 @@ impl Check<'_, '_> {
                 None => findings.push(format!("{name}: claim member {member:?} is not an instant")),
             }
         }
-        // Each job to the tick that was the latest when it was pushed.
+        // Each job to its tick. oxidekiq dates a job with the instant it chose the tick at (the claim
+        // and the push are one script), so its tick is the latest then. The gem claims, then takes a
+        // new `Time.now` for the job and pushes it: a Redis pause between the two dates the job
+        // seconds after its claim, so a job of the gem's (Sidekiq's client writes `class` before
+        // `args`, oxidekiq after) goes to a claimed tick still without a job that it can
+        // be the job of: claimable before its date, and its window ended at most CLAIM_TO_PUSH plus
+        // the time Redis was paused before the date.
         let mut jobs_of: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        let mut gems = Vec::new();
+        // (when its claim was made at the earliest, the job's date)
+        let mut pushes = Vec::new();
         for job in jobs {
             let Some(date) = date_of(job) else {
                 findings.push(format!("{name}: a job without its date: {job}"));
                 continue;
             };
-            match tick_at(date, s.period, &ticks) {
-                Some(t) => jobs_of.entry(t).or_default().push(date),
+            if job.contains(r#""class":"Tick","args""#) {
+                gems.push(date);
+                continue;
+            }
+            let tick = (((date - 1.0) / period).floor() * period) as i64;
+            if ticks.contains_key(&tick) {
+                jobs_of.entry(tick).or_default().push(date);
+            } else {
+                findings.push(format!(
+                    "JOB WITHOUT CLAIM {name}: oxidekiq's job dated {date:.3}: its tick is not claimed"
+                ));
+            }
+            pushes.push((date, date));
+        }
+        gems.sort_by(f64::total_cmp);
+        for date in gems {
+            let feasible: Vec<i64> = ticks
+                .keys()
+                .copied()
+                .filter(|&t| {
+                    let claimable = t as f64 + 1.0;
+                    claimable <= date + 1e-3
+                        && date <= claimable + period + CLAIM_TO_PUSH + run.paused(claimable, date)
+                })
+                .collect();
+            // Without a pause the claim is milliseconds before the date: the nominal tick, as for
+            // oxidekiq's jobs; else the latest tick it can belong to still without a job.
+            let nominal = (((date - 1.0) / period).floor() * period) as i64;
+            let free = feasible
+                .iter()
+                .rev()
+                .find(|t| **t == nominal && !jobs_of.contains_key(t))
+                .or_else(|| feasible.iter().rev().find(|t| !jobs_of.contains_key(t)));
+            match free.or(feasible.last()) {
+                Some(&t) => {
+                    jobs_of.entry(t).or_default().push(date);
+                    pushes.push((t as f64 + 1.0, date));
+                }
                 None => findings.push(format!(
-                    "JOB WITHOUT CLAIM {name}: job dated {date:.3}: its tick is not claimed"
+                    "JOB WITHOUT CLAIM {name}: the gem's job dated {date:.3}: no claimed tick fits"
                 )),
             }
+        }
+        for (claimed_from, date) in pushes {
             if toggled
                 && run
                     .strictly_disabled
-                    .is_some_and(|d| d.overlaps(date, date))
+                    .is_some_and(|d| d.covers(claimed_from, date))
             {
                 findings.push(format!(
                     "ENQUEUED WHILE DISABLED {name}: job dated {date:.3}"
