@@ -13,8 +13,9 @@
 //!   was the latest at its date (oxidekiq dates a job with the instant it chose the tick at, and
 //!   claims and pushes in one script); a job of the gem's (which claims, then pushes with a new
 //!   `Time.now`, seconds later if Redis pauses between the two) to a claimed tick without a job (the
-//!   tick that was the latest at the job's date, if free, else the latest free one) whose window it can follow (by at most [`CLAIM_TO_PUSH`] plus the time Redis was paused); a
-//!   tick with two jobs was enqueued twice;
+//!   tick that was the latest at the job's date, if free, else the latest free one) whose window it
+//!   can follow (by at most [`CLAIM_TO_PUSH`] plus the time Redis was paused); a tick with two jobs
+//!   was enqueued twice;
 //! - **claim without job** / **job without claim**: every tick claimed during the run has its job, and
 //!   every job a claimed tick;
 //! - **enqueued while disabled**: a job whose claim was surely made more than [`ROUND_SLACK`] after
