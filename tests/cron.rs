@@ -29,27 +29,6 @@ const CRON: &str = "require \"sidekiq/cron/job\"\n";
 /// counted; and looks at the schedules every second.
 const OXIDEKIQ_ARGS: &[&str] = &["-q", "idle", "--cron-poll-interval", "1"];
 
-/// The gem's poller (`Sidekiq::Cron::Poller#enqueue`, the body of its loop) run from a plain Ruby
-/// process, as a Ruby Sidekiq server with the gem would run it (no job is processed). It polls just
-/// after each whole second, when a tick becomes claimable, so it races oxidekiq for every tick rather
-/// than arriving after it.
-const RUBY_POLLER: &str = r#"
-$stdout.sync = true
-require "sidekiq"
-Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
-Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
-Sidekiq.configure_server { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
-require "sidekiq/cron/job"
-require "sidekiq/cron/poller"
-Sidekiq.logger.level = Logger::WARN
-poller = Sidekiq::Cron::Poller.new(cron_poll_interval: 1)
-puts "ruby cron poller up"
-loop do
-  sleep(1.005 - (Time.now.to_f % 1))
-  poller.enqueue
-end
-"#;
-
 /// The claimed ticks of schedule hash `job_key`, as (member, score).
 fn claims(conn: &mut redis::Connection, job_key: &str) -> Vec<(String, f64)> {
     conn.zrange_withscores(format!("{job_key}:enqueued"), 0, -1)
@@ -163,7 +142,7 @@ fn a_ruby_schedule_runs_once_per_tick_from_oxidekiq_alone_and_beside_the_gems_po
     let ruby_poller = LoggedProcess::spawn(
         "ruby-cron",
         Path::new("ruby"),
-        &["-e", RUBY_POLLER],
+        &["-e", support::CRON_RUBY_POLLER],
         &[("REDIS_URL", &redis.url())],
     );
     assert!(ruby_poller.wait_for_log("ruby cron poller up", Duration::from_secs(30)));

@@ -26,8 +26,8 @@ pub use launch::{
 };
 pub use process::{LoggedProcess, Oxidekiq, RubySidekiq};
 pub use ruby::{
-    RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, ruby_with_env, web_ui_get,
-    web_ui_get_with,
+    CRON_RUBY_POLLER, RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, ruby_with_env,
+    web_ui_get, web_ui_get_with,
 };
 
 use std::net::TcpListener;

@@ -171,3 +171,24 @@ pub fn ruby_api_json(script: &str, redis_url: &str) -> serde_json::Value {
     let last = out.lines().last().unwrap_or("");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
+
+/// The gem's poller (`Sidekiq::Cron::Poller#enqueue`, the body of its loop) run from a plain Ruby
+/// process, as a Ruby Sidekiq server with the gem would run it (no job is processed). It polls just
+/// after each whole second, when a tick becomes claimable, so it races oxidekiq for every tick rather
+/// than arriving after it.
+pub const CRON_RUBY_POLLER: &str = r#"
+$stdout.sync = true
+require "sidekiq"
+Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
+Sidekiq.configure_server { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
+require "sidekiq/cron/job"
+require "sidekiq/cron/poller"
+Sidekiq.logger.level = Logger::WARN
+poller = Sidekiq::Cron::Poller.new(cron_poll_interval: 1)
+puts "ruby cron poller up"
+loop do
+  sleep(1.005 - (Time.now.to_f % 1))
+  poller.enqueue
+end
+"#;
