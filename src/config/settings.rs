@@ -48,7 +48,7 @@ pub struct QueueWeight {
     pub weight: u32,
 }
 
-/// Which fetch strategy drains the queues, by its name in [`crate::fetch`]'s table of strategies (`--fetch
+/// Which fetch strategy drains the queues, by its name in `crate::fetch`'s table of strategies (`--fetch
 /// NAME`). A new strategy needs no change here: it is a file in `src/fetch/` and a line in that table.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct FetchMode(&'static str);
@@ -141,7 +141,7 @@ pub struct Config {
     /// from the live processes' `info.version`.
     pub millisecond_timestamps: Option<bool>,
     /// `--handoff QUEUE`: a job of a class with no Rust worker (or carrying a Ruby-side contract, see
-    /// [`crate::migrate::handoff`]) is pushed unchanged to this queue, which Ruby serves.
+    /// `crate::migrate::handoff`) is pushed unchanged to this queue, which Ruby serves.
     pub handoff: Option<String>,
     /// `--run-flagged CLASS`: classes whose jobs run in Rust even when they carry a Ruby-side contract.
     pub run_flagged: Vec<String>,
