@@ -46,7 +46,8 @@ LATENCY_RATE = Integer(ENV.fetch("LATENCY_RATE", "5000"))
 LATENCY_SECS = Float(ENV.fetch("LATENCY_SECS", "10"))
 RUN_TIMEOUT = Float(ENV.fetch("RUN_TIMEOUT", "600"))
 # oxidekiq's runtime threads (`--threads`): 1 by default, as docs/configuration.md advises for a box
-# whose other core runs Redis; "cpus" leaves oxidekiq's own default (one per CPU). The drain scenario also measures "cpus".
+# whose other core runs Redis; "cpus" leaves oxidekiq's own default (one per CPU less the control plane's, at least
+# one: 1 on 2 CPUs, where the two are the same). The drain scenario also measures "cpus".
 THREADS = ENV.fetch("OXIDEKIQ_THREADS", "1")
 SCALE_PROCS = ENV.fetch("SCALE_PROCS", "1,2,4").split(",").map { |x| Integer(x) }
 # The payload scenario: Redis's CPU per job at these payload sizes (KB), PAYLOAD_JOBS jobs a round (fewer
@@ -418,7 +419,7 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
   end
   configs.map do |c|
     name = SYSTEM_NAMES[c[:system]]
-    name += c[:threads] == "cpus" ? " (a thread per CPU)" : " (#{c[:threads]} threads)" if c[:system] == :oxidekiq && c[:threads] != THREADS
+    name += c[:threads] == "cpus" ? " (default threads)" : " (#{c[:threads]} threads)" if c[:system] == :oxidekiq && c[:threads] != THREADS
     name = c[:name] if c[:name]
     base = { scenario: c[:scenario], system: c[:system], name: name, concurrency: c[:concurrency],
              kind: c[:kind], procs: c[:procs], jobs: c[:jobs] }
@@ -460,7 +461,7 @@ $schedule = []
 
 def scenario_drain
   ox = [10, 25, 200].to_h { |c| [c, measure("no-op drain", :oxidekiq, c, :noop, JOBS)] }
-  # oxidekiq's own default, one runtime thread per CPU, for comparison (not a candidate for "best").
+  # oxidekiq's own default (no --threads: a runtime thread per CPU less one), for comparison (not a candidate for "best").
   measure("no-op drain", :oxidekiq, 200, :noop, JOBS, threads: "cpus") unless THREADS == "cpus"
   rb = [10, 25].to_h { |c| [c, measure("no-op drain", :ruby, c, :noop, JOBS)] }
   ru = [10, 25, 50].to_h { |c| [c, measure("no-op drain", :rusty, c, :noop, JOBS)] }
@@ -831,7 +832,7 @@ puts out
 md = +"# oxidekiq benchmark results\n\n"
 md << "- date: #{meta[:date]}\n- machine: #{meta[:machine][:nproc]} CPUs, #{meta[:machine][:cpu]}, #{meta[:machine][:mem_gb]} GB, #{meta[:machine][:kernel]}\n"
 md << "- oxidekiq: commit #{meta[:oxidekiq][:commit]} (#{meta[:oxidekiq][:version]}, #{OXIDEKIQ.delete_prefix("#{ROOT}/")}), " \
-      "#{THREADS == 'cpus' ? 'a runtime thread per CPU' : "`--threads #{THREADS}`"} unless a row says otherwise\n"
+      "#{THREADS == 'cpus' ? 'its default threads (no `--threads`)' : "`--threads #{THREADS}`"} unless a row says otherwise\n"
 md << "- peers: Ruby Sidekiq #{meta[:sidekiq]} (Ruby #{meta[:ruby]}, ActiveJob #{meta[:activejob]}), rusty-sidekiq #{meta[:rusty_sidekiq]}; Redis #{meta[:redis]}\n"
 md << "- load average (1, 5, 15 min) at the start: #{meta[:loadavg_start]}; at the end: #{File.read('/proc/loadavg').split.first(3).join(' ')}; " \
       "the others column: cores busy with anything but the drainer and Redis during the drain (max over rounds)\n"
