@@ -12,7 +12,8 @@
 # ROUNDS (3), SCENARIOS (default: drain,activejob,io,latency,locks,schedule,rss,scaleout,quiet),
 # IO_JOBS (JOBS / 5), LOCK_JOBS (JOBS), SCHEDULE_JOBS (JOBS), SCALE_PROCS (1,2,4), LATENCY_RATE (5000),
 # LATENCY_SECS (10), RUN_TIMEOUT (600 s), PAYLOAD_SIZES (0.2,1,4,16 KB), PAYLOAD_JOBS (min(JOBS, 20000)),
-# PAYLOAD_CONC (200).
+# PAYLOAD_CONC (200), UNIQUE_JOBS_LIB (unset: where sidekiq-unique-jobs 7.1.33 and brpoplpush-redis_script
+# 0.1.3 are unpacked, e.g. /work/ext/uniq, for the locks scenario's Ruby peer; unset, Ruby runs unlocked).
 require "etc"
 require "fileutils"
 require "socket"
@@ -56,6 +57,11 @@ SCALE_PROCS = ENV.fetch("SCALE_PROCS", "1,2,4").split(",").map { |x| Integer(x) 
 PAYLOAD_SIZES = ENV.fetch("PAYLOAD_SIZES", "0.2,1,4,16").split(",").map { |x| Float(x) }
 PAYLOAD_JOBS = Integer(ENV.fetch("PAYLOAD_JOBS", [JOBS, 20_000].min.to_s))
 PAYLOAD_CONC = Integer(ENV.fetch("PAYLOAD_CONC", "200"))
+# The locks scenario's Ruby peer runs UniqueNoopJob under sidekiq-unique-jobs' while_executing lock when
+# this points at the gem's unpacked source (bench/unique_jobs.rb); without it Ruby's unlocked NoopJob is
+# the comparison, and the output says so.
+UNIQUE_JOBS_LIB = ENV["UNIQUE_JOBS_LIB"]&.then { |d| d.empty? ? nil : File.expand_path(d) }
+UNIQUE_JOBS_INCLUDES = UNIQUE_JOBS_LIB ? %w[brpoplpush-redis_script-0.1.3 sidekiq-unique-jobs-7.1.33].flat_map { |g| ["-I", File.join(UNIQUE_JOBS_LIB, g, "lib")] } : [].freeze
 ALL = %w[drain activejob io latency locks schedule rss scaleout quiet payloads].freeze
 SCENARIOS = ENV.fetch("SCENARIOS", ALL.join(",")).split(",").map(&:strip).reject(&:empty?)
 SYSTEMS = ENV.fetch("SYSTEMS", "oxidekiq,ruby,rusty").split(",").map { |x| x.strip.to_sym }
@@ -96,11 +102,16 @@ def oxidekiq_has?(klass)
   @oxi_bin.include?(klass)
 end
 
-def command(system, concurrency, queue: "default", extra: [], threads: THREADS)
+def command(system, concurrency, queue: "default", extra: [], threads: THREADS, unique: false)
   case system
   when :oxidekiq then [OXIDEKIQ, "-q", queue, "-c", concurrency.to_s, *(threads == "cpus" ? [] : ["--threads", threads]), *extra]
   # Ruby runs the sidekiq script itself: the pid spawned is the Sidekiq process (its RSS is measured).
-  when :ruby then [RbConfig.ruby, SIDEKIQ, "-r", File.join(__dir__, "jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
+  when :ruby
+    if unique # UniqueNoopJob under sidekiq-unique-jobs (bench/unique_jobs.rb, the gem from UNIQUE_JOBS_LIB)
+      [RbConfig.ruby, *UNIQUE_JOBS_INCLUDES, SIDEKIQ, "-r", File.join(__dir__, "unique_jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
+    else
+      [RbConfig.ruby, SIDEKIQ, "-r", File.join(__dir__, "jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
+    end
   when :rusty then [RUSTY, concurrency.to_s]
   # The payload scenario's floor: a bare client popping 100 at a time (bench/floor.rb); no concurrency.
   when :floor then [RbConfig.ruby, File.join(__dir__, "floor.rb"), queue]
@@ -331,7 +342,10 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
   t_spawn = now
   pids = Array.new(procs) do |k|
     spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label,
-                 **(system == :oxidekiq ? { threads: threads, extra: extra } : {}))
+                 **(if system == :oxidekiq then { threads: threads, extra: extra }
+                    elsif system == :ruby && kind == :unique then { unique: true }
+                    else {}
+                    end))
   end
   warm_up(system, pids, label)
   ready = now - t_spawn
@@ -504,6 +518,7 @@ def scenario_io
 end
 
 def scenario_locks
+  locked = {}
   base = measure("locks", :oxidekiq, 200, :noop, LOCK_JOBS) or return
   base[:name] = "oxidekiq NoopJob"
   { unique: "UniqueNoopJob", sequential: "SequentialNoopJob" }.each do |kind, klass|
@@ -514,6 +529,28 @@ def scenario_locks
     row = measure("locks", :oxidekiq, 200, kind, LOCK_JOBS)
     row[:name] = "oxidekiq #{klass}"
     ratio("locks: #{klass} / NoopJob (no lock)", row, base)
+    locked[kind] = row
+    next unless row[:cpu_us] && base[:cpu_us]
+    above = row[:cpu_us] - base[:cpu_us]
+    $notes << format("locks: CPU per %s job, oxidekiq + Redis: %.1f + %.1f µs (NoopJob: %.1f + %.1f); oxidekiq's share " \
+                     "above a plain job %.1f µs (target under 1 µs: %s)", klass, row[:cpu_us], row[:redis_us].to_f,
+                     base[:cpu_us], base[:redis_us].to_f, above, above < 1.0 ? "met" : "not met")
+  end
+  return unless SYSTEMS.include?(:ruby) && locked[:unique]
+  # Ruby's jobs/s is a rate: a fifth of the jobs (at most 20 000) keeps its rounds under a minute.
+  ruby_jobs = [LOCK_JOBS, 20_000].min
+  if UNIQUE_JOBS_LIB
+    rb = measure("locks", :ruby, 10, :unique, ruby_jobs) or return
+    rb[:name] = "Ruby Sidekiq #{Sidekiq::VERSION} UniqueNoopJob (sidekiq-unique-jobs 7.1.33, while_executing)"
+    ratio("locks: oxidekiq UniqueNoopJob / Ruby Sidekiq UniqueNoopJob under sidekiq-unique-jobs while_executing (target 20x)",
+          locked[:unique], rb)
+  else
+    rb = measure("locks", :ruby, 10, :noop, ruby_jobs) or return
+    rb[:name] = "Ruby Sidekiq #{Sidekiq::VERSION} NoopJob (no lock: UNIQUE_JOBS_LIB unset)"
+    ratio("locks: oxidekiq UniqueNoopJob / Ruby Sidekiq NoopJob WITHOUT a lock (sidekiq-unique-jobs not loaded: " \
+          "UNIQUE_JOBS_LIB unset; target 20x against the locked figure)", locked[:unique], rb)
+    $notes << "locks: Ruby Sidekiq ran its NoopJob without a lock (UNIQUE_JOBS_LIB unset): the ratio to it understates " \
+              "the locked comparison; set UNIQUE_JOBS_LIB to the unpacked sidekiq-unique-jobs 7.1.33 (see bench/unique_jobs.rb)"
   end
 end
 
