@@ -876,7 +876,7 @@ md << "- load average (1, 5, 15 min) at the start: #{meta[:loadavg_start]}; at t
 md << "- command: `#{ENV.fetch('BENCH_COMMAND', 'bash bench/run.sh')}` (JOBS=#{JOBS}, ROUNDS=#{ROUNDS}, SCENARIOS=#{SCENARIOS.join(',')})\n"
 md << "- method: one Redis; jobs enqueued with Ruby Sidekiq's `push_bulk` and parked (RENAME); the drainer is started " \
       "and runs one probe job (ready s: its cold start); CPU times read from /proc/<pid>/stat (utime+stime+cutime+cstime) " \
-      "of the drainer(s) and of redis-server; the queue is released (RENAME) and the driver blocks until Redis reports " \
+      "of the drainer(s), Redis's from its INFO cpu (getrusage, to the µs); the queue is released (RENAME) and the driver blocks until Redis reports " \
       "it deleted (keyspace event, no polling); oxidekiq's acknowledgements are then awaited (polled every 25 ms); CPU " \
       "read again. jobs/s = jobs / seconds from release to empty queue; CPU µs/job = CPU spent over the drain / jobs; " \
       "peak RSS = VmHWM. Medians of the rounds.\n\n"
