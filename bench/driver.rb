@@ -411,7 +411,7 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
                 "#{c[:extra].join('-')}".gsub(%r{[ /]}, "_")
     c[:rounds] = []
     say "#{c[:label]}: #{rounds_n} round(s) of #{c[:jobs]} #{c[:kind]} jobs#{c[:procs] > 1 ? " over #{c[:procs]} processes" : ''}" \
-        "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:kind] }.join(', ') + ')' : ''}"
+        "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:name] || "#{SYSTEM_NAMES[o[:system]]} #{o[:kind]}" }.join(', ') + ')' : ''}"
   end
   rounds_n.times do |r|
     configs.each do |c|
