@@ -11,7 +11,9 @@
 # Environment: REDIS_URL, OXIDEKIQ_BIN, RUSTY_BIN, RESULTS_DIR, WORK_DIR (set by run.sh); JOBS (100000),
 # ROUNDS (3), SCENARIOS (default: drain,activejob,io,latency,locks,schedule,rss,scaleout,quiet),
 # IO_JOBS (JOBS / 5), LOCK_JOBS (JOBS), SCHEDULE_JOBS (JOBS), SCALE_PROCS (1,2,4), LATENCY_RATE (5000),
-# LATENCY_SECS (10), RUN_TIMEOUT (600 s).
+# LATENCY_SECS (10), RUN_TIMEOUT (600 s), PAYLOAD_SIZES (0.2,1,4,16 KB), PAYLOAD_JOBS (min(JOBS, 20000)),
+# PAYLOAD_CONC (200), UNIQUE_JOBS_LIB (unset: where sidekiq-unique-jobs 7.1.33 and brpoplpush-redis_script
+# 0.1.3 are unpacked, e.g. /work/ext/uniq, for the locks scenario's Ruby peer; unset, Ruby runs unlocked).
 require "etc"
 require "fileutils"
 require "socket"
@@ -45,10 +47,22 @@ LATENCY_RATE = Integer(ENV.fetch("LATENCY_RATE", "5000"))
 LATENCY_SECS = Float(ENV.fetch("LATENCY_SECS", "10"))
 RUN_TIMEOUT = Float(ENV.fetch("RUN_TIMEOUT", "600"))
 # oxidekiq's runtime threads (`--threads`): 1 by default, as docs/configuration.md advises for a box
-# whose other core runs Redis; "cpus" leaves oxidekiq's own default (one per CPU). The drain scenario also measures "cpus".
+# whose other core runs Redis; "cpus" leaves oxidekiq's own default (one per CPU less the control plane's, at least
+# one: 1 on 2 CPUs, where the two are the same). The drain scenario also measures "cpus".
 THREADS = ENV.fetch("OXIDEKIQ_THREADS", "1")
 SCALE_PROCS = ENV.fetch("SCALE_PROCS", "1,2,4").split(",").map { |x| Integer(x) }
-ALL = %w[drain activejob io latency locks schedule rss scaleout quiet].freeze
+# The payload scenario: Redis's CPU per job at these payload sizes (KB), PAYLOAD_JOBS jobs a round (fewer
+# than JOBS by default: 16 KB jobs are 16 KB in Redis each, and Ruby Sidekiq drains a few thousand a second),
+# every system at -c PAYLOAD_CONC.
+PAYLOAD_SIZES = ENV.fetch("PAYLOAD_SIZES", "0.2,1,4,16").split(",").map { |x| Float(x) }
+PAYLOAD_JOBS = Integer(ENV.fetch("PAYLOAD_JOBS", [JOBS, 20_000].min.to_s))
+PAYLOAD_CONC = Integer(ENV.fetch("PAYLOAD_CONC", "200"))
+# The locks scenario's Ruby peer runs UniqueNoopJob under sidekiq-unique-jobs' while_executing lock when
+# this points at the gem's unpacked source (bench/unique_jobs.rb); without it Ruby's unlocked NoopJob is
+# the comparison, and the output says so.
+UNIQUE_JOBS_LIB = ENV["UNIQUE_JOBS_LIB"]&.then { |d| d.empty? ? nil : File.expand_path(d) }
+UNIQUE_JOBS_INCLUDES = UNIQUE_JOBS_LIB ? %w[brpoplpush-redis_script-0.1.3 sidekiq-unique-jobs-7.1.33].flat_map { |g| ["-I", File.join(UNIQUE_JOBS_LIB, g, "lib")] } : [].freeze
+ALL = %w[drain activejob io latency locks schedule rss scaleout quiet payloads].freeze
 SCENARIOS = ENV.fetch("SCENARIOS", ALL.join(",")).split(",").map(&:strip).reject(&:empty?)
 SYSTEMS = ENV.fetch("SYSTEMS", "oxidekiq,ruby,rusty").split(",").map { |x| x.strip.to_sym }
 # Polling (readiness, acknowledgements, latency and schedule scenarios) is sparse: every 25 ms. The drain
@@ -79,7 +93,8 @@ def say(msg) = $stderr.puts("[bench #{Time.now.strftime('%H:%M:%S')}] #{msg}")
 # ---------------------------------------------------------------------------------------------------
 # Systems
 
-SYSTEM_NAMES = { oxidekiq: "oxidekiq", ruby: "Ruby Sidekiq #{Sidekiq::VERSION}", rusty: "rusty-sidekiq" }.freeze
+SYSTEM_NAMES = { oxidekiq: "oxidekiq", ruby: "Ruby Sidekiq #{Sidekiq::VERSION}", rusty: "rusty-sidekiq",
+                 floor: "floor (RPOP 100, no safety)" }.freeze
 
 # The classes compiled into the oxidekiq binary (its registry names are string literals in it).
 def oxidekiq_has?(klass)
@@ -87,12 +102,19 @@ def oxidekiq_has?(klass)
   @oxi_bin.include?(klass)
 end
 
-def command(system, concurrency, queue: "default", extra: [], threads: THREADS)
+def command(system, concurrency, queue: "default", extra: [], threads: THREADS, unique: false)
   case system
   when :oxidekiq then [OXIDEKIQ, "-q", queue, "-c", concurrency.to_s, *(threads == "cpus" ? [] : ["--threads", threads]), *extra]
   # Ruby runs the sidekiq script itself: the pid spawned is the Sidekiq process (its RSS is measured).
-  when :ruby then [RbConfig.ruby, SIDEKIQ, "-r", File.join(__dir__, "jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
+  when :ruby
+    if unique # UniqueNoopJob under sidekiq-unique-jobs (bench/unique_jobs.rb, the gem from UNIQUE_JOBS_LIB)
+      [RbConfig.ruby, *UNIQUE_JOBS_INCLUDES, SIDEKIQ, "-r", File.join(__dir__, "unique_jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
+    else
+      [RbConfig.ruby, SIDEKIQ, "-r", File.join(__dir__, "jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
+    end
   when :rusty then [RUSTY, concurrency.to_s]
+  # The payload scenario's floor: a bare client popping 100 at a time (bench/floor.rb); no concurrency.
+  when :floor then [RbConfig.ruby, File.join(__dir__, "floor.rb"), queue]
   else raise ArgumentError, system.to_s
   end
 end
@@ -163,6 +185,24 @@ def enqueue_activejob(total)
   end
 end
 
+# A NoopJob whose one string argument pads the whole payload (as Ruby's client writes it) to about `bytes`:
+# the padding is measured on a probe job pushed to a scratch queue (created_at and enqueued_at vary by a
+# digit or two from one job to the next).
+def payload_pad(bytes)
+  @pads ||= {}
+  @pads[bytes] ||= begin
+    Sidekiq::Client.push("class" => NoopJob, "args" => [""], "queue" => "bench_probe")
+    base = $redis.lindex("queue:bench_probe", 0).bytesize
+    $redis.del("queue:bench_probe")
+    "x" * [bytes - base, 0].max
+  end
+end
+
+def enqueue_payload(bytes, total)
+  pad = payload_pad(bytes)
+  push_chunks(total) { |idx| Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { [pad] }) }
+end
+
 ENQUEUE = {
   noop: ->(n) { enqueue_plain(NoopJob, n) { |i| [i] } },
   activejob: ->(n) { enqueue_activejob(n) },
@@ -193,7 +233,17 @@ def machine_busy_seconds
   (f.sum - f[3] - f[4]).to_f / CLK_TCK
 end
 
-def cpu_snapshot(pids) = { sys: pids.sum { |p| cpu_seconds(p) || 0.0 }, redis: cpu_seconds(REDIS_PID) || 0.0,
+# Redis's CPU time so far, in seconds, as Redis reads it (INFO cpu: getrusage, to the microsecond): the same
+# time /proc/<pid>/stat counts in 10 ms ticks, precise enough for the floor's half microsecond a job over
+# 20 000 jobs (one tick). The INFO command is the driver's and left out of the per-job commands.
+def redis_cpu_seconds
+  cpu = $redis.info("cpu")
+  Float(cpu.fetch("used_cpu_sys")) + Float(cpu.fetch("used_cpu_user"))
+rescue StandardError
+  cpu_seconds(REDIS_PID) || 0.0
+end
+
+def cpu_snapshot(pids) = { sys: pids.sum { |p| cpu_seconds(p) || 0.0 }, redis: redis_cpu_seconds,
                            machine: machine_busy_seconds }
 
 # A second connection in SUBSCRIBE mode on `key`'s own keyspace channel, spoken in raw RESP so the
@@ -277,16 +327,25 @@ end
 # `tail`: the jobs' own duration. At the empty queue every job has started (each system fetches only for
 # a free slot), so the drain is complete `tail` seconds later, whatever the system: it is added to all.
 # `quiet`: nothing but the keyspace event (no CPU readings, no acknowledgement polling).
-def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: false, threads: THREADS)
+def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: false, threads: THREADS, extra: [])
   $redis.flushall
-  ENQUEUE.fetch(kind).call(jobs)
+  if (bytes = kind.to_s[/\Apayload_(\d+)\z/, 1])
+    enqueue_payload(Integer(bytes), jobs)
+  else
+    ENQUEUE.fetch(kind).call(jobs)
+  end
   queued = $redis.llen(QUEUE)
   raise "enqueued #{queued} of #{jobs}" unless queued == jobs
+  payload_bytes = $redis.lindex(QUEUE, 0).bytesize
   $redis.rename(QUEUE, STAGING)
 
   t_spawn = now
   pids = Array.new(procs) do |k|
-    spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label, **(system == :oxidekiq ? { threads: threads } : {}))
+    spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label,
+                 **(if system == :oxidekiq then { threads: threads, extra: extra }
+                    elsif system == :ruby && kind == :unique then { unique: true }
+                    else {}
+                    end))
   end
   warm_up(system, pids, label)
   ready = now - t_spawn
@@ -309,7 +368,7 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
   pids.each { |p| stop(p) }
   secs = empty + tail
   rec = { seconds: secs, jobs_per_s: jobs / secs, ready_s: ready, acked_s: acked, hwm_kb: hwm,
-          failed: failures, left: $redis.llen(QUEUE) }
+          failed: failures, left: $redis.llen(QUEUE), payload_bytes: payload_bytes }
   rec[:commands] = commands if commands
   if before && after
     rec[:cpu_us] = (after[:sys] - before[:sys]) * 1e6 / jobs
@@ -343,20 +402,22 @@ end
 # Measures several configurations round by round in turn (A1 B1 A2 B2 ...), so that a ratio between them
 # compares rounds taken under the same conditions on a machine whose load drifts. Returns one row each.
 def measure_alternating(configs, rounds_n: ROUNDS, record: true)
-  configs = configs.select { |c| SYSTEMS.include?(c[:system]) }
+  configs = configs.select { |c| SYSTEMS.include?(c[:system]) || c[:system] == :floor }
   configs.each do |c|
     c[:threads] ||= THREADS
+    c[:extra] ||= []
     c[:label] = "#{c[:scenario]}-#{c[:kind]}-#{c[:system]}-c#{c[:concurrency]}#{c[:procs] > 1 ? "-x#{c[:procs]}" : ''}" \
-                "#{c[:system] == :oxidekiq && c[:threads] != THREADS ? "-t#{c[:threads]}" : ''}".gsub(%r{[ /]}, "_")
+                "#{c[:system] == :oxidekiq && c[:threads] != THREADS ? "-t#{c[:threads]}" : ''}" \
+                "#{c[:extra].join('-')}".gsub(%r{[ /]}, "_")
     c[:rounds] = []
     say "#{c[:label]}: #{rounds_n} round(s) of #{c[:jobs]} #{c[:kind]} jobs#{c[:procs] > 1 ? " over #{c[:procs]} processes" : ''}" \
-        "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:kind] }.join(', ') + ')' : ''}"
+        "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:name] || "#{SYSTEM_NAMES[o[:system]]} #{o[:kind]}" }.join(', ') + ')' : ''}"
   end
   rounds_n.times do |r|
     configs.each do |c|
       next if c[:error]
       rec = drain_once(c[:system], c[:concurrency], c[:kind], c[:jobs], c[:label], c[:tail], procs: c[:procs], quiet: c[:quiet],
-                       threads: c[:threads])
+                       threads: c[:threads], extra: c[:extra])
       say format("  %s round %d: %.3f s, %.0f jobs/s%s%s, ready after %.2f s%s, peak RSS %.1f MB%s", c[:label], r + 1,
                  rec[:seconds], rec[:jobs_per_s],
                  rec[:cpu_us] ? format(", CPU %.1f µs/job (%.0f%% of a core)", rec[:cpu_us], rec[:sys_busy] * 100) : "",
@@ -372,7 +433,8 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
   end
   configs.map do |c|
     name = SYSTEM_NAMES[c[:system]]
-    name += c[:threads] == "cpus" ? " (a thread per CPU)" : " (#{c[:threads]} threads)" if c[:system] == :oxidekiq && c[:threads] != THREADS
+    name += c[:threads] == "cpus" ? " (default threads)" : " (#{c[:threads]} threads)" if c[:system] == :oxidekiq && c[:threads] != THREADS
+    name = c[:name] if c[:name]
     base = { scenario: c[:scenario], system: c[:system], name: name, concurrency: c[:concurrency],
              kind: c[:kind], procs: c[:procs], jobs: c[:jobs] }
     row = if c[:error]
@@ -386,7 +448,8 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
                        others: rounds.filter_map { |x| x[:others] }.max,
                        commands: rounds.sort_by { |x| x[:jobs_per_s] }[rounds.size / 2][:commands],
                        rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0), ready_s: median(rounds.map { |x| x[:ready_s] }),
-                       acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] })
+                       acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] },
+                       payload_bytes: median(rounds.map { |x| x[:payload_bytes] }))
           end
     $rows << row if record
     row
@@ -412,7 +475,7 @@ $schedule = []
 
 def scenario_drain
   ox = [10, 25, 200].to_h { |c| [c, measure("no-op drain", :oxidekiq, c, :noop, JOBS)] }
-  # oxidekiq's own default, one runtime thread per CPU, for comparison (not a candidate for "best").
+  # oxidekiq's own default (no --threads: a runtime thread per CPU less one), for comparison (not a candidate for "best").
   measure("no-op drain", :oxidekiq, 200, :noop, JOBS, threads: "cpus") unless THREADS == "cpus"
   rb = [10, 25].to_h { |c| [c, measure("no-op drain", :ruby, c, :noop, JOBS)] }
   ru = [10, 25, 50].to_h { |c| [c, measure("no-op drain", :rusty, c, :noop, JOBS)] }
@@ -455,6 +518,7 @@ def scenario_io
 end
 
 def scenario_locks
+  locked = {}
   base = measure("locks", :oxidekiq, 200, :noop, LOCK_JOBS) or return
   base[:name] = "oxidekiq NoopJob"
   { unique: "UniqueNoopJob", sequential: "SequentialNoopJob" }.each do |kind, klass|
@@ -465,6 +529,64 @@ def scenario_locks
     row = measure("locks", :oxidekiq, 200, kind, LOCK_JOBS)
     row[:name] = "oxidekiq #{klass}"
     ratio("locks: #{klass} / NoopJob (no lock)", row, base)
+    locked[kind] = row
+    next unless row[:cpu_us] && base[:cpu_us]
+    above = row[:cpu_us] - base[:cpu_us]
+    $notes << format("locks: CPU per %s job, oxidekiq + Redis: %.1f + %.1f µs (NoopJob: %.1f + %.1f); oxidekiq's share " \
+                     "above a plain job %.1f µs (target under 1 µs: %s)", klass, row[:cpu_us], row[:redis_us].to_f,
+                     base[:cpu_us], base[:redis_us].to_f, above, above < 1.0 ? "met" : "not met")
+  end
+  return unless SYSTEMS.include?(:ruby) && locked[:unique]
+  # Ruby's jobs/s is a rate: a fifth of the jobs (at most 20 000) keeps its rounds under a minute.
+  ruby_jobs = [LOCK_JOBS, 20_000].min
+  if UNIQUE_JOBS_LIB
+    rb = measure("locks", :ruby, 10, :unique, ruby_jobs) or return
+    rb[:name] = "Ruby Sidekiq #{Sidekiq::VERSION} UniqueNoopJob (sidekiq-unique-jobs 7.1.33, while_executing)"
+    ratio("locks: oxidekiq UniqueNoopJob / Ruby Sidekiq UniqueNoopJob under sidekiq-unique-jobs while_executing (target 20x)",
+          locked[:unique], rb)
+  else
+    rb = measure("locks", :ruby, 10, :noop, ruby_jobs) or return
+    rb[:name] = "Ruby Sidekiq #{Sidekiq::VERSION} NoopJob (no lock: UNIQUE_JOBS_LIB unset)"
+    ratio("locks: oxidekiq UniqueNoopJob / Ruby Sidekiq NoopJob WITHOUT a lock (sidekiq-unique-jobs not loaded: " \
+          "UNIQUE_JOBS_LIB unset; target 20x against the locked figure)", locked[:unique], rb)
+    $notes << "locks: Ruby Sidekiq ran its NoopJob without a lock (UNIQUE_JOBS_LIB unset): the ratio to it understates " \
+              "the locked comparison; set UNIQUE_JOBS_LIB to the unpacked sidekiq-unique-jobs 7.1.33 (see bench/unique_jobs.rb)"
+  end
+end
+
+$payloads = []
+
+# Redis's CPU per job at several payload sizes (PAYLOAD_SIZES KB: a NoopJob whose string argument pads the
+# payload), for oxidekiq's reliable fetch, its basic fetch, the floor (bench/floor.rb: `RPOP queue 100` and
+# nothing else) and Ruby Sidekiq, all at -c PAYLOAD_CONC, rounds alternating between the four at each size
+# so that a drift of the machine's load lands on all of them. The target: reliable fetch within 2x of the
+# floor in every round at every size ("met" only then).
+def scenario_payloads
+  PAYLOAD_SIZES.each do |kb|
+    bytes = (kb * 1024).round
+    scenario = format("payload %g KB", kb)
+    base = { scenario: scenario, concurrency: PAYLOAD_CONC, kind: :"payload_#{bytes}", jobs: PAYLOAD_JOBS, tail: 0.0,
+             procs: 1, quiet: false }
+    configs = [
+      base.merge(system: :oxidekiq, name: "oxidekiq, reliable fetch"),
+      base.merge(system: :oxidekiq, name: "oxidekiq, basic fetch", extra: %w[--fetch basic]),
+      base.merge(system: :floor, concurrency: 1),
+      base.merge(system: :ruby),
+    ]
+    reliable, basic, floor, ruby = configs.map { |c| SYSTEMS.include?(c[:system]) || c[:system] == :floor ? c : nil }
+    list = [reliable, basic, floor, ruby].compact
+    rows = measure_alternating(list)
+    row = lambda do |c|
+      r = c && rows[list.index { |x| x.equal?(c) }]
+      r && !r[:error] ? r : nil
+    end
+    rel, flo = row.(reliable), row.(floor)
+    per = rel && flo ? rel[:rounds].zip(flo[:rounds]).filter_map { |x, y| y && y[:redis_us].positive? && x[:redis_us] / y[:redis_us] } : []
+    $payloads << { kb: kb, bytes: median((rel || flo || {})[:rounds].to_a.map { |x| x[:payload_bytes] }),
+                   reliable: rel&.dig(:redis_us), basic: row.(basic)&.dig(:redis_us), floor: flo&.dig(:redis_us),
+                   ruby: row.(ruby)&.dig(:redis_us), ruby_name: row.(ruby) && "#{row.(ruby)[:name]} -c #{row.(ruby)[:concurrency]}",
+                   ratio: rel && flo && flo[:redis_us].positive? ? rel[:redis_us] / flo[:redis_us] : nil, per_round: per,
+                   met: !per.empty? && per.size == ROUNDS && per.all? { |x| x <= 2.0 } }
   end
 end
 
@@ -648,6 +770,7 @@ def fmt_rate(x) = x ? x.round.to_s.reverse.scan(/\d{1,3}/).join(",").reverse : "
 def fmt_mb(x) = x ? format("%.1f", x) : "-"
 
 def fmt_us(x) = x ? format("%.1f", x) : "-"
+def fmt_us2(x) = x ? format("%.2f", x) : "-"
 def fmt_pct(x) = x ? format("%.0f%%", x * 100) : "-"
 
 HEAD = ["scenario", "system", "conc", "jobs", "median jobs/s", "min", "max", "CPU µs/job", "Redis µs/job",
@@ -687,6 +810,21 @@ quiet_rows = $quiet.map do |q|
    fmt_rate(q[:quiet_max]), q[:measured] ? format("%.2fx", q[:quiet] / q[:measured]) : "-"]
 end
 ratio_rows = $ratios.map { |q| [q[:label], format("%.2fx", q[:value]), "#{q[:a]} vs #{q[:b]}"] }
+PAYLOAD_HEAD = ["payload", "bytes", "reliable Redis µs/job", "basic", "floor", "Ruby Sidekiq", "reliable / floor",
+                "round by round", "within 2x"].freeze
+payload_rows = $payloads.map do |x|
+  [format("%g KB", x[:kb]), x[:bytes].to_s, fmt_us2(x[:reliable]), fmt_us2(x[:basic]), fmt_us2(x[:floor]), fmt_us2(x[:ruby]),
+   x[:ratio] ? format("%.2fx", x[:ratio]) : "-", x[:per_round].map { |v| format("%.2fx", v) }.join(" "),
+   x[:met] ? "met" : "not met"]
+end
+unless $payloads.empty?
+  ruby_name = $payloads.filter_map { |x| x[:ruby_name] }.first
+  all_met = $payloads.all? { |x| x[:met] }
+  $notes << "payloads: Redis CPU µs per job (INFO cpu, getrusage) over #{PAYLOAD_JOBS} no-op jobs a round, -c #{PAYLOAD_CONC}, " \
+            "rounds alternating reliable, basic, floor#{ruby_name ? ", #{ruby_name}" : ''}; the floor is bench/floor.rb " \
+            "(`RPOP queue:default 100` in a loop, nothing else); reliable fetch within 2x of the floor in every round at every " \
+            "size: #{all_met ? 'met' : 'not met'}"
+end
 lat_rows = $latency.map do |l|
   [l[:name], l[:concurrency].to_s, fmt_rate(l[:rate]), l[:backlog].to_s, format("%.2f", l[:p50_ms]), format("%.2f", l[:p99_ms]),
    format("%.2f", l[:max_ms]), fmt_mb(l[:rss_mb])]
@@ -721,6 +859,8 @@ out << "\nEnqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATE
 out << "\n" << text_table(IDLE_HEAD, idle_rows) << "\n" unless idle_rows.empty?
 out << "\nScale-out: oxidekiq processes on one Redis, #{JOBS} no-op jobs between them:\n" \
        << text_table(SCALE_HEAD, scale_rows) << "\n" unless scale_rows.empty?
+out << "\nRedis CPU per job by payload size (-c #{PAYLOAD_CONC}, #{PAYLOAD_JOBS} jobs a round, medians):\n" \
+       << text_table(PAYLOAD_HEAD, payload_rows) << "\n" unless payload_rows.empty?
 out << "\nQuiet check (each alone, nothing measured but the drain's time):\n" \
        << text_table(QUIET_HEAD, quiet_rows) << "\n" unless quiet_rows.empty?
 out << "\n" << (acked_note + $notes).map { |n| "note: #{n}" }.join("\n") << "\n" unless (acked_note + $notes).empty?
@@ -729,14 +869,14 @@ puts out
 md = +"# oxidekiq benchmark results\n\n"
 md << "- date: #{meta[:date]}\n- machine: #{meta[:machine][:nproc]} CPUs, #{meta[:machine][:cpu]}, #{meta[:machine][:mem_gb]} GB, #{meta[:machine][:kernel]}\n"
 md << "- oxidekiq: commit #{meta[:oxidekiq][:commit]} (#{meta[:oxidekiq][:version]}, #{OXIDEKIQ.delete_prefix("#{ROOT}/")}), " \
-      "#{THREADS == 'cpus' ? 'a runtime thread per CPU' : "`--threads #{THREADS}`"} unless a row says otherwise\n"
+      "#{THREADS == 'cpus' ? 'its default threads (no `--threads`)' : "`--threads #{THREADS}`"} unless a row says otherwise\n"
 md << "- peers: Ruby Sidekiq #{meta[:sidekiq]} (Ruby #{meta[:ruby]}, ActiveJob #{meta[:activejob]}), rusty-sidekiq #{meta[:rusty_sidekiq]}; Redis #{meta[:redis]}\n"
 md << "- load average (1, 5, 15 min) at the start: #{meta[:loadavg_start]}; at the end: #{File.read('/proc/loadavg').split.first(3).join(' ')}; " \
       "the others column: cores busy with anything but the drainer and Redis during the drain (max over rounds)\n"
 md << "- command: `#{ENV.fetch('BENCH_COMMAND', 'bash bench/run.sh')}` (JOBS=#{JOBS}, ROUNDS=#{ROUNDS}, SCENARIOS=#{SCENARIOS.join(',')})\n"
 md << "- method: one Redis; jobs enqueued with Ruby Sidekiq's `push_bulk` and parked (RENAME); the drainer is started " \
       "and runs one probe job (ready s: its cold start); CPU times read from /proc/<pid>/stat (utime+stime+cutime+cstime) " \
-      "of the drainer(s) and of redis-server; the queue is released (RENAME) and the driver blocks until Redis reports " \
+      "of the drainer(s), Redis's from its INFO cpu (getrusage, to the µs); the queue is released (RENAME) and the driver blocks until Redis reports " \
       "it deleted (keyspace event, no polling); oxidekiq's acknowledgements are then awaited (polled every 25 ms); CPU " \
       "read again. jobs/s = jobs / seconds from release to empty queue; CPU µs/job = CPU spent over the drain / jobs; " \
       "peak RSS = VmHWM. Medians of the rounds.\n\n"
@@ -744,7 +884,7 @@ md << md_table(HEAD, table) << "\n\n" unless table.empty?
 md << md_table(["ratio (medians)", "value", "compared"], ratio_rows) << "\n\n" unless ratio_rows.empty?
 md << "Enqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s:\n\n" << md_table(LAT_HEAD, lat_rows) << "\n\n" unless lat_rows.empty?
 md << md_table(IDLE_HEAD, idle_rows) << "\n\n" unless idle_rows.empty?
-cmd_rows = $rows.select { |r| r[:commands] && %w[no-op\ drain ActiveJob\ no-op locks].include?(r[:scenario]) }.map do |r|
+cmd_rows = $rows.select { |r| r[:commands] && (%w[no-op\ drain ActiveJob\ no-op locks].include?(r[:scenario]) || r[:scenario].start_with?("payload")) }.map do |r|
   top = r[:commands].first(4).map { |name, (calls, us)| format("%s %.3g (%.2f µs)", name, calls, us) }.join(", ")
   [r[:scenario], r[:name], r[:concurrency].to_s, top]
 end
@@ -755,6 +895,9 @@ unless cmd_rows.empty?
 end
 md << "Scale-out: oxidekiq processes (-c #{SCALE_CONC} each) on one Redis, #{JOBS} no-op jobs between them:\n\n" \
       << md_table(SCALE_HEAD, scale_rows) << "\n\n" unless scale_rows.empty?
+md << "Redis CPU per job by payload size (no-op jobs, -c #{PAYLOAD_CONC}, #{PAYLOAD_JOBS} jobs a round, medians of " \
+      "the rounds; µs of Redis CPU per job; the floor pops 100 at a time and does nothing else):\n\n" \
+      << md_table(PAYLOAD_HEAD, payload_rows) << "\n\n" unless payload_rows.empty?
 md << "Quiet check: each system again, alone, with nothing measured but the drain's time (no CPU readings, no " \
       "acknowledgement polling), against the measured rounds:\n\n" << md_table(QUIET_HEAD, quiet_rows) << "\n\n" unless quiet_rows.empty?
 md << (acked_note + $notes).map { |n| "- #{n}\n" }.join << "\n" unless (acked_note + $notes).empty?
@@ -762,7 +905,7 @@ md << "![no-op drain and I/O-bound jobs/s](drain.png)\n" if $rows.any? { |r| %w[
 File.write(File.join(RESULTS, "results.md"), md)
 File.write(File.join(RESULTS, "results.json"),
            JSON.pretty_generate(meta: meta, throughput: $rows, ratios: $ratios, latency: $latency, idle_rss: $idle,
-                                scale_out: $scale, quiet: $quiet, notes: $notes))
+                                scale_out: $scale, quiet: $quiet, payloads: $payloads, notes: $notes))
 
 # Chart: jobs/s (median bar, min-max whisker) per system for the no-op drain and the I/O-bound drain.
 panels = [["no-op drain", "drain", "no-op drain, #{JOBS} jobs"], ["I/O 50 ms", "io", "50 ms I/O, #{IO_JOBS} jobs"]].filter_map do |scenario, file, title|

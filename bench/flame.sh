@@ -5,7 +5,7 @@
 #
 #   bash bench/flame.sh                 # no-op drain, 100 000 NoopJob, -c 200
 #   KIND=activejob bash bench/flame.sh  # the ActiveJob no-op drain
-#   THREADS=cpus bash bench/flame.sh    # oxidekiq's default runtime (a thread per CPU); default 1, as
+#   THREADS=cpus bash bench/flame.sh    # oxidekiq's default runtime (a thread per CPU less one); default 1, as
 #                                       # bench/run.sh runs it (OXIDEKIQ_THREADS there)
 #
 # Needs perf (Debian: linux-perf) and inferno (`cargo install inferno`: inferno-collapse-perf,

@@ -5,8 +5,9 @@
 #   JOBS=10000 ROUNDS=1 SCENARIOS=drain,io bash bench/run.sh   # a quick look
 #
 # Scenarios (SCENARIOS, comma-separated; default all): drain, activejob, io, latency, locks, schedule, rss,
-# scaleout, quiet. Sizes: JOBS (100000), ROUNDS (3), IO_JOBS (JOBS/5), LOCK_JOBS and SCHEDULE_JOBS (JOBS),
+# scaleout, quiet, payloads. Sizes: JOBS (100000), ROUNDS (3), IO_JOBS (JOBS/5), LOCK_JOBS and SCHEDULE_JOBS (JOBS),
 # SCALE_PROCS (1,2,4 oxidekiq processes) and SCALE_CONC (200 each), LATENCY_RATE (5000), LATENCY_SECS (10),
+# PAYLOAD_SIZES (0.2,1,4,16 KB), PAYLOAD_JOBS (min(JOBS, 20000)), PAYLOAD_CONC (200),
 # RUN_TIMEOUT (600 s per drain); SYSTEMS (oxidekiq,ruby,rusty) limits who runs.
 # SKIP_SETUP=1 skips the package check, SKIP_BUILD=1 the builds.
 # Prints jobs/s and CPU µs per job (the drainer's and Redis's) per system, the same-concurrency and
@@ -68,6 +69,6 @@ done
 redis-cli -p "$port" ping >/dev/null
 
 export REDIS_URL="redis://127.0.0.1:$port/0"
-export BENCH_COMMAND="${BENCH_COMMAND:-$(env | grep -E '^(JOBS|ROUNDS|SCENARIOS|SYSTEMS|IO_JOBS|LOCK_JOBS|SCHEDULE_JOBS|SCALE_PROCS|SCALE_CONC|LATENCY_RATE|LATENCY_SECS)=' | sort | tr '\n' ' ')bash bench/run.sh}"
+export BENCH_COMMAND="${BENCH_COMMAND:-$(env | grep -E '^(JOBS|ROUNDS|SCENARIOS|SYSTEMS|IO_JOBS|LOCK_JOBS|SCHEDULE_JOBS|SCALE_PROCS|SCALE_CONC|LATENCY_RATE|LATENCY_SECS|PAYLOAD_SIZES|PAYLOAD_JOBS|PAYLOAD_CONC)=' | sort | tr '\n' ' ')bash bench/run.sh}"
 step "running the scenarios (progress on stderr, table on stdout)"
 ruby "$root/bench/driver.rb"

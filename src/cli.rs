@@ -66,8 +66,9 @@ pub struct Cli {
     #[arg(global = true, short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
     pub concurrency: Option<usize>,
 
-    /// Threads that run jobs, 1 to 1024 [default: one per CPU]. The heartbeat, signals and the stop run
-    /// on a thread of their own: a job that blocks its thread delays other jobs, never them
+    /// Threads that run jobs, 1 to 1024 [default: one per CPU less one, at least 1]. The heartbeat,
+    /// signals, fetching and the stop run on a thread of their own: a job that blocks its thread delays
+    /// other jobs, never them
     #[arg(global = true, long, value_name = "INT", value_parser = threads_value)]
     pub threads: Option<usize>,
 
@@ -679,7 +680,7 @@ mod tests {
     #[test]
     fn the_threads_flag_reaches_the_config() {
         let c = config_from(&parse(&[]), &no_env, Path::new("/nonexistent-dir")).unwrap();
-        assert_eq!(c.threads, None, "one thread per CPU unless asked");
+        assert_eq!(c.threads, None, "the default thread count unless asked");
         let cli = parse(&["--threads", "1"]);
         let c = config_from(&cli, &no_env, Path::new("/nonexistent-dir")).unwrap();
         assert_eq!(c.threads, Some(1));

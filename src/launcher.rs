@@ -250,7 +250,8 @@ impl Launcher {
     }
 }
 
-/// The runtime that runs the jobs (`--threads` worker threads, one per CPU by default), apart from the
+/// The runtime that runs the jobs (`--threads` worker threads, by default one per CPU less one: see
+/// [`default_job_threads`]), apart from the
 /// control plane's (see the module docs). Dropping it shuts it down without waiting: a thread stuck in
 /// a job is abandoned rather than waited for (a plain drop of a runtime would wait for it forever, and
 /// panics inside an async context).
@@ -258,12 +259,10 @@ impl Launcher {
 pub(crate) struct JobRuntime(Option<tokio::runtime::Runtime>);
 
 impl JobRuntime {
-    /// A multi-thread runtime of `threads` workers (one per CPU when `None`).
+    /// A multi-thread runtime of `threads` workers ([`default_job_threads`] when `None`).
     fn build(threads: Option<usize>) -> Result<JobRuntime> {
         let mut builder = tokio::runtime::Builder::new_multi_thread();
-        if let Some(n) = threads {
-            builder.worker_threads(n);
-        }
+        builder.worker_threads(threads.unwrap_or_else(default_job_threads));
         let runtime = builder
             .thread_name("oxidekiq-job")
             .enable_all()
@@ -276,6 +275,17 @@ impl JobRuntime {
     fn handle(&self) -> Option<tokio::runtime::Handle> {
         self.0.as_ref().map(|r| r.handle().clone())
     }
+}
+
+/// The job runtime's threads when `--threads` is not given: one per CPU less the one the control plane
+/// runs on (fetching, acks, logs' hand-off, the heartbeat), at least one, so the process has a thread
+/// per CPU in all. With a thread per CPU for the jobs on top of the control plane's, the process had
+/// more threads than cores: on 2 CPUs a no-op job cost 3.5 µs of CPU against 2.6 µs with one job thread
+/// (issue 32, `bench/run.sh`), the extra spent by two job threads taking turns with the control plane
+/// and Redis for two cores. CPU-bound async jobs still run on all cores but one; `--threads` sets any
+/// number.
+pub(crate) fn default_job_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
 }
 
 impl Drop for JobRuntime {
@@ -655,5 +665,21 @@ async fn forward_os_signals(signals: Option<OsSignals>, control: mpsc::Unbounded
         if control.send(c).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_job_runtime_leaves_the_control_plane_a_cpu() {
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        let workers = |threads| {
+            let runtime = JobRuntime::build(threads).unwrap();
+            runtime.handle().unwrap().metrics().num_workers()
+        };
+        assert_eq!(workers(None), (cpus - 1).max(1), "{cpus} CPUs");
+        assert_eq!(workers(Some(3)), 3, "--threads 3");
     }
 }

@@ -229,7 +229,7 @@ struct Plan {
     queues: Vec<(String, u32)>,
     /// Concurrency of each process slot.
     concurrency: Vec<usize>,
-    /// Runtime threads of every process (`--threads`; `None`: the default, one per CPU).
+    /// Runtime threads of every process (`--threads`; `None`: the default, one per CPU less one).
     threads: Option<usize>,
     /// (seconds since the start, event), sorted.
     events: Vec<(f64, Event)>,

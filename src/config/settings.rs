@@ -114,7 +114,8 @@ pub struct Config {
     pub redis_ca_file: Option<PathBuf>,
     /// How many jobs run at once (`-c`).
     pub concurrency: usize,
-    /// Threads of the runtime that runs the jobs (`--threads`); `None`: one per CPU.
+    /// Threads of the runtime that runs the jobs (`--threads`); `None`: one per CPU less the control
+    /// plane's thread, at least one.
     pub threads: Option<usize>,
     /// The queues to fetch from, in configured order (`-q`).
     pub queues: Vec<QueueWeight>,
