@@ -44,6 +44,49 @@ impl Worker for HardWorker {
     }
 }
 
+/// A job that does its work in a `tracing` span of its own, and may enqueue a follow-up job or fail: what
+/// an OpenTelemetry trace through a Rust run looks like (docs/tracing.md).
+///
+/// ```ruby
+/// class TracedJob
+///   include Sidekiq::Job
+///   def perform(step, enqueue_to, fail)
+///     tracer.in_span(step) do
+///       Sidekiq::Client.push("class" => "TracedChild", "queue" => enqueue_to, "args" => [step]) if enqueue_to
+///       raise "asked to fail" if fail
+///     end
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct TracedJob;
+
+impl Worker for TracedJob {
+    const CLASS: &'static str = "TracedJob";
+    type Args = (String, Option<String>, bool);
+
+    async fn perform(&self, ctx: &JobContext, (step, enqueue_to, fail): Self::Args) -> JobResult {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("step", name = %step);
+        async {
+            tracing::info!(step = %step, "step ran");
+            if let Some(queue) = enqueue_to {
+                let job = oxidekiq::NewJob::new("TracedChild", (step.clone(),)).queue(queue);
+                oxidekiq::Client::new(ctx.redis())
+                    .push(job)
+                    .await
+                    .map_err(|e| JobError::msg(e.to_string()))?;
+            }
+            if fail {
+                return Err(JobError::new("RuntimeError", "asked to fail"));
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+}
+
 /// ```ruby
 /// class NoopJob
 ///   include Sidekiq::Worker
@@ -431,6 +474,7 @@ pub fn registry() -> Registry {
         .register(UniqueNoopJob)
         .with(UniqueJob::new().key_by_args())
         .register(SequentialNoopJob)
+        .register(TracedJob)
         .with(SequentialJob::new().key_by_args());
     r
 }
