@@ -292,7 +292,23 @@ fn publish(push: &mut Push) -> Option<opentelemetry::Context> {
     };
     let (cx, carrier) = crate::otel::publish(&parent, class, &push.jid, &job.queue)?;
     // Ruby's propagators write no empty `tracestate` or `baggage`.
-    for (k, v) in carrier.0.into_iter().filter(|(_, v)| !v.is_empty()) {
+    let headers: Vec<(String, String)> = carrier
+        .0
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .collect();
+    // An ActiveJob job also carries them where ActiveJob's instrumentation reads them: its job hash's
+    // `__otel_headers`, as `serialize_arguments` writes a hash (a list of pairs).
+    if push.job.class == crate::activejob::WRAPPER_CLASS
+        && let Some(Value::Object(data)) = push.job.args.get_mut(0)
+    {
+        let pairs = headers
+            .iter()
+            .map(|(k, v)| serde_json::json!([k, v]))
+            .collect();
+        data.insert("__otel_headers".into(), Value::Array(pairs));
+    }
+    for (k, v) in headers {
         push.job.set_option(k, Value::String(v));
     }
     Some(cx)

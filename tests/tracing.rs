@@ -396,6 +396,36 @@ puts "#{m[1]} #{m[2]} #{m[3]} #{job.item.key?("tracestate")}"
 }
 
 #[test]
+fn a_perform_later_from_a_traced_rust_job_carries_the_context_where_activejob_reads_it_too() {
+    let redis = RedisServer::start();
+    let receiver = Receiver::start();
+    let ox = start(&redis, &otel_env(&receiver), &["default"]);
+    ruby_push(&redis, r#"["aj", "activejob:aj_side", false]"#);
+    let publish = receiver.wait_span("aj_side publish");
+    assert_eq!(
+        attr(&publish, "messaging.sidekiq.job_class").as_deref(),
+        Some("TracedChild")
+    );
+    // ActiveJob's instrumentation reads `__otel_headers` back with `deserialize_arguments(...).to_h`:
+    // done here by ActiveJob itself, on the job hash the Rust client wrote.
+    let out = ruby_activejob(
+        r##"
+require "sidekiq/api"
+job = Sidekiq::Queue.new("aj_side").first or abort("no job")
+data = job.args.first
+headers = ActiveJob::Arguments.deserialize(data.fetch("__otel_headers")).to_h
+puts [headers.fetch("traceparent"), job["traceparent"]].join(" ")
+"##,
+        &redis.url(),
+    );
+    let (from_activejob, top_level) = out.trimmed().split_once(' ').unwrap();
+    assert_eq!(from_activejob, top_level);
+    let want = format!("00-{}-{}-01", hex(&publish.trace_id), hex(&publish.span_id));
+    assert_eq!(top_level, want);
+    stop(ox);
+}
+
+#[test]
 fn without_otel_configuration_nothing_is_traced_or_injected() {
     let redis = RedisServer::start();
     let receiver = Receiver::start();

@@ -52,7 +52,11 @@ impl Worker for HardWorker {
 ///   include Sidekiq::Job
 ///   def perform(step, enqueue_to, fail)
 ///     tracer.in_span(step) do
-///       Sidekiq::Client.push("class" => "TracedChild", "queue" => enqueue_to, "args" => [step]) if enqueue_to
+///       if enqueue_to&.start_with?("activejob:")
+///         TracedChild.set(queue: enqueue_to.delete_prefix("activejob:")).perform_later(step)
+///       elsif enqueue_to
+///         Sidekiq::Client.push("class" => "TracedChild", "queue" => enqueue_to, "args" => [step])
+///       end
 ///       raise "asked to fail" if fail
 ///     end
 ///   end
@@ -70,13 +74,21 @@ impl Worker for TracedJob {
         let span = tracing::info_span!("step", name = %step);
         async {
             tracing::info!(step = %step, "step ran");
-            if let Some(queue) = enqueue_to {
-                let job = oxidekiq::NewJob::new("TracedChild", (step.clone(),)).queue(queue);
-                oxidekiq::Client::new(ctx.redis())
-                    .push(job)
-                    .await
-                    .map_err(|e| JobError::msg(e.to_string()))?;
-            }
+            let client = oxidekiq::Client::new(ctx.redis());
+            let pushed = match enqueue_to.as_deref().map(|q| q.split_once("activejob:")) {
+                None => Ok(String::new()),
+                // `activejob:<queue>`: an ActiveJob job, `TracedChild.perform_later(step)`.
+                Some(Some(("", queue))) => {
+                    let args = vec![serde_json::Value::String(step.clone())];
+                    client.perform_later("TracedChild", queue, args).await
+                }
+                Some(_) => {
+                    let queue = enqueue_to.unwrap_or_default();
+                    let job = oxidekiq::NewJob::new("TracedChild", (step.clone(),)).queue(queue);
+                    client.push(job).await
+                }
+            };
+            pushed.map_err(|e| JobError::msg(e.to_string()))?;
             if fail {
                 return Err(JobError::new("RuntimeError", "asked to fail"));
             }
