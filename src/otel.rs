@@ -440,11 +440,26 @@ fn messaging_attributes(class: &str, jid: &str, queue: &str) -> Vec<KeyValue> {
 
 /// A job's consumer span (`<queue> process`), from its payload; its context is what the job's own
 /// `tracing` spans nest in ([`JobSpan::context`]). Ends when [`JobSpan::end`] is called or, on a path
-/// that never gets there (a panic), when dropped.
+/// that never gets there (a panic: the processor drops the job's future), when dropped, as failed.
 #[derive(Debug)]
 pub(crate) struct JobSpan {
     /// The span, active in this context, with the producer's baggage.
     cx: Context,
+    /// Set by [`JobSpan::end`]: a drop without it is a run that never finished.
+    ended: bool,
+}
+
+impl Drop for JobSpan {
+    fn drop(&mut self) {
+        if !self.ended {
+            job_failed(
+                &self.cx,
+                crate::error::PANIC,
+                "the job's run ended without finishing (a panic)",
+            );
+            self.cx.span().end();
+        }
+    }
 }
 
 impl JobSpan {
@@ -498,6 +513,7 @@ impl JobSpan {
         }
         Some(JobSpan {
             cx: parent.with_span(span),
+            ended: false,
         })
     }
 
@@ -507,7 +523,8 @@ impl JobSpan {
     }
 
     /// Ends the span.
-    pub(crate) fn end(self) {
+    pub(crate) fn end(mut self) {
+        self.ended = true;
         self.cx.span().end();
     }
 }

@@ -203,12 +203,17 @@ class OtelLikeClientMiddleware
 end
 Sidekiq.configure_client { |c| c.client_middleware { |ch| ch.add OtelLikeClientMiddleware } }
 args = JSON.parse(ENV.fetch("JOB_ARGS"))
-jid = Sidekiq::Client.push("class" => "TracedJob", "queue" => "default", "args" => args)
+jid = Sidekiq::Client.push("class" => ENV.fetch("JOB_CLASS", "TracedJob"), "queue" => "default", "args" => args)
 puts "#{$trace_id} #{$span_id} #{jid}"
 "##;
 
 fn ruby_push(redis: &RedisServer, args: &str) -> (String, String, String) {
-    let out = ruby_with_env(RUBY_PRODUCER, &redis.url(), &[("JOB_ARGS", args)]);
+    ruby_push_class(redis, "TracedJob", args)
+}
+
+fn ruby_push_class(redis: &RedisServer, class: &str, args: &str) -> (String, String, String) {
+    let env = [("JOB_ARGS", args), ("JOB_CLASS", class)];
+    let out = ruby_with_env(RUBY_PRODUCER, &redis.url(), &env);
     let parts: Vec<String> = out.trimmed().split(' ').map(str::to_string).collect();
     assert_eq!(parts.len(), 3, "{}", out.trimmed());
     (parts[0].clone(), parts[1].clone(), parts[2].clone())
@@ -296,6 +301,28 @@ fn propagation_style_child_continues_the_producers_trace_and_a_failure_is_an_err
         matches!(ty.value.as_ref().unwrap().value.as_ref().unwrap(), Any::StringValue(s) if s == "RuntimeError")
     );
     // The job failed as usual: it is in the retry set.
+    let mut conn = redis.conn();
+    assert!(wait_until(Duration::from_secs(20), || conn
+        .zcard::<_, i64>("retry")
+        .unwrap()
+        == 1));
+    stop(ox);
+}
+
+#[test]
+fn a_job_that_panics_ends_its_span_as_failed() {
+    let redis = RedisServer::start();
+    let receiver = Receiver::start();
+    let ox = start(&redis, &otel_env(&receiver), &["default"]);
+    ruby_push_class(&redis, "ChaosJob", r#"["panic", 0, "p7"]"#);
+    let consumer = receiver.wait_span("default process");
+    let status = consumer.status.clone().unwrap_or_default();
+    assert_eq!(status.code, ERROR);
+    assert_eq!(
+        status.message,
+        "Unhandled exception of type: Oxidekiq::Panic"
+    );
+    // The job itself failed as usual: it is in the retry set.
     let mut conn = redis.conn();
     assert!(wait_until(Duration::from_secs(20), || conn
         .zcard::<_, i64>("retry")
