@@ -219,6 +219,15 @@ fn ruby_push_class(redis: &RedisServer, class: &str, args: &str) -> (String, Str
     (parts[0].clone(), parts[1].clone(), parts[2].clone())
 }
 
+/// Waits (generously) until the job that failed is in the retry set: its fate is as without tracing.
+fn wait_in_retry_set(redis: &RedisServer) {
+    let mut conn = redis.conn();
+    let retried = wait_until(Duration::from_secs(20), || {
+        conn.zcard::<_, i64>("retry").unwrap() == 1
+    });
+    assert!(retried, "the failed job is not in the retry set");
+}
+
 fn stop(mut ox: Oxidekiq) -> String {
     ox.signal("TERM");
     assert!(
@@ -301,11 +310,7 @@ fn propagation_style_child_continues_the_producers_trace_and_a_failure_is_an_err
         matches!(ty.value.as_ref().unwrap().value.as_ref().unwrap(), Any::StringValue(s) if s == "RuntimeError")
     );
     // The job failed as usual: it is in the retry set.
-    let mut conn = redis.conn();
-    assert!(wait_until(Duration::from_secs(20), || conn
-        .zcard::<_, i64>("retry")
-        .unwrap()
-        == 1));
+    wait_in_retry_set(&redis);
     stop(ox);
 }
 
@@ -323,11 +328,7 @@ fn a_job_that_panics_ends_its_span_as_failed() {
         "Unhandled exception of type: Oxidekiq::Panic"
     );
     // The job itself failed as usual: it is in the retry set.
-    let mut conn = redis.conn();
-    assert!(wait_until(Duration::from_secs(20), || conn
-        .zcard::<_, i64>("retry")
-        .unwrap()
-        == 1));
+    wait_in_retry_set(&redis);
     stop(ox);
 }
 
