@@ -611,6 +611,17 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
         };
     }
     runtime.block_on(crate::migrate::handoff::warn_if_unserved(&config));
+    // OpenTelemetry, off unless `OTEL_*` configures it (docs/tracing.md). A setting this build cannot
+    // honour stops the start: traces that silently go nowhere are found too late. Dropped before the
+    // log guard: the flush is bounded and its report is logged.
+    let _otel = match crate::otel::init_from_env() {
+        Ok(guard) => guard,
+        Err(e) => {
+            tracing::error!(error = %e, "OpenTelemetry configuration refused");
+            eprintln!("{PROGRAM}: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let launcher = crate::launcher::Launcher::new(config, registry);
     let code = match runtime.block_on(launcher.run()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -281,6 +281,39 @@ pub(crate) struct Claim {
     pub(crate) twin: Option<String>,
 }
 
+/// While tracing, inside a traced span: starts the producer span of `push` and puts its context at the
+/// top of the payload (`traceparent`, and `tracestate`, `baggage` when there are any).
+fn publish(push: &mut Push) -> Option<opentelemetry::Context> {
+    let parent = crate::logging::current_otel()?;
+    let job = &push.job;
+    let class = match job.options.get("wrapped") {
+        Some(Value::String(w)) => w.as_str(),
+        _ => job.class.as_str(),
+    };
+    let (cx, carrier) = crate::otel::publish(&parent, class, &push.jid, &job.queue)?;
+    // Ruby's propagators write no empty `tracestate` or `baggage`.
+    let headers: Vec<(String, String)> = carrier
+        .0
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .collect();
+    // An ActiveJob job also carries them where ActiveJob's instrumentation reads them: its job hash's
+    // `__otel_headers`, as `serialize_arguments` writes a hash (a list of pairs).
+    if push.job.class == crate::activejob::WRAPPER_CLASS
+        && let Some(Value::Object(data)) = push.job.args.get_mut(0)
+    {
+        let pairs = headers
+            .iter()
+            .map(|(k, v)| serde_json::json!([k, v]))
+            .collect();
+        data.insert("__otel_headers".into(), Value::Array(pairs));
+    }
+    for (k, v) in headers {
+        push.job.set_option(k, Value::String(v));
+    }
+    Some(cx)
+}
+
 /// KEYS[1] the claim's sorted set, KEYS[2] `queues`, KEYS[3] the queue's list, KEYS[4] (optional) the
 /// twin claim set; ARGV[1] score, ARGV[2] member, ARGV[3] queue name, ARGV[4] payload. Returns 1 if
 /// claimed and pushed, 0 if the member was there already (in either set). A push that fails (a key of
@@ -517,13 +550,29 @@ impl Client {
         self.run_chain(&mut push).await
     }
 
-    /// Runs `push` through the client chain.
+    /// Runs `push` through the client chain; a push made inside a traced span (a job's, while tracing)
+    /// gets a `<queue> publish` span and carries its W3C context, as the Ruby gem's client middleware
+    /// does (docs/tracing.md).
     async fn run_chain(&self, push: &mut Push) -> Pushed {
+        let published = if crate::otel::enabled() {
+            publish(push)
+        } else {
+            None
+        };
         let next = ClientNext {
             rest: &self.chain,
             client: self,
         };
-        next.run(push).await
+        let pushed = next.run(push).await;
+        if let Some(cx) = published {
+            use opentelemetry::trace::TraceContextExt as _;
+            if let Err(e) = &pushed {
+                cx.span()
+                    .set_status(opentelemetry::trace::Status::error(e.to_string()));
+            }
+            cx.span().end();
+        }
+        pushed
     }
 
     /// The end of the chain: the job to Redis, with its lock when the chain asked for one.

@@ -96,6 +96,7 @@ pub(crate) mod manager;
 pub(crate) mod metrics;
 pub mod middleware;
 pub(crate) mod migrate;
+pub(crate) mod otel;
 pub(crate) mod processor;
 pub(crate) mod prom;
 pub(crate) mod queue_gauges;

@@ -149,6 +149,12 @@ struct Slot {
     text: String,
     /// JSON format: the fields in order, a later record of the same name replacing the value.
     json: Vec<(&'static str, Value)>,
+    /// While tracing ([`crate::otel`]): the OpenTelemetry context of this span, set for a job's span by
+    /// [`attach_otel`] and made for each span opened inside one; `None` otherwise.
+    otel: Option<opentelemetry::Context>,
+    /// The OpenTelemetry span in `otel` is this span's own, ended when this span closes (a job's
+    /// consumer span is ended by the processor, which sets its status first).
+    otel_owned: bool,
 }
 
 static INSTANCES: AtomicUsize = AtomicUsize::new(0);
@@ -182,6 +188,40 @@ impl Logger {
             })
             .ok()
             .flatten()
+    }
+
+    /// The OpenTelemetry context of the span at `index`, if it has one.
+    fn otel_of(&self, index: usize) -> Option<opentelemetry::Context> {
+        self.spans.lock().ok()?.slots.get(index)?.otel.clone()
+    }
+
+    /// While tracing: an OpenTelemetry span for a span opened inside a traced one (a job's own spans
+    /// nest in its consumer span), its fields as attributes; `None` outside a traced span.
+    fn otel_child(
+        &self,
+        parent: Option<usize>,
+        attrs: &Attributes<'_>,
+    ) -> Option<opentelemetry::Context> {
+        let parent = self.otel_of(parent?)?;
+        let mut fields = OtelFields::default();
+        attrs.record(&mut fields);
+        crate::otel::child(&parent, attrs.metadata().name(), fields.attributes)
+    }
+
+    /// While tracing: an event inside a traced span is an event of its OpenTelemetry span, named by its
+    /// message, with its other fields as attributes.
+    fn otel_event(&self, event: &Event<'_>) {
+        use opentelemetry::trace::TraceContextExt as _;
+        let Some(cx) = self.current().and_then(|i| self.otel_of(i)) else {
+            return;
+        };
+        let mut fields = OtelFields::default();
+        event.record(&mut fields);
+        fields.attributes.push(opentelemetry::KeyValue::new(
+            "level",
+            event.metadata().level().as_str(),
+        ));
+        cx.span().add_event(fields.message, fields.attributes);
     }
 
     /// Appends the fields of `index`'s span and its ancestors, root first, to `line` (text).
@@ -314,6 +354,12 @@ impl Subscriber for Logger {
         } else {
             None
         };
+        // One atomic load while tracing is off.
+        let mut otel = if crate::otel::enabled() {
+            self.otel_child(parent, attrs)
+        } else {
+            None
+        };
         // The fields are formatted before the table is locked (their `Display` may run user code),
         // into a per-thread buffer, then copied into the slot's own string.
         let mut json = Vec::new();
@@ -348,6 +394,8 @@ impl Subscriber for Logger {
                 slot.text.clear();
                 slot.text.push_str(text);
                 slot.json = std::mem::take(&mut json);
+                slot.otel_owned = otel.is_some();
+                slot.otel = otel.take();
             }
             Some(index as u64 + 1)
         })
@@ -378,6 +426,9 @@ impl Subscriber for Logger {
     fn record_follows_from(&self, _span: &Id, _follows: &Id) {}
 
     fn event(&self, event: &Event<'_>) {
+        if crate::otel::enabled() {
+            self.otel_event(event);
+        }
         match self.format {
             LogFormat::Text => self.text_event(event),
             LogFormat::Json => self.json_event(event),
@@ -419,6 +470,8 @@ impl Subscriber for Logger {
         let mut index = index_of(&id);
         let mut first = true;
         let mut closed = false;
+        // OpenTelemetry spans to end, once the table is unlocked (no allocation while tracing is off).
+        let mut ended = Vec::new();
         // A closed span releases its parent's reference, which may close the parent in turn.
         while let Some(slot) = spans.slots.get_mut(index) {
             if slot.refs == 0 {
@@ -431,6 +484,11 @@ impl Subscriber for Logger {
             let parent = slot.parent.take();
             slot.metadata = None;
             slot.json.clear();
+            if let Some(cx) = slot.otel.take()
+                && std::mem::take(&mut slot.otel_owned)
+            {
+                ended.push(cx);
+            }
             spans.free.push(index);
             closed |= first;
             first = false;
@@ -438,6 +496,11 @@ impl Subscriber for Logger {
                 Some(p) => index = p,
                 None => break,
             }
+        }
+        drop(spans);
+        for cx in ended {
+            use opentelemetry::trace::TraceContextExt as _;
+            cx.span().end();
         }
         closed
     }
@@ -452,6 +515,74 @@ impl Subscriber for Logger {
             None => Current::none(),
         }
     }
+}
+
+/// A span's or an event's fields as OpenTelemetry attributes (the message apart, an event's name).
+#[derive(Default)]
+struct OtelFields {
+    /// `message`, for an event.
+    message: String,
+    /// The other fields.
+    attributes: Vec<opentelemetry::KeyValue>,
+}
+
+impl Visit for OtelFields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, value.to_string().into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(
+            field,
+            i64::try_from(value).map_or_else(|_| value.to_string().into(), Into::into),
+        );
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.put(field, format!("{value:?}").into());
+    }
+}
+
+impl OtelFields {
+    fn put(&mut self, field: &Field, value: opentelemetry::Value) {
+        if field.name() == "message" {
+            self.message = value.as_str().into_owned();
+        } else {
+            self.attributes
+                .push(opentelemetry::KeyValue::new(field.name(), value));
+        }
+    }
+}
+
+/// While tracing: makes `cx` (a job's consumer span, [`crate::otel::JobSpan`]) the OpenTelemetry context
+/// of the `tracing` span `span`, so the spans and events of the job's code nest in it. The span in `cx`
+/// stays its owner's to end.
+pub(crate) fn attach_otel(span: &tracing::Span, cx: opentelemetry::Context) {
+    span.with_subscriber(|(id, dispatch)| {
+        if let Some(logger) = dispatch.downcast_ref::<Logger>()
+            && let Ok(mut spans) = logger.spans.lock()
+            && let Some(slot) = spans.slots.get_mut(index_of(id))
+        {
+            slot.otel = Some(cx);
+            slot.otel_owned = false;
+        }
+    });
+}
+
+/// While tracing: the OpenTelemetry context of the current `tracing` span (a job's, or one opened inside
+/// it), for a push to propagate; `None` outside a traced span.
+pub(crate) fn current_otel() -> Option<opentelemetry::Context> {
+    tracing::dispatcher::get_default(|dispatch| {
+        let logger = dispatch.downcast_ref::<Logger>()?;
+        logger.otel_of(logger.current()?)
+    })
 }
 
 /// Replaces the value of `name`, or appends it.

@@ -166,12 +166,20 @@ impl Processor {
                     jid = %clip(job.jid(), NAME_CHARS),
                     queue = %queue,
                 );
-                if !self
+                // The consumer span, while tracing (docs/tracing.md): the job's own spans nest in it.
+                let traced = crate::otel::JobSpan::start(job.raw().as_bytes(), &queue);
+                if let Some(t) = &traced {
+                    crate::logging::attach_otel(&span, t.context().clone());
+                }
+                let finished = self
                     .clone()
                     .run(job, queue.clone(), run)
                     .instrument(span)
-                    .await
-                {
+                    .await;
+                if let Some(t) = traced {
+                    t.end();
+                }
+                if !finished {
                     // Interrupted at the shutdown deadline: it stays in flight, unacknowledged, and the
                     // manager pushes it back to its queue.
                     return;
@@ -203,6 +211,12 @@ impl Processor {
         // What the chain's middleware ask to run once a failure's fate is written (`fail`).
         let after = AfterFate::default();
         let result = self.invoke(&job, &queue, entry, &after).await;
+        if let Err(e) = &result
+            && crate::otel::enabled()
+            && let Some(cx) = crate::logging::current_otel()
+        {
+            crate::otel::job_failed(&cx, &e.class, &e.message);
+        }
         // One clock read for the log line and both metrics (each read is a vDSO call).
         let took = start.elapsed();
         let elapsed = took.as_secs_f64();

@@ -44,6 +44,61 @@ impl Worker for HardWorker {
     }
 }
 
+/// A job that does its work in a `tracing` span of its own, and may enqueue a follow-up job or fail: what
+/// an OpenTelemetry trace through a Rust run looks like (docs/tracing.md).
+///
+/// ```ruby
+/// class TracedJob
+///   include Sidekiq::Job
+///   def perform(step, enqueue_to, fail)
+///     tracer.in_span(step) do
+///       if enqueue_to&.start_with?("activejob:")
+///         TracedChild.set(queue: enqueue_to.delete_prefix("activejob:")).perform_later(step)
+///       elsif enqueue_to
+///         Sidekiq::Client.push("class" => "TracedChild", "queue" => enqueue_to, "args" => [step])
+///       end
+///       raise "asked to fail" if fail
+///     end
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct TracedJob;
+
+impl Worker for TracedJob {
+    const CLASS: &'static str = "TracedJob";
+    type Args = (String, Option<String>, bool);
+
+    async fn perform(&self, ctx: &JobContext, (step, enqueue_to, fail): Self::Args) -> JobResult {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("step", name = %step);
+        async {
+            tracing::info!(step = %step, "step ran");
+            let client = oxidekiq::Client::new(ctx.redis());
+            let pushed = match enqueue_to.as_deref().map(|q| q.split_once("activejob:")) {
+                None => Ok(String::new()),
+                // `activejob:<queue>`: an ActiveJob job, `TracedChild.perform_later(step)`.
+                Some(Some(("", queue))) => {
+                    let args = vec![serde_json::Value::String(step.clone())];
+                    client.perform_later("TracedChild", queue, args).await
+                }
+                Some(_) => {
+                    let queue = enqueue_to.unwrap_or_default();
+                    let job = oxidekiq::NewJob::new("TracedChild", (step.clone(),)).queue(queue);
+                    client.push(job).await
+                }
+            };
+            pushed.map_err(|e| JobError::msg(e.to_string()))?;
+            if fail {
+                return Err(JobError::new("RuntimeError", "asked to fail"));
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+}
+
 /// ```ruby
 /// class NoopJob
 ///   include Sidekiq::Worker
@@ -431,6 +486,7 @@ pub fn registry() -> Registry {
         .register(UniqueNoopJob)
         .with(UniqueJob::new().key_by_args())
         .register(SequentialNoopJob)
+        .register(TracedJob)
         .with(SequentialJob::new().key_by_args());
     r
 }
