@@ -97,6 +97,8 @@ pub(crate) struct Processor {
     pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
     /// The job locks' batch task, handed to each job's context for the lock middleware.
     pub locks: crate::lock_batch::Locks,
+    /// Which sidekiq-unique-jobs release the gem's jobs follow, handed to each job's context.
+    pub unique_jobs: Arc<crate::unique_jobs::GemVersion>,
     /// The classes rolled back (`route CLASS 0`): their jobs fetched from `<queue>_rust` go to
     /// `<queue>` instead of running.
     pub routes: Arc<crate::routes::RolledBack>,
@@ -466,7 +468,8 @@ impl Processor {
             activejob,
         )
         .with_after_fate(after.clone())
-        .with_locks(self.locks.clone());
+        .with_locks(self.locks.clone())
+        .with_unique_jobs(self.unique_jobs.clone());
         match (entry, refused) {
             (Some(entry), None) => {
                 Next::new(&entry.chain, entry.handler.as_ref())
@@ -714,28 +717,8 @@ impl<'p> RunState<'p> {
     }
 }
 
-/// Polls `fut`, turning a panic inside it into `Err` with the panic's payload.
-///
-/// Why here and not `JoinError::is_panic` on the task: the manager's processors are long-lived tasks
-/// that know nothing of the job; catching in the processor keeps the job, its in-flight entry and whether its
-/// fate was written, so the failure is written like any other. Why not `futures`' `catch_unwind`: these
-/// dozen lines (pin on the stack, `poll_fn`, no `unsafe`, no allocation) are all of it.
-/// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
-/// state it shares ([`RunState`], the work table) is only read under locks a panic cannot poison
-/// mid-update.
-pub(crate) async fn catch_unwind<F: std::future::Future>(
-    fut: F,
-) -> std::result::Result<F::Output, Box<dyn std::any::Any + Send>> {
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(move |cx| {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
-            Err(panic) => std::task::Poll::Ready(Err(panic)),
-        }
-    })
-    .await
-}
+// Lives in the support layer so that the locks layer catches a perform's panic the same way.
+pub(crate) use crate::error::catch_unwind;
 
 /// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).
 /// The panic's message, with any Redis URL's password hidden: it is logged (`job panicked`) and
