@@ -202,8 +202,9 @@ impl Processor {
         state.started(start);
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
-        // What the chain's middleware ask to run once a failure's fate is written (`fail`).
-        let after = AfterFate::default();
+        // What the chain's middleware ask to run once a failure's fate is written (`fail`); kept in
+        // the run state so that a panic's fate runs the hooks registered before it, too.
+        let after = state.after.clone();
         let result = self.invoke(&job, &queue, entry, &after).await;
         // One clock read for the log line and both metrics (each read is a vDSO call).
         let took = start.elapsed();
@@ -385,7 +386,7 @@ impl Processor {
                     self.count_run(run, &job, &queue, took, Some(&error));
                     let entry = self.registry.get(job.worker_class());
                     let failing =
-                        self.fail(job, queue.clone(), entry, error, 0.0, AfterFate::default(), run);
+                        self.fail(job, queue.clone(), entry, error, 0.0, run.after.clone(), run);
                     catch_unwind(failing).await.ok()
                 }
                 None => None,
@@ -648,6 +649,9 @@ struct RunState<'p> {
     started: Mutex<Option<Instant>>,
     /// Set once the run is counted ([`Processor::count_run`]).
     counted: AtomicBool,
+    /// The hooks the chain registered for after a failure's fate ([`JobContext::after_fate`]), also
+    /// run after a panic's.
+    after: AfterFate,
 }
 
 impl<'p> RunState<'p> {
@@ -661,6 +665,7 @@ impl<'p> RunState<'p> {
             acked: AtomicBool::new(false),
             started: Mutex::new(None),
             counted: AtomicBool::new(false),
+            after: AfterFate::default(),
         }
     }
 

@@ -415,14 +415,20 @@ return jid
 "
 );
 
-/// The gem's death handler (`delete_by_digest`): every key of `KEYS[1]` and of its `:RUN` lock, and
-/// its entries in the digests sets. Returns how many keys went.
+/// The gem's death handler (`delete_by_digest`), for the dead job's own locks only: each of the
+/// digest `KEYS[1]` and its `:RUN` lock whose digest key or `:LOCKED` hash names the jid `ARGV[1]`
+/// loses its keys and its entries in the digests sets (`KEYS[2]`, `KEYS[3]`). The gem deletes both
+/// whoever holds them, so a job dying after another job of its digest took the `:RUN` lock frees that
+/// running job's lock and lets a third run beside it: oxidekiq keeps a lock another jid holds.
+/// Returns how many keys went.
 const DELETE_LUA: &str = r"
 local n = 0
 for _, d in ipairs({KEYS[1], KEYS[1] .. ':RUN'}) do
-  n = n + redis.call('UNLINK', d, d .. ':QUEUED', d .. ':PRIMED', d .. ':LOCKED', d .. ':INFO')
-  redis.call('ZREM', KEYS[2], d)
-  redis.call('ZREM', KEYS[3], d)
+  if redis.call('GET', d) == ARGV[1] or redis.call('HEXISTS', d .. ':LOCKED', ARGV[1]) == 1 then
+    n = n + redis.call('UNLINK', d, d .. ':QUEUED', d .. ':PRIMED', d .. ':LOCKED', d .. ':INFO')
+    redis.call('ZREM', KEYS[2], d)
+    redis.call('ZREM', KEYS[3], d)
+  end
 end
 return n
 ";
@@ -948,12 +954,14 @@ async fn reschedule(conn: &Conn, spec: &Spec, gem: UniqueJobsGem, now: f64) -> R
 }
 
 /// The gem's death handler: a job of the gem that dies (its retries exhausted) takes its locks
-/// with it (`server.rb death_handler`, `delete_by_digest`). Errors are logged.
-pub(crate) async fn delete_by_digest(conn: Conn, digest: String) {
+/// with it (`server.rb death_handler`, `delete_by_digest`), only those it holds itself
+/// ([`DELETE_LUA`]). Errors are logged.
+pub(crate) async fn delete_by_digest(conn: Conn, digest: String, jid: String) {
     let mut inv = DELETE.prepare_invoke();
     inv.key(&digest)
         .key(keys::UNIQUE_DIGESTS)
-        .key(keys::UNIQUE_EXPIRING_DIGESTS);
+        .key(keys::UNIQUE_EXPIRING_DIGESTS)
+        .arg(&jid);
     if let Err(e) = inv.invoke_async::<i64>(&mut conn.clone()).await {
         tracing::error!(digest = %digest, error = %e,
             "cannot delete the sidekiq-unique-jobs lock {digest} of a dead job");

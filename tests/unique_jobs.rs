@@ -44,6 +44,13 @@ macro_rules! recorded_worker {
                 if n == 2 {
                     return Err(JobError::new("ArgumentError", "perform failed"));
                 }
+                // Runs until the test lets it go (`test:release`), at most 20 s.
+                for _ in 0..if n == 3 { 400 } else { 0 } {
+                    if c.exists("test:release").await? {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 Ok(())
             }
         }
@@ -494,4 +501,114 @@ async fn runtime_lock_conflicts_follow_on_conflict_as_gem_8_0_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_lock_conflicts_follow_on_conflict_as_gem_8_1_does() {
     server_conflicts(VERSIONS[2].0, VERSIONS[2].1).await;
+}
+
+/// The gem's reaper (`reaper.ruby.json`, every release) keeps a digest that a running job names: it
+/// reads each member of `processes` that EXISTS, then `HGETALL <identity>:work`, and each entry's
+/// `payload` (a JSON string) `lock_digest`. A Rust job running beside Sidekiq 6 (gem 7.1, whose Ruby
+/// processes write `:workers` instead) must be found by exactly those reads, from the first beat on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_rust_job_is_found_by_the_reads_the_gems_reaper_makes() {
+    for (folder, _) in VERSIONS {
+        let doc = support::fixture_json(&format!("{folder}/reaper.ruby.json"));
+        let reads: Vec<String> = phase(&doc, "reap", 0)["trace"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t.get("from").is_none())
+            .map(|t| {
+                let a = t["args"]
+                    .as_array()
+                    .map(|a| a.iter().map(text).collect::<Vec<_>>());
+                format!(
+                    "{} {}",
+                    t["cmd"].as_str().unwrap_or(""),
+                    a.unwrap_or_default().join(" ")
+                )
+            })
+            .collect();
+        for want in [
+            "SSCAN processes 0",
+            "EXISTS fixture-host:1:0123456789ab",
+            "HGETALL fixture-host:1:0123456789ab:work",
+        ] {
+            assert!(
+                reads.iter().any(|r| r == want),
+                "{folder}: the reaper no longer reads `{want}`: {reads:?}"
+            );
+        }
+    }
+    let redis = RedisServer::start();
+    let mut c = redis.async_conn().await;
+    // A Ruby Sidekiq 6.4 process in the fleet (gem 7.1's), whose busy jobs go to `:workers`.
+    let _: () = c.sadd("processes", "ruby-host:1:abc").await.unwrap();
+    let _: () = c
+        .hset(
+            "ruby-host:1:abc",
+            "info",
+            json!({"hostname": "ruby-host", "version": "6.4.1"}).to_string(),
+        )
+        .await
+        .unwrap();
+    let doc = support::fixture_json("unique-jobs-7.1/until_executed.success.json");
+    let push = phase(&doc, "push", 0);
+    let digest = "uniquejobs:24c93bd251e6317d3a824680b876b58f";
+    let handle = support::launch(support::config(&redis.url(), &["default"], 2), registry()).await;
+    seed(
+        &mut c,
+        push["keys_after"].as_object().unwrap(),
+        Some(json!([3, "a"])),
+    )
+    .await;
+    let found = async |c: &mut oxidekiq::worker::Conn| -> bool {
+        let members: Vec<String> = c.smembers("processes").await.unwrap();
+        for id in members {
+            if !c.exists::<_, bool>(&id).await.unwrap() {
+                continue;
+            }
+            let work: std::collections::HashMap<String, String> =
+                c.hgetall(format!("{id}:work")).await.unwrap();
+            for entry in work.values() {
+                let entry: Value = serde_json::from_str(entry).unwrap();
+                let payload: Value =
+                    serde_json::from_str(entry["payload"].as_str().unwrap()).unwrap();
+                if payload["lock_digest"]
+                    .as_str()
+                    .map(|d| d.trim_end_matches(":RUN"))
+                    == Some(digest)
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !found(&mut c).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the running job's digest is in no process's :work"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Still locked while it runs; released once it ends.
+    let held: bool = c
+        .hexists(format!("{digest}:LOCKED"), "00000000000000000abc0001")
+        .await
+        .unwrap();
+    assert!(held);
+    let _: () = c.set("test:release", 1).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while c
+        .exists::<_, bool>(format!("{digest}:LOCKED"))
+        .await
+        .unwrap()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lock is not released after the run"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    handle.stop().await.unwrap();
 }

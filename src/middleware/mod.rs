@@ -176,22 +176,20 @@ impl<'a> Next<'a> {
 /// lock rules; a job that dies takes its locks with it, as the gem's death handler does.
 async fn gem_locked<'a>(ctx: &'a JobContext, rest: Next<'a>) -> JobResult {
     let conn = ctx.redis();
-    let gem = ctx.unique_jobs_gem().await;
-    let result = crate::unique_jobs::execute(&conn, ctx.job(), gem, rest.run(ctx)).await;
-    if result.is_err()
-        && let Ok(Some(spec)) = crate::unique_jobs::Spec::read(ctx.job())
-    {
-        let digest = spec.digest.clone();
+    // Registered before the run, so a panic's fate runs it too (hooks run only after a failure).
+    if let Ok(Some(spec)) = crate::unique_jobs::Spec::read(ctx.job()) {
+        let (conn, digest, jid) = (conn.clone(), spec.digest.clone(), ctx.jid().to_string());
         ctx.after_fate(move |fate: &crate::retry::Fate| {
             let dead = matches!(fate, crate::retry::Fate::Dead);
             Box::pin(async move {
                 if dead {
-                    crate::unique_jobs::delete_by_digest(conn, digest).await;
+                    crate::unique_jobs::delete_by_digest(conn, digest, jid).await;
                 }
             })
         });
     }
-    result
+    let gem = ctx.unique_jobs_gem().await;
+    crate::unique_jobs::execute(&conn, ctx.job(), gem, rest.run(ctx)).await
 }
 
 // Moved from tests/limits.rs: concurrency and rate limits on a real Redis (needs crate-internal items).
