@@ -74,6 +74,19 @@ fn registry() -> Registry {
     r
 }
 
+/// A recording: `fixtures/<path>`, or `$UNIQUE_JOBS_FIXTURES/<path>` when set (fresh recordings of the
+/// real gem made in the same run by `fixtures/unique-jobs/compare.sh`, the side-by-side check).
+fn recording(path: &str) -> Value {
+    match std::env::var("UNIQUE_JOBS_FIXTURES") {
+        Ok(dir) => {
+            let p = format!("{dir}/{path}");
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{p}: {e}"))
+        }
+        Err(_) => support::fixture_json(path),
+    }
+}
+
 // ------------------------------------------------------------------ masking, as record.rb masks
 
 fn is_epoch(v: f64) -> bool {
@@ -424,7 +437,7 @@ async fn success_and_failure(folder: &str, gem: UniqueJobsGem) {
     let mut failures = Vec::new();
     for lock in RUN_CASES {
         for step in ["success", "failure"] {
-            let doc = support::fixture_json(&format!("{folder}/{lock}.{step}.json"));
+            let doc = recording(&format!("{folder}/{lock}.{step}.json"));
             let (push, run) = (phase(&doc, "push", 0), phase(&doc, "run", 0));
             let args = (step == "failure").then(|| json!([2, "a"]));
             let (diff, performed, during) = replay(&redis, gem, push, run, args).await;
@@ -452,8 +465,7 @@ async fn server_conflicts(folder: &str, gem: UniqueJobsGem) {
     let mut failures = Vec::new();
     for lock in ["while_executing", "until_and_while_executing"] {
         for strategy in ["log", "reject", "reschedule", "raise"] {
-            let doc =
-                support::fixture_json(&format!("{folder}/{lock}.conflict_server_{strategy}.json"));
+            let doc = recording(&format!("{folder}/{lock}.conflict_server_{strategy}.json"));
             // The second push: the first job holds the runtime lock, the second waits in its queue.
             let (push, second) = (phase(&doc, "push", 1), phase(&doc, "second_run", 0));
             let (diff, performed, _) = replay(&redis, gem, push, second, None).await;
@@ -510,7 +522,7 @@ async fn runtime_lock_conflicts_follow_on_conflict_as_gem_8_1_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_rust_job_is_found_by_the_reads_the_gems_reaper_makes() {
     for (folder, _) in VERSIONS {
-        let doc = support::fixture_json(&format!("{folder}/reaper.ruby.json"));
+        let doc = recording(&format!("{folder}/reaper.ruby.json"));
         let reads: Vec<String> = phase(&doc, "reap", 0)["trace"]
             .as_array()
             .unwrap()
@@ -550,7 +562,7 @@ async fn a_running_rust_job_is_found_by_the_reads_the_gems_reaper_makes() {
         )
         .await
         .unwrap();
-    let doc = support::fixture_json("unique-jobs-7.1/until_executed.success.json");
+    let doc = recording("unique-jobs-7.1/until_executed.success.json");
     let push = phase(&doc, "push", 0);
     let digest = "uniquejobs:24c93bd251e6317d3a824680b876b58f";
     let handle = support::launch(support::config(&redis.url(), &["default"], 2), registry()).await;
