@@ -375,11 +375,30 @@ async fn replay(
     after: &Value,
     args: Option<Value>,
 ) -> (Vec<String>, Vec<String>, Vec<String>) {
+    replay_with(redis, Some(gem), &[], before, after, args).await
+}
+
+/// [`replay`] with the release left to detection (`None`) and Ruby processes of the given Sidekiq
+/// versions in `processes`.
+async fn replay_with(
+    redis: &RedisServer,
+    gem: Option<UniqueJobsGem>,
+    ruby_versions: &[&str],
+    before: &Value,
+    after: &Value,
+    args: Option<Value>,
+) -> (Vec<String>, Vec<String>, Vec<String>) {
     let mut c = redis.async_conn().await;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    for (i, v) in ruby_versions.iter().enumerate() {
+        let id = format!("ruby-host:{i}:abc");
+        let _: () = c.sadd("processes", &id).await.unwrap();
+        let info = json!({"hostname": "ruby-host", "version": v}).to_string();
+        let _: () = c.hset(&id, "info", info).await.unwrap();
+    }
     let want = expected(after["keys_after"].as_object().unwrap());
     let config = oxidekiq::config::Config {
-        unique_jobs_gem: Some(gem),
+        unique_jobs_gem: gem,
         ..support::config(&redis.url(), &["default"], 2)
     };
     // Started first, so the job runs as soon as it is seeded: the recordings hold keys with a 1 s TTL
@@ -623,4 +642,109 @@ async fn a_running_rust_job_is_found_by_the_reads_the_gems_reaper_makes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     handle.stop().await.unwrap();
+}
+
+/// Without `--unique-jobs-version` the release is read from what the fleet writes: 8.1's client
+/// changelog (`queue_and_lock.lua`) means 8.1 (an `until_executed` failure keeps the lock); a Sidekiq
+/// 6.4 process means 7.1 (an `until_executing` failure re-locks with an `:INFO` without `at`); `queue.lua`
+/// entries beside Sidekiq 7 mean 8.0 (its `:INFO` has `at`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gem_release_is_read_from_what_the_fleet_writes() {
+    let redis = RedisServer::start();
+    let cases = [
+        (
+            "unique-jobs-8.x/until_executed.failure.json",
+            &["7.3.9"][..],
+        ),
+        (
+            "unique-jobs-7.1/until_executing.failure.json",
+            &["6.4.1"][..],
+        ),
+        (
+            "unique-jobs-8.0/until_executing.failure.json",
+            &["7.3.9"][..],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (file, versions) in cases {
+        let doc = recording(file);
+        let (push, run) = (phase(&doc, "push", 0), phase(&doc, "run", 0));
+        let (diff, _, _) =
+            replay_with(&redis, None, versions, push, run, Some(json!([2, "a"]))).await;
+        if !diff.is_empty() {
+            failures.push(format!(
+                "{file} beside Sidekiq {versions:?}:\n{}",
+                diff.join("\n")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// `on_conflict: replace` on the server (not recorded; `on_conflict/replace.rb`): a job of the
+/// digest waiting in `schedule` is deleted with the lock's keys, then the conflicting job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replace_deletes_the_waiting_job_and_its_lock_then_runs() {
+    let redis = RedisServer::start();
+    let mut c = redis.async_conn().await;
+    let run = "uniquejobs:dc125fd0702f23b32c76e1baf7e1b130:RUN";
+    let payload = |jid: &str| {
+        json!({"class": "WhileExecutingJob", "args": [1, "a"], "jid": jid, "queue": "default",
+               "retry": true, "lock": "while_executing", "lock_digest": run, "on_conflict": "replace",
+               "lock_args": [1, "a"], "lock_prefix": "uniquejobs", "lock_timeout": 0, "lock_ttl": null})
+        .to_string()
+    };
+    // The first job holds :RUN (its perform is elsewhere); a third waits in `schedule`.
+    let _: () = c.set(run, "00000000000000000abc0001").await.unwrap();
+    let _: () = c
+        .hset(
+            format!("{run}:LOCKED"),
+            "00000000000000000abc0001",
+            support::now(),
+        )
+        .await
+        .unwrap();
+    let _: () = c
+        .zadd("uniquejobs:digests", run, support::now())
+        .await
+        .unwrap();
+    let _: () = c
+        .zadd(
+            "schedule",
+            payload("00000000000000000abc0003"),
+            support::now() + 3600.0,
+        )
+        .await
+        .unwrap();
+    let handle = support::launch(
+        oxidekiq::config::Config {
+            unique_jobs_gem: Some(UniqueJobsGem::V8_1),
+            ..support::config(&redis.url(), &["default"], 2)
+        },
+        registry(),
+    )
+    .await;
+    let _: () = c
+        .lpush("queue:default", payload("00000000000000000abc0002"))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let performed: Vec<String> = c.lrange("test:performed", 0, -1).await.unwrap();
+        if performed == ["00000000000000000abc0002"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not performed: {performed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.stop().await.unwrap();
+    let scheduled: usize = c.zcard("schedule").await.unwrap();
+    assert_eq!(scheduled, 0, "the waiting job of the digest is deleted");
+    let locked: bool = c.exists(format!("{run}:LOCKED")).await.unwrap();
+    assert!(!locked, "its lock is deleted");
+    let listed: Option<f64> = c.zscore("uniquejobs:digests", run).await.unwrap();
+    assert_eq!(listed, None);
 }
