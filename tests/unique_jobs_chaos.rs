@@ -4,7 +4,7 @@
 //! ones the conflict strategy drops, each of which the gem's changelog names (`Limit exceeded` or
 //! `Limited` on its `:RUN` digest).
 //!
-//! Each seed draws: the gem release (7.1, 8.0, 8.1), 1 or 2 in-process launchers with 1–6 slots each,
+//! Each seed draws: the gem release (7.1, 8.0, 8.1), 1 or 2 launchers with 1–6 slots each,
 //! per lock type a few digests (collisions on purpose) and an `on_conflict` server strategy (none, log,
 //! reject, raise), and ~60 jobs pushed over time as the gem's client pushes them (a client lock taken
 //! with the push for every type but `while_executing`; a push whose client lock is held is refused, as
@@ -15,7 +15,8 @@
 //! - `UNIQUE_CHAOS_SEED=17 cargo test --test unique_jobs_chaos -- --nocapture` — one seed;
 //! - `UNIQUE_CHAOS_SEEDS=25 UNIQUE_CHAOS_FIRST_SEED=1 cargo test --test unique_jobs_chaos` — many.
 //!
-//! Not covered here: SIGKILL of a process (the launchers run in this process).
+//! With two processes, half the seeds run the second as a child process (this test binary again) and
+//! SIGKILL it midway; its jobs come back by orphan recovery and run again (at least once).
 mod support;
 
 use std::collections::BTreeSet;
@@ -39,8 +40,15 @@ const LOCKS: [&str; 5] = [
 ];
 const STRATEGIES: [&str; 4] = ["", "log", "reject", "raise"];
 
+/// `SADD running jid`, then raises `max` to the set's size if it is higher.
+const ENTER_LUA: &str = r"
+redis.call('SADD', KEYS[1], ARGV[1])
+local n = redis.call('SCARD', KEYS[1])
+if tonumber(redis.call('GET', KEYS[2]) or '0') < n then redis.call('SET', KEYS[2], n) end
+";
+
 /// One class per lock type: `args = [outcome, n]` (0 success, 1 failure, 2 panic). A runtime-locked
-/// class counts its digest's concurrent runs (`holders:<d>`, `max:<d>`); every run notes its jid.
+/// class counts its digest's concurrent runs (`running:<d>`, `max:<d>`); every run notes its jid.
 macro_rules! chaos_worker {
     ($name:ident, $class:literal) => {
         #[derive(Debug)]
@@ -61,13 +69,18 @@ macro_rules! chaos_worker {
                     })
                     .unwrap_or_default();
                 let digest = digest.trim_end_matches(":RUN").to_string();
-                let holders = format!("holders:{digest}");
-                let max = format!("max:{digest}");
-                support::count_in(&mut c, &holders, &max).await?;
+                // A set of running jids, not a counter: a run cut by SIGKILL leaves its jid, which
+                // its recovered rerun (the same jid) takes out; a counter would stay one too high.
+                let _: () = redis::Script::new(ENTER_LUA)
+                    .key(format!("running:{digest}"))
+                    .key(format!("max:{digest}"))
+                    .arg(ctx.jid())
+                    .invoke_async(&mut c)
+                    .await?;
                 let _: () = c.rpush("performed", ctx.jid()).await?;
                 tokio::time::sleep(Duration::from_millis(5 + (ctx.jid().len() as u64 % 3) * 10))
                     .await;
-                let _: i64 = c.decr(&holders, 1).await?;
+                let _: i64 = c.srem(format!("running:{digest}"), ctx.jid()).await?;
                 match outcome {
                     1 => Err(JobError::new("ArgumentError", "chaos failure")),
                     2 => panic!("chaos panic"),
@@ -121,6 +134,30 @@ redis.call('LPUSH', 'queue:chaos', ARGV[3])
 return 1
 ";
 
+/// A second process for the SIGKILL draws: this test binary run again as `chaos_child_process`,
+/// serving `chaos` until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a child process of the chaos test, started by it"]
+async fn chaos_child_process() {
+    let Ok(url) = std::env::var("UNIQUE_CHAOS_CHILD_URL") else {
+        return;
+    };
+    let slots = std::env::var("UNIQUE_CHAOS_CHILD_SLOTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let gem = std::env::var("UNIQUE_CHAOS_CHILD_GEM")
+        .ok()
+        .and_then(|v| UniqueJobsGem::named(&v));
+    let config = oxidekiq::config::Config {
+        unique_jobs_gem: gem,
+        ..support::config(&url, &["chaos"], slots)
+    };
+    let _handle = support::launch(config, registry()).await;
+    println!("chaos child serving");
+    tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
 struct Pushed {
     jid: String,
     lock: usize,
@@ -142,11 +179,36 @@ async fn one_seed(seed: u64) {
     let jobs = rng.random_range(40..=70);
     let redis = RedisServer::start();
     let mut c = redis.async_conn().await;
+    // With two processes, half the draws run the second as a child process and SIGKILL it midway.
+    let kill_at =
+        (processes == 2 && rng.random_bool(0.5)).then(|| rng.random_range(jobs / 4..jobs));
     let mut handles = Vec::new();
+    let mut child = None;
     let mut slots = Vec::new();
-    for _ in 0..processes {
+    for i in 0..processes {
         let n = rng.random_range(1..=6);
         slots.push(n);
+        if i == 1 && kill_at.is_some() {
+            let exe = std::env::current_exe().unwrap();
+            let (url, n) = (redis.url(), n.to_string());
+            let p = support::LoggedProcess::spawn(
+                "chaos-child",
+                &exe,
+                &["chaos_child_process", "--exact", "--ignored", "--nocapture"],
+                &[
+                    ("UNIQUE_CHAOS_CHILD_URL", url.as_str()),
+                    ("UNIQUE_CHAOS_CHILD_SLOTS", n.as_str()),
+                    ("UNIQUE_CHAOS_CHILD_GEM", gem.name()),
+                ],
+            );
+            assert!(
+                p.wait_for_log("chaos child serving", Duration::from_secs(30)),
+                "{}",
+                p.log()
+            );
+            child = Some(p);
+            continue;
+        }
         let config = oxidekiq::config::Config {
             unique_jobs_gem: Some(gem),
             ..support::config(&redis.url(), &["chaos"], n)
@@ -154,9 +216,12 @@ async fn one_seed(seed: u64) {
         handles.push(support::launch(config, registry()).await);
     }
     let what = format!(
-        "seed {seed}: gem {}, {processes} process(es) with {slots:?} slots, strategies {strategies:?}, \
+        "seed {seed}: gem {}, {processes} process(es) with {slots:?} slots{}, strategies {strategies:?}, \
          {digests_per_lock} digest(s) per lock, {jobs} jobs",
-        gem.name()
+        gem.name(),
+        kill_at.map_or(String::new(), |k| format!(
+            ", the second SIGKILLed after push {k}"
+        ))
     );
     println!("{what}");
 
@@ -164,6 +229,11 @@ async fn one_seed(seed: u64) {
     let mut pushed: Vec<Pushed> = Vec::new();
     let mut refused = 0;
     for n in 0..jobs {
+        if Some(n) == kill_at
+            && let Some(p) = child.as_mut()
+        {
+            p.kill_9();
+        }
         let lock = rng.random_range(0..LOCKS.len());
         let digest = format!(
             "uniquejobs:l{lock}d{}",
@@ -215,12 +285,17 @@ async fn one_seed(seed: u64) {
 
     // Every pushed job ends performed, dead, in retry (raise) or dropped by a conflict (named in the
     // changelog): wait for that, then for no job to be running.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    // A killed process's jobs come back by orphan recovery (its liveness key must expire first).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     let mut unexplained;
     loop {
         unexplained = unaccounted(&mut c, &pushed).await;
         let queued: usize = c.llen("queue:chaos").await.unwrap();
-        if (queued == 0 && unexplained.is_empty()) || tokio::time::Instant::now() > deadline {
+        // No job in flight anywhere: a killed process's working hash goes once recovery took it back
+        // (Redis drops an emptied hash), and a job run before the kill is not done until its rerun.
+        let working: Vec<String> = c.keys("oxidekiq:working:*").await.unwrap();
+        let idle = queued == 0 && working.is_empty();
+        if (idle && unexplained.is_empty()) || tokio::time::Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -299,7 +374,15 @@ async fn unaccounted(c: &mut oxidekiq::worker::Conn, pushed: &[Pushed]) -> Vec<S
         };
         // `Limit exceeded` from the gem's queue step, `Limited` from its lock step (two jobs queued
         // for a free lock at once; the second to lock loses): both end in the conflict strategy.
-        if (v["message"] == "Limit exceeded" || v["message"] == "Limited")
+        let message = v["message"].as_str().unwrap_or("");
+        // A recovered rerun of an `until_and_while_executing` job cut by the SIGKILL after its unlock
+        // finds the lock taken by a newer job: the gem yields and skips it (oxidekiq: `lost`).
+        if message.starts_with("Yielding")
+            && let Some(j) = v["job_id"].as_str()
+        {
+            elsewhere.insert(j.to_string());
+        }
+        if (message == "Limit exceeded" || message == "Limited")
             && v["digest"].as_str().is_some_and(|d| d.ends_with(":RUN"))
             && let Some(j) = v["job_id"].as_str()
         {
