@@ -885,7 +885,10 @@ where
 /// The `reschedule` strategy (`on_conflict/reschedule.rb`): `perform_in(schedule_in || 5)` with the
 /// same args and a new jid. 7.1 and 8.0 push it through the gem's client middleware: an
 /// `until_and_while_executing` job takes the client lock for the new jid; 8.1 marks it rescheduled,
-/// so its client middleware adds no lock and no lock fields.
+/// so its client middleware adds no lock and no lock fields. Unlike 8.1, the new job keeps the lock
+/// fields: 8.1's server middleware computes the digest again when the job runs, which oxidekiq never
+/// does, so without `lock_digest` the new job would run in Rust without its runtime lock (a Ruby
+/// server overwrites the fields, so they change nothing there).
 async fn reschedule(conn: &Conn, spec: &Spec, gem: UniqueJobsGem, now: f64) -> Result<()> {
     let mut map = spec.map.clone();
     for k in [
@@ -899,17 +902,6 @@ async fn reschedule(conn: &Conn, spec: &Spec, gem: UniqueJobsGem, now: f64) -> R
         "at",
     ] {
         map.remove(k);
-    }
-    if gem == UniqueJobsGem::V8_1 {
-        for k in [
-            "lock_timeout",
-            "lock_ttl",
-            "lock_prefix",
-            "lock_args",
-            LOCK_DIGEST_FIELD,
-        ] {
-            map.remove(k);
-        }
     }
     let jid = crate::job::new_jid();
     map.insert("jid".into(), Value::String(jid.clone()));
