@@ -8,7 +8,8 @@
 #
 # Add the same line to `Sidekiq.configure_server` too, so jobs the Ruby server pushes (scheduled
 # jobs coming due, retries) are routed as well. Put it last in the chain, after the middleware that
-# add `lock_digest` (sidekiq-unique-jobs) or `bid` (Pro batches): jobs carrying those stay on Ruby.
+# add `bid` (Pro batches) or `unique_for` (Enterprise): jobs carrying those stay on Ruby. Jobs with a
+# sidekiq-unique-jobs `lock_digest` are routed: oxidekiq runs the gem's server side.
 #
 # The share is set with `oxidekiq route CLASS PERCENT` and kept in the Redis hash "oxidekiq:routes";
 # each process reads it at most every REFRESH seconds, so a job costs no Redis call of its own.
@@ -32,8 +33,9 @@ module Oxidekiq
   # Seconds a process keeps the route table and the liveness answers (src/migrate/route.rs
   # RUBY_REFRESH_SECS must match).
   REFRESH = 3.0
-  # Payload keys of Ruby-side contracts oxidekiq cannot honour (src/migrate/check.rs Contract).
-  CONTRACT_KEYS = %w[lock_digest bid unique_for].freeze
+  # Payload keys of Ruby-side contracts oxidekiq cannot honour (src/migrate/check.rs Contract, those
+  # not `honoured`).
+  CONTRACT_KEYS = %w[bid unique_for].freeze
 
   # The route table and liveness answers of one Redis pool, shared by every Router instance: Sidekiq
   # builds a new middleware instance for every push (middleware/chain.rb `retrieve` -> `make_new`, 6.4

@@ -150,6 +150,10 @@ pub struct Cli {
     #[arg(global = true, long = "run-flagged", value_name = "CLASS")]
     pub run_flagged: Vec<String>,
 
+    /// sidekiq-unique-jobs release whose server rules the gem's jobs follow: 7.1, 8.0 or 8.1 (default: read from what the fleet writes)
+    #[arg(global = true, long = "unique-jobs-version", value_name = "VERSION", value_parser = ["7.1", "8.0", "8.1"])]
+    pub unique_jobs_version: Option<String>,
+
     /// Migration commands (check, route, routes, report); without one, oxidekiq runs the workers
     #[command(subcommand)]
     pub command: Option<crate::migrate::Command>,
@@ -271,6 +275,7 @@ impl fmt::Debug for Cli {
             .field("timestamps", &self.timestamps)
             .field("handoff", &self.handoff)
             .field("run_flagged", &self.run_flagged)
+            .field("unique_jobs_version", &self.unique_jobs_version)
             .field("command", &self.command)
             .field("http", &self.http)
             .field("log_format", &self.log_format)
@@ -490,6 +495,14 @@ pub fn config_from(
     }
     if !cli.run_flagged.is_empty() {
         config.run_flagged = cli.run_flagged.clone();
+    }
+    if let Some(v) = &cli.unique_jobs_version {
+        config.unique_jobs_gem = Some(config::UniqueJobsGem::named(v).ok_or_else(|| {
+            Error::Config(format!(
+                "--unique-jobs-version: `{v}` is not one of {}",
+                config::UniqueJobsGem::NAMES.join(", ")
+            ))
+        })?);
     }
 
     if let Some(addr) = &cli.http {

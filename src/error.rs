@@ -324,6 +324,29 @@ pub enum Fate {
     },
 }
 
+/// Polls `fut`, turning a panic inside it into `Err` with the panic's payload.
+///
+/// Why here and not `JoinError::is_panic` on the task: the manager's processors are long-lived tasks
+/// that know nothing of the job; catching in the processor keeps the job, its in-flight entry and whether its
+/// fate was written, so the failure is written like any other. Why not `futures`' `catch_unwind`: these
+/// dozen lines (pin on the stack, `poll_fn`, no `unsafe`, no allocation) are all of it.
+/// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
+/// state it shares (the processor's run state, the work table) is only read under locks a panic cannot poison
+/// mid-update.
+pub(crate) async fn catch_unwind<F: std::future::Future>(
+    fut: F,
+) -> std::result::Result<F::Output, Box<dyn std::any::Any + Send>> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -232,6 +232,31 @@ pub(crate) fn histogram_v8(class: &str, t: chrono::DateTime<chrono::Utc>) -> Str
     format!("h|{class}-{}", t.format("%-d-%-H:%-M"))
 }
 
+/// sidekiq-unique-jobs' changelog sorted set (fixed names, whatever the `lock_prefix`: `key.rb`).
+pub(crate) const UNIQUE_CHANGELOG: &str = "uniquejobs:changelog";
+/// sidekiq-unique-jobs' sorted set of held digests.
+pub(crate) const UNIQUE_DIGESTS: &str = "uniquejobs:digests";
+/// sidekiq-unique-jobs' sorted set of `until_expired` digests with a TTL.
+pub(crate) const UNIQUE_EXPIRING_DIGESTS: &str = "uniquejobs:expiring_digests";
+/// The suffix of sidekiq-unique-jobs' runtime lock (`while_executing`): `<digest>:RUN`.
+pub(crate) const UNIQUE_RUN_SUFFIX: &str = ":RUN";
+
+/// The eight keys every sidekiq-unique-jobs script takes for a digest `d`, in the gem's order
+/// (`key.rb` `to_a`): `d`, `d:QUEUED`, `d:PRIMED`, `d:LOCKED`, `d:INFO`, the changelog, the digests
+/// and the expiring digests.
+pub(crate) fn unique_family(d: &str) -> [String; 8] {
+    [
+        d.to_string(),
+        format!("{d}:QUEUED"),
+        format!("{d}:PRIMED"),
+        format!("{d}:LOCKED"),
+        format!("{d}:INFO"),
+        UNIQUE_CHANGELOG.to_string(),
+        UNIQUE_DIGESTS.to_string(),
+        UNIQUE_EXPIRING_DIGESTS.to_string(),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

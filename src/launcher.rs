@@ -364,6 +364,9 @@ impl Parts {
             metrics: metrics.clone(),
             handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
             locks: locks.clone(),
+            unique_jobs: std::sync::Arc::new(crate::unique_jobs::GemVersion::new(
+                cfg.unique_jobs_gem,
+            )),
             routes: crate::routes::RolledBack::new(conn.clone()),
             working_prefix: fetch.working_prefix(),
         };

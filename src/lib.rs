@@ -110,6 +110,7 @@ pub(crate) mod sentinel;
 pub(crate) mod shutdown;
 pub(crate) mod text;
 pub(crate) mod time;
+pub mod unique_jobs;
 pub(crate) mod work_table;
 pub mod worker;
 

@@ -97,6 +97,8 @@ pub(crate) struct Processor {
     pub handoff: Option<Arc<crate::migrate::handoff::Handoff>>,
     /// The job locks' batch task, handed to each job's context for the lock middleware.
     pub locks: crate::lock_batch::Locks,
+    /// Which sidekiq-unique-jobs release the gem's jobs follow, handed to each job's context.
+    pub unique_jobs: Arc<crate::unique_jobs::GemVersion>,
     /// The classes rolled back (`route CLASS 0`): their jobs fetched from `<queue>_rust` go to
     /// `<queue>` instead of running.
     pub routes: Arc<crate::routes::RolledBack>,
@@ -208,8 +210,9 @@ impl Processor {
         state.started(start);
         tracing::info!("start");
         let entry = self.registry.get(job.worker_class());
-        // What the chain's middleware ask to run once a failure's fate is written (`fail`).
-        let after = AfterFate::default();
+        // What the chain's middleware ask to run once a failure's fate is written (`fail`); kept in
+        // the run state so that a panic's fate runs the hooks registered before it, too.
+        let after = state.after.clone();
         let result = self.invoke(&job, &queue, entry, &after).await;
         if let Err(e) = &result
             && crate::otel::enabled()
@@ -397,7 +400,7 @@ impl Processor {
                     self.count_run(run, &job, &queue, took, Some(&error));
                     let entry = self.registry.get(job.worker_class());
                     let failing =
-                        self.fail(job, queue.clone(), entry, error, 0.0, AfterFate::default(), run);
+                        self.fail(job, queue.clone(), entry, error, 0.0, run.after.clone(), run);
                     catch_unwind(failing).await.ok()
                 }
                 None => None,
@@ -480,7 +483,8 @@ impl Processor {
             activejob,
         )
         .with_after_fate(after.clone())
-        .with_locks(self.locks.clone());
+        .with_locks(self.locks.clone())
+        .with_unique_jobs(self.unique_jobs.clone());
         match (entry, refused) {
             (Some(entry), None) => {
                 Next::new(&entry.chain, entry.handler.as_ref())
@@ -659,6 +663,9 @@ struct RunState<'p> {
     started: Mutex<Option<Instant>>,
     /// Set once the run is counted ([`Processor::count_run`]).
     counted: AtomicBool,
+    /// The hooks the chain registered for after a failure's fate ([`JobContext::after_fate`]), also
+    /// run after a panic's.
+    after: AfterFate,
 }
 
 impl<'p> RunState<'p> {
@@ -672,6 +679,7 @@ impl<'p> RunState<'p> {
             acked: AtomicBool::new(false),
             started: Mutex::new(None),
             counted: AtomicBool::new(false),
+            after: AfterFate::default(),
         }
     }
 
@@ -728,28 +736,8 @@ impl<'p> RunState<'p> {
     }
 }
 
-/// Polls `fut`, turning a panic inside it into `Err` with the panic's payload.
-///
-/// Why here and not `JoinError::is_panic` on the task: the manager's processors are long-lived tasks
-/// that know nothing of the job; catching in the processor keeps the job, its in-flight entry and whether its
-/// fate was written, so the failure is written like any other. Why not `futures`' `catch_unwind`: these
-/// dozen lines (pin on the stack, `poll_fn`, no `unsafe`, no allocation) are all of it.
-/// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
-/// state it shares ([`RunState`], the work table) is only read under locks a panic cannot poison
-/// mid-update.
-pub(crate) async fn catch_unwind<F: std::future::Future>(
-    fut: F,
-) -> std::result::Result<F::Output, Box<dyn std::any::Any + Send>> {
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(move |cx| {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
-            Err(panic) => std::task::Poll::Ready(Err(panic)),
-        }
-    })
-    .await
-}
+// Lives in the support layer so that the locks layer catches a perform's panic the same way.
+pub(crate) use crate::error::catch_unwind;
 
 /// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).
 /// The panic's message, with any Redis URL's password hidden: it is logged (`job panicked`) and

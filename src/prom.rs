@@ -69,6 +69,16 @@ pub(crate) struct ClassLabel {
     pub class: String,
 }
 
+/// Label set `{class, strategy}` (sidekiq-unique-jobs conflicts).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClassStrategy {
+    /// The job's class.
+    pub class: String,
+    /// The gem's `on_conflict` server strategy (`none`, `log`, `reject`, `reschedule`, `raise`,
+    /// `replace`), or `lost` for a job whose lock another job holds.
+    pub strategy: String,
+}
+
 /// Label set `{queue}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct QueueLabel {
@@ -169,6 +179,7 @@ pub(crate) struct Metrics {
     discarded: Family<ClassLabel, Counter>,
     rescheduled: Family<ClassLabel, Counter>,
     handed_off: Family<ClassLabel, Counter>,
+    unique_conflicts: Family<ClassStrategy, Counter>,
     pushed_back: Counter,
     fate_write_failures: Counter,
     fates_stuck: Gauge,
@@ -235,6 +246,7 @@ impl Metrics {
             discarded,
             rescheduled,
             handed_off: Family::default(),
+            unique_conflicts: Family::default(),
             pushed_back: Counter::default(),
             fate_write_failures: Counter::default(),
             fates_stuck: Gauge::default(),
@@ -293,6 +305,12 @@ impl Metrics {
             "jobs_handed_off",
             "Jobs pushed unchanged to the --handoff queue (no Rust worker, or a Ruby-side contract)",
             m.handed_off.clone(),
+        );
+        r.register(
+            "unique_conflicts",
+            "sidekiq-unique-jobs jobs not performed as they came: a conflict on the runtime lock (by \
+             on_conflict strategy) or a lock held by another job (`lost`)",
+            m.unique_conflicts.clone(),
         );
         r.register(
             "jobs_pushed_back",
@@ -480,6 +498,16 @@ impl Metrics {
         self.handed_off
             .get_or_create(&ClassLabel {
                 class: self.class_label(class).to_string(),
+            })
+            .inc();
+    }
+
+    /// A sidekiq-unique-jobs job met a conflict handled by `strategy`.
+    pub(crate) fn unique_conflict(&self, class: &str, strategy: &str) {
+        self.unique_conflicts
+            .get_or_create(&ClassStrategy {
+                class: self.class_label(class).to_string(),
+                strategy: strategy.to_string(),
             })
             .inc();
     }

@@ -185,6 +185,8 @@ pub struct JobContext {
     pub(crate) after_fate: AfterFate,
     /// The job locks' batch task the lock middleware send through (`None`: each lock command alone).
     pub(crate) locks: Option<Locks>,
+    /// Which sidekiq-unique-jobs release the gem's jobs follow (`None`: detected per job).
+    pub(crate) unique_jobs: Option<Arc<crate::unique_jobs::GemVersion>>,
 }
 
 impl JobContext {
@@ -204,6 +206,7 @@ impl JobContext {
             activejob,
             after_fate: AfterFate::default(),
             locks: None,
+            unique_jobs: None,
         }
     }
 
@@ -212,6 +215,24 @@ impl JobContext {
     pub(crate) fn with_locks(mut self, locks: Locks) -> Self {
         self.locks = Some(locks);
         self
+    }
+
+    /// The same context, whose sidekiq-unique-jobs jobs follow the release `gem` tells.
+    pub(crate) fn with_unique_jobs(mut self, gem: Arc<crate::unique_jobs::GemVersion>) -> Self {
+        self.unique_jobs = Some(gem);
+        self
+    }
+
+    /// The sidekiq-unique-jobs release this job's lock follows.
+    pub(crate) async fn unique_jobs_gem(&self) -> crate::config::UniqueJobsGem {
+        match &self.unique_jobs {
+            Some(g) => g.current(&self.redis).await,
+            None => {
+                crate::unique_jobs::GemVersion::default()
+                    .current(&self.redis)
+                    .await
+            }
+        }
     }
 
     /// The job locks' batch task, for the lock middleware ([`crate::lock::RedisLock`]).

@@ -68,10 +68,13 @@ fn check_finds_a_planted_payload_whose_args_do_not_fit_and_flags_ruby_side_contr
     );
     assert!(!out.contains("user-x"), "values never shown:\n{out}");
     assert!(
-        out.contains("1 job(s) of HardWorker carry `lock_digest`"),
+        out.contains("honoured: 1 job(s) of HardWorker carry `lock_digest`"),
         "{out}"
     );
-    assert!(out.contains("1 job(s) of HardWorker carry `bid`"), "{out}");
+    assert!(
+        out.contains("flagged: 1 job(s) of HardWorker carry `bid`"),
+        "{out}"
+    );
     assert!(out.contains("FAILED"), "{out}");
     // Nothing was taken.
     let mut c = redis.conn();

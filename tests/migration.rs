@@ -388,6 +388,9 @@ fn handoff_pushes_unknown_classes_and_flagged_jobs_to_ruby_unchanged() {
         2.times { |i| Sidekiq::Client.push("class" => "Legacy::Mailer", "args" => [i], "queue" => "shared") }
         Sidekiq::Client.push("class" => "HardWorker", "args" => ["b", 0], "queue" => "shared", "bid" => "batch-1")
         Sidekiq::Client.push("class" => "HardWorker", "args" => ["plain", 0], "queue" => "shared")
+        # A sidekiq-unique-jobs lock is honoured (runs here), not handed off.
+        Sidekiq::Client.push("class" => "HardWorker", "args" => ["u", 0], "queue" => "shared",
+                             "lock" => "until_executing", "lock_digest" => "uniquejobs:0f0f")
         "#,
         &url,
     );

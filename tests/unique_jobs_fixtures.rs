@@ -766,5 +766,15 @@ fn the_unique_jobs_folders_are_the_known_ones() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     recorder.sort();
-    assert_eq!(recorder, ["README.md", "record.rb", "record.sh"]);
+    assert_eq!(
+        recorder,
+        [
+            "README.md",
+            "compare.sh",
+            "reaper_check.rb",
+            "reaper_check.sh",
+            "record.rb",
+            "record.sh"
+        ]
+    );
 }

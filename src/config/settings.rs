@@ -101,6 +101,42 @@ pub enum UnknownClass {
     Dead,
 }
 
+/// Which sidekiq-unique-jobs release a fleet runs (`--unique-jobs-version`): the server-side rules of
+/// [`crate::unique_jobs`] differ between them (docs/unique-jobs-protocol.md §3, §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UniqueJobsGem {
+    /// 7.1 (Sidekiq 6, and 7 for 7.1.7-7.1.28).
+    V7_1,
+    /// 8.0 (Sidekiq 7/8).
+    V8_0,
+    /// 8.1 (Sidekiq 7/8).
+    V8_1,
+}
+
+impl UniqueJobsGem {
+    /// The names `--unique-jobs-version` takes.
+    pub const NAMES: [&'static str; 3] = ["7.1", "8.0", "8.1"];
+
+    /// The release named `name` (`7.1`, `8.0`, `8.1`).
+    pub fn named(name: &str) -> Option<UniqueJobsGem> {
+        match name {
+            "7.1" => Some(UniqueJobsGem::V7_1),
+            "8.0" => Some(UniqueJobsGem::V8_0),
+            "8.1" => Some(UniqueJobsGem::V8_1),
+            _ => None,
+        }
+    }
+
+    /// Its name, as `--unique-jobs-version` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            UniqueJobsGem::V7_1 => "7.1",
+            UniqueJobsGem::V8_0 => "8.0",
+            UniqueJobsGem::V8_1 => "8.1",
+        }
+    }
+}
+
 /// Everything the launcher needs to run.
 ///
 /// Its `Debug` output shows the Redis URL with the password replaced by `REDACTED`, so a config can be
@@ -155,6 +191,9 @@ pub struct Config {
     /// sidekiq-cron's schedules: on or off (`--no-cron`), how often Redis is looked at, and the
     /// schedules declared here (`sidekiq.yml`, `config/schedule.yml`, Rust).
     pub cron: super::CronConfig,
+    /// The sidekiq-unique-jobs release whose server-side rules gem-locked jobs follow
+    /// (`--unique-jobs-version`); `None`: read from what the fleet writes ([`crate::unique_jobs`]).
+    pub unique_jobs_gem: Option<UniqueJobsGem>,
 }
 
 impl Default for Config {
@@ -184,6 +223,7 @@ impl Default for Config {
             log_format: crate::logging::LogFormat::Text,
             sentinel: None,
             cron: super::CronConfig::default(),
+            unique_jobs_gem: None,
         }
     }
 }
@@ -213,6 +253,7 @@ impl fmt::Debug for Config {
             .field("log_format", &self.log_format)
             .field("sentinel", &self.sentinel)
             .field("cron", &self.cron)
+            .field("unique_jobs_gem", &self.unique_jobs_gem)
             .finish()
     }
 }

@@ -111,6 +111,8 @@ fn _obj_safe(_: Box<dyn ServerMiddleware>, _: Box<dyn Handler>) {}
 /// ```
 #[derive(Debug)]
 pub struct Next<'a> {
+    /// The built-in sidekiq-unique-jobs stage has still to run (only at the head of the chain).
+    gem_locks: bool,
     /// The built-in until-executed stage has still to run (only at the head of the chain).
     until_executed: bool,
     /// Middleware still to run, in order.
@@ -124,6 +126,7 @@ impl<'a> Next<'a> {
     /// [`until_executed::UntilExecuted`] stage.
     pub fn new(chain: &'a [Arc<dyn ServerMiddleware>], handler: &'a dyn Handler) -> Self {
         Next {
+            gem_locks: true,
             until_executed: true,
             rest: chain,
             handler,
@@ -132,6 +135,17 @@ impl<'a> Next<'a> {
 
     /// Runs the next middleware, or the worker when none is left.
     pub fn run(self, ctx: &'a JobContext) -> BoxFuture<'a, JobResult> {
+        if self.gem_locks {
+            let rest = Next {
+                gem_locks: false,
+                ..self
+            };
+            // Most payloads are not the gem's: one substring test, no parse.
+            if !crate::unique_jobs::may_be_gems(ctx.job()) {
+                return rest.run(ctx);
+            }
+            return Box::pin(gem_locked(ctx, rest));
+        }
         if self.until_executed {
             let rest = Next {
                 until_executed: false,
@@ -147,6 +161,7 @@ impl<'a> Next<'a> {
             Some((first, rest)) => first.call(
                 ctx,
                 Next {
+                    gem_locks: false,
                     until_executed: false,
                     rest,
                     handler: self.handler,
@@ -155,6 +170,26 @@ impl<'a> Next<'a> {
             None => self.handler.call(ctx),
         }
     }
+}
+
+/// The sidekiq-unique-jobs stage ([`crate::unique_jobs`]): the rest of the chain runs under the gem's
+/// lock rules; a job that dies takes its locks with it, as the gem's death handler does.
+async fn gem_locked<'a>(ctx: &'a JobContext, rest: Next<'a>) -> JobResult {
+    let conn = ctx.redis();
+    // Registered before the run, so a panic's fate runs it too (hooks run only after a failure).
+    if let Ok(Some(spec)) = crate::unique_jobs::Spec::read(ctx.job()) {
+        let (conn, digest, jid) = (conn.clone(), spec.digest.clone(), ctx.jid().to_string());
+        ctx.after_fate(move |fate: &crate::retry::Fate| {
+            let dead = matches!(fate, crate::retry::Fate::Dead);
+            Box::pin(async move {
+                if dead {
+                    crate::unique_jobs::delete_by_digest(conn, digest, jid).await;
+                }
+            })
+        });
+    }
+    let gem = ctx.unique_jobs_gem().await;
+    crate::unique_jobs::execute(&conn, ctx.job(), gem, rest.run(ctx)).await
 }
 
 // Moved from tests/limits.rs: concurrency and rate limits on a real Redis (needs crate-internal items).

@@ -8,7 +8,8 @@
 //!
 //! It also flags payloads carrying a Ruby-side contract oxidekiq cannot honour ([`Contract`]): the
 //! job would run, but the contract's bookkeeping (lock release, batch callbacks) lives in a Ruby
-//! server middleware that Rust does not run.
+//! server middleware that Rust does not run. sidekiq-unique-jobs locks (`lock_digest`) are reported
+//! as honoured: [`crate::unique_jobs`] runs the gem's server side.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -25,7 +26,7 @@ use crate::registry::args_check::Mismatch;
 /// A Ruby-side contract in a payload that a job run by oxidekiq would break.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Contract {
-    /// `lock_digest`: sidekiq-unique-jobs (PROTOCOL §11.1).
+    /// `lock_digest`: sidekiq-unique-jobs (PROTOCOL §11.1), honoured ([`crate::unique_jobs`]).
     UniqueJobsLock,
     /// `bid`: a Sidekiq Pro batch (PROTOCOL §1.2).
     ProBatch,
@@ -40,6 +41,12 @@ impl Contract {
         Contract::ProBatch,
         Contract::EnterpriseUnique,
     ];
+
+    /// Whether oxidekiq runs the contract's server side itself (the job is movable): only
+    /// sidekiq-unique-jobs locks.
+    pub(crate) fn honoured(self) -> bool {
+        matches!(self, Contract::UniqueJobsLock)
+    }
 
     /// The payload key that carries it.
     pub(crate) fn key(self) -> &'static str {
@@ -63,9 +70,8 @@ impl Contract {
     pub(crate) fn consequence(self) -> &'static str {
         match self {
             Contract::UniqueJobsLock => {
-                "sidekiq-unique-jobs lock: its Ruby server middleware unlocks the digest when the job \
-                 ends; run in Rust the lock stays, so identical jobs are rejected until it expires \
-                 (never, without lock_ttl)"
+                "sidekiq-unique-jobs lock: honoured, oxidekiq runs the gem's server side (its keys and \
+                 release steps, per lock type; see docs/migration.md)"
             }
             Contract::ProBatch => {
                 "Sidekiq Pro batch: only Pro's server middleware reports a job's success or failure to \
@@ -180,14 +186,23 @@ impl CheckReport {
             for (contract, n) in &c.contracts {
                 let _ = writeln!(
                     out,
-                    "    flagged: {n} job(s) of {} carry `{}`: {}",
+                    "    {}: {n} job(s) of {} carry `{}`: {}",
+                    if contract.honoured() {
+                        "honoured"
+                    } else {
+                        "flagged"
+                    },
                     escape(class),
                     contract.key(),
                     contract.consequence()
                 );
             }
         }
-        if self.classes.values().any(|c| !c.contracts.is_empty()) {
+        if self
+            .classes
+            .values()
+            .any(|c| c.contracts.keys().any(|k| !k.honoured()))
+        {
             let _ = writeln!(
                 out,
                 "flagged jobs are handed off to Ruby by `--handoff QUEUE` (unless `--run-flagged CLASS`)"
@@ -306,5 +321,30 @@ mod tests {
             Contract::found_in(&j),
             vec![Contract::ProBatch, Contract::EnterpriseUnique]
         );
+    }
+
+    #[test]
+    fn unique_jobs_locks_are_honoured_and_the_others_still_flagged() {
+        assert!(Contract::UniqueJobsLock.honoured());
+        assert!(!Contract::ProBatch.honoured());
+        assert!(!Contract::EnterpriseUnique.honoured());
+        let mut r = CheckReport::default();
+        let mut c = ClassReport::default();
+        c.contracts.insert(Contract::UniqueJobsLock, 2);
+        r.classes.insert("X".into(), c.clone());
+        let out = r.render();
+        assert!(
+            out.contains("honoured: 2 job(s) of X carry `lock_digest`"),
+            "{out}"
+        );
+        assert!(!out.contains("handed off"), "{out}");
+        c.contracts.insert(Contract::EnterpriseUnique, 1);
+        r.classes.insert("X".into(), c);
+        let out = r.render();
+        assert!(
+            out.contains("flagged: 1 job(s) of X carry `unique_for`"),
+            "{out}"
+        );
+        assert!(out.contains("handed off"), "{out}");
     }
 }

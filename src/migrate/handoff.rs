@@ -57,7 +57,7 @@ impl Handoff {
             return None;
         }
         let found = Contract::found_in(job);
-        let first = found.first()?;
+        let first = found.iter().find(|c| !c.honoured())?;
         Some(format!(
             "it carries `{}` ({}); pass --run-flagged {} to run such jobs in Rust",
             first.key(),
