@@ -202,7 +202,14 @@ impl Processor {
         let entry = self.registry.get(job.worker_class());
         // What the chain's middleware ask to run once a failure's fate is written (`fail`).
         let after = AfterFate::default();
-        let result = self.invoke(&job, &queue, entry, &after).await;
+        let timeout = job_timeout(&job, entry);
+        let result = match timeout {
+            None => self.invoke(&job, &queue, entry, &after).await,
+            Some(limit) => {
+                self.invoke_with_timeout(&job, &queue, entry, &after, limit)
+                    .await
+            }
+        };
         // One clock read for the log line and both metrics (each read is a vDSO call).
         let took = start.elapsed();
         let elapsed = took.as_secs_f64();
@@ -292,11 +299,19 @@ impl Processor {
                 "interrupted by shutdown: pushed back to its queue");
             return false;
         }
-        let rescheduled = matches!(error.action, crate::RetryAction::Reschedule(_));
-        if !rescheduled {
-            self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(elapsed = format_args!("{elapsed:.3}"), "fail");
-            tracing::warn!(error_class = %error.class, error_message = %error.message, "job failed");
+        match error.action {
+            crate::RetryAction::Reschedule(_) => {}
+            crate::RetryAction::Requeue => {
+                // As 8.1.7 counts an interrupted iteration (`Skip` in `stats`): processed and failed.
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(elapsed = format_args!("{elapsed:.3}"), reason = %error.message,
+                    "interrupted: pushing it back to its queue");
+            }
+            _ => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(elapsed = format_args!("{elapsed:.3}"), "fail");
+                tracing::warn!(error_class = %error.class, error_message = %error.message, "job failed");
+            }
         }
         let now = time::now();
         let plan = retry::plan(
@@ -334,6 +349,7 @@ impl Processor {
             Fate::Rescheduled { at } => {
                 tracing::info!(run_at = at, reason = %error.message, "rescheduled")
             }
+            Fate::Requeued => tracing::info!("pushed back to its queue"),
         }
         true
     }
@@ -414,6 +430,57 @@ impl Processor {
         .await;
         if done {
             run.settle(self);
+        }
+    }
+
+    /// [`Processor::invoke`] under a timeout: an async job still running after `limit` is dropped at
+    /// its next await point and fails with [`crate::error::JOB_TIMEOUT`] (the retry path, Sidekiq's
+    /// backoff). A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
+    /// would run on while its retry is written); it and an async job stuck in a busy loop (whose
+    /// future never yields, so never sees its timeout) are reported once past the limit: one error
+    /// line naming the class and jid, and `oxidekiq_jobs_past_timeout_total{class}`.
+    async fn invoke_with_timeout(
+        &self,
+        job: &Arc<Job>,
+        queue: &Arc<str>,
+        entry: Option<&crate::registry::Entry>,
+        after: &AfterFate,
+        limit: Duration,
+    ) -> JobResult {
+        let synchronous = entry.is_some_and(|e| e.synchronous);
+        // An async job's cancellation fires at the limit; the watchdog waits a little longer, so that
+        // only a job its cancellation could not reach is reported.
+        let grace = if synchronous {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1)
+        };
+        let class = job.wrapped().unwrap_or(job.class()).to_string();
+        let watchdog = tokio::spawn(
+            async move {
+                tokio::time::sleep(limit + grace).await;
+                tracing::error!(class = %clip(&class, NAME_CHARS),
+                    timeout = format_args!("{:.3}", limit.as_secs_f64()),
+                    "job still running past its timeout: it runs synchronous code (a blocking worker or \
+                     a loop that never awaits), which cannot be cancelled; its run ends when that code returns");
+                crate::prom::metrics().past_timeout(&class);
+            }
+            .in_current_span(),
+        );
+        let _watchdog = AbortOnDrop(watchdog);
+        if synchronous {
+            return self.invoke(job, queue, entry, after).await;
+        }
+        match tokio::time::timeout(limit, self.invoke(job, queue, entry, after)).await {
+            Ok(result) => result,
+            Err(_) => Err(JobError::new(
+                crate::error::JOB_TIMEOUT,
+                format!(
+                    "{} ran past its timeout of {} s and was cancelled",
+                    clip(job.worker_class(), NAME_CHARS),
+                    limit.as_secs_f64()
+                ),
+            )),
         }
     }
 
@@ -735,6 +802,42 @@ pub(crate) async fn catch_unwind<F: std::future::Future>(
         }
     })
     .await
+}
+
+/// Aborts a task when dropped: the timeout watchdog ends with the job's run, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The job's timeout: the payload's `oxidekiq_timeout` (a positive number of seconds) over the
+/// worker's `timeout` option. A field of another kind is ignored, with a warning.
+fn job_timeout(job: &Job, entry: Option<&crate::registry::Entry>) -> Option<Duration> {
+    let option = entry.and_then(|e| e.options.timeout);
+    // Most payloads have no such field: a substring scan keeps them from being decoded again.
+    if !job.raw().contains(crate::job::TIMEOUT_FIELD) {
+        return option;
+    }
+    let Some(v) = job
+        .to_map()
+        .ok()
+        .and_then(|m| m.get(crate::job::TIMEOUT_FIELD).cloned())
+    else {
+        return option;
+    };
+    match v.as_f64() {
+        Some(secs) if secs > 0.0 && secs.is_finite() && secs < 1e9 => {
+            Some(Duration::from_secs_f64(secs))
+        }
+        _ => {
+            tracing::warn!(value = %clip(&v.to_string(), NAME_CHARS),
+                "oxidekiq_timeout is not a positive number of seconds: ignored");
+            option
+        }
+    }
 }
 
 /// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).

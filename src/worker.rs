@@ -48,6 +48,11 @@ pub trait Worker: Send + Sync + 'static {
     /// The positional arguments, deserialized from the whole `args` array.
     type Args: DeserializeOwned + Send + 'static;
 
+    /// True for a worker whose `perform` runs synchronous code to its end ([`crate::Blocking`]): a
+    /// timeout cannot cancel it, so it is only reported (a log line and
+    /// `oxidekiq_jobs_past_timeout_total`) and its run ends when its code returns.
+    const SYNCHRONOUS: bool = false;
+
     /// Per-worker options, like Ruby's `sidekiq_options`.
     fn options(&self) -> WorkerOptions {
         WorkerOptions::default()
