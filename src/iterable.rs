@@ -227,6 +227,8 @@ impl<W: IterableWorker> Iterable<W> {
 impl<W: IterableWorker> Worker for Iterable<W> {
     const CLASS: &'static str = W::CLASS;
     type Args = W::Args;
+    // It sees `cancelled` at its flushes and ends cleanly (hooks, `UNLINK`): never dropped mid-item.
+    const CHECKS_CANCEL: bool = true;
 
     fn options(&self) -> WorkerOptions {
         self.0.options()

@@ -203,11 +203,30 @@ impl Processor {
         // What the chain's middleware ask to run once a failure's fate is written (`fail`).
         let after = AfterFate::default();
         let timeout = job_timeout(&job, entry);
-        let result = match timeout {
-            None => self.invoke(&job, &queue, entry, &after).await,
-            Some(limit) => {
-                self.invoke_with_timeout(&job, &queue, entry, &after, limit)
-                    .await
+        let invoke = async {
+            match timeout {
+                None => self.invoke(&job, &queue, entry, &after).await,
+                Some(limit) => {
+                    self.invoke_with_timeout(&job, &queue, entry, &after, limit)
+                        .await
+                }
+            }
+        };
+        // Sidekiq's `cancel!` reaches a plain async job through the heartbeat's check; a worker that
+        // reads it itself, a synchronous one (its thread would run on) and a job refused before its
+        // worker runs are left alone.
+        let cancellable = entry.is_some_and(|e| !e.synchronous && !e.checks_cancel);
+        let result = match state.held().filter(|_| cancellable) {
+            None => invoke.await,
+            Some((seq, _)) => {
+                let guard = self.work.cancellable(seq, job.jid());
+                tokio::select! {
+                    r = invoke => r,
+                    _ = guard.signal.notified() => {
+                        self.cancelled(&job).await;
+                        Ok(())
+                    }
+                }
             }
         };
         // One clock read for the log line and both metrics (each read is a vDSO call).
@@ -430,6 +449,22 @@ impl Processor {
         .await;
         if done {
             run.settle(self);
+        }
+    }
+
+    /// A plain job cancelled by Sidekiq's `cancel!` was dropped at its await point: it ends as done
+    /// (acknowledged, not retried, not a failure), and its mark is removed as an iterable job removes
+    /// its hash once it has honoured it.
+    async fn cancelled(&self, job: &Job) {
+        tracing::info!("cancelled (Sidekiq's cancel!): stopped at its await point, not retried");
+        let key = crate::keys::iteration(job.jid());
+        let mut conn = self.conn.clone();
+        if let Err(e) = redis::cmd("UNLINK")
+            .arg(&key)
+            .query_async::<i64>(&mut conn)
+            .await
+        {
+            tracing::warn!(error = %e, key = %key, "cannot remove the cancel mark; it expires in 30 days");
         }
     }
 

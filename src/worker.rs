@@ -53,6 +53,11 @@ pub trait Worker: Send + Sync + 'static {
     /// `oxidekiq_jobs_past_timeout_total`) and its run ends when its code returns.
     const SYNCHRONOUS: bool = false;
 
+    /// True for a worker that reads Sidekiq's `cancel!` mark itself ([`crate::iterable::Iterable`],
+    /// at its flushes). Any other async worker's running job is checked once per heartbeat and, once
+    /// cancelled, dropped at its next await point: acknowledged, not retried, not counted as failed.
+    const CHECKS_CANCEL: bool = false;
+
     /// Per-worker options, like Ruby's `sidekiq_options`.
     fn options(&self) -> WorkerOptions {
         WorkerOptions::default()

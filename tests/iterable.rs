@@ -108,6 +108,7 @@ fn registry(walk: Walk) -> Registry {
     let mut r = Registry::new();
     r.register(Iterable::new(walk))
         .register(Sleeper)
+        .register(Napper)
         .register(Blocking::new(BlockingSleeper));
     r
 }
@@ -870,5 +871,72 @@ async fn jobs_past_their_timeout_are_retried_and_blocking_ones_reported() {
     assert!(
         !metrics.contains("oxidekiq_jobs_past_timeout_total{class=\"SleepJob\"}"),
         "a cancelled job is not reported as stuck"
+    );
+}
+
+/// `NapJob(seconds)`: notes its start in `napping`, sleeps (no timeout), then notes its jid in `slept`.
+#[derive(Debug)]
+struct Napper;
+
+impl Worker for Napper {
+    const CLASS: &'static str = "NapJob";
+    type Args = (f64,);
+    async fn perform(&self, ctx: &JobContext, (secs,): Self::Args) -> JobResult {
+        note(ctx, "napping", ctx.jid().to_string()).await?;
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        note(ctx, "slept", ctx.jid().to_string()).await
+    }
+}
+
+/// A plain async job running in oxidekiq is reached by Sidekiq's `cancel!` (here the Rust client's,
+/// which writes the same): the heartbeat's check sees the mark, the job is dropped at its await point,
+/// acknowledged, not retried, not counted as failed, and the mark removed; another job runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reaches_a_plain_running_job_at_its_next_beat() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let h = launch(
+        config(&redis.url(), &["default"], 2),
+        registry(Walk::default()),
+    )
+    .await;
+    push(&mut c, &plain("NapJob", "nap", json!([60]), json!({})));
+    push(
+        &mut c,
+        &plain("NapJob", "short-nap", json!([1.0]), json!({})),
+    );
+    wait_for("both running", Duration::from_secs(20), || {
+        list(&mut c, "rec-napping-nap").len() == 1
+            && list(&mut c, "rec-napping-short-nap").len() == 1
+    })
+    .await;
+    let client = Client::new(redis.async_conn().await);
+    client.cancel("nap").await.unwrap();
+    wait_for(
+        "the cancelled job acknowledged",
+        Duration::from_secs(20),
+        || !c.exists::<_, bool>("it-nap").unwrap(),
+    )
+    .await;
+    wait_for("the other job done", Duration::from_secs(20), || {
+        list(&mut c, "rec-slept-short-nap").len() == 1
+    })
+    .await;
+    wait_for("the stats flushed", Duration::from_secs(10), || {
+        c.get::<_, Option<i64>>("stat:processed").unwrap() == Some(2)
+    })
+    .await;
+    h.stop().await.unwrap();
+    assert!(list(&mut c, "rec-slept-nap").is_empty(), "it was stopped");
+    assert_eq!(
+        c.get::<_, Option<i64>>("stat:failed").unwrap().unwrap_or(0),
+        0
+    );
+    assert_eq!(c.zcard::<_, i64>("retry").unwrap(), 0);
+    assert_eq!(c.zcard::<_, i64>("dead").unwrap(), 0);
+    assert_eq!(
+        c.llen::<_, i64>("queue:default").unwrap(),
+        0,
+        "not pushed back either"
     );
 }
