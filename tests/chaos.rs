@@ -46,8 +46,14 @@
 //!   count);
 //! - `CHAOS_NO_PANIC=1` — the same draws with `panic` jobs turned into `fail` ones.
 //!
+//! Issue 31 adds interrupts mid-iteration: iterable `ChaosIterJob`s drawn and checked in
+//! `tests/chaos/iterable.rs` (items skipped or repeated, completions).
+//!
 //! `cargo build --workspace` first: the test runs `target/debug/oxidekiq`.
 mod support;
+// Issue 31: interrupts mid-iteration, with a generator and checks of their own.
+#[path = "chaos/iterable.rs"]
+mod iterable;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -1550,6 +1556,15 @@ fn run_seed(seed: u64) -> Outcome {
         let p = run.start(c, false);
         run.procs.push(Some(p));
     }
+    // Issue 31: iterable jobs long enough to meet the faults mid-iteration (never on a `_rust` queue).
+    let iter_queues: Vec<String> = plan
+        .queues
+        .iter()
+        .map(|(q, _)| q.clone())
+        .filter(|q| !q.ends_with("_rust"))
+        .collect();
+    let iter_jobs = iterable::draw(seed, &iter_queues);
+    iterable::push(&mut run.c, &iter_jobs, now());
     let t0 = Instant::now();
     let mut quiet_at = None;
     for (at, event) in &plan.events {
@@ -1587,7 +1602,11 @@ fn run_seed(seed: u64) -> Outcome {
     run.stop_all();
     run.final_drain();
     run.check_issue26();
-    let summary = run.account();
+    let mut summary = run.account();
+    let (iter_summary, iter_findings) = iterable::check(&mut run.c, &iter_jobs);
+    run.findings.extend(iter_findings);
+    summary.push(' ');
+    summary.push_str(&iter_summary);
     Outcome {
         summary: format!(
             "seed={seed} {} | {summary} | {:.0}s",

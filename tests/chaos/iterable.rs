@@ -1,0 +1,164 @@
+//! Interrupts mid-iteration (issue 31), drawn into the chaos test from a generator of their own (so
+//! every other draw of a seed is what it was): a few `ChaosIterJob`s (`workers/src/lib.rs`), iterable
+//! jobs long enough to span the chaos phase, pushed at its start, so the kills, the quiet process, the
+//! Redis stalls and the final TERM meet them mid-iteration. Checked at the end, from what each noted:
+//!
+//! - **iterable item skipped**: an item never started;
+//! - **iterable item repeated**: a run started before the item after the last one of the run before,
+//!   though that run stopped cleanly (`on_stop`: an interrupt between two items repeats nothing); a run
+//!   cut off without a stop (a kill, the stop's deadline, an error) may repeat the items since its last
+//!   flush, no more is checked for it than no gap;
+//! - **iterable not completed once**: a job not in the retry or dead set at the end that did not
+//!   complete exactly once, or whose `it-<jid>` hash is left.
+
+use std::collections::HashMap;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use redis::Commands;
+
+/// One iterable job of the plan: `ChaosIterJob(n, sleep_ms, jid)`.
+#[derive(Debug, Clone)]
+pub struct IterJob {
+    pub jid: String,
+    pub queue: String,
+    pub n: u64,
+    pub sleep_ms: u64,
+}
+
+impl IterJob {
+    fn payload(&self, now: f64) -> String {
+        format!(
+            r#"{{"retry":true,"queue":"{q}","class":"ChaosIterJob","args":[{n},{s},"{j}"],"jid":"{j}","created_at":{now},"enqueued_at":{now}}}"#,
+            q = self.queue,
+            n = self.n,
+            s = self.sleep_ms,
+            j = self.jid,
+        )
+    }
+}
+
+/// The seed's iterable jobs, on `queues` (the rolled-back `_rust` queue left out by the caller).
+pub fn draw(seed: u64, queues: &[String]) -> Vec<IterJob> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x17e2_ab1e);
+    if queues.is_empty() {
+        return Vec::new();
+    }
+    let count = rng.random_range(1..=4);
+    (0..count)
+        .map(|i| IterJob {
+            jid: format!("iter{seed:x}n{i}"),
+            queue: queues[rng.random_range(0..queues.len())].clone(),
+            n: rng.random_range(20..=150),
+            sleep_ms: rng.random_range(30..=120),
+        })
+        .collect()
+}
+
+/// Pushes the jobs as Sidekiq's client does.
+pub fn push(c: &mut redis::Connection, jobs: &[IterJob], now: f64) {
+    for j in jobs {
+        let _: () = redis::pipe()
+            .sadd("queues", &j.queue)
+            .lpush(format!("queue:{}", j.queue), j.payload(now))
+            .query(c)
+            .unwrap();
+    }
+}
+
+/// A summary (`iter=<jobs>/<items seen>/<runs>/<clean stops>`) and the findings.
+pub fn check(c: &mut redis::Connection, jobs: &[IterJob]) -> (String, Vec<String>) {
+    let done: HashMap<String, u64> = c.hgetall("chaos:iter-done").unwrap();
+    let mut failed_jids = Vec::new();
+    for set in ["retry", "dead"] {
+        let members: Vec<String> = c.zrange(set, 0, -1).unwrap();
+        for m in members {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&m)
+                && v["class"] == "ChaosIterJob"
+            {
+                failed_jids.push(v["jid"].as_str().unwrap_or("?").to_string());
+            }
+        }
+    }
+    let mut findings = Vec::new();
+    let (mut items, mut runs_total, mut stops_total) = (0, 0, 0);
+    for j in jobs {
+        let seen: Vec<(u64, u64)> = c
+            .lrange::<_, Vec<String>>(format!("chaos:iter-seen:{}", j.jid), 0, -1)
+            .unwrap()
+            .iter()
+            .filter_map(|s| {
+                let (run, item) = s.split_once(':')?;
+                Some((run.parse().ok()?, item.parse().ok()?))
+            })
+            .collect();
+        let stops: Vec<u64> = c
+            .lrange::<_, Vec<String>>(format!("chaos:iter-stops:{}", j.jid), 0, -1)
+            .unwrap()
+            .iter()
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        items += seen.len();
+        stops_total += stops.len();
+        // The runs that started an item, in order, each with its first and last item.
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        for &(run, item) in &seen {
+            match runs.last_mut() {
+                Some((r, _, last)) if *r == run => {
+                    if item != *last + 1 {
+                        findings.push(format!(
+                            "ITERABLE ITEMS OUT OF ORDER: {} run {run}: {item} after {last}",
+                            j.jid
+                        ));
+                    }
+                    *last = item;
+                }
+                _ => runs.push((run, item, item)),
+            }
+        }
+        runs_total += runs.len();
+        for w in runs.windows(2) {
+            let ((prev, _, last), (run, first, _)) = (w[0], w[1]);
+            if first > last + 1 {
+                findings.push(format!(
+                    "ITERABLE ITEM SKIPPED: {} run {run} started at {first}, run {prev} ended at {last}",
+                    j.jid
+                ));
+            }
+            if first <= last && stops.contains(&prev) {
+                findings.push(format!(
+                    "ITERABLE ITEM REPEATED: {} run {run} started at {first}, though run {prev} stopped \
+                     cleanly after {last}",
+                    j.jid
+                ));
+            }
+        }
+        if failed_jids.contains(&j.jid) {
+            continue;
+        }
+        let mut all: Vec<u64> = seen.iter().map(|s| s.1).collect();
+        all.sort_unstable();
+        all.dedup();
+        if all != (0..j.n).collect::<Vec<_>>() {
+            findings.push(format!(
+                "ITERABLE ITEM SKIPPED: {} walked {} distinct items of {}",
+                j.jid,
+                all.len(),
+                j.n
+            ));
+        }
+        let completions = done.get(&j.jid).copied().unwrap_or(0);
+        let left: bool = c.exists(format!("it-{}", j.jid)).unwrap();
+        if completions != 1 || left {
+            findings.push(format!(
+                "ITERABLE NOT COMPLETED ONCE: {} completed {completions} time(s), it- hash left: {left}, \
+                 runs {runs:?}",
+                j.jid
+            ));
+        }
+    }
+    (
+        format!("iter={}/{items}/{runs_total}/{stops_total}", jobs.len()),
+        findings,
+    )
+}
