@@ -940,3 +940,71 @@ async fn a_cancel_reaches_a_plain_running_job_at_its_next_beat() {
         "not pushed back either"
     );
 }
+
+/// A Rust process resumes what a real Sidekiq 8.1.7 process interrupted: the hash and the pushed-back
+/// payload exactly as `interrupt_resume.json` recorded them after TERM; the Rust run counts itself as
+/// run 2, starts with the recorded cursor's item, walks the rest once and removes the hash, as the
+/// recorded 8.1.7 resume did (`resumed_and_completed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_process_resumes_an_iteration_sidekiq_8_interrupted() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let rec = fixture_json(&format!("{REC}/interrupt_resume.json"));
+    let jid = rec["jid"].as_str().unwrap();
+    let steps = rec["steps"].as_array().unwrap();
+    let at_term = &steps
+        .iter()
+        .find(|s| s["step"] == "interrupted_by_term")
+        .unwrap()["keys"];
+    let fields = at_term[format!("it-{jid}")]["fields"].as_object().unwrap();
+    for (k, v) in fields {
+        let _: () = c.hset(format!("it-{jid}"), k, v.as_str().unwrap()).unwrap();
+    }
+    let cursor: u64 = fields["c"].as_str().unwrap().parse().unwrap();
+    let payload = at_term["queue:default"]["items"][0].as_str().unwrap();
+    // The recording's jobs sleep 0.5 s an item; this run keeps the args (the job's own contract).
+    push(&mut c, payload);
+    // Ruby's `on_resume` counted run 2: the Rust twin's counter starts where 8.1.7's run 1 left it.
+    let _: () = c.set(format!("rec-ex-{jid}"), 1).unwrap();
+    let h = launch(
+        config(&redis.url(), &["default"], 2),
+        registry(Walk::default()),
+    )
+    .await;
+    wait_for(
+        "the resumed run to complete",
+        Duration::from_secs(30),
+        || {
+            list(&mut c, &format!("rec-hooks-{jid}"))
+                .last()
+                .map(String::as_str)
+                == Some("on_complete")
+        },
+    )
+    .await;
+    h.stop().await.unwrap();
+    let n = rec["job_args"][0].as_u64().unwrap();
+    let expected: Vec<(u64, u64)> = (cursor..n).map(|i| (2, i)).collect();
+    assert_eq!(seen(&mut c, jid), expected);
+    let recorded: Vec<String> = steps.last().unwrap()["seen"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .filter(|s| s.starts_with("ex2:"))
+        .collect();
+    assert_eq!(
+        recorded,
+        expected
+            .iter()
+            .map(|(ex, i)| format!("ex{ex}:{i}"))
+            .collect::<Vec<_>>(),
+        "8.1.7's own resume walked the same items"
+    );
+    assert_eq!(
+        list(&mut c, &format!("rec-hooks-{jid}")),
+        ["on_resume", "on_stop", "on_complete"]
+    );
+    assert!(!c.exists::<_, bool>(format!("it-{jid}")).unwrap());
+    assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
+}
