@@ -1563,8 +1563,7 @@ fn run_seed(seed: u64) -> Outcome {
         .map(|(q, _)| q.clone())
         .filter(|q| !q.ends_with("_rust"))
         .collect();
-    let iter_jobs = iterable::draw(seed, &iter_queues);
-    iterable::push(&mut run.c, &iter_jobs, now());
+    let mut iter_jobs = iterable::draw(seed, &iter_queues, plan.chaos_secs);
     let t0 = Instant::now();
     let mut quiet_at = None;
     for (at, event) in &plan.events {
@@ -1572,6 +1571,7 @@ fn run_seed(seed: u64) -> Outcome {
         if let Some(wait) = target.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
+        iterable::push_due(&mut run.c, &mut iter_jobs, *at, now());
         match event {
             Event::Burst(jobs) | Event::Block(jobs) => run.push(jobs),
             Event::Kill(slot) => run.kill(*slot),
@@ -1591,6 +1591,7 @@ fn run_seed(seed: u64) -> Outcome {
     if let Some(wait) = end.checked_duration_since(Instant::now()) {
         std::thread::sleep(wait);
     }
+    iterable::push_due(&mut run.c, &mut iter_jobs, f64::INFINITY, now());
     if let Some(q) = quiet_at {
         // Give the quiet process a few beats to finish what it runs before judging what it holds.
         let settle = q + Duration::from_secs_f64(3.0 * BEAT_SECS);

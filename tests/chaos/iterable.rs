@@ -1,6 +1,7 @@
 //! Interrupts mid-iteration (issue 31), drawn into the chaos test from a generator of their own (so
 //! every other draw of a seed is what it was): a few `ChaosIterJob`s (`workers/src/lib.rs`), iterable
-//! jobs long enough to span the chaos phase, pushed at its start, so the kills, the quiet process, the
+//! jobs of a few seconds (at most 6 s of sleep, within the final drain's bound for a held job),
+//! pushed at drawn times of the chaos phase, so the kills, the quiet process, the
 //! Redis stalls and the final TERM meet them mid-iteration. Checked at the end, from what each noted:
 //!
 //! - **iterable item skipped**: an item never started;
@@ -24,6 +25,10 @@ pub struct IterJob {
     pub queue: String,
     pub n: u64,
     pub sleep_ms: u64,
+    /// Pushed this many seconds into the chaos phase (just before the first event due then).
+    pub at: f64,
+    /// Whether it was pushed yet.
+    pub pushed: bool,
 }
 
 impl IterJob {
@@ -38,26 +43,32 @@ impl IterJob {
     }
 }
 
-/// The seed's iterable jobs, on `queues` (the rolled-back `_rust` queue left out by the caller).
-pub fn draw(seed: u64, queues: &[String]) -> Vec<IterJob> {
+/// The seed's iterable jobs, on `queues` (the rolled-back `_rust` queue left out by the caller), each
+/// due at a time of the chaos phase's first `chaos_secs`.
+pub fn draw(seed: u64, queues: &[String], chaos_secs: f64) -> Vec<IterJob> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x17e2_ab1e);
     if queues.is_empty() {
         return Vec::new();
     }
-    let count = rng.random_range(1..=4);
+    let count = rng.random_range(2..=5);
     (0..count)
         .map(|i| IterJob {
             jid: format!("iter{seed:x}n{i}"),
             queue: queues[rng.random_range(0..queues.len())].clone(),
-            n: rng.random_range(20..=150),
-            sleep_ms: rng.random_range(30..=120),
+            // At most 6 s of sleep: a whole run stays within the final drain's `DRAIN_STUCK`.
+            n: rng.random_range(20..=60),
+            sleep_ms: rng.random_range(30..=100),
+            at: rng.random_range(0.0..chaos_secs.max(0.1)),
+            pushed: false,
         })
         .collect()
 }
 
-/// Pushes the jobs as Sidekiq's client does.
-pub fn push(c: &mut redis::Connection, jobs: &[IterJob], now: f64) {
-    for j in jobs {
+/// Pushes the jobs due `elapsed` seconds into the chaos phase and not pushed yet, as Sidekiq's client
+/// does (`f64::INFINITY`: every one left).
+pub fn push_due(c: &mut redis::Connection, jobs: &mut [IterJob], elapsed: f64, now: f64) {
+    for j in jobs.iter_mut().filter(|j| !j.pushed && j.at <= elapsed) {
+        j.pushed = true;
         let _: () = redis::pipe()
             .sadd("queues", &j.queue)
             .lpush(format!("queue:{}", j.queue), j.payload(now))
