@@ -483,12 +483,12 @@ impl Processor {
         limit: Duration,
     ) -> JobResult {
         let synchronous = entry.is_some_and(|e| e.synchronous);
-        // An async job's cancellation fires at the limit; the watchdog waits a little longer, so that
-        // only a job its cancellation could not reach is reported.
+        // An async job's cancellation fires at the limit; the watchdog waits a little longer (a loaded
+        // runtime may be late), so that only a job its cancellation could not reach is reported.
         let grace = if synchronous {
             Duration::ZERO
         } else {
-            Duration::from_secs(1)
+            Duration::from_secs(2)
         };
         let class = job.wrapped().unwrap_or(job.class()).to_string();
         let watchdog = tokio::spawn(
