@@ -1,7 +1,8 @@
 //! Interrupts mid-iteration (issue 31), drawn into the chaos test from a generator of their own (so
 //! every other draw of a seed is what it was): a few `ChaosIterJob`s (`workers/src/lib.rs`), iterable
 //! jobs of a few seconds (at most 6 s of sleep, within the final drain's bound for a held job),
-//! pushed at drawn times of the chaos phase, so the kills, the quiet process, the
+//! pushed at drawn times of the chaos phase (and one at its end, which the stop's TERM always meets),
+//! so the kills, the quiet process, the
 //! Redis stalls and the final TERM meet them mid-iteration. Checked at the end, from what each noted:
 //!
 //! - **iterable item skipped**: an item never started;
@@ -51,7 +52,7 @@ pub fn draw(seed: u64, queues: &[String], chaos_secs: f64) -> Vec<IterJob> {
         return Vec::new();
     }
     let count = rng.random_range(2..=5);
-    (0..count)
+    let mut jobs: Vec<IterJob> = (0..count)
         .map(|i| IterJob {
             jid: format!("iter{seed:x}n{i}"),
             queue: queues[rng.random_range(0..queues.len())].clone(),
@@ -61,7 +62,18 @@ pub fn draw(seed: u64, queues: &[String], chaos_secs: f64) -> Vec<IterJob> {
             at: rng.random_range(0.0..chaos_secs.max(0.1)),
             pushed: false,
         })
-        .collect()
+        .collect();
+    // One more at the end of the chaos phase, 6 s long: the stop's TERM always meets it mid-iteration,
+    // so every seed has a clean interrupt, its push-back and a resume in the final drain.
+    jobs.push(IterJob {
+        jid: format!("iter{seed:x}tail"),
+        queue: queues[rng.random_range(0..queues.len())].clone(),
+        n: 60,
+        sleep_ms: 100,
+        at: chaos_secs,
+        pushed: false,
+    });
+    jobs
 }
 
 /// Pushes the jobs due `elapsed` seconds into the chaos phase and not pushed yet, as Sidekiq's client
