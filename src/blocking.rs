@@ -88,6 +88,8 @@ impl<W: BlockingWorker> Blocking<W> {
 impl<W: BlockingWorker> Worker for Blocking<W> {
     const CLASS: &'static str = W::CLASS;
     type Args = W::Args;
+    // Its thread cannot be stopped from outside: a timeout would fail a job whose code runs on.
+    const SYNCHRONOUS: bool = true;
 
     fn options(&self) -> WorkerOptions {
         self.0.options()

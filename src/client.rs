@@ -489,6 +489,16 @@ impl Client {
         })
     }
 
+    /// `Sidekiq::Client#cancel!(jid)`: marks the job cancelled exactly as Ruby does (pipelined
+    /// `HSETNX it-<jid> cancelled <now>`, `HGET`, `EXPIRE .. 2592000 NX`) and returns the time of the
+    /// first cancel (epoch seconds), however often it is called. A running iterable job, Ruby's or
+    /// Rust's, sees it at its next state flush (at most 5 s, or one item, later) or, still queued, when
+    /// it starts; a plain async job running in oxidekiq at its next heartbeat (a queued plain job is
+    /// not reached, as in Sidekiq).
+    pub async fn cancel(&self, jid: &str) -> Result<i64> {
+        crate::iterable::cancel(&mut self.conn.clone(), jid).await
+    }
+
     /// `Worker.perform_async(*args)`; returns the jid.
     pub async fn perform_async(&self, class: &str, args: impl Serialize) -> Result<String> {
         self.push(NewJob::new(class, args)).await

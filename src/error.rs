@@ -137,6 +137,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// range, ...): a job failure like any other, so the job is kept in the retry set, then the dead set.
 pub const INVALID_PAYLOAD: &str = "Oxidekiq::InvalidPayload";
 
+/// `error_class` of a job cancelled at its timeout (the worker's `timeout` option or the payload's
+/// `oxidekiq_timeout`): a job failure, with Sidekiq's backoff.
+pub const JOB_TIMEOUT: &str = "Oxidekiq::JobTimeout";
+
 /// `error_class` of a job whose run panicked (in the worker, a middleware or oxidekiq itself): a job
 /// failure like a raised exception, with the panic's message as `error_message`.
 pub const PANIC: &str = "Oxidekiq::Panic";
@@ -167,6 +171,11 @@ pub enum RetryAction {
     /// Not a failure: put the original payload in the `schedule` set to run in this many seconds,
     /// without touching `retry_count` or the failed counter (limits and unique "reschedule" use it).
     Reschedule(f64),
+    /// Not a failure of the job's own: push the payload back to the end of its queue with a new
+    /// `enqueued_at`, nothing else changed, no retry (an iterable job interrupted between two items,
+    /// as Sidekiq 8's `InterruptHandler` does). Counted as processed and failed in `stat:*`, as 8.1.7
+    /// counts it.
+    Requeue,
 }
 
 /// A job's failure: what Ruby would store as `error_class` and `error_message`, and what to do next.
@@ -253,6 +262,13 @@ impl JobError {
         }
     }
 
+    /// Push the job back to its queue, unchanged but for `enqueued_at`, without a retry
+    /// ([`RetryAction::Requeue`]).
+    pub fn requeue(mut self) -> Self {
+        self.action = RetryAction::Requeue;
+        self
+    }
+
     /// Attach backtrace lines (stored when the worker's `backtrace` option asks for them).
     pub fn with_backtrace(mut self, lines: Vec<String>) -> Self {
         self.backtrace = lines;
@@ -322,6 +338,8 @@ pub enum Fate {
         /// Score of the schedule-set entry.
         at: f64,
     },
+    /// Pushed back to the end of its queue, unchanged but for `enqueued_at` ([`RetryAction::Requeue`]).
+    Requeued,
 }
 
 /// Polls `fut`, turning a panic inside it into `Err` with the panic's payload.

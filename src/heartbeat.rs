@@ -511,6 +511,11 @@ pub(crate) async fn run(
             Ok(None) => {}
             Err(e) => errors.push(e),
         }
+        // Sidekiq's `cancel!` reaching plain running jobs: one pipelined read per beat, sent only
+        // while such jobs run.
+        if let Err(e) = heartbeat.work.check_cancels(&mut conn).await {
+            errors.push(e);
+        }
         if let Some(e) = errors.first()
             && !failing
         {

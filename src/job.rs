@@ -86,6 +86,11 @@ pub enum RetrySetting {
     Disabled,
 }
 
+/// Name of the payload field that sets a job's timeout in seconds, over its worker's `timeout`
+/// option: namespaced, since Sidekiq, ActiveJob and common gems use `timeout`-like names of their own
+/// (sidekiq-unique-jobs' `lock_timeout`, Sidekiq Enterprise's limiter `wait_timeout`).
+pub const TIMEOUT_FIELD: &str = "oxidekiq_timeout";
+
 /// Per-worker options (Ruby's `sidekiq_options`); each applies when the payload does not say otherwise.
 ///
 /// ```
@@ -127,6 +132,10 @@ pub struct WorkerOptions {
     pub backtrace: Option<usize>,
     /// At most this many jobs of this class run at once inside this process (no Redis round trip).
     pub local_concurrency: Option<usize>,
+    /// A job of this class still running after this long is cancelled at its next await point and
+    /// fails with `Oxidekiq::JobTimeout` into the retry set (the payload's `oxidekiq_timeout`, in
+    /// seconds, wins). A synchronous worker cannot be cancelled: it is reported instead.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// A timestamp field as any Sidekiq version writes it (PROTOCOL §1.4): a JSON float is epoch

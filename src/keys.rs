@@ -83,6 +83,12 @@ pub(crate) const WORKING: &str = "oxidekiq:working:";
 /// What every landing list's name starts with: `oxidekiq:landing:<identity>:<queue>`.
 pub(crate) const LANDING: &str = "oxidekiq:landing:";
 
+/// An iterable job's state hash, `it-<jid>` (Sidekiq 8's `iteration_key`): `ex`, `c`, `rt`,
+/// `cancelled` (docs/iterable-protocol.md).
+pub(crate) fn iteration(jid: &str) -> String {
+    format!("it-{jid}")
+}
+
 /// The prefix of this process's working hashes (reliable fetch); the queue name follows.
 pub(crate) fn working_prefix(identity: &str) -> String {
     format!("{WORKING}{identity}:")

@@ -62,7 +62,7 @@
 //! 4. settings: [`config`];
 //! 5. Sidekiq's data: `metrics`, `retry`, `fleet`, `scheduled`;
 //! 6. locks: `lock_batch`, [`lock`];
-//! 7. the job chain: [`worker`], [`middleware`], [`registry`], [`client`];
+//! 7. the job chain: [`worker`], `blocking`, [`iterable`], [`middleware`], [`registry`], [`client`];
 //! 8. processing: `fetch`, `work_table`, `migrate`, `processor`, `manager`;
 //! 9. operations: `heartbeat`, `http`;
 //! 10. wiring: [`launcher`], [`cli`] (and `fuzzing`, built only by `cargo fuzz`).
@@ -85,6 +85,7 @@ pub(crate) mod fetch;
 pub(crate) mod fleet;
 pub(crate) mod heartbeat;
 pub(crate) mod http;
+pub mod iterable;
 pub mod job;
 pub(crate) mod keys;
 pub mod launcher;

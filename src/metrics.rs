@@ -92,7 +92,10 @@ impl Metrics {
     /// failure, if any. A `reschedule` answer is not a failure (as Ruby's iterable-job `Skip`, whose time
     /// counts); every other error is, and its time is not recorded.
     pub(crate) fn track(&self, class: &str, elapsed: Duration, error: Option<&JobError>) {
-        let failed = error.is_some_and(|e| !matches!(e.action, RetryAction::Reschedule(_)));
+        // An interrupted iterable job's push-back is a success with its time, as Ruby's `Skip`.
+        let failed = error.is_some_and(|e| {
+            !matches!(e.action, RetryAction::Reschedule(_) | RetryAction::Requeue)
+        });
         let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         let mut map = self.classes.lock().unwrap_or_else(|e| e.into_inner());
         let counts = match map.get_mut(class) {

@@ -213,7 +213,33 @@ impl Processor {
         // What the chain's middleware ask to run once a failure's fate is written (`fail`); kept in
         // the run state so that a panic's fate runs the hooks registered before it, too.
         let after = state.after.clone();
-        let result = self.invoke(&job, &queue, entry, &after).await;
+        let timeout = job_timeout(&job, entry);
+        let invoke = async {
+            match timeout {
+                None => self.invoke(&job, &queue, entry, &after).await,
+                Some(limit) => {
+                    self.invoke_with_timeout(&job, &queue, entry, &after, limit)
+                        .await
+                }
+            }
+        };
+        // Sidekiq's `cancel!` reaches a plain async job through the heartbeat's check; a worker that
+        // reads it itself, a synchronous one (its thread would run on) and a job refused before its
+        // worker runs are left alone.
+        let cancellable = entry.is_some_and(|e| !e.synchronous && !e.checks_cancel);
+        let result = match state.held().filter(|_| cancellable) {
+            None => invoke.await,
+            Some((seq, _)) => {
+                let guard = self.work.cancellable(seq, job.jid());
+                tokio::select! {
+                    r = invoke => r,
+                    _ = guard.signal.notified() => {
+                        self.cancelled(&job).await;
+                        Ok(())
+                    }
+                }
+            }
+        };
         if let Err(e) = &result
             && crate::otel::enabled()
             && let Some(cx) = crate::logging::current_otel()
@@ -309,11 +335,19 @@ impl Processor {
                 "interrupted by shutdown: pushed back to its queue");
             return false;
         }
-        let rescheduled = matches!(error.action, crate::RetryAction::Reschedule(_));
-        if !rescheduled {
-            self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(elapsed = format_args!("{elapsed:.3}"), "fail");
-            tracing::warn!(error_class = %error.class, error_message = %error.message, "job failed");
+        match error.action {
+            crate::RetryAction::Reschedule(_) => {}
+            crate::RetryAction::Requeue => {
+                // As 8.1.7 counts an interrupted iteration (`Skip` in `stats`): processed and failed.
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(elapsed = format_args!("{elapsed:.3}"), reason = %error.message,
+                    "interrupted: pushing it back to its queue");
+            }
+            _ => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(elapsed = format_args!("{elapsed:.3}"), "fail");
+                tracing::warn!(error_class = %error.class, error_message = %error.message, "job failed");
+            }
         }
         let now = time::now();
         let plan = retry::plan(
@@ -351,6 +385,7 @@ impl Processor {
             Fate::Rescheduled { at } => {
                 tracing::info!(run_at = at, reason = %error.message, "rescheduled")
             }
+            Fate::Requeued => tracing::info!("pushed back to its queue"),
         }
         true
     }
@@ -431,6 +466,73 @@ impl Processor {
         .await;
         if done {
             run.settle(self);
+        }
+    }
+
+    /// A plain job cancelled by Sidekiq's `cancel!` was dropped at its await point: it ends as done
+    /// (acknowledged, not retried, not a failure), and its mark is removed as an iterable job removes
+    /// its hash once it has honoured it.
+    async fn cancelled(&self, job: &Job) {
+        tracing::info!("cancelled (Sidekiq's cancel!): stopped at its await point, not retried");
+        let key = crate::keys::iteration(job.jid());
+        let mut conn = self.conn.clone();
+        if let Err(e) = redis::cmd("UNLINK")
+            .arg(&key)
+            .query_async::<i64>(&mut conn)
+            .await
+        {
+            tracing::warn!(error = %e, key = %key, "cannot remove the cancel mark; it expires in 30 days");
+        }
+    }
+
+    /// [`Processor::invoke`] under a timeout: an async job still running after `limit` is dropped at
+    /// its next await point and fails with [`crate::error::JOB_TIMEOUT`] (the retry path, Sidekiq's
+    /// backoff). A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
+    /// would run on while its retry is written); it and an async job stuck in a busy loop (whose
+    /// future never yields, so never sees its timeout) are reported once past the limit: one error
+    /// line naming the class and jid, and `oxidekiq_jobs_past_timeout_total{class}`.
+    async fn invoke_with_timeout(
+        &self,
+        job: &Arc<Job>,
+        queue: &Arc<str>,
+        entry: Option<&crate::registry::Entry>,
+        after: &AfterFate,
+        limit: Duration,
+    ) -> JobResult {
+        let synchronous = entry.is_some_and(|e| e.synchronous);
+        // An async job's cancellation fires at the limit; the watchdog waits a little longer (a loaded
+        // runtime may be late), so that only a job its cancellation could not reach is reported.
+        let grace = if synchronous {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(2)
+        };
+        let class = job.wrapped().unwrap_or(job.class()).to_string();
+        let watchdog = tokio::spawn(
+            async move {
+                tokio::time::sleep(limit + grace).await;
+                tracing::error!(class = %clip(&class, NAME_CHARS),
+                    timeout = format_args!("{:.3}", limit.as_secs_f64()),
+                    "job still running past its timeout: it runs synchronous code (a blocking worker or \
+                     a loop that never awaits), which cannot be cancelled; its run ends when that code returns");
+                crate::prom::metrics().past_timeout(&class);
+            }
+            .in_current_span(),
+        );
+        let _watchdog = AbortOnDrop(watchdog);
+        if synchronous {
+            return self.invoke(job, queue, entry, after).await;
+        }
+        match tokio::time::timeout(limit, self.invoke(job, queue, entry, after)).await {
+            Ok(result) => result,
+            Err(_) => Err(JobError::new(
+                crate::error::JOB_TIMEOUT,
+                format!(
+                    "{} ran past its timeout of {} s and was cancelled",
+                    clip(job.worker_class(), NAME_CHARS),
+                    limit.as_secs_f64()
+                ),
+            )),
         }
     }
 
@@ -738,6 +840,42 @@ impl<'p> RunState<'p> {
 
 // Lives in the support layer so that the locks layer catches a perform's panic the same way.
 pub(crate) use crate::error::catch_unwind;
+
+/// Aborts a task when dropped: the timeout watchdog ends with the job's run, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The job's timeout: the payload's `oxidekiq_timeout` (a positive number of seconds) over the
+/// worker's `timeout` option. A field of another kind is ignored, with a warning.
+fn job_timeout(job: &Job, entry: Option<&crate::registry::Entry>) -> Option<Duration> {
+    let option = entry.and_then(|e| e.options.timeout);
+    // Most payloads have no such field: a substring scan keeps them from being decoded again.
+    if !job.raw().contains(crate::job::TIMEOUT_FIELD) {
+        return option;
+    }
+    let Some(v) = job
+        .to_map()
+        .ok()
+        .and_then(|m| m.get(crate::job::TIMEOUT_FIELD).cloned())
+    else {
+        return option;
+    };
+    match v.as_f64() {
+        Some(secs) if secs > 0.0 && secs.is_finite() && secs < 1e9 => {
+            Some(Duration::from_secs_f64(secs))
+        }
+        _ => {
+            tracing::warn!(value = %clip(&v.to_string(), NAME_CHARS),
+                "oxidekiq_timeout is not a positive number of seconds: ignored");
+            option
+        }
+    }
+}
 
 /// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).
 /// The panic's message, with any Redis URL's password hidden: it is logged (`job panicked`) and

@@ -178,6 +178,8 @@ pub(crate) struct Metrics {
     dead: Family<ClassLabel, Counter>,
     discarded: Family<ClassLabel, Counter>,
     rescheduled: Family<ClassLabel, Counter>,
+    requeued: Family<ClassLabel, Counter>,
+    past_timeout: Family<ClassLabel, Counter>,
     handed_off: Family<ClassLabel, Counter>,
     unique_conflicts: Family<ClassStrategy, Counter>,
     pushed_back: Counter,
@@ -245,6 +247,8 @@ impl Metrics {
             dead,
             discarded,
             rescheduled,
+            requeued: Family::default(),
+            past_timeout: Family::default(),
             handed_off: Family::default(),
             unique_conflicts: Family::default(),
             pushed_back: Counter::default(),
@@ -300,6 +304,16 @@ impl Metrics {
             "jobs_rescheduled",
             "Jobs put back in the schedule set by a limit (rate, concurrency, lock)",
             m.rescheduled.clone(),
+        );
+        r.register(
+            "jobs_requeued",
+            "Iterable jobs interrupted between two items and pushed back to their queue to resume",
+            m.requeued.clone(),
+        );
+        r.register(
+            "jobs_past_timeout",
+            "Jobs still running past their timeout: stuck in synchronous code, which cannot be cancelled",
+            m.past_timeout.clone(),
         );
         r.register(
             "jobs_handed_off",
@@ -465,8 +479,12 @@ impl Metrics {
         took: Duration,
         error: Option<&JobError>,
     ) {
-        let rescheduled =
-            error.is_some_and(|e| matches!(e.action, crate::RetryAction::Reschedule(_)));
+        let rescheduled = error.is_some_and(|e| {
+            matches!(
+                e.action,
+                crate::RetryAction::Reschedule(_) | crate::RetryAction::Requeue
+            )
+        });
         let failed = error.is_some() && !rescheduled;
         let secs = took.as_secs_f64();
         self.with_handles(class, queue, |h| {
@@ -485,8 +503,18 @@ impl Metrics {
             Fate::Dead => &self.dead,
             Fate::Discarded => &self.discarded,
             Fate::Rescheduled { .. } => &self.rescheduled,
+            Fate::Requeued => &self.requeued,
         };
         family
+            .get_or_create(&ClassLabel {
+                class: self.class_label(class).to_string(),
+            })
+            .inc();
+    }
+
+    /// A job of `class` is still running past its timeout (its cancellation could not stop it).
+    pub(crate) fn past_timeout(&self, class: &str) {
+        self.past_timeout
             .get_or_create(&ClassLabel {
                 class: self.class_label(class).to_string(),
             })

@@ -60,6 +60,10 @@ pub struct Entry {
     pub chain: Chain,
     /// The worker's `sidekiq_options`.
     pub options: WorkerOptions,
+    /// [`Worker::SYNCHRONOUS`]: a timeout reports the job instead of cancelling it.
+    pub(crate) synchronous: bool,
+    /// [`Worker::CHECKS_CANCEL`]: the heartbeat's cancel check leaves its jobs alone.
+    pub(crate) checks_cancel: bool,
     /// Decodes a payload's arguments as the worker's `Args` without running it (`oxidekiq check`).
     pub(crate) check_args: args_check::ArgsCheck,
 }
@@ -170,6 +174,8 @@ impl Registry {
                 own: Vec::new(),
                 chain: Arc::from(Vec::new()),
                 options,
+                synchronous: W::SYNCHRONOUS,
+                checks_cancel: W::CHECKS_CANCEL,
                 check_args: args_check::check_args::<W::Args>,
             },
         );

@@ -185,6 +185,13 @@ pub(crate) enum Plan {
         /// Its score.
         at: f64,
     },
+    /// `SADD queues <queue>`, `LPUSH queue:<queue> <payload>`: the payload with a new `enqueued_at`.
+    Requeue {
+        /// The queue's name.
+        queue: String,
+        /// The pushed payload.
+        payload: String,
+    },
 }
 
 /// Decides what Ruby's `JobRetry` would write for this failure.
@@ -196,6 +203,7 @@ pub(crate) fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
             };
         }
         RetryAction::Discard => return Plan::Discard,
+        RetryAction::Requeue => return requeue_plan(f),
         _ => {}
     }
     let mut msg = match f.job.to_map() {
@@ -438,6 +446,25 @@ async fn write_fate(
     Ok(written == 1)
 }
 
+/// The push-back of an interrupted iterable job, as Sidekiq 8's `InterruptHandler` does it
+/// (`Sidekiq::Client#push` of the job hash it was given): the same payload, every key and byte kept
+/// but `enqueued_at`, set to now, to the end of the queue it was fetched from (where the processes of
+/// this fleet read it; for a plain Sidekiq job that is its `queue`). A payload that no longer parses
+/// (it parsed once) goes back byte for byte.
+fn requeue_plan(f: &Failure<'_>) -> Plan {
+    let payload = match f.job.to_map() {
+        Ok(mut msg) => {
+            msg.insert("enqueued_at".into(), f.time_format.value(f.now));
+            to_json(&msg)
+        }
+        Err(_) => f.job.raw().to_string(),
+    };
+    Plan::Requeue {
+        queue: f.queue.to_string(),
+        payload,
+    }
+}
+
 /// Writes the plan to Redis, consuming the job's `token` in the same script (see [`Token`]). The ack of
 /// the fetched job must come after this returns.
 pub(crate) async fn apply(
@@ -472,6 +499,10 @@ pub(crate) async fn apply(
             };
             write_fate(conn, token, write, job.raw().as_bytes()).await?;
             Ok(Fate::Rescheduled { at: *at })
+        }
+        Plan::Requeue { queue, payload } => {
+            push_to_queue(conn, queue, payload.as_bytes(), None, token).await?;
+            Ok(Fate::Requeued)
         }
     }
 }

@@ -4,10 +4,14 @@
 //! Its own room in the processing layer (docs/layout.md), below the processor that fills and empties
 //! it and the manager that drains it at shutdown, so that the processor needs no path to the manager.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
 use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::Notify;
 
 use crate::fetch::UnitOfWork;
+use crate::keys;
+use crate::redis_conn::Conn;
 use crate::text::to_base36;
 use crate::time;
 
@@ -36,6 +40,26 @@ pub(crate) struct WorkTable {
     map: Mutex<foldhash::HashMap<u64, Running>>,
     /// Next sequence number.
     next: AtomicU64,
+    /// Running jobs that Sidekiq's `cancel!` can reach (plain async jobs), by row: their jid and the
+    /// signal the heartbeat's check fires ([`WorkTable::check_cancels`]).
+    cancels: Mutex<foldhash::HashMap<u64, (String, Arc<Notify>)>>,
+}
+
+/// A running job's hold on its cancellation signal; leaves the table when dropped.
+#[derive(Debug)]
+pub(crate) struct CancelGuard<'t> {
+    table: &'t WorkTable,
+    seq: u64,
+    /// Fired once the job's `it-<jid>` hash holds `cancelled`.
+    pub signal: Arc<Notify>,
+}
+
+impl Drop for CancelGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.table.cancels.lock() {
+            c.remove(&self.seq);
+        }
+    }
 }
 
 impl WorkTable {
@@ -73,6 +97,45 @@ impl WorkTable {
     /// How many jobs are in flight.
     pub(crate) fn len(&self) -> usize {
         self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Makes the running job of row `seq` reachable by Sidekiq's `cancel!` until the guard drops.
+    pub(crate) fn cancellable(&self, seq: u64, jid: &str) -> CancelGuard<'_> {
+        let signal = Arc::new(Notify::new());
+        if let Ok(mut c) = self.cancels.lock() {
+            c.insert(seq, (jid.to_string(), signal.clone()));
+        }
+        CancelGuard {
+            table: self,
+            seq,
+            signal,
+        }
+    }
+
+    /// Sidekiq's `cancel!` for plain jobs: one pipelined `HGET it-<jid> cancelled` per cancellable
+    /// running job (none sent when there is none), firing the signal of each job whose hash holds the
+    /// mark; the job is dropped at its next await point. The heartbeat calls it once per beat.
+    pub(crate) async fn check_cancels(&self, conn: &mut Conn) -> crate::error::Result<()> {
+        let rows: Vec<(u64, String)> = match self.cancels.lock() {
+            Ok(c) => c.iter().map(|(s, (j, _))| (*s, j.clone())).collect(),
+            Err(_) => return Ok(()),
+        };
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (_, jid) in &rows {
+            pipe.cmd("HGET").arg(keys::iteration(jid)).arg("cancelled");
+        }
+        let marks: Vec<Option<String>> = pipe.query_async(conn).await?;
+        if let Ok(c) = self.cancels.lock() {
+            for ((seq, _), mark) in rows.iter().zip(marks) {
+                if let (Some(_), Some((_, signal))) = (mark, c.get(seq)) {
+                    signal.notify_one();
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes every in-flight job out of the table (for the push-back).

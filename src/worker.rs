@@ -48,6 +48,16 @@ pub trait Worker: Send + Sync + 'static {
     /// The positional arguments, deserialized from the whole `args` array.
     type Args: DeserializeOwned + Send + 'static;
 
+    /// True for a worker whose `perform` runs synchronous code to its end ([`crate::Blocking`]): a
+    /// timeout cannot cancel it, so it is only reported (a log line and
+    /// `oxidekiq_jobs_past_timeout_total`) and its run ends when its code returns.
+    const SYNCHRONOUS: bool = false;
+
+    /// True for a worker that reads Sidekiq's `cancel!` mark itself ([`crate::iterable::Iterable`],
+    /// at its flushes). Any other async worker's running job is checked once per heartbeat and, once
+    /// cancelled, dropped at its next await point: acknowledged, not retried, not counted as failed.
+    const CHECKS_CANCEL: bool = false;
+
     /// Per-worker options, like Ruby's `sidekiq_options`.
     fn options(&self) -> WorkerOptions {
         WorkerOptions::default()

@@ -46,8 +46,14 @@
 //!   count);
 //! - `CHAOS_NO_PANIC=1` — the same draws with `panic` jobs turned into `fail` ones.
 //!
+//! Issue 31 adds interrupts mid-iteration: iterable `ChaosIterJob`s drawn and checked in
+//! `tests/chaos/iterable.rs` (items skipped or repeated, completions).
+//!
 //! `cargo build --workspace` first: the test runs `target/debug/oxidekiq`.
 mod support;
+// Issue 31: interrupts mid-iteration, with a generator and checks of their own.
+#[path = "chaos/iterable.rs"]
+mod iterable;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -1550,6 +1556,14 @@ fn run_seed(seed: u64) -> Outcome {
         let p = run.start(c, false);
         run.procs.push(Some(p));
     }
+    // Issue 31: iterable jobs long enough to meet the faults mid-iteration (never on a `_rust` queue).
+    let iter_queues: Vec<String> = plan
+        .queues
+        .iter()
+        .map(|(q, _)| q.clone())
+        .filter(|q| !q.ends_with("_rust"))
+        .collect();
+    let mut iter_jobs = iterable::draw(seed, &iter_queues, plan.chaos_secs);
     let t0 = Instant::now();
     let mut quiet_at = None;
     for (at, event) in &plan.events {
@@ -1557,6 +1571,7 @@ fn run_seed(seed: u64) -> Outcome {
         if let Some(wait) = target.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
+        iterable::push_due(&mut run.c, &mut iter_jobs, *at, now());
         match event {
             Event::Burst(jobs) | Event::Block(jobs) => run.push(jobs),
             Event::Kill(slot) => run.kill(*slot),
@@ -1576,6 +1591,7 @@ fn run_seed(seed: u64) -> Outcome {
     if let Some(wait) = end.checked_duration_since(Instant::now()) {
         std::thread::sleep(wait);
     }
+    iterable::push_due(&mut run.c, &mut iter_jobs, f64::INFINITY, now());
     if let Some(q) = quiet_at {
         // Give the quiet process a few beats to finish what it runs before judging what it holds.
         let settle = q + Duration::from_secs_f64(3.0 * BEAT_SECS);
@@ -1587,7 +1603,11 @@ fn run_seed(seed: u64) -> Outcome {
     run.stop_all();
     run.final_drain();
     run.check_issue26();
-    let summary = run.account();
+    let mut summary = run.account();
+    let (iter_summary, iter_findings) = iterable::check(&mut run.c, &iter_jobs);
+    run.findings.extend(iter_findings);
+    summary.push(' ');
+    summary.push_str(&iter_summary);
     Outcome {
         summary: format!(
             "seed={seed} {} | {summary} | {:.0}s",

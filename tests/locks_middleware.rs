@@ -19,7 +19,7 @@ use oxidekiq::middleware::until_executed;
 use oxidekiq::{Error, JobContext, JobError, NoArgs, Registry, Worker};
 use redis::Commands;
 use serde_json::{Value, json};
-use support::{Oxidekiq, RedisServer, wait_for, wait_until};
+use support::{Monitor, Oxidekiq, RedisServer, wait_for, wait_until};
 
 // ---------------------------------------------------------------------------------------------------
 // Helpers
@@ -735,46 +735,16 @@ async fn a_stale_run_of_an_until_executed_job_cannot_release_the_lock_of_a_newer
 // ---------------------------------------------------------------------------------------------------
 // Round trips: what a lock costs in Redis commands (issue 15), counted with MONITOR, never timed
 
-/// Records every command Redis receives from a client (MONITOR) until dropped; commands a Lua script
-/// runs inside Redis (` lua]`) are not round trips and are left out.
-struct Monitor {
-    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// The lock commands a [`Monitor`] saw.
+trait LockCommands {
+    fn lock_commands(&self) -> Vec<(String, String)>;
 }
 
-impl Monitor {
-    fn start(redis: &RedisServer) -> Monitor {
-        let mut m = redis.conn();
-        redis::cmd("MONITOR").exec(&mut m).unwrap();
-        m.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (l, s) = (lines.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(std::sync::atomic::Ordering::SeqCst) {
-                match m.recv_response() {
-                    Ok(redis::Value::SimpleString(line)) => l.lock().unwrap().push(line),
-                    Ok(_) => {}
-                    Err(e) if e.is_timeout() => {}
-                    Err(e) => panic!("monitor: {e}"),
-                }
-            }
-        });
-        Monitor {
-            lines,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
+impl LockCommands for Monitor {
     /// `(command, lock key)` for every `oxidekiq:lock:` key each command a client sent names (once per
     /// key and command: a batched release names many keys in one `EVALSHA`).
     fn lock_commands(&self) -> Vec<(String, String)> {
-        self.lines
-            .lock()
-            .unwrap()
+        self.lines()
             .iter()
             .filter(|l| !l.contains(" lua]"))
             .flat_map(|l| {
@@ -791,15 +761,6 @@ impl Monitor {
                     .collect::<Vec<_>>()
             })
             .collect()
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

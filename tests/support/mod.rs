@@ -12,18 +12,21 @@
 //!   repository's `fixtures/`.
 //! - [`http_get`]: one `GET` to the `--http` endpoint; [`run_cli`]: the binary run to its end (a
 //!   subcommand, a start-up error).
+//! - [`Monitor`]: every command Redis receives (`MONITOR`), parsed.
 //! - [`acl_args`]: `redis-server` arguments for an ACL user `app` with the `default` user off.
 //!
 //! Every test binary uses only part of this, hence the `dead_code` allowance.
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
 mod launch;
+mod monitor;
 mod process;
 mod ruby;
 
 pub use launch::{
     config, count_in, fixture, fixture_files, fixture_json, launch, strict_queues, wait_for,
 };
+pub use monitor::{Monitor, Seen};
 pub use process::{LoggedProcess, Oxidekiq, RubySidekiq};
 pub use ruby::{
     CRON_RUBY_POLLER, RubyOutput, ruby, ruby_activejob, ruby_api, ruby_api_json, ruby_with_env,

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use oxidekiq::error::JobResult;
+use oxidekiq::iterable::{Enumerator, Iterable, IterableWorker};
 use oxidekiq::middleware::Keyed;
 use oxidekiq::middleware::sequential::SequentialJob;
 use oxidekiq::middleware::unique::UniqueJob;
@@ -453,6 +454,114 @@ impl BlockingWorker for SyncSleepJob {
     }
 }
 
+/// The Redis hash where [`ChaosIterJob`] counts its runs (`on_start`/`on_resume`), field = its id.
+pub const CHAOS_ITER_RUNS: &str = "chaos:iter-runs";
+/// The Redis hash where [`ChaosIterJob`] counts its completions (`on_complete`), field = its id.
+pub const CHAOS_ITER_DONE: &str = "chaos:iter-done";
+
+/// The list of every item a [`ChaosIterJob`] started, as `<run>:<item>`, in order.
+pub fn chaos_iter_seen(id: &str) -> String {
+    format!("chaos:iter-seen:{id}")
+}
+
+/// The list of the runs of a [`ChaosIterJob`] that ended cleanly (`on_stop`: completed, cancelled or
+/// interrupted between two items), by run number.
+pub fn chaos_iter_stops(id: &str) -> String {
+    format!("chaos:iter-stops:{id}")
+}
+
+/// Test probe for the chaos test's interrupts mid-iteration: an iterable job over `0..n` (Sidekiq's
+/// `array_enumerator`), each item noted in [`chaos_iter_seen`] with its run number and then slept on
+/// for `sleep_ms`; its runs, clean stops and completions are counted (see the constants above).
+///
+/// ```ruby
+/// class ChaosIterJob
+///   include Sidekiq::IterableJob
+///   def build_enumerator(n, sleep_ms, id, cursor:) = array_enumerator((0...n).to_a, cursor: cursor)
+///   def each_iteration(item, n, sleep_ms, id)
+///     Sidekiq.redis { |c| c.rpush("chaos:iter-seen:#{id}", "#{@_executions}:#{item}") }
+///     sleep(sleep_ms / 1000.0)
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct ChaosIterJob;
+
+impl IterableWorker for ChaosIterJob {
+    const CLASS: &'static str = "ChaosIterJob";
+    type Args = (usize, u64, String);
+    type Item = usize;
+    type Cursor = usize;
+
+    fn build_enumerator<'a>(
+        &'a self,
+        _ctx: &'a JobContext,
+        (n, _, _): &'a Self::Args,
+        cursor: Option<usize>,
+    ) -> Result<Enumerator<'a, usize, usize>, JobError> {
+        Ok(Enumerator::array((0..*n).collect(), cursor))
+    }
+
+    async fn each_iteration(
+        &self,
+        ctx: &JobContext,
+        item: usize,
+        (_, sleep_ms, id): &Self::Args,
+    ) -> JobResult {
+        let mut c = ctx.redis();
+        let run: Option<i64> = redis::cmd("HGET")
+            .arg(CHAOS_ITER_RUNS)
+            .arg(id)
+            .query_async(&mut c)
+            .await?;
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(chaos_iter_seen(id))
+            .arg(format!("{}:{item}", run.unwrap_or(0)))
+            .query_async(&mut c)
+            .await?;
+        tokio::time::sleep(Duration::from_millis(*sleep_ms)).await;
+        Ok(())
+    }
+
+    async fn on_start(&self, ctx: &JobContext) -> JobResult {
+        chaos_iter_count(ctx, CHAOS_ITER_RUNS).await
+    }
+    async fn on_resume(&self, ctx: &JobContext) -> JobResult {
+        chaos_iter_count(ctx, CHAOS_ITER_RUNS).await
+    }
+    async fn on_stop(&self, ctx: &JobContext) -> JobResult {
+        let (_, _, id): (usize, u64, String) = ctx.args()?;
+        let mut c = ctx.redis();
+        let run: Option<i64> = redis::cmd("HGET")
+            .arg(CHAOS_ITER_RUNS)
+            .arg(&id)
+            .query_async(&mut c)
+            .await?;
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(chaos_iter_stops(&id))
+            .arg(run.unwrap_or(0))
+            .query_async(&mut c)
+            .await?;
+        Ok(())
+    }
+    async fn on_complete(&self, ctx: &JobContext) -> JobResult {
+        chaos_iter_count(ctx, CHAOS_ITER_DONE).await
+    }
+}
+
+/// `HINCRBY <hash> <id> 1` for a [`ChaosIterJob`].
+async fn chaos_iter_count(ctx: &JobContext, hash: &str) -> JobResult {
+    let (_, _, id): (usize, u64, String) = ctx.args()?;
+    let mut c = ctx.redis();
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(hash)
+        .arg(&id)
+        .arg(1)
+        .query_async(&mut c)
+        .await?;
+    Ok(())
+}
+
 /// The longest a `block` [`ChaosJob`] holds its thread in this process: `CHAOS_BLOCK_CAP_MS` if set (the
 /// chaos test's last process, which drains what is left, must not wait out long blocks), else no cap.
 fn block_cap_ms() -> u64 {
@@ -482,6 +591,7 @@ pub fn registry() -> Registry {
         .register(LatencyJob)
         .register(NoopActiveJob)
         .register(ChaosJob)
+        .register(Iterable::new(ChaosIterJob))
         .register(Blocking::new(SyncSleepJob))
         .register(UniqueNoopJob)
         .with(UniqueJob::new().key_by_args())
