@@ -211,7 +211,7 @@ impl Processor {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
                 state.settle(&self);
-                tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
+                tracing::info!(elapsed = %crate::time::Secs3(elapsed), "done");
                 return true;
             }
             Err(e) => e,
@@ -288,14 +288,14 @@ impl Processor {
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(elapsed = format_args!("{elapsed:.3}"), reason = %error.message,
+            tracing::info!(elapsed = %crate::time::Secs3(elapsed), reason = %error.message,
                 "interrupted by shutdown: pushed back to its queue");
             return false;
         }
         let rescheduled = matches!(error.action, crate::RetryAction::Reschedule(_));
         if !rescheduled {
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(elapsed = format_args!("{elapsed:.3}"), "fail");
+            tracing::info!(elapsed = %crate::time::Secs3(elapsed), "fail");
             tracing::warn!(error_class = %error.class, error_message = %error.message, "job failed");
         }
         let now = time::now();
