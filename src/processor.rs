@@ -113,7 +113,8 @@ impl Processor {
     /// `park` holds the processor's slot: a job whose fate write is stuck gives it up (see [`Park`]).
     pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park) {
         let run = RunState::new(unit.queue.clone(), unit.id, park);
-        if let Err(panic) = catch_unwind(self.clone().process_unit(unit, &run)).await {
+        let unit_run = std::pin::pin!(self.clone().process_unit(unit, &run));
+        if let Err(panic) = catch_unwind(unit_run).await {
             self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
                 .await;
         }
@@ -384,7 +385,7 @@ impl Processor {
                     let entry = self.registry.get(job.worker_class());
                     let failing =
                         self.fail(job, queue.clone(), entry, error, 0.0, AfterFate::default(), run);
-                    catch_unwind(failing).await.ok()
+                    catch_unwind(std::pin::pin!(failing)).await.ok()
                 }
                 None => None,
             };
@@ -723,10 +724,13 @@ impl<'p> RunState<'p> {
 /// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
 /// state it shares ([`RunState`], the work table) is only read under locks a panic cannot poison
 /// mid-update.
+///
+/// It takes the future pinned where the caller built it (`std::pin::pin!(...)`): taken by value, a
+/// job's future (the whole run's state machine, several KB) was copied into this future's state and
+/// again into the pinned slot, at each of the two nested guards, for every job.
 pub(crate) async fn catch_unwind<F: std::future::Future>(
-    fut: F,
+    mut fut: std::pin::Pin<&mut F>,
 ) -> std::result::Result<F::Output, Box<dyn std::any::Any + Send>> {
-    let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(move |cx| {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
             Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
