@@ -351,10 +351,13 @@ pub enum Fate {
 /// `AssertUnwindSafe` is sound here: after a panic the future is dropped, never polled again, and the
 /// state it shares (the processor's run state, the work table) is only read under locks a panic cannot poison
 /// mid-update.
+///
+/// It takes the future pinned where the caller built it (`std::pin::pin!(...)`): taken by value, a
+/// job's future (the whole run's state machine, several KB) was copied into this future's state and
+/// again into the pinned slot, at each of the two nested guards, for every job.
 pub(crate) async fn catch_unwind<F: std::future::Future>(
-    fut: F,
+    mut fut: std::pin::Pin<&mut F>,
 ) -> std::result::Result<F::Output, Box<dyn std::any::Any + Send>> {
-    let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(move |cx| {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
             Ok(std::task::Poll::Pending) => std::task::Poll::Pending,

@@ -460,10 +460,8 @@ async fn process_loop(
         // `process` catches a job's panic itself; this guard only keeps the processor alive should its
         // own recovery panic as well (the job then stays held, and the shutdown pushes it back).
         let park = Park::new(slot, respawn.clone());
-        if crate::processor::catch_unwind(processor.clone().process(unit, &park))
-            .await
-            .is_err()
-        {
+        let job = std::pin::pin!(processor.clone().process(unit, &park));
+        if crate::processor::catch_unwind(job).await.is_err() {
             tracing::error!(
                 "a job's panic recovery panicked; the job stays held until the shutdown"
             );

@@ -115,7 +115,8 @@ impl Processor {
     /// `park` holds the processor's slot: a job whose fate write is stuck gives it up (see [`Park`]).
     pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park) {
         let run = RunState::new(unit.queue.clone(), unit.id, park);
-        if let Err(panic) = catch_unwind(self.clone().process_unit(unit, &run)).await {
+        let unit_run = std::pin::pin!(self.clone().process_unit(unit, &run));
+        if let Err(panic) = catch_unwind(unit_run).await {
             self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
                 .await;
         }
@@ -254,7 +255,7 @@ impl Processor {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
                 state.settle(&self);
-                tracing::info!(elapsed = format_args!("{elapsed:.3}"), "done");
+                tracing::info!(elapsed = %crate::time::Secs3(elapsed), "done");
                 return true;
             }
             Err(e) => e,
@@ -331,7 +332,7 @@ impl Processor {
         if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(elapsed = format_args!("{elapsed:.3}"), reason = %error.message,
+            tracing::info!(elapsed = %crate::time::Secs3(elapsed), reason = %error.message,
                 "interrupted by shutdown: pushed back to its queue");
             return false;
         }
@@ -340,12 +341,12 @@ impl Processor {
             crate::RetryAction::Requeue => {
                 // As 8.1.7 counts an interrupted iteration (`Skip` in `stats`): processed and failed.
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(elapsed = format_args!("{elapsed:.3}"), reason = %error.message,
+                tracing::info!(elapsed = %crate::time::Secs3(elapsed), reason = %error.message,
                     "interrupted: pushing it back to its queue");
             }
             _ => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(elapsed = format_args!("{elapsed:.3}"), "fail");
+                tracing::info!(elapsed = %crate::time::Secs3(elapsed), "fail");
                 tracing::warn!(error_class = %error.class, error_message = %error.message, "job failed");
             }
         }
@@ -436,7 +437,7 @@ impl Processor {
                     let entry = self.registry.get(job.worker_class());
                     let failing =
                         self.fail(job, queue.clone(), entry, error, 0.0, run.after.clone(), run);
-                    catch_unwind(failing).await.ok()
+                    catch_unwind(std::pin::pin!(failing)).await.ok()
                 }
                 None => None,
             };

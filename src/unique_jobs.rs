@@ -735,7 +735,7 @@ where
             main.unlock(conn, jid)
                 .await
                 .map_err(|e| step_failure(&main.digest, &e))?;
-            let ended = guarded(perform).await;
+            let ended = guarded(std::pin::pin!(perform)).await;
             if !matches!(ended, Ok(Ok(()))) {
                 main.relock(conn, jid).await;
             }
@@ -753,7 +753,7 @@ where
             if spec.lock == LockType::UntilExpired {
                 return perform.await;
             }
-            let ended = guarded(perform).await;
+            let ended = guarded(std::pin::pin!(perform)).await;
             if matches!(ended, Ok(Ok(()))) || gem != UniqueJobsGem::V8_1 {
                 main.release(conn, jid).await;
             }
@@ -769,7 +769,7 @@ where
                 lost(job, &main.digest, "another job holds its lock");
                 return Ok(());
             }
-            let ended = guarded(run_locked(conn, job, &spec, &run, perform)).await;
+            let ended = guarded(std::pin::pin!(run_locked(conn, job, &spec, &run, perform))).await;
             if !matches!(ended, Ok(Ok(()))) {
                 main.relock(conn, jid).await;
             }
@@ -798,7 +798,7 @@ where
     if !taken {
         return conflict(conn, job, spec, run, perform).await;
     }
-    let ended = guarded(perform).await;
+    let ended = guarded(std::pin::pin!(perform)).await;
     run.release(conn, jid).await;
     resume(ended)
 }
