@@ -159,13 +159,9 @@ fn working_keys(c: &mut redis::Connection) -> Vec<String> {
     keys
 }
 
-/// Jobs held in one such key.
+/// Jobs held in one such key (a batch list's jobs not marked done).
 fn held_in(c: &mut redis::Connection, key: &str) -> usize {
-    if key.starts_with("oxidekiq:landing:") {
-        c.llen(key).unwrap()
-    } else {
-        c.hlen(key).unwrap()
-    }
+    support::held_in(c, key).len()
 }
 
 fn working_len(c: &mut redis::Connection) -> usize {
@@ -274,11 +270,7 @@ fn push(c: &mut redis::Connection, class: &str, jid: &str, ms: u64) {
 fn held_jids(c: &mut redis::Connection) -> Vec<String> {
     let mut out = Vec::new();
     for key in working_keys(c) {
-        let raws: Vec<String> = if key.starts_with("oxidekiq:landing:") {
-            c.lrange(&key, 0, -1).unwrap()
-        } else {
-            c.hvals(&key).unwrap()
-        };
+        let raws: Vec<String> = support::held_in(c, &key);
         for r in raws {
             let v: serde_json::Value = serde_json::from_str(&r).unwrap();
             out.push(v["jid"].as_str().unwrap().to_string());
