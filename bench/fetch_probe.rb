@@ -9,7 +9,8 @@
 # DESIGN=basic: oxidekiq's basic fetch: one fetcher popping the free slots (`RPOP queue 50`), no ack.
 # DESIGN=script: oxidekiq's reliable fetch as it is in this tree (src/fetch/reliable.rs): the batch script,
 #   which never takes a payload into Lua, copies up to 50 jobs into a fresh batch list
-#   (`SORT queue BY nosort LIMIT .. STORE`, then `LTRIM`), and the same pipeline reads them (`LRANGE`);
+#   (`SORT queue BY nosort LIMIT .. STORE`, then `LTRIM`), and the same pipeline reads them (`LRANGE`,
+#   and one of the landing list's batch list, empty here);
 #   once every job of a batch is done, one `DEL` of its list acknowledges them (ACK=sadd: each batch's
 #   jobs are first marked done by one `SADD` of their places to its acks set, as when a batch is
 #   acknowledged in parts, the worst case).
@@ -87,14 +88,18 @@ begin
       when "basic"
         Array(redis.rpop(queue, BATCH))
       when "script"
-        # KEYS: dead set, then per queue its batch list and queue; ARGV as oxidekiq sends them (no size
-        # limit reached, a 32 MB batch budget). The batch list is read in the same round trip.
-        list = "oxidekiq:working:probe:1:ab:default:@#{next_id}"
-        next_id += 1
-        flat, jobs = redis.pipelined do |p|
-          p.evalsha(sha, keys: ["dead", list, queue],
+        # ARGV as oxidekiq sends them (no size limit reached, a 32 MB batch budget). The batch lists are
+        # read in the same round trip.
+        # KEYS: dead set, then per queue its landing list and that source's batch list, its queue and
+        # that source's batch list.
+        landed = "oxidekiq:working:probe:1:ab:default:@#{next_id}"
+        list = "oxidekiq:working:probe:1:ab:default:@#{next_id + 1}"
+        next_id += 2
+        flat, _landed, jobs = redis.pipelined do |p|
+          p.evalsha(sha, keys: ["dead", "oxidekiq:landing:probe:1:ab:default", landed, queue, list],
                          argv: [BATCH, 16 * 1024 * 1024, 32 * 1024 * 1024, "probe",
                                 Time.now.to_f.to_s, Time.now.to_f.to_s, "0", 10_000])
+          p.lrange(landed, 0, -1)
           p.lrange(list, 0, -1)
         end
         raise "unexpected records #{flat.inspect}" if flat.each_slice(3).any? { |_, t, _| %w[dead err].include?(t) }

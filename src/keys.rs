@@ -80,13 +80,18 @@ pub(crate) fn signals(identity: &str) -> String {
 /// What every working hash's name starts with (reliable fetch): `oxidekiq:working:<identity>:<queue>`.
 pub(crate) const WORKING: &str = "oxidekiq:working:";
 
-/// What every landing list's name started with (`oxidekiq:landing:<identity>:<queue>`, where a blocking
-/// fetch of an older version put a job before its batch script took it): recovery still reads them.
+/// What every landing list's name starts with: `oxidekiq:landing:<identity>:<queue>`.
 pub(crate) const LANDING: &str = "oxidekiq:landing:";
 
 /// The prefix of this process's working hashes (reliable fetch); the queue name follows.
 pub(crate) fn working_prefix(identity: &str) -> String {
     format!("{WORKING}{identity}:")
+}
+
+/// The prefix of this process's landing lists (where a blocking fetch puts a job before the batch script
+/// copies it into a batch list); the queue name follows.
+pub(crate) fn landing_prefix(identity: &str) -> String {
+    format!("{LANDING}{identity}:")
 }
 
 /// What a batch list's name ends with before its number: `<working prefix><queue>:@<batch>`.

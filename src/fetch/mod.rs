@@ -275,6 +275,11 @@ impl QueueOrder {
         }
         out
     }
+
+    /// Every queue name.
+    pub(crate) fn names(&self) -> &[Arc<str>] {
+        &self.names
+    }
 }
 
 /// A queue paused after an error of its own (a key of the wrong type).

@@ -35,20 +35,22 @@ use crate::lua::{dead_trim, lua_common, script_error};
 use crate::redis_conn::Conn;
 use crate::time::{self, score};
 
-/// The batch fetch. KEYS[1] is the dead set, then two keys per queue, in the round's order: the batch
-/// list this fetch fills for it (`oxidekiq:held:<identity>:<batch>:<queue>`, new for every fetch) and
-/// its queue. Takes up to ARGV[1] jobs from the queues' served ends into their batch lists, in the
-/// queue's own order (so a batch list's tail is the job served first) and only then trims them from
-/// their queue; the caller reads the lists in the same pipeline. No payload enters Lua (Lua hashes every
-/// byte of every string it is handed): `SORT <queue> BY nosort LIMIT .. STORE <batch list>` copies the
-/// jobs inside Redis, and `MEMORY USAGE` of the copy bounds their sizes. Only when that copy could hold
-/// a job longer than ARGV[2] bytes (0: no limit), or pass the batch budget ARGV[3], is it undone and
-/// the queue read job by job as before: such a job goes straight to the dead set, annotated with an
-/// error naming this fetch (ARGV[4], the process's identity and the batch number) and the job's place in it, so identical payloads stay distinct members (score ARGV[5],
-/// `failed_at` text ARGV[6], trimmed by ARGV[7] and ARGV[8]), and the batch stops once it holds ARGV[3]
-/// bytes. A queue whose key has the wrong type is skipped with an error; the others are served. Returns
-/// records: queue number (1-based in the round), "n", count in its batch list | number, "dead", size |
-/// number, "err", message.
+/// The batch fetch. KEYS[1] is the dead set, then four keys per queue, in the round's order: its
+/// landing list (where a blocking wait put a job) and the batch list this fetch fills from it, then its
+/// queue and the batch list this fetch fills from that (`oxidekiq:working:<identity>:<queue>:@<batch>`,
+/// new for every fetch). Takes up to ARGV[1] jobs, each queue's landing list first, from the sources'
+/// served ends into their batch lists, in the source's own order (so a batch list's tail is the job
+/// served first), and only then trims them from their source; the caller reads the lists in the same
+/// pipeline. No payload enters Lua (Lua hashes every byte of every string it is handed):
+/// `SORT <source> BY nosort LIMIT .. STORE <batch list>` copies the jobs inside Redis, and `MEMORY USAGE`
+/// of the copy bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes (0: no
+/// limit), or pass the batch budget ARGV[3], is it undone and the source read job by job as before: such
+/// a job goes straight to the dead set, annotated with an error naming this fetch (ARGV[4], the
+/// process's identity and the batch number) and the job's place in it, so identical payloads stay
+/// distinct members (score ARGV[5], `failed_at` text ARGV[6], trimmed by ARGV[7] and ARGV[8]), and the
+/// batch stops once it holds ARGV[3] bytes. A queue whose key has the wrong type is skipped with an
+/// error; the others are served. Returns records: source number (1-based: queue i's landing list is
+/// 2i-1, its queue 2i), "n", count in its batch list | number, "dead", size | number, "err", message.
 const FETCH_LUA: &str = concat!(
     lua_common!(),
     r#"
@@ -58,15 +60,17 @@ local budget = tonumber(ARGV[3])
 local nonce = ARGV[4]
 local score, failed_at, trim_before, dead_max = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local dead = KEYS[1]
-local nq = (#KEYS - 1) / 2
+local ns = (#KEYS - 1) / 2
 local out = {}
 local taken, bytes = 0, 0
 local cap = budget
 if limit > 0 and limit < cap then cap = limit end
-for i = 1, nq do
+local skip = 0
+for i = 1, ns do
   if taken >= max or bytes >= budget then break end
+  if i ~= skip then
   local q = tostring(i)
-  local dest, src = KEYS[2 * i], KEYS[2 * i + 1]
+  local src, dest = KEYS[2 * i], KEYS[2 * i + 1]
   local err, done = nil, 0
   local n = redis.pcall('LLEN', src)
   if failed(n) then
@@ -122,14 +126,19 @@ for i = 1, nq do
   if done > 0 then redis.call('LTRIM', src, 0, -(done + 1)) end
   if fast then kept = k end
   if kept > 0 then out[#out + 1] = q; out[#out + 1] = 'n'; out[#out + 1] = tostring(kept) end
-  if err then out[#out + 1] = q; out[#out + 1] = 'err'; out[#out + 1] = err end
+  if err then
+    out[#out + 1] = q; out[#out + 1] = 'err'; out[#out + 1] = err
+    -- A landing list that fails skips its queue too (as one error of the queue).
+    if i % 2 == 1 then skip = i + 1 end
+  end
+  end
 end
 return out
 "#
 );
 
-/// Pushes every job of this process's own batch list KEYS[1] not in its acks set KEYS[2] back to queue
-/// KEYS[3], without counting it as a recovery (so no counts hash and no dead set: KEYS[1] stands in for
+/// Pushes every job of this process's own batch list KEYS[1] not in its acks set KEYS[2] (or of its
+/// landing list KEYS[1], given as KEYS[2] too) back to queue KEYS[3], without counting it as a recovery (so no counts hash and no dead set: KEYS[1] stands in for
 /// both, never touched with a limit of -1). Returns {moved, error}.
 const MOVE_BACK_LUA: &str = concat!(
     lua_common!(),
@@ -215,6 +224,10 @@ pub(crate) struct Reliable {
     identity: String,
     /// `oxidekiq:working:<identity>:`.
     working_prefix: String,
+    /// `oxidekiq:landing:<identity>:`.
+    landing_prefix: String,
+    /// Every queue name, for the landing lists' sweep.
+    names: Vec<Arc<str>>,
     /// Connection for the batch script, acks and requeues.
     conn: Conn,
     /// Dedicated connection for `BLMOVE`.
@@ -246,10 +259,13 @@ impl Reliable {
         blocking: Conn,
         block: Duration,
     ) -> Self {
+        let order = QueueOrder::new(queues);
         Reliable {
-            order: QueueOrder::new(queues),
+            names: order.names().to_vec(),
+            order,
             identity: identity.to_string(),
             working_prefix: keys::working_prefix(identity),
+            landing_prefix: keys::landing_prefix(identity),
             conn,
             blocking,
             script: Script::new(FETCH_LUA),
@@ -315,12 +331,9 @@ impl Reliable {
         }
         // A queue the batch found broken is not waited on.
         let order = self.stalls.usable(order);
-        if let Some(unit) = self.wait_for_work(&order).await? {
-            let mut out = vec![unit];
-            if max > 1 {
-                out.extend(self.fetch_batch(&order, max - 1).await?.0);
-            }
-            return Ok(out);
+        if self.wait_for_work(&order).await? {
+            // The job waits in its landing list; the batch script takes it (and any others).
+            return Ok(self.fetch_batch(&order, max).await?.0);
         }
         Ok(Vec::new())
     }
@@ -332,15 +345,26 @@ impl Reliable {
             return Ok((Vec::new(), false));
         }
         let max = max.clamp(1, MAX_BATCH);
-        // One batch number per queue of the round, so a unit id (batch and place) names one list.
+        // Two sources per queue of the round, its landing list and the queue itself, each copied into a
+        // batch list of its own with a batch number of its own, so a unit id (batch and place) names one
+        // list.
+        let sources: Vec<(Arc<str>, String)> = order
+            .iter()
+            .flat_map(|q| {
+                [
+                    (q.clone(), format!("{}{q}", self.landing_prefix)),
+                    (q.clone(), keys::queue(q)),
+                ]
+            })
+            .collect();
         let first = self
             .next_batch
-            .fetch_add(order.len() as u64, Ordering::Relaxed)
+            .fetch_add(sources.len() as u64, Ordering::Relaxed)
             + 1;
-        let lists: Vec<_> = order
+        let lists: Vec<_> = sources
             .iter()
             .zip(first..)
-            .map(|(q, batch)| self.lists(q, batch))
+            .map(|((q, _), batch)| self.lists(q, batch))
             .collect();
         let mut reservation = Reservation {
             fetcher: self,
@@ -352,8 +376,8 @@ impl Reliable {
         let mut pipe = redis::pipe();
         let eval = pipe.cmd("EVALSHA").arg(self.script.get_hash());
         eval.arg(1 + 2 * lists.len()).arg(keys::DEAD);
-        for ((key, _, _), q) in lists.iter().zip(order) {
-            eval.arg(key).arg(keys::queue(q));
+        for ((_, src), (dest, _, _)) in sources.iter().zip(&lists) {
+            eval.arg(src).arg(dest);
         }
         eval.arg(max)
             .arg(self.max_payload_bytes)
@@ -386,10 +410,10 @@ impl Reliable {
             read.push(redis::from_redis_value(v).map_err(redis::RedisError::from)?);
         }
         let busy = !flat.is_empty();
-        let (counts, failed) = self.read_reply(flat, order);
+        let (counts, failed) = self.read_reply(flat, &sources);
         let mut out = Vec::new();
         for (i, jobs) in read.into_iter().enumerate() {
-            let (Some(q), Some(list)) = (order.get(i), lists.get(i)) else {
+            let (Some((q, _)), Some(list)) = (sources.get(i), lists.get(i)) else {
                 continue;
             };
             if counts.get(i).copied().unwrap_or(0) != jobs.len() {
@@ -399,7 +423,7 @@ impl Reliable {
             }
             let batch = first + i as u64;
             self.open(batch, list.clone(), jobs.len());
-            // The list's tail is the job its queue served first: handed out in that order.
+            // The list's tail is the job its source served first: handed out in that order.
             let base = batch << keys::PLACE_BITS;
             for (place, raw) in jobs.into_iter().enumerate().rev() {
                 out.push(UnitOfWork::new(q.clone(), base | place as u64, raw));
@@ -413,9 +437,13 @@ impl Reliable {
         Ok((out, busy))
     }
 
-    /// Reads the batch script's records: how many jobs each queue's batch list holds (by its place in
-    /// the round), and the queues that failed (paused here).
-    fn read_reply(&self, flat: Vec<Vec<u8>>, order: &[Arc<str>]) -> (Vec<usize>, Vec<Arc<str>>) {
+    /// Reads the batch script's records: how many jobs each source's batch list holds (by its place in
+    /// the round's sources), and the queues that failed (paused here).
+    fn read_reply(
+        &self,
+        flat: Vec<Vec<u8>>,
+        sources: &[(Arc<str>, String)],
+    ) -> (Vec<usize>, Vec<Arc<str>>) {
         let index = |q: &[u8]| {
             std::str::from_utf8(q)
                 .ok()
@@ -424,12 +452,12 @@ impl Reliable {
                 .wrapping_sub(1)
         };
         let name_of = |q: &[u8]| {
-            order
+            sources
                 .get(index(q))
-                .cloned()
+                .map(|(name, _)| name.clone())
                 .unwrap_or_else(|| Arc::from(String::from_utf8_lossy(q).as_ref()))
         };
-        let mut counts = vec![0; order.len()];
+        let mut counts = vec![0; sources.len()];
         let mut failed: Vec<Arc<str>> = Vec::new();
         let mut it = flat.into_iter();
         while let (Some(q), Some(tag), Some(body)) = (it.next(), it.next(), it.next()) {
@@ -459,12 +487,14 @@ impl Reliable {
         (counts, failed)
     }
 
-    /// Blocks until a job arrives on the first queue of the round, moving it into a batch list of its
-    /// own, or the block time passes. The job, when one came.
-    async fn wait_for_work(&self, order: &[Arc<str>]) -> Result<Option<UnitOfWork>> {
+    /// Blocks until a job arrives on the first queue of the round (moving it into its landing list) or
+    /// the block time passes. True when a job landed. The landing list is swept by name
+    /// ([`Fetch::requeue_leftovers`]), so a wait cut short, or one that Redis served after its reply
+    /// was no longer awaited, strands nothing.
+    async fn wait_for_work(&self, order: &[Arc<str>]) -> Result<bool> {
         let Some(first) = order.first() else {
             tokio::time::sleep(self.block.min(Duration::from_millis(500))).await;
-            return Ok(None);
+            return Ok(false);
         };
         // With several queues, block briefly on the first so the others are looked at again soon.
         let block = if order.len() == 1 {
@@ -472,43 +502,26 @@ impl Reliable {
         } else {
             self.block.min(Duration::from_millis(50))
         };
-        let queue = keys::queue(first);
-        let batch = self.next_batch.fetch_add(1, Ordering::Relaxed) + 1;
-        let list = self.lists(first, batch);
-        let mut reservation = Reservation {
-            fetcher: self,
-            lists: vec![list.clone()],
-            answered: false,
-        };
+        let (queue, landing) = (
+            keys::queue(first),
+            format!("{}{first}", self.landing_prefix),
+        );
+        // The payload comes back in the reply; the batch script copies it out of the landing list (an
+        // oversized one goes to the dead set there).
         let moved: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("BLMOVE")
             .arg(&queue)
-            .arg(&list.0)
+            .arg(&landing)
             .arg("RIGHT")
             .arg("LEFT")
             .arg(block.as_secs_f64())
             .query_async(&mut self.blocking.clone())
             .await;
         match moved {
-            Ok(Some(raw)) => {
-                reservation.answered = true;
-                self.open(batch, list, 1);
-                // An oversized job read this way is sent to the dead set by the processor, which checks
-                // every payload's size too.
-                Ok(Some(UnitOfWork::new(
-                    first.clone(),
-                    batch << keys::PLACE_BITS,
-                    raw,
-                )))
-            }
-            Ok(None) => {
-                reservation.answered = true;
-                Ok(None)
-            }
+            Ok(raw) => Ok(raw.is_some()),
             Err(e) if e.code() == Some("WRONGTYPE") => {
-                reservation.answered = true;
-                let msg = describe(&self.conn, &[queue], &e).await;
+                let msg = describe(&self.conn, &[queue, landing], &e).await;
                 self.stalls.stall(first, &msg);
-                Ok(None)
+                Ok(false)
             }
             Err(e) => Err(e.into()),
         }
@@ -681,11 +694,18 @@ impl Reliable {
         }
     }
 
-    /// The lists of fetches whose reply never came, then (with `everything`) every job of every batch
-    /// list not marked done. Not counted as recoveries.
+    /// The landing lists, the lists of fetches whose reply never came, then (with `everything`) every job
+    /// of every batch list not marked done. Not counted as recoveries.
     async fn leftovers(&self, everything: bool) -> Result<u64> {
-        let mut moved = 0;
-        let mut errors = Vec::new();
+        let landing: Vec<_> = self
+            .names
+            .iter()
+            .map(|q| {
+                let key = format!("{}{q}", self.landing_prefix);
+                (key.clone(), key, q.clone())
+            })
+            .collect();
+        let (mut moved, _, mut errors) = self.move_back(landing).await;
         match self.reconcile_now().await {
             Ok(n) => moved += n,
             Err(e) => errors.push(e.to_string()),
