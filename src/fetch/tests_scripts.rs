@@ -50,6 +50,21 @@ async fn fetcher(redis: &support::RedisServer, names: &[&str], identity: &str) -
     )
 }
 
+/// Pushes `n` jobs to `queue:<q>`, with jids `<q>0`, `<q>1`, ... (`<q>0` served first).
+fn fill(c: &mut redis::Connection, q: &str, n: usize) {
+    for i in 0..n {
+        let _: () = c
+            .lpush(format!("queue:{q}"), job(&format!("{q}{i}"), q))
+            .unwrap();
+    }
+}
+
+/// A basic fetcher over `names`, blocking 200 ms at most.
+async fn basic(redis: &support::RedisServer, names: &[&str]) -> Basic {
+    let (conn, blocking) = conns(redis).await;
+    Basic::new(&queues(names), conn, blocking, Duration::from_millis(200))
+}
+
 fn job(jid: &str, queue: &str) -> String {
     format!(r#"{{"class":"A","args":[1],"jid":"{jid}","queue":"{queue}","retry":true}}"#)
 }
@@ -108,12 +123,8 @@ fn hash_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
 async fn a_full_later_queue_fills_only_the_rest_of_the_batch() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    for i in 0..3 {
-        let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
-    }
-    for i in 0..5 {
-        let _: () = c.lpush("queue:b", job(&format!("b{i}"), "b")).unwrap();
-    }
+    fill(&mut c, "a", 3);
+    fill(&mut c, "b", 5);
     let f = fetcher(&redis, &["a", "b"], ME).await;
     let got = f.retrieve_work(4).await.unwrap();
     assert_eq!(got.len(), 4, "a batch of 4");
@@ -276,13 +287,7 @@ async fn basic_fetch_serves_the_other_queues_past_a_wrong_type_key() {
     let mut c = redis.conn();
     let _: () = c.set("queue:a", "not a list").unwrap();
     let _: () = c.lpush("queue:b", job("b0", "b")).unwrap();
-    let (conn, blocking) = conns(&redis).await;
-    let f = Basic::new(
-        &queues(&["a", "b"]),
-        conn,
-        blocking,
-        Duration::from_millis(200),
-    );
+    let f = basic(&redis, &["a", "b"]).await;
     let mut got = Vec::new();
     for _ in 0..10 {
         got.extend(f.retrieve_work(1).await.expect("not a fetch failure"));
@@ -645,4 +650,45 @@ async fn recovery_takes_back_the_unfinished_jobs_of_batch_lists_and_of_the_old_l
     assert!(keys.is_empty(), "{keys:?}");
     let dead_set: Vec<String> = c.zrange("dead", 0, -1).unwrap();
     assert_eq!(dead_set, ["dead-n1"], "the fate written is not undone");
+}
+
+/// Basic fetch takes the free slots' worth of jobs in one pass over the queues, in Sidekiq's strict
+/// order (the first queue first, the next one for the rest), each queue from its served end; it blocks
+/// (one job, `BRPOP`) only when every queue is empty. Before, every fetch was one `BRPOP` for one job
+/// whatever the free slots.
+#[tokio::test]
+async fn basic_fetch_takes_the_free_slots_in_queue_order_and_blocks_only_when_empty() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 3);
+    fill(&mut c, "b", 5);
+    let f = basic(&redis, &["a", "b"]).await;
+    let got = f.retrieve_work(4).await.unwrap();
+    let jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
+    assert_eq!(jids, ["a0", "a1", "a2", "b0"]);
+    assert_eq!(got[3].queue.as_ref(), "b");
+    let got = f.retrieve_work(10).await.unwrap();
+    let jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
+    assert_eq!(jids, ["b1", "b2", "b3", "b4"]);
+    // Empty: the blocking wait, which a job pushed meanwhile ends.
+    let url = redis.url();
+    let pusher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = c.lpush("queue:b", job("late", "b")).unwrap();
+    });
+    let mut late = Vec::new();
+    for _ in 0..50 {
+        late.extend(f.retrieve_work(10).await.unwrap());
+        if !late.is_empty() {
+            break;
+        }
+    }
+    pusher.join().unwrap();
+    assert_eq!(
+        late.iter().map(|u| jid_of(u.raw())).collect::<Vec<_>>(),
+        ["late"]
+    );
+    assert_eq!(c.llen::<_, usize>("queue:a").unwrap(), 0);
+    assert_eq!(c.llen::<_, usize>("queue:b").unwrap(), 0);
 }
