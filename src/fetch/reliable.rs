@@ -54,6 +54,9 @@ use crate::time::{self, score};
 const FETCH_LUA: &str = concat!(
     lua_common!(),
     r#"
+-- MEMORY USAGE before a write needs effects replication (the only mode from Redis 7; the default
+-- from 5, opt-in before).
+if redis.replicate_commands then redis.replicate_commands() end
 local max = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local budget = tonumber(ARGV[3])
