@@ -402,8 +402,14 @@ async fn a_redis_stall_past_the_liveness_ttl_takes_no_live_process_jobs() {
     }
     // Both processes hold two jobs each.
     assert!(support::wait_until(Duration::from_secs(20), || {
-        let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
-        keys.len() == 2 && keys.iter().all(|k| c.hlen::<_, usize>(k).unwrap() == 2)
+        // Held jobs by process (a process's batch lists share its identity, `host:pid:nonce`).
+        let mut by_process: std::collections::HashMap<String, usize> = Default::default();
+        for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
+            let rest = k.trim_start_matches("oxidekiq:working:");
+            let owner: Vec<&str> = rest.splitn(4, ':').take(3).collect();
+            *by_process.entry(owner.join(":")).or_default() += support::held_in(&mut c, &k).len();
+        }
+        by_process.len() == 2 && by_process.values().all(|n| *n == 2)
     }));
     let ttl = oxidekiq::launcher::alive_ttl(Duration::from_millis(200));
     let pid = redis.pid().to_string();
