@@ -198,6 +198,15 @@ struct Held {
     open: foldhash::HashMap<u64, Batch>,
     /// Lists (key, acks set, queue) of fetches whose reply never came.
     lost: Vec<(String, String, Arc<str>)>,
+    /// `[start, end)` batch numbers of fetches in flight: lists a sweep must leave alone.
+    pending: Vec<(u64, u64)>,
+}
+
+impl Held {
+    /// Whether batch `n` is one this process knows: handed out, or its fetch in flight.
+    fn knows(&self, n: u64) -> bool {
+        self.open.contains_key(&n) || self.pending.iter().any(|(a, b)| (*a..*b).contains(&n))
+    }
 }
 
 /// Records a fetch's lists as lost however the fetch ends without its reply being read (a cancelled
@@ -205,15 +214,37 @@ struct Held {
 struct Reservation<'a> {
     fetcher: &'a Reliable,
     lists: Vec<(String, String, Arc<str>)>,
+    /// Its batch numbers, `[start, end)`.
+    range: (u64, u64),
     answered: bool,
+}
+
+impl<'a> Reservation<'a> {
+    /// Reserves `lists`, numbered from `range.0`, while the fetch is in flight.
+    fn new(
+        fetcher: &'a Reliable,
+        lists: Vec<(String, String, Arc<str>)>,
+        range: (u64, u64),
+    ) -> Self {
+        if let Ok(mut h) = fetcher.held.lock() {
+            h.pending.push(range);
+        }
+        Reservation {
+            fetcher,
+            lists,
+            range,
+            answered: false,
+        }
+    }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if !self.answered
-            && let Ok(mut h) = self.fetcher.held.lock()
-        {
-            h.lost.append(&mut self.lists);
+        if let Ok(mut h) = self.fetcher.held.lock() {
+            h.pending.retain(|r| *r != self.range);
+            if !self.answered {
+                h.lost.append(&mut self.lists);
+            }
         }
     }
 }
@@ -369,11 +400,8 @@ impl Reliable {
             .zip(first..)
             .map(|((q, _), batch)| self.lists(q, batch))
             .collect();
-        let mut reservation = Reservation {
-            fetcher: self,
-            lists: lists.clone(),
-            answered: false,
-        };
+        let range = (first, first + lists.len() as u64);
+        let mut reservation = Reservation::new(self, lists.clone(), range);
         let now = time::now();
         let (trim_before, dead_max) = dead_trim(now);
         let mut pipe = redis::pipe();
@@ -677,12 +705,50 @@ impl Reliable {
         (moved, kept, errors)
     }
 
-    /// Pushes back the lists of fetches whose reply never came (nothing in them was handed out).
+    /// This process's batch lists in Redis that it does not know (neither handed out nor being fetched):
+    /// left by a fetch whose reply never came but was not seen to fail, or brought back by a failover
+    /// to a replica that had not seen their deletion. One `SCAN` of the keyspace.
+    async fn strays(&self) -> Result<Vec<(String, String, Arc<str>)>> {
+        let mut conn = self.conn.clone();
+        let opts = redis::ScanOptions::default()
+            .with_pattern(format!("{}*", self.working_prefix))
+            .with_count(1000);
+        let mut found: Vec<String> = Vec::new();
+        {
+            let mut iter: redis::AsyncIter<'_, String> =
+                redis::AsyncCommands::scan_options(&mut conn, opts).await?;
+            while let Some(item) = iter.next_item().await {
+                found.push(item?);
+            }
+        }
+        let h = self.held.lock().map_err(|_| poisoned())?;
+        Ok(found
+            .into_iter()
+            .filter_map(|key| {
+                let rest = key.strip_prefix(&self.working_prefix)?;
+                let (queue, n) = rest.rsplit_once(":@")?;
+                let n: u64 = n.parse().ok()?;
+                (!h.knows(n)).then(|| {
+                    let acks = keys::acks_of(&key);
+                    (key.clone(), acks, Arc::from(queue))
+                })
+            })
+            .collect())
+    }
+
+    /// Pushes back the lists of fetches whose reply never came (nothing in them was handed out), and
+    /// any other list of this process that it does not know ([`Reliable::strays`]).
     async fn reconcile_now(&self) -> Result<u64> {
-        let lost = match self.held.lock() {
+        let strays = self.strays().await?;
+        let mut lost = match self.held.lock() {
             Ok(mut h) => std::mem::take(&mut h.lost),
             Err(_) => return Err(poisoned()),
         };
+        for s in strays {
+            if !lost.iter().any(|l| l.0 == s.0) {
+                lost.push(s);
+            }
+        }
         if lost.is_empty() {
             return Ok(0);
         }

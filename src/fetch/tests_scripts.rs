@@ -692,3 +692,25 @@ async fn basic_fetch_takes_the_free_slots_in_queue_order_and_blocks_only_when_em
     assert_eq!(c.llen::<_, usize>("queue:a").unwrap(), 0);
     assert_eq!(c.llen::<_, usize>("queue:b").unwrap(), 0);
 }
+
+/// A batch list of this process that it does not know (a failover to a replica that had not seen its
+/// deletion brings it back, or a fetch whose reply was lost without an error) goes back at the next
+/// reconcile, except the places marked done; the lists it handed out stay.
+#[tokio::test]
+async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 2);
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.retrieve_work(10).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let stray = oxidekiq::keys::batch_list(&oxidekiq::keys::working_prefix(ME), "a", 999);
+    let _: () = c
+        .rpush(&stray, vec![job("s0", "a"), job("s1", "a")])
+        .unwrap();
+    let _: () = c.sadd(oxidekiq::keys::acks_of(&stray), 0).unwrap();
+    assert_eq!(f.reconcile().await.unwrap(), 1);
+    assert_eq!(list_jids(&mut c, "queue:a"), ["s1"]);
+    assert!(!c.exists::<_, bool>(&stray).unwrap());
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
+}
