@@ -3,51 +3,78 @@
 # client plays the fetcher, so only Redis's count means anything).
 #
 #   ruby bench/fetch_probe.rb                    # DESIGN=script KIND=noop JOBS=20000
-#   DESIGN=lmove KIND=activejob ruby bench/fetch_probe.rb
+#   DESIGN=floor PAYLOAD=4 JOBS=5000 ruby bench/fetch_probe.rb
 #
-# DESIGN=script: oxidekiq's reliable fetch as it is. The batch script is read from src/lua.rs and
-#   src/fetch/reliable.rs (so it is the one in this tree), run with EVALSHA for 50 jobs at a time into the
-#   working hash; every 200 jobs one HDEL of their ids acknowledges them (as oxidekiq's acker batches).
+# DESIGN=floor: what Redis must at least do to hand a job out, with no safety at all: `RPOP queue 100`.
+# DESIGN=basic: oxidekiq's basic fetch: one fetcher popping the free slots (`RPOP queue 50`), no ack.
+# DESIGN=script: oxidekiq's reliable fetch as it is in this tree (src/fetch/reliable.rs): the batch script,
+#   which never takes a payload into Lua, copies up to 50 jobs into a fresh batch list
+#   (`SORT queue BY nosort LIMIT .. STORE`, then `LTRIM`), and the same pipeline reads them (`LRANGE`,
+#   and one of the landing list's batch list, empty here);
+#   once every job of a batch is done, one `DEL` of its list acknowledges them (ACK=sadd: each batch's
+#   jobs are first marked done by one `SADD` of their places to its acks set, as when a batch is
+#   acknowledged in parts, the worst case).
+# DESIGN=old: the batch script before the batch lists (read from git at OLD_REV, e9935e1): it takes each
+#   payload into Lua (`LRANGE`), writes it into the working hash and returns it; acks are `HDEL`s of
+#   ids, 200 at a time.
 # DESIGN=lmove: working lists the payloads reach without Lua (the shape of Sidekiq Pro's super_fetch, with one
 #   list per batch so that an acknowledgement scans at most a batch): MULTI, 50 LMOVE queue -> the batch's
 #   list, EXEC; every 200 jobs one pipeline of LREM <its list> -1 <payload> per job (the last one of a list
 #   deletes it). Acknowledged in fetch order here, the best case for LREM.
 #
+# PAYLOAD (KB: 0.2, 1, 4, 16) pads NoopJob's arguments to about that size; without it the payload is
+# the benchmark's own (KIND=noop: NoopJob, 162 bytes; KIND=activejob: NoopActiveJob, 496 bytes).
+#
 # A private redis-server on a free port (never 6379), under `valgrind --tool=callgrind --instr-atstart=no`;
-# JOBS jobs enqueued with Ruby Sidekiq's client (KIND=noop: NoopJob, KIND=activejob: NoopActiveJob as
-# bench/driver.rb enqueues them); the count covers the fetch-and-ack loop only. Prints Redis's instructions
-# per job.
+# JOBS jobs enqueued with Ruby Sidekiq's client (as bench/driver.rb enqueues them); the count covers the
+# fetch-and-ack loop only. Prints Redis's instructions per job.
 require_relative "probe_support"
 include ProbeSupport
 
 DESIGN = ENV.fetch("DESIGN", "script")
 KIND = ENV.fetch("KIND", "noop")
 JOBS = Integer(ENV.fetch("JOBS", "20000"))
-BATCH = 50
-ACK_EVERY = 200
+PAYLOAD = ENV["PAYLOAD"]
+ACK = ENV.fetch("ACK", "del")
+OLD_REV = ENV.fetch("OLD_REV", "e9935e1")
+BATCH = Integer(ENV.fetch("BATCH", "50"))
+ACK_EVERY = [200, BATCH].max
 WORK = Dir.mktmpdir("oxidekiq-fetch-probe")
 OUT = ENV.fetch("OUT", File.join(WORK, "callgrind.out"))
-abort "DESIGN is script or lmove" unless %w[script lmove].include?(DESIGN)
+abort "DESIGN is floor, basic, script, old or lmove" unless %w[floor basic script old lmove].include?(DESIGN)
 abort "KIND is noop or activejob" unless %w[noop activejob].include?(KIND)
 
-# The raw string literal (r#"..."#) that follows `marker` in a Rust source file.
-def rust_raw(path, marker)
-  src = File.read(File.join(ROOT, path))
+# The raw string literal (r#"..."#) that follows `marker` in a Rust source file (at git revision `rev`
+# when given).
+def rust_raw(path, marker, rev = nil)
+  src = rev ? IO.popen(["git", "-C", ROOT, "show", "#{rev}:#{path}"], &:read) : File.read(File.join(ROOT, path))
   from = src.index(marker) or raise "#{marker} not found in #{path}"
   start = src.index('r#"', from) + 3
   src[start...src.index('"#', start)]
 end
 
-fetch_lua = rust_raw("src/lua.rs", "macro_rules! lua_common") + rust_raw("src/fetch/reliable.rs", "const FETCH_LUA")
+rev = DESIGN == "old" ? OLD_REV : nil
+fetch_lua = rust_raw("src/lua.rs", "macro_rules! lua_common", rev) + rust_raw("src/fetch/reliable.rs", "const FETCH_LUA", rev)
+
+# NoopJobs padded to about PAYLOAD KB each.
+def enqueue_padded(redis, jobs)
+  target = (Float(PAYLOAD) * 1024).round
+  pad = [target - 170, 0].max
+  (0...jobs).each_slice(1000) do |idx|
+    Sidekiq::Client.push_bulk("class" => NoopJob, "args" => idx.map { |i| [i, "x" * pad] })
+  end
+  queued = redis.llen("queue:default")
+  raise "enqueued #{queued} of #{jobs}" unless queued == jobs
+end
 
 redis_pid, _url, redis = start_redis(WORK, callgrind(OUT))
 begin
-  enqueue(redis, KIND, JOBS)
+  PAYLOAD ? enqueue_padded(redis, JOBS) : enqueue(redis, KIND, JOBS)
   bytes = redis.lrange("queue:default", 0, 0).first.bytesize
 
   queue = "queue:default"
   working = "oxidekiq:working:probe:default"
-  sha = DESIGN == "script" ? redis.script(:load, fetch_lua) : nil
+  sha = %w[script old].include?(DESIGN) ? redis.script(:load, fetch_lua) : nil
   callgrind_on(redis_pid)
   t0 = now
   done = 0
@@ -55,9 +82,29 @@ begin
   held = []
   loop do
     got =
-      if DESIGN == "script"
-        # KEYS: dead set, then working hash, landing list, queue; ARGV as oxidekiq sends them (no size limit
-        # reached, a 32 MB batch budget).
+      case DESIGN
+      when "floor"
+        Array(redis.rpop(queue, 100))
+      when "basic"
+        Array(redis.rpop(queue, BATCH))
+      when "script"
+        # ARGV as oxidekiq sends them (no size limit reached, a 32 MB batch budget). The batch lists are
+        # read in the same round trip.
+        # KEYS: dead set, then per queue its landing list and that source's batch list, its queue and
+        # that source's batch list.
+        landed = "oxidekiq:working:probe:1:ab:default:@#{next_id}"
+        list = "oxidekiq:working:probe:1:ab:default:@#{next_id + 1}"
+        next_id += 2
+        flat, _landed, jobs = redis.pipelined do |p|
+          p.evalsha(sha, keys: ["dead", "oxidekiq:landing:probe:1:ab:default", landed, queue, list],
+                         argv: [BATCH, 16 * 1024 * 1024, 32 * 1024 * 1024, "probe",
+                                Time.now.to_f.to_s, Time.now.to_f.to_s, "0", 10_000])
+          p.lrange(landed, 0, -1)
+          p.lrange(list, 0, -1)
+        end
+        raise "unexpected records #{flat.inspect}" if flat.each_slice(3).any? { |_, t, _| %w[dead err].include?(t) }
+        jobs.each_with_index.map { |j, i| [list, i, j] }
+      when "old"
         flat = redis.evalsha(sha, keys: ["dead", working, "oxidekiq:landing:probe:default", queue],
                                   argv: [BATCH, next_id, 16 * 1024 * 1024, 32 * 1024 * 1024, "probe",
                                          Time.now.to_f.to_s, Time.now.to_f.to_s, "0", 10_000])
@@ -80,7 +127,17 @@ begin
     done += got.size
     next if held.size < ACK_EVERY && done < JOBS
 
-    if DESIGN == "script"
+    case DESIGN
+    when "floor", "basic"
+      nil
+    when "script"
+      redis.pipelined do |p|
+        held.group_by(&:first).each do |list, jobs|
+          p.sadd("#{list}:acks", jobs.map { |_, i, _| i }) if ACK == "sadd"
+          p.del([list, "#{list}:acks"])
+        end
+      end
+    when "old"
       redis.hdel(working, held.map { |id, _| id.to_s })
     else
       redis.pipelined { |p| held.each { |list, j| p.lrem(list, -1, j) } }
@@ -89,12 +146,12 @@ begin
   end
   secs = now - t0
   dumped, total = callgrind_dump(redis_pid, OUT)
-  left = redis.llen(queue) + (DESIGN == "script" ? redis.hlen(working) : redis.keys("#{working}:*").size)
+  left = redis.llen(queue) + (DESIGN == "old" ? redis.hlen(working) : redis.keys("oxidekiq:*").size)
   raise "#{left} jobs left in Redis after the probe" unless left.zero?
   raise "fetched #{done} of #{JOBS}" unless done == JOBS
 
-  printf("%s, %s (%d-byte payloads): %d jobs, Redis %.0f instructions/job (%.1f s under valgrind)\n",
-         DESIGN, KIND, bytes, JOBS, total.to_f / JOBS, secs)
+  printf("%s%s, %s (%d-byte payloads): %d jobs, Redis %.0f instructions/job (%.1f s under valgrind)\n",
+         DESIGN, DESIGN == "script" && ACK == "sadd" ? " (ACK=sadd)" : "", PAYLOAD ? "padded" : KIND, bytes, JOBS, total.to_f / JOBS, secs)
   puts "profile: #{dumped}"
 ensure
   stop_all([redis_pid])

@@ -95,9 +95,43 @@ pub(crate) fn working_prefix(identity: &str) -> String {
 }
 
 /// The prefix of this process's landing lists (where a blocking fetch puts a job before the batch script
-/// moves it into the working hash); the queue name follows.
+/// copies it into a batch list); the queue name follows.
 pub(crate) fn landing_prefix(identity: &str) -> String {
     format!("{LANDING}{identity}:")
+}
+
+/// What a batch list's name ends with before its number: `<working prefix><queue>:@<batch>`.
+const BATCH_MARK: &str = ":@";
+
+/// Bits of a reliable-fetch unit id that hold the job's place in its batch list; the batch number is
+/// above them (a batch holds at most 1 000 jobs, `fetch::MAX_BATCH`).
+pub(crate) const PLACE_BITS: u32 = 20;
+
+/// A batch list of reliable fetch: `oxidekiq:working:<identity>:<queue>:@<batch>`, the jobs one fetch
+/// took from `queue`, in the queue's order (its tail is served first). A working hash of an older
+/// version is `oxidekiq:working:<identity>:<queue>`: a hash, where this is a list.
+pub(crate) fn batch_list(working_prefix: &str, queue: &str, batch: u64) -> String {
+    format!("{working_prefix}{queue}{BATCH_MARK}{batch}")
+}
+
+/// The set of the places in batch list `held` whose jobs are done (acknowledged, their fate written, or
+/// pushed back): `oxidekiq:acks:<identity>:<queue>:@<batch>`. Outside the working prefix, so recovery's
+/// scan does not take it for a held key.
+pub(crate) fn acks_of(held: &str) -> String {
+    match held.strip_prefix(WORKING) {
+        Some(rest) => format!("{ACKS}{rest}"),
+        None => format!("{ACKS}{held}"),
+    }
+}
+
+/// What every acks set's name starts with ([`acks_of`]).
+pub(crate) const ACKS: &str = "oxidekiq:acks:";
+
+/// The queue of the part of a batch list's key after the identity (`<queue>:@<batch>`), or None when it
+/// has no batch number (a working hash of an older version, or a landing list).
+pub(crate) fn batch_queue(rest: &str) -> Option<&str> {
+    let (queue, batch) = rest.rsplit_once(BATCH_MARK)?;
+    (!batch.is_empty() && batch.bytes().all(|b| b.is_ascii_digit())).then_some(queue)
 }
 
 /// The key whose presence says a reliable-fetch process is alive: `oxidekiq:alive:<identity>`, refreshed
@@ -124,8 +158,9 @@ pub(crate) fn split_held(rest: &str) -> Option<(&str, &str)> {
     Some((identity, queue))
 }
 
-/// The pattern that matches every process's landing lists and working hashes, for recovery: one SCAN
-/// of the keyspace finds both (the few other keys it lets through are dropped by their prefix).
+/// The pattern that matches every process's batch lists and working hashes (`oxidekiq:working:`) and
+/// the landing lists of older versions, for recovery: one SCAN of the keyspace finds all of them (the
+/// few other keys it lets through are dropped by their prefix; acks sets, `oxidekiq:acks:`, are not).
 pub(crate) const HELD_PATTERN: &str = "oxidekiq:[lw][ao][nr][dk]ing:*";
 
 /// Hash of processes seen without their liveness key: identity → Redis time (ms) when first seen so;
@@ -266,6 +301,19 @@ pub(crate) fn unique_family(d: &str) -> [String; 8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_lists_name_their_queue_and_their_acks() {
+        let k = batch_list("oxidekiq:working:h:1:ab:", "q:@x", 12);
+        assert_eq!(k, "oxidekiq:working:h:1:ab:q:@x:@12");
+        let rest = k.strip_prefix(WORKING).unwrap();
+        let (id, tail) = split_held(rest).unwrap();
+        assert_eq!(id, "h:1:ab");
+        assert_eq!(batch_queue(tail), Some("q:@x"));
+        assert_eq!(batch_queue("default"), None);
+        assert_eq!(batch_queue("q:@"), None);
+        assert_eq!(acks_of(&k), "oxidekiq:acks:h:1:ab:q:@x:@12");
+    }
 
     #[test]
     fn held_keys_split_at_the_pid_and_nonce() {

@@ -195,10 +195,10 @@ impl ToRuby {
                 rest.push(unit);
                 continue;
             };
-            let token = self.working_prefix.as_ref().map(|p| crate::retry::Token {
-                working: format!("{p}{}", unit.queue),
-                id: unit.id,
-            });
+            let token = self
+                .working_prefix
+                .as_ref()
+                .map(|p| crate::retry::Token::of(p, &unit.queue, unit.id));
             let (base_ref, raw, token) = (&base, unit.raw(), token.as_ref());
             let pushed =
                 with_retries(|| {

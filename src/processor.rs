@@ -799,10 +799,9 @@ impl<'p> RunState<'p> {
 
     /// The job's working-hash entry, which its fate write consumes (reliable fetch only).
     fn token(&self, p: &Processor) -> Option<retry::Token> {
-        p.working_prefix.as_ref().map(|prefix| retry::Token {
-            working: format!("{prefix}{}", self.queue),
-            id: self.id,
-        })
+        p.working_prefix
+            .as_ref()
+            .map(|prefix| retry::Token::of(prefix, &self.queue, self.id))
     }
 
     fn entered(&self, entry: u64, raw: &Arc<[u8]>) {

@@ -333,34 +333,39 @@ pub(crate) fn to_json(msg: &Map<String, Value>) -> String {
     serde_json::to_string(msg).unwrap_or_else(|_| "{}".to_string())
 }
 
-/// A fetched job's entry in this process's working hash under reliable fetch (`fetch/reliable.rs`): the job's
+/// A fetched job's entry in this process's batch list under reliable fetch (`fetch/reliable.rs`): the job's
 /// token. Every write that ends the job's stay in Redis consumes it in the same script (`FATE_LUA`),
 /// so the fate is written at most once and a shutdown push-back, which moves only entries still there,
-/// never duplicates a job whose fate landed. Basic fetch has no working hash, hence no token.
+/// never duplicates a job whose fate landed. Basic fetch has no batch list, hence no token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Token {
-    /// The working hash, `oxidekiq:working:<identity>:<queue>`.
+    /// The batch list, `oxidekiq:working:<identity>:<queue>:@<batch>` ([`keys::batch_list`]).
     pub working: String,
-    /// The job's field in it.
+    /// The job's place in it (from its head).
     pub id: u64,
 }
 
-/// One fate write, then the end of the job's stay in its working hash, atomically. KEYS[1] is the
-/// working hash (ignored when ARGV[1], the job's field, is empty: basic fetch), KEYS[2] the key written,
-/// KEYS[3] the `queues` set and KEYS[4] the hand-off counts (push only). ARGV[2] is the write: `zadd`
-/// (retry or schedule set; ARGV[4] the score), `kill` (`DeadSet#kill`, `job_retry.rb send_to_morgue`:
-/// the one `to_dead` of [`crate::lua`]; ARGV[4] score, ARGV[5] trim score, ARGV[6] size limit) or `push`
-/// (`client.rb raw_push`: the one `push_job` of [`crate::lua`]; ARGV[4] queue name, ARGV[5] class to
-/// count in KEYS[4] or empty);
-/// ARGV[3] is the member. The entry is checked first: gone means the fate was written by an earlier try
-/// whose reply was lost (or a recovery took the job back), so nothing is written twice. The write comes
-/// before the `HDEL`, through `pcall`: a write that fails removes nothing. Returns {1, ''} when written,
-/// {0, ''} when the entry was gone, {0, error} when the write failed.
+impl Token {
+    /// The token of the unit fetched from `queue` under `id` by a process whose batch lists start with
+    /// `working_prefix` (a unit id is the batch number above [`keys::PLACE_BITS`] bits of place).
+    pub(crate) fn of(working_prefix: &str, queue: &str, id: u64) -> Token {
+        Token {
+            working: keys::batch_list(working_prefix, queue, id >> keys::PLACE_BITS),
+            id: id & ((1 << keys::PLACE_BITS) - 1),
+        }
+    }
+}
+
+/// One fate write, then the end of the job's stay in its batch list, atomically. KEYS[1] is the batch
+/// list and KEYS[5] its acks set (both ignored when ARGV[1], the job's place, is empty: basic fetch),
+/// KEYS[2] the key written,
 const FATE_LUA: &str = concat!(
     crate::lua::lua_common!(),
     r#"
 local id = ARGV[1]
-if id ~= '' and redis.call('HEXISTS', KEYS[1], id) == 0 then return {0, ''} end
+if id ~= '' and (redis.call('LLEN', KEYS[1]) <= tonumber(id) or redis.call('SISMEMBER', KEYS[5], id) == 1) then
+  return {0, ''}
+end
 local op, member = ARGV[2], ARGV[3]
 if op == 'zadd' then
   local r = redis.pcall('ZADD', KEYS[2], ARGV[4], member)
@@ -375,7 +380,7 @@ elseif op == 'push' then
 else
   return {0, 'unknown fate write ' .. op}
 end
-if id ~= '' then redis.call('HDEL', KEYS[1], id) end
+if id ~= '' then redis.call('SADD', KEYS[5], id) end
 return {1, ''}
 "#
 );
@@ -407,15 +412,17 @@ async fn write_fate(
 ) -> Result<bool> {
     let mut inv = FATE.prepare_invoke();
     inv.key(token.map_or("", |t| t.working.as_str()));
+    let acks = token.map(|t| keys::acks_of(&t.working)).unwrap_or_default();
     let id = token.map(|t| t.id.to_string()).unwrap_or_default();
     match write {
         FateWrite::Zadd { key, at } => {
-            inv.key(key).arg(id).arg("zadd").arg(member).arg(score(at));
+            inv.key(key).key("").key("").key(&acks);
+            inv.arg(id).arg("zadd").arg(member).arg(score(at));
         }
         FateWrite::Dead { now } => {
             let (trim_before, dead_max) = crate::lua::dead_trim(now);
-            inv.key(keys::DEAD)
-                .arg(id)
+            inv.key(keys::DEAD).key("").key("").key(&acks);
+            inv.arg(id)
                 .arg("kill")
                 .arg(member)
                 .arg(score(now))
@@ -426,6 +433,7 @@ async fn write_fate(
             inv.key(keys::queue(queue))
                 .key(keys::QUEUES)
                 .key(keys::HANDOFF)
+                .key(&acks)
                 .arg(id)
                 .arg("push")
                 .arg(member)
@@ -490,7 +498,7 @@ pub(crate) async fn apply(
             kill(conn, payload.as_bytes(), now, token).await?;
             Ok(Fate::Dead)
         }
-        // Nothing written: the ack (an `HDEL` of the token) is all there is to do.
+        // Nothing written: the ack (the token's place added to its acks set) is all there is to do.
         Plan::Discard => Ok(Fate::Discarded),
         Plan::Reschedule { at } => {
             let write = FateWrite::Zadd {

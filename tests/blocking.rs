@@ -392,7 +392,10 @@ fn a_stop_flushes_job_locks_while_jobs_block_every_thread() {
         wait_until(Duration::from_secs(20), || {
             let queued: usize = conn.llen("queue:default").unwrap();
             let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
-            queued == 0 && held.iter().all(|k| conn.hlen::<_, usize>(k).unwrap() == 0)
+            queued == 0
+                && held
+                    .iter()
+                    .all(|k| support::held_in(&mut conn, k).is_empty())
         }),
         "the lock job did not run"
     );

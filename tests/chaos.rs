@@ -9,8 +9,8 @@
 //! and recovers what the dead left behind, and every jid is accounted for:
 //!
 //! - **lost**: it never ran to its end and is in no queue, retry, schedule or dead set;
-//! - **stranded**: anything left in oxidekiq's own keys (`oxidekiq:working:*`, `oxidekiq:landing:*`)
-//!   after everything stopped, or a drain that stops making progress with jobs still held;
+//! - **stranded**: anything left in oxidekiq's own keys (`oxidekiq:working:*`: batch lists, their jobs
+//!   not marked done; `oxidekiq:landing:*` of older versions) after everything stopped, or a drain that stops making progress with jobs still held;
 //! - **duplicates**: a job that ran to its end twice is legitimate (at least once) only while the total
 //!   stays within what was in flight at the faults (working hashes and landing lists, counted at each
 //!   fault, and at each TERM for a job cut off at the deadline right after its last write);
@@ -507,6 +507,18 @@ fn held_jobs(c: &mut redis::Connection, pid: Option<u32>) -> Vec<HeldJob> {
     let mut out = Vec::new();
     let working: Vec<String> = c.keys(&wp).unwrap_or_default();
     for k in working {
+        // A batch list: its jobs not marked done.
+        let kind: String = redis::cmd("TYPE").arg(&k).query(c).unwrap_or_default();
+        if kind == "list" {
+            for s in support::held_in(c, &k) {
+                out.push(HeldJob {
+                    key: k.clone(),
+                    jid: jid_of(&s).unwrap_or_else(|| format!("undecodable:{s:.40}")),
+                    as_field: false,
+                });
+            }
+            continue;
+        }
         let entries: Vec<(String, String)> = c.hgetall(&k).unwrap_or_default();
         for (field, value) in entries {
             // A payload stored as a field name (the fetch-script defect) is a held job too.
@@ -550,7 +562,8 @@ fn jid_of(payload: &str) -> Option<String> {
 fn own_keys(c: &mut redis::Connection) -> Vec<(String, usize)> {
     let mut out = Vec::new();
     for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
-        let n: usize = c.hlen(&k).unwrap_or(0);
+        // Batch lists and working hashes: the jobs not marked done.
+        let n = support::held_in(c, &k).len();
         if n > 0 {
             out.push((k, n));
         }

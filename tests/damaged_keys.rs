@@ -197,12 +197,12 @@ fn dying(queue: &str, jid: &str) -> String {
     chaos(queue, "fail", 0, jid).replace(r#""retry":true"#, r#""retry":0"#)
 }
 
-/// The jids held in oxidekiq's working hashes.
+/// The jids held in oxidekiq's working keys (batch lists: the jobs not marked done).
 fn held_jids(c: &mut redis::Connection) -> Vec<String> {
     let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
     let mut out = Vec::new();
     for k in keys {
-        let values: Vec<String> = c.hvals(&k).unwrap();
+        let values: Vec<String> = support::held_in(c, &k);
         for v in values {
             let job: serde_json::Value = serde_json::from_str(&v).unwrap();
             out.push(job["jid"].as_str().unwrap().to_string());

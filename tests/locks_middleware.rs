@@ -697,7 +697,7 @@ async fn a_stale_run_of_an_until_executed_job_cannot_release_the_lock_of_a_newer
     wait_for("run 1's ack", Duration::from_secs(10), || {
         let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
         keys.iter()
-            .map(|k| c.hlen::<_, usize>(k).unwrap())
+            .map(|k| support::held_in(&mut c, k).len())
             .sum::<usize>()
             == 1
     })

@@ -184,7 +184,7 @@ async fn run(payloads: &[String]) -> Fates {
     // Nothing stays in flight: the working hash is empty and the Busy page (refreshed every beat) too.
     let working_empty = support::wait_until(Duration::from_secs(10), || {
         let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
-        keys.iter().all(|k| c.hlen::<_, usize>(k).unwrap() == 0)
+        keys.iter().all(|k| support::held_in(&mut c, k).is_empty())
     });
     assert!(working_empty, "a job stayed in a working hash");
     assert!(
@@ -208,7 +208,7 @@ async fn run(payloads: &[String]) -> Fates {
     let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
     for k in keys {
         assert_eq!(
-            c.hlen::<_, usize>(&k).unwrap(),
+            support::held_in(&mut c, &k).len(),
             0,
             "{k} is empty after stop"
         );
@@ -398,7 +398,7 @@ fn the_issue_payload_lands_in_the_retry_set_when_run_by_the_binary() {
     assert!(ox.try_exit().is_none(), "oxidekiq exited:\n{}", ox.log());
     let working_empty = support::wait_until(Duration::from_secs(10), || {
         let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
-        keys.iter().all(|k| c.hlen::<_, usize>(k).unwrap() == 0)
+        keys.iter().all(|k| support::held_in(&mut c, k).is_empty())
     });
     assert!(working_empty, "p1 stayed in a working hash");
     ox.signal("TERM");

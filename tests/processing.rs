@@ -159,7 +159,7 @@ async fn every_client_version_payload_reaches_its_worker_with_typed_args() {
     // Every job's fate is in Redis: the working lists are empty.
     let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
     for k in working {
-        assert_eq!(c.hlen::<_, usize>(&k).unwrap(), 0, "{k}");
+        assert_eq!(support::held_in(&mut c, &k).len(), 0, "{k}");
     }
 }
 
@@ -259,7 +259,10 @@ async fn concurrency_bounds_running_jobs_and_fetches_no_more_than_free_slots() {
     // Give a fetch loop that ignored its free slots the time to fetch more (it polls every few ms).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
-    let held: usize = working.iter().map(|k| c.hlen::<_, usize>(k).unwrap()).sum();
+    let held: usize = working
+        .iter()
+        .map(|k| support::held_in(&mut c, k).len())
+        .sum();
     assert_eq!(held, 3, "3 slots: exactly the 3 running jobs are fetched");
     assert_eq!(c.llen::<_, usize>("queue:default").unwrap(), 9);
     assert_eq!(c.get::<_, i64>("running").unwrap(), 3);

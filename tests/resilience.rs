@@ -159,13 +159,9 @@ fn working_keys(c: &mut redis::Connection) -> Vec<String> {
     keys
 }
 
-/// Jobs held in one such key.
+/// Jobs held in one such key (a batch list's jobs not marked done).
 fn held_in(c: &mut redis::Connection, key: &str) -> usize {
-    if key.starts_with("oxidekiq:landing:") {
-        c.llen(key).unwrap()
-    } else {
-        c.hlen(key).unwrap()
-    }
+    support::held_in(c, key).len()
 }
 
 fn working_len(c: &mut redis::Connection) -> usize {
@@ -274,11 +270,7 @@ fn push(c: &mut redis::Connection, class: &str, jid: &str, ms: u64) {
 fn held_jids(c: &mut redis::Connection) -> Vec<String> {
     let mut out = Vec::new();
     for key in working_keys(c) {
-        let raws: Vec<String> = if key.starts_with("oxidekiq:landing:") {
-            c.lrange(&key, 0, -1).unwrap()
-        } else {
-            c.hvals(&key).unwrap()
-        };
+        let raws: Vec<String> = support::held_in(c, &key);
         for r in raws {
             let v: serde_json::Value = serde_json::from_str(&r).unwrap();
             out.push(v["jid"].as_str().unwrap().to_string());
@@ -410,8 +402,14 @@ async fn a_redis_stall_past_the_liveness_ttl_takes_no_live_process_jobs() {
     }
     // Both processes hold two jobs each.
     assert!(support::wait_until(Duration::from_secs(20), || {
-        let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
-        keys.len() == 2 && keys.iter().all(|k| c.hlen::<_, usize>(k).unwrap() == 2)
+        // Held jobs by process (a process's batch lists share its identity, `host:pid:nonce`).
+        let mut by_process: std::collections::HashMap<String, usize> = Default::default();
+        for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
+            let rest = k.trim_start_matches("oxidekiq:working:");
+            let owner: Vec<&str> = rest.splitn(4, ':').take(3).collect();
+            *by_process.entry(owner.join(":")).or_default() += support::held_in(&mut c, &k).len();
+        }
+        by_process.len() == 2 && by_process.values().all(|n| *n == 2)
     }));
     let ttl = oxidekiq::launcher::alive_ttl(Duration::from_millis(200));
     let pid = redis.pid().to_string();

@@ -283,8 +283,7 @@ fn a_failover_mid_drain_loses_no_acknowledged_job_and_the_drain_goes_on() {
     for k in &leftover {
         let t: String = redis::cmd("TYPE").arg(k).query(&mut ac).unwrap();
         held += match t.as_str() {
-            "list" => ac.llen::<_, usize>(k).unwrap(),
-            "hash" => ac.hlen::<_, usize>(k).unwrap(),
+            "list" | "hash" => support::held_in(&mut ac, k).len(),
             _ => 0,
         };
     }

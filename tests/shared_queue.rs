@@ -93,7 +93,7 @@ fn counts(c: &mut redis::Connection, key: &str) -> HashMap<String, u64> {
 fn own_keys(c: &mut redis::Connection) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
-        if c.hlen::<_, usize>(&k).unwrap() > 0 {
+        if !support::held_in(c, &k).is_empty() {
             out.push(k);
         }
     }
@@ -105,11 +105,11 @@ fn own_keys(c: &mut redis::Connection) -> Vec<String> {
     out
 }
 
-/// The ids (third argument) of the jobs in a working hash.
+/// The ids (third argument) of the jobs held in working keys (batch lists).
 fn ids_in_working(c: &mut redis::Connection, pattern: &str) -> HashSet<String> {
     let mut ids = HashSet::new();
     for k in c.keys::<_, Vec<String>>(pattern).unwrap() {
-        for v in c.hvals::<_, Vec<String>>(&k).unwrap() {
+        for v in support::held_in(c, &k) {
             let job: serde_json::Value = serde_json::from_str(&v).unwrap();
             ids.insert(job["args"][2].as_str().unwrap().to_string());
         }

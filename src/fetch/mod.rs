@@ -349,19 +349,27 @@ impl Stalls {
     }
 }
 
-/// Pushes every job of a working hash (newest id first, so the oldest is served first) or landing list
-/// `src` to the served end of queue `qkey` (`RPUSH`, as Sidekiq's `bulk_requeue`), counting recoveries in
-/// hash `counts` when `limit` >= 0: a job recovered more than `limit` times goes to dead set `dead`
-/// instead, annotated. Every write comes before the matching removal and goes through `pcall`: a write
-/// that fails stops the move and removes only what was already written elsewhere. Used by the shutdown
-/// sweep ([`reliable`]) and orphan recovery ([`recovery`]); needs `lua_common`.
+/// Pushes every job of a working hash (newest id first, so the oldest is served first), landing list or
+/// batch list `src` to the served end of queue `qkey` (`RPUSH`, as Sidekiq's `bulk_requeue`; a batch
+/// list from head to tail, so its tail, taken first from the queue, is served first again), counting
+/// recoveries in hash `counts` when `limit` >= 0: a job recovered more than `limit` times goes to dead
+/// set `dead` instead, annotated. A batch list comes with its acks set `acks` (for the other keys `acks`
+/// is `src` itself): the places in it are done and skipped, and each job moved is added to it before
+/// the next, so a move cut short never moves a job twice. A hash goes to `qhash` (the whole rest of its
+/// key names its queue; `qkey` is the queue a batch list's name gives, which differs only for a queue
+/// named like `<q>:@<digits>`). Every write comes before the matching removal and goes through `pcall`: a
+/// write that fails stops the move and removes only what was already written elsewhere. Used by the
+/// shutdown sweep ([`reliable`]) and orphan recovery ([`recovery`]); needs `lua_common`.
 macro_rules! lua_move_back {
     () => {
         r#"
-local function move_back(src, qkey, limit, counts, dead, score, trim_before, dead_max, failed_at, why)
+local function move_back(src, acks, qkey, qhash, limit, counts, dead, score, trim_before, dead_max, failed_at, why)
   local t = kind(src)
   local fields, jobs = nil, {}
+  local batch = acks ~= src
   if t == 'hash' then
+    qkey = qhash
+    batch = false
     local all = redis.call('HGETALL', src)
     local pairs_ = {}
     for i = 1, #all, 2 do pairs_[#pairs_ + 1] = {tonumber(all[i]) or 0, all[i], all[i + 1]} end
@@ -371,6 +379,7 @@ local function move_back(src, qkey, limit, counts, dead, score, trim_before, dea
   elseif t == 'list' then
     jobs = redis.call('LRANGE', src, 0, -1)
   elseif t == 'none' then
+    if batch then redis.call('DEL', acks) end
     return 0, 0, nil
   else
     return 0, 0, src .. ' is a ' .. t .. ', not a hash or a list'
@@ -378,31 +387,36 @@ local function move_back(src, qkey, limit, counts, dead, score, trim_before, dea
   local moved, killed, done, err = 0, 0, 0, nil
   for i = 1, #jobs do
     local j = jobs[i]
-    local c, h = 1, nil
-    if limit >= 0 then
-      h = redis.sha1hex(j)
-      c = (tonumber(redis.call('HGET', counts, h)) or 0) + 1
-    end
-    if limit >= 0 and c > limit then
-      local msg = 'recovered ' .. (c - 1) .. ' times from processes that died while running it; ' .. why
-      err = to_dead(dead, annotate(j, 'Oxidekiq::TooManyRecoveries', msg, failed_at), score, trim_before, dead_max)
-      if err then break end
-      redis.pcall('HDEL', counts, h)
-      killed = killed + 1
-    else
-      local r = redis.pcall('RPUSH', qkey, j)
-      if failed(r) then err = qkey .. ' is a ' .. kind(qkey) .. ', not a list: ' .. r.err; break end
-      if h then redis.pcall('HINCRBY', counts, h, 1) end
-      moved = moved + 1
+    local place = tostring(i - 1)
+    if not (batch and redis.call('SISMEMBER', acks, place) == 1) then
+      local c, h = 1, nil
+      if limit >= 0 then
+        h = redis.sha1hex(j)
+        c = (tonumber(redis.call('HGET', counts, h)) or 0) + 1
+      end
+      if limit >= 0 and c > limit then
+        local msg = 'recovered ' .. (c - 1) .. ' times from processes that died while running it; ' .. why
+        err = to_dead(dead, annotate(j, 'Oxidekiq::TooManyRecoveries', msg, failed_at), score, trim_before, dead_max)
+        if err then break end
+        redis.pcall('HDEL', counts, h)
+        killed = killed + 1
+      else
+        local r = redis.pcall('RPUSH', qkey, j)
+        if failed(r) then err = qkey .. ' is a ' .. kind(qkey) .. ', not a list: ' .. r.err; break end
+        if h then redis.pcall('HINCRBY', counts, h, 1) end
+        moved = moved + 1
+      end
+      if batch and i < #jobs then redis.call('SADD', acks, place) end
     end
     done = i
   end
   if done == #jobs then
     redis.call('DEL', src)
+    if batch then redis.call('DEL', acks) end
   elseif done > 0 then
     if fields then
       for s = 1, done, 1000 do redis.call('HDEL', src, unpack(fields, s, math.min(s + 999, done))) end
-    else
+    elseif not batch then
       redis.call('LTRIM', src, done, -1)
     end
   end

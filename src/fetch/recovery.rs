@@ -1,5 +1,6 @@
-//! Orphan recovery for reliable fetch: the working hashes and landing lists of processes that died go
-//! back to their queues.
+//! Orphan recovery for reliable fetch: the batch lists of processes that died go back to their queues,
+//! and so do the working hashes and landing lists of processes of older versions (an upgrade in the
+//! middle of a fleet loses nothing).
 //!
 //! Whether a process is dead is decided inside the script, by Redis's clock, with a grace that lets a
 //! process which merely could not beat (a Redis stall) reclaim its liveness key ([`mark_alive`]) and keep
@@ -30,8 +31,10 @@ const SCAN_COUNT: usize = 1000;
 
 /// Orphan recovery of one process, deciding inside the script whether it is dead. KEYS[1] is its liveness
 /// key, KEYS[2] the hash of suspects (identity → Redis time in ms when first seen without a liveness key),
-/// KEYS[3] the recovery counts, KEYS[4] the dead set, then pairs (working hash or landing list, its queue):
-/// the keys found by the SCAN in Rust, passed here whole. ARGV: grace in ms, recovery limit, dead score,
+/// KEYS[3] the recovery counts, KEYS[4] the dead set, then fours (held key: a batch list, a working hash of
+/// an older version or a landing list; its acks set, or the key itself when it has none; the queue its
+/// name gives as a batch list; the queue its name gives as a hash or landing list; see `move_back`): the
+/// keys found by the SCAN in Rust, passed here whole. ARGV: grace in ms, recovery limit, dead score,
 /// `failed_at` text, dead trim score, dead max size, identity, and the suspect mark kept by the caller
 /// when the suspects hash cannot be used (a key of the wrong type: `m` for no mark yet, `m<ms>` for a
 /// mark; empty when the hash is used). A process whose key exists is alive (its suspect mark goes); one
@@ -70,8 +73,8 @@ end
 if now_ms - since < tonumber(ARGV[1]) then return {1, 0, 0, '', now_ms, damaged} end
 local limit = tonumber(ARGV[2])
 local moved, killed, errs = 0, 0, {}
-for i = 5, #KEYS, 2 do
-  local m, k, err = move_back(KEYS[i], KEYS[i + 1], limit, KEYS[3], KEYS[4], ARGV[3], ARGV[5], tonumber(ARGV[6]), ARGV[4],
+for i = 5, #KEYS, 4 do
+  local m, k, err = move_back(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], limit, KEYS[3], KEYS[4], ARGV[3], ARGV[5], tonumber(ARGV[6]), ARGV[4],
     'sent to the dead set so it does not take down another process (last owner ' .. who .. ')')
   moved = moved + m
   killed = killed + k
@@ -253,11 +256,16 @@ pub(crate) async fn recover_orphans(
     result.map(Some)
 }
 
-/// The working hashes and landing lists of every process but this one, by process, each with its queue.
+/// One held key of a process found by the scan: the key, its acks set (the key itself when it has none),
+/// the queue a batch list goes back to, and the queue a working hash or landing list goes back to.
+type HeldKey = (String, String, String, String);
+
+/// The batch lists, working hashes (of older versions) and landing lists of every process but this one,
+/// by process.
 async fn held_by_others(
     conn: &mut Conn,
     own_identity: &str,
-) -> Result<Vec<(String, Vec<(String, String)>)>> {
+) -> Result<Vec<(String, Vec<HeldKey>)>> {
     let mut held: Vec<String> = Vec::new();
     // COUNT 1000, not the default 10: a pass walks the whole keyspace, which may hold millions of
     // unrelated keys (a million took 190 000 round trips at 10, about a thousand at 1000), and each SCAN
@@ -271,13 +279,14 @@ async fn held_by_others(
     }
     drop(iter);
     // Every key of one process goes to one script call, so one decision covers all of them.
-    let mut by_process: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    let mut by_process: Vec<(String, Vec<HeldKey>)> = Vec::new();
     for key in held {
-        let Some(rest) = key
-            .strip_prefix(keys::WORKING)
-            .or_else(|| key.strip_prefix(keys::LANDING))
-        else {
-            continue;
+        let (rest, working) = match key.strip_prefix(keys::WORKING) {
+            Some(rest) => (rest, true),
+            None => match key.strip_prefix(keys::LANDING) {
+                Some(rest) => (rest, false),
+                None => continue,
+            },
         };
         // identity = host:pid:hex12; the queue name is the rest (both may hold ':').
         let Some((identity, queue)) = keys::split_held(rest) else {
@@ -286,11 +295,34 @@ async fn held_by_others(
         if identity == own_identity {
             continue;
         }
-        let (identity, queue) = (identity.to_string(), keys::queue(queue));
+        // A batch list (`<queue>:@<n>`) has an acks set; the script tells it from a working hash of an
+        // older version by its type, and sends each to its own queue.
+        let batch = if working {
+            keys::batch_queue(queue)
+        } else {
+            None
+        };
+        let acks = batch.map_or_else(|| key.clone(), |_| keys::acks_of(&key));
+        let held = (
+            key.clone(),
+            acks,
+            keys::queue(batch.unwrap_or(queue)),
+            keys::queue(queue),
+        );
+        let identity = identity.to_string();
         match by_process.iter_mut().find(|(i, _)| *i == identity) {
-            Some((_, keys)) => keys.push((key, queue)),
-            None => by_process.push((identity, vec![(key, queue)])),
+            Some((_, keys)) => keys.push(held),
+            None => by_process.push((identity, vec![held])),
         }
+    }
+    // Newest batch first: each is pushed to the served end, so the oldest is served first again.
+    let batch_of = |k: &HeldKey| {
+        k.0.rsplit_once(":@")
+            .and_then(|(_, n)| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    for (_, held) in &mut by_process {
+        held.sort_by_key(|k| std::cmp::Reverse(batch_of(k)));
     }
     Ok(by_process)
 }
@@ -333,8 +365,8 @@ async fn recover_locked(
         };
         let mut inv = script.key(keys::alive(&identity));
         inv.key(SUSPECTS).key(RECOVERED).key(keys::DEAD);
-        for (key, queue) in &held {
-            inv.key(key).key(queue);
+        for (key, acks, queue, hash_queue) in &held {
+            inv.key(key).key(acks).key(queue).key(hash_queue);
         }
         inv.arg(grace_ms)
             .arg(limit)

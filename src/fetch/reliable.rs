@@ -1,29 +1,31 @@
 //! Reliable fetch (the default): a fetched job is always somewhere in Redis.
 //!
 //! One Lua script copies up to the number of free slots (at most [`MAX_BATCH`], and about
-//! [`BATCH_BYTES`] of payload) from the queues into a working hash owned by this process
-//! (`oxidekiq:working:<identity>:<queue>`, field = an id unique in the process, value = the exact bytes)
-//! and only then trims them from their queue; a job leaves the working hash only once its fate is in
-//! Redis: the ack is an `HDEL` of short ids, batched, so it costs Redis the same whatever the payload or
-//! the concurrency. The ids are a base and a count, so no argument grows with `-c`. A payload over the
-//! size limit never leaves Redis: the script moves it to the dead set with the error appended. When every
-//! queue is empty the fetcher blocks on `BLMOVE` into a landing list (`oxidekiq:landing:<identity>:<queue>`,
-//! atomic too), which the next batch script empties into the working hash first; an idle process costs
+//! [`BATCH_BYTES`] of payload) from the queues' served ends into batch lists of this process (one per
+//! queue and fetch: `oxidekiq:working:<identity>:<queue>:@<batch>`), in the queue's order, and only then
+//! trims them from their queue; the same pipeline reads the lists back. No payload goes through Lua
+//! (where Redis would hash every byte): `SORT .. BY nosort LIMIT .. STORE` copies them inside Redis, so
+//! Redis's cost per job barely grows with the payload (bench/results/redis-per-job.md). A job's id is its
+//! batch number and its place in the list. A job stays in its list until its fate is in Redis: the ack
+//! adds its place to the list's acks set (`oxidekiq:acks:...`), or, once every job of the batch is done,
+//! deletes the list and the set with one `DEL`, whatever the payloads. A payload over the size limit
+//! never leaves Redis: the script moves it to the dead set with the error appended. When every queue is
+//! empty the fetcher blocks on `BLMOVE` into a batch list of its own (atomic too); an idle process costs
 //! Redis almost nothing and a new job starts at once.
 //!
-//! The fetcher remembers every id it handed out and has not acknowledged or pushed back ("outstanding",
-//! including the ids reserved by a fetch whose reply is on its way): [`Fetch::reconcile`] and the
-//! quiet/shutdown sweeps push back only entries outside that set, which are surely stranded (a fetch
-//! whose reply was lost), never a job about to run or already acknowledged.
+//! The fetcher keeps the batch lists whose jobs it handed out and, apart, the lists of fetches whose
+//! reply never came (an error, a cancelled fetch): [`Fetch::reconcile`] and the quiet/shutdown sweeps
+//! push back the latter whole (nothing in them was handed out), and the shutdown's last sweep every job
+//! of the former not marked done.
 //!
-//! The working hashes and landing lists of processes that died are pushed back by
-//! [`super::recovery`].
+//! The batch lists of processes that died (and the working hashes and landing lists of older versions)
+//! are pushed back by [`super::recovery`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::{AsyncCommands, Script};
+use redis::Script;
 
 use super::{BATCH_BYTES, BoxFuture, Fetch, MAX_BATCH, QueueOrder, Setup, Stalls, UnitOfWork};
 use crate::config::QueueWeight;
@@ -33,124 +35,137 @@ use crate::lua::{dead_trim, lua_common, script_error};
 use crate::redis_conn::Conn;
 use crate::time::{self, score};
 
-/// The batch fetch. KEYS[1] is the dead set, then three keys per queue, in the round's order: its working
-/// hash, its landing list, its queue. Takes up to ARGV[1] jobs, each queue's landing list first, into
-/// its working hash under the ids ARGV[2], ARGV[2]+1, ... (so the arguments do not grow with `-c`). A job
-/// longer than ARGV[3] bytes (0: no limit) goes straight to the dead set, annotated with an error naming
-/// this fetch (ARGV[5]/id) so identical payloads stay distinct members (score ARGV[6], `failed_at` text
-/// ARGV[7], trimmed by ARGV[8] and ARGV[9]); the batch stops once it holds ARGV[4] bytes. Jobs are read
-/// with `LRANGE`, written, and only then trimmed from their list. A queue whose key (or working hash) has
-/// the wrong type is skipped with an error; the others are served. Returns records: queue number (1-based
-/// in the round), first id, count, then that many jobs (under consecutive ids) | number, "dead", size |
-/// number, "err", message.
+/// The batch fetch. KEYS[1] is the dead set, then four keys per queue, in the round's order: its
+/// landing list (where a blocking wait put a job) and the batch list this fetch fills from it, then its
+/// queue and the batch list this fetch fills from that (`oxidekiq:working:<identity>:<queue>:@<batch>`,
+/// new for every fetch). Takes up to ARGV[1] jobs, each queue's landing list first, from the sources'
+/// served ends into their batch lists, in the source's own order (so a batch list's tail is the job
+/// served first), and only then trims them from their source; the caller reads the lists in the same
+/// pipeline. No payload enters Lua (Lua hashes every byte of every string it is handed):
+/// `SORT <source> BY nosort LIMIT .. STORE <batch list>` copies the jobs inside Redis, and `MEMORY USAGE`
+/// of the copy bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes (0: no
+/// limit), or pass the batch budget ARGV[3], is it undone and the source read job by job as before: such
+/// a job goes straight to the dead set, annotated with an error naming this fetch (ARGV[4], the
+/// process's identity and the batch number) and the job's place in it, so identical payloads stay
+/// distinct members (score ARGV[5], `failed_at` text ARGV[6], trimmed by ARGV[7] and ARGV[8]), and the
+/// batch stops once it holds ARGV[3] bytes. A queue whose key has the wrong type is skipped with an
+/// error; the others are served. Returns records: source number (1-based: queue i's landing list is
+/// 2i-1, its queue 2i), "n", count in its batch list | number, "dead", size | number, "err", message.
 const FETCH_LUA: &str = concat!(
     lua_common!(),
     r#"
+-- MEMORY USAGE before a write needs effects replication (the only mode from Redis 7; the default
+-- from 5, opt-in before).
+if redis.replicate_commands then redis.replicate_commands() end
 local max = tonumber(ARGV[1])
-local base = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-local budget = tonumber(ARGV[4])
-local nonce = ARGV[5]
-local score, failed_at, trim_before, dead_max = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
+local limit = tonumber(ARGV[2])
+local budget = tonumber(ARGV[3])
+local nonce = ARGV[4]
+local score, failed_at, trim_before, dead_max = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local dead = KEYS[1]
-local nq = (#KEYS - 1) / 3
+local ns = (#KEYS - 1) / 2
 local out = {}
 local taken, bytes = 0, 0
-local full = false
-for i = 1, nq do
-  if full or taken >= max then break end
+local cap = budget
+if limit > 0 and limit < cap then cap = limit end
+local skip = 0
+for i = 1, ns do
+  if taken >= max or bytes >= budget then break end
+  if i ~= skip then
   local q = tostring(i)
-  local wk = KEYS[3 * i - 1]
-  local sources = {KEYS[3 * i], KEYS[3 * i + 1]}
-  for s = 1, 2 do
-    if full or taken >= max then break end
-    local src = sources[s]
-    local done, pend, err = 0, {}, nil
-    -- Writes the pending run (consecutive ids) and reports it as one record: queue, first id, count,
-    -- then the jobs.
-    local function flush()
-      for c = 1, #pend, 1000 do
-        local e = math.min(c + 999, #pend)
-        local r = redis.pcall('HSET', wk, unpack(pend, c, e))
-        if failed(r) then err = wk .. ' is a ' .. kind(wk) .. ', not a hash: ' .. r.err; return false end
-        local n = (e - c + 1) / 2
-        out[#out + 1] = q; out[#out + 1] = pend[c]; out[#out + 1] = tostring(n)
-        for k = c + 1, e, 2 do out[#out + 1] = pend[k] end
-        done = done + n
-      end
-      pend = {}
-      return true
+  local src, dest = KEYS[2 * i], KEYS[2 * i + 1]
+  local err, done = nil, 0
+  local n = redis.pcall('LLEN', src)
+  if failed(n) then
+    err = src .. ' is a ' .. kind(src) .. ', not a list: ' .. n.err
+    n = 0
+  end
+  local k = math.min(n, max - taken)
+  local fast = false
+  if k > 0 then
+    -- The copy, then its size: every job in it is at most the copy's size, so a copy within the limit
+    -- (and the budget) holds no job over the limit.
+    redis.call('SORT', src, 'BY', 'nosort', 'LIMIT', n - k, k, 'STORE', dest)
+    local mem = redis.call('MEMORY', 'USAGE', dest, 'SAMPLES', 0) or 0
+    if mem <= cap and bytes + mem <= budget then
+      fast = true
+      done = k
+      taken = taken + k
+      bytes = bytes + mem
+    else
+      redis.call('DEL', dest)
     end
-    -- Read from the tail (RPOP's end, served first) in chunks sized by the largest job seen so far, so
-    -- a run of huge payloads is read one at a time, never all at once.
-    local read, biggest, more = 0, 0, true
-    while more and not err and not full and taken < max do
-      local chunk = max - taken
-      if biggest == 0 then chunk = 1
-      else chunk = math.max(1, math.min(chunk, math.floor((budget - bytes) / biggest))) end
-      local jobs = redis.pcall('LRANGE', src, -(read + chunk), -(read + 1))
-      if failed(jobs) then
-        err = src .. ' is a ' .. kind(src) .. ', not a list: ' .. jobs.err
-        break
+  end
+  -- The rare way: read from the tail (RPOP's end, served first) in chunks sized by the largest job seen
+  -- so far, so a run of huge payloads is read one at a time, never all at once.
+  local read, biggest, more, kept = 0, 0, k > 0 and not fast, 0
+  while more and not err and taken < max and bytes < budget do
+    local chunk = max - taken
+    if biggest == 0 then chunk = 1
+    else chunk = math.max(1, math.min(chunk, math.floor((budget - bytes) / biggest))) end
+    local jobs = redis.call('LRANGE', src, -(read + chunk), -(read + 1))
+    if #jobs < chunk then more = false end
+    read = read + #jobs
+    for j = #jobs, 1, -1 do
+      local job = jobs[j]
+      local size = #job
+      if size > biggest then biggest = size end
+      taken = taken + 1
+      bytes = bytes + size
+      if limit > 0 and size > limit then
+        local msg = 'payload of ' .. size .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '.' .. taken .. ')'
+        err = to_dead(dead, annotate(job, 'Oxidekiq::InvalidPayload', msg, failed_at), score, trim_before, dead_max)
+        if err then break end
+        out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = tostring(size)
+      else
+        local r = redis.pcall('LPUSH', dest, job)
+        if failed(r) then err = dest .. ' is a ' .. kind(dest) .. ', not a list: ' .. r.err; break end
+        kept = kept + 1
       end
-      if #jobs < chunk then more = false end
-      read = read + #jobs
-      for k = #jobs, 1, -1 do
-        local job = jobs[k]
-        local size = #job
-        if size > biggest then biggest = size end
-        local id = string.format('%d', base + taken)
-        taken = taken + 1
-        bytes = bytes + size
-        if limit > 0 and size > limit then
-          if not flush() then break end
-          local msg = 'payload of ' .. size .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '/' .. id .. ')'
-          err = to_dead(dead, annotate(job, 'Oxidekiq::InvalidPayload', msg, failed_at), score, trim_before, dead_max)
-          if err then break end
-          done = done + 1
-          out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = tostring(size)
-        else
-          pend[#pend + 1] = id; pend[#pend + 1] = job
-        end
-        if bytes >= budget then full = true; break end
-      end
+      done = done + 1
+      if bytes >= budget then break end
     end
-    if not err then flush() end
-    if done > 0 then redis.call('LTRIM', src, 0, -(done + 1)) end
-    if err then
-      out[#out + 1] = q; out[#out + 1] = 'err'; out[#out + 1] = err
-      break
-    end
+  end
+  if done > 0 then redis.call('LTRIM', src, 0, -(done + 1)) end
+  if fast then kept = k end
+  if kept > 0 then out[#out + 1] = q; out[#out + 1] = 'n'; out[#out + 1] = tostring(kept) end
+  if err then
+    out[#out + 1] = q; out[#out + 1] = 'err'; out[#out + 1] = err
+    -- A landing list that fails skips its queue too (as one error of the queue).
+    if i % 2 == 1 then skip = i + 1 end
+  end
   end
 end
 return out
 "#
 );
 
-/// Pushes every job of this process's own KEYS[1] (landing list or working hash) back to queue KEYS[2],
-/// without counting it as a recovery (so no counts hash and no dead set: KEYS[1] stands in for both,
-/// never touched with a limit of -1). Returns {moved, error}.
+/// Pushes every job of this process's own batch list KEYS[1] not in its acks set KEYS[2] (or of its
+/// landing list KEYS[1], given as KEYS[2] too) back to queue KEYS[3], without counting it as a recovery (so no counts hash and no dead set: KEYS[1] stands in for
+/// both, never touched with a limit of -1). Returns {moved, error}.
 const MOVE_BACK_LUA: &str = concat!(
     lua_common!(),
     super::lua_move_back!(),
     r#"
-local m, _, err = move_back(KEYS[1], KEYS[2], -1, KEYS[1], KEYS[1], '0', '0', 0, '', '')
+local m, _, err = move_back(KEYS[1], KEYS[2], KEYS[3], KEYS[3], -1, KEYS[1], KEYS[1], '0', '0', 0, '', '')
 return {m, err or ''}
 "#
 );
 
-/// Pushes back the fields ARGV of working hash KEYS[1] to the served end of queue KEYS[2], each only if
-/// it is still there, the push before the removal. Returns {moved, error}.
+/// Pushes back the jobs at places ARGV of batch list KEYS[1] to the served end of queue KEYS[3], each only
+/// if it is still there (the list reaches its place and acks set KEYS[2] does not hold it), the push
+/// before the place is added to the acks set. Returns {moved, error}.
 const PUSH_BACK_LUA: &str = concat!(
     lua_common!(),
     r#"
 local n = 0
+local len = redis.call('LLEN', KEYS[1])
 for i = 1, #ARGV do
-  local j = redis.call('HGET', KEYS[1], ARGV[i])
-  if j then
-    local r = redis.pcall('RPUSH', KEYS[2], j)
-    if failed(r) then return {n, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a list: ' .. r.err} end
-    redis.call('HDEL', KEYS[1], ARGV[i])
+  if tonumber(ARGV[i]) < len and redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then
+    local j = redis.call('LINDEX', KEYS[1], ARGV[i])
+    local r = redis.pcall('RPUSH', KEYS[3], j)
+    if failed(r) then return {n, KEYS[3] .. ' is a ' .. kind(KEYS[3]) .. ', not a list: ' .. r.err} end
+    redis.call('SADD', KEYS[2], ARGV[i])
     n = n + 1
   end
 end
@@ -158,46 +173,80 @@ return {n, ''}
 "#
 );
 
-/// Ids handed out and not yet acknowledged or pushed back, plus the id ranges reserved by fetches whose
-/// reply has not arrived: what a sweep must never push back.
+/// The mask of a unit id's place in its batch list.
+const PLACE_MASK: u64 = (1 << keys::PLACE_BITS) - 1;
+
+/// One batch list holding jobs handed out.
+#[derive(Debug)]
+struct Batch {
+    /// The list.
+    key: String,
+    /// Its acks set.
+    acks: String,
+    /// Its queue.
+    queue: Arc<str>,
+    /// Jobs handed out from it and not yet acknowledged or pushed back; at 0 the list and its acks set
+    /// are deleted.
+    left: usize,
+}
+
+/// The batch lists this process holds: those with jobs handed out, and those a fetch may have filled
+/// without its reply reaching us ("lost": nothing in them was handed out, so all of it goes back).
 #[derive(Debug, Default)]
-struct Outstanding {
-    /// Ids of jobs handed out.
-    ids: foldhash::HashSet<u64>,
-    /// `[start, end)` ranges of fetches in flight.
+struct Held {
+    /// By batch number.
+    open: foldhash::HashMap<u64, Batch>,
+    /// Lists (key, acks set, queue) of fetches whose reply never came.
+    lost: Vec<(String, String, Arc<str>)>,
+    /// `[start, end)` batch numbers of fetches in flight: lists a sweep must leave alone.
     pending: Vec<(u64, u64)>,
 }
 
-impl Outstanding {
-    fn contains(&self, id: u64) -> bool {
-        self.ids.contains(&id) || self.pending.iter().any(|(a, b)| (*a..*b).contains(&id))
+impl Held {
+    /// Whether batch `n` is one this process knows: handed out, or its fetch in flight.
+    fn knows(&self, n: u64) -> bool {
+        self.open.contains_key(&n) || self.pending.iter().any(|(a, b)| (*a..*b).contains(&n))
     }
 }
 
-/// Drops a fetch's id reservation however the fetch ends (a cancelled fetch's ids count as never
-/// handed out: whatever it moved is stranded and the next sweep pushes it back).
+/// Records a fetch's lists as lost however the fetch ends without its reply being read (a cancelled
+/// fetch's jobs were never handed out: the next sweep pushes them back).
 struct Reservation<'a> {
     fetcher: &'a Reliable,
+    lists: Vec<(String, String, Arc<str>)>,
+    /// Its batch numbers, `[start, end)`.
     range: (u64, u64),
+    answered: bool,
 }
 
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut o) = self.fetcher.outstanding.lock() {
-            o.pending.retain(|r| *r != self.range);
+impl<'a> Reservation<'a> {
+    /// Reserves `lists`, numbered from `range.0`, while the fetch is in flight.
+    fn new(
+        fetcher: &'a Reliable,
+        lists: Vec<(String, String, Arc<str>)>,
+        range: (u64, u64),
+    ) -> Self {
+        if let Ok(mut h) = fetcher.held.lock() {
+            h.pending.push(range);
+        }
+        Reservation {
+            fetcher,
+            lists,
+            range,
+            answered: false,
         }
     }
 }
 
-/// One queue's keys.
-#[derive(Debug)]
-struct QueueKeys {
-    /// `oxidekiq:working:<identity>:<queue>`.
-    working: String,
-    /// `oxidekiq:landing:<identity>:<queue>`.
-    landing: String,
-    /// `queue:<queue>`.
-    queue: String,
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut h) = self.fetcher.held.lock() {
+            h.pending.retain(|r| *r != self.range);
+            if !self.answered {
+                h.lost.append(&mut self.lists);
+            }
+        }
+    }
 }
 
 /// The reliable fetcher of one process.
@@ -209,24 +258,26 @@ pub(crate) struct Reliable {
     identity: String,
     /// `oxidekiq:working:<identity>:`.
     working_prefix: String,
-    /// Each queue's keys.
-    keys: foldhash::HashMap<Arc<str>, QueueKeys>,
+    /// `oxidekiq:landing:<identity>:`.
+    landing_prefix: String,
+    /// Every queue name, for the landing lists' sweep.
+    names: Vec<Arc<str>>,
     /// Connection for the batch script, acks and requeues.
     conn: Conn,
     /// Dedicated connection for `BLMOVE`.
     blocking: Conn,
-    /// The batch script (EVALSHA, loaded again on NOSCRIPT).
+    /// The batch script (EVALSHA in a pipeline, loaded again on NOSCRIPT).
     script: Script,
-    /// Next working-hash id to reserve.
-    next_id: AtomicU64,
+    /// Next batch number.
+    next_batch: AtomicU64,
     /// How long one blocking wait may last.
     block: Duration,
     /// Payloads longer than this go to the dead set inside Redis (0: no limit).
     max_payload_bytes: usize,
     /// The live fleet, which decides how `failed_at` is written on such a payload (issue 13).
     fleet: Arc<crate::fleet::Fleet>,
-    /// Ids that sweeps leave alone.
-    outstanding: Mutex<Outstanding>,
+    /// The batch lists held.
+    held: Mutex<Held>,
     /// Queues paused after an error of their own.
     stalls: Stalls,
     /// Oversized jobs sent to the dead set since the last [`Fetch::take_dead`].
@@ -243,33 +294,20 @@ impl Reliable {
         block: Duration,
     ) -> Self {
         let order = QueueOrder::new(queues);
-        let working_prefix = keys::working_prefix(identity);
-        let landing_prefix = keys::landing_prefix(identity);
-        let keys = order
-            .names()
-            .iter()
-            .map(|q| {
-                let k = QueueKeys {
-                    working: format!("{working_prefix}{q}"),
-                    landing: format!("{landing_prefix}{q}"),
-                    queue: keys::queue(q),
-                };
-                (q.clone(), k)
-            })
-            .collect();
         Reliable {
+            names: order.names().to_vec(),
             order,
             identity: identity.to_string(),
-            working_prefix,
-            keys,
+            working_prefix: keys::working_prefix(identity),
+            landing_prefix: keys::landing_prefix(identity),
             conn,
             blocking,
             script: Script::new(FETCH_LUA),
-            next_id: AtomicU64::new(0),
+            next_batch: AtomicU64::new(0),
             block,
             max_payload_bytes: 16 * 1024 * 1024,
             fleet: Arc::new(crate::fleet::Fleet::new(None)),
-            outstanding: Mutex::new(Outstanding::default()),
+            held: Mutex::new(Held::default()),
             stalls: Stalls::default(),
             dead: AtomicU64::new(0),
         }
@@ -293,18 +331,26 @@ impl Reliable {
         self
     }
 
-    fn working_key(&self, queue: &str) -> String {
-        match self.keys.get(queue) {
-            Some(k) => k.working.clone(),
-            None => format!("{}{queue}", self.working_prefix),
-        }
+    /// Batch `batch`'s list for `queue` and its acks set.
+    fn lists(&self, queue: &Arc<str>, batch: u64) -> (String, String, Arc<str>) {
+        let key = keys::batch_list(&self.working_prefix, queue, batch);
+        let acks = keys::acks_of(&key);
+        (key, acks, queue.clone())
     }
 
-    fn forget(&self, held: &[UnitOfWork]) {
-        if let Ok(mut o) = self.outstanding.lock() {
-            for h in held {
-                o.ids.remove(&h.id);
-            }
+    /// Records the jobs of one batch list as handed out.
+    fn open(&self, batch: u64, (key, acks, queue): (String, String, Arc<str>), count: usize) {
+        if count == 0 {
+            return;
+        }
+        if let Ok(mut h) = self.held.lock() {
+            let b = h.open.entry(batch).or_insert(Batch {
+                key,
+                acks,
+                queue,
+                left: 0,
+            });
+            b.left += count;
         }
     }
 
@@ -326,49 +372,95 @@ impl Reliable {
         Ok(Vec::new())
     }
 
-    /// One run of the batch script: the jobs it handed out, and whether it did anything at all.
+    /// One run of the batch script, with the batch lists read in the same pipeline: the jobs it handed
+    /// out, and whether it did anything at all.
     async fn fetch_batch(&self, order: &[Arc<str>], max: usize) -> Result<(Vec<UnitOfWork>, bool)> {
         if order.is_empty() {
             return Ok((Vec::new(), false));
         }
         let max = max.clamp(1, MAX_BATCH);
-        let base = self.next_id.fetch_add(max as u64, Ordering::Relaxed) + 1;
-        let range = (base, base + max as u64);
-        if let Ok(mut o) = self.outstanding.lock() {
-            o.pending.push(range);
-        }
-        let _reservation = Reservation {
-            fetcher: self,
-            range,
-        };
+        // Two sources per queue of the round, its landing list and the queue itself, each copied into a
+        // batch list of its own with a batch number of its own, so a unit id (batch and place) names one
+        // list.
+        let sources: Vec<(Arc<str>, String)> = order
+            .iter()
+            .flat_map(|q| {
+                [
+                    (q.clone(), format!("{}{q}", self.landing_prefix)),
+                    (q.clone(), keys::queue(q)),
+                ]
+            })
+            .collect();
+        let first = self
+            .next_batch
+            .fetch_add(sources.len() as u64, Ordering::Relaxed)
+            + 1;
+        let lists: Vec<_> = sources
+            .iter()
+            .zip(first..)
+            .map(|((q, _), batch)| self.lists(q, batch))
+            .collect();
+        let range = (first, first + lists.len() as u64);
+        let mut reservation = Reservation::new(self, lists.clone(), range);
         let now = time::now();
         let (trim_before, dead_max) = dead_trim(now);
-        let mut inv = self.script.prepare_invoke();
-        inv.key(keys::DEAD);
-        for q in order {
-            match self.keys.get(q) {
-                Some(k) => inv.key(&k.working).key(&k.landing).key(&k.queue),
-                None => inv
-                    .key(self.working_key(q))
-                    .key(format!("{}{q}", keys::landing_prefix(&self.identity)))
-                    .key(keys::queue(q)),
-            };
+        let mut pipe = redis::pipe();
+        let eval = pipe.cmd("EVALSHA").arg(self.script.get_hash());
+        eval.arg(1 + 2 * lists.len()).arg(keys::DEAD);
+        for ((_, src), (dest, _, _)) in sources.iter().zip(&lists) {
+            eval.arg(src).arg(dest);
         }
-        inv.arg(max)
-            .arg(base)
+        eval.arg(max)
             .arg(self.max_payload_bytes)
             .arg(BATCH_BYTES.max(self.max_payload_bytes))
-            .arg(&self.identity)
+            .arg(format!("{}/{first}", self.identity))
             .arg(score(now))
             .arg(self.fleet.time_format().value(now).to_string())
             .arg(trim_before)
             .arg(dead_max);
-        let flat: Vec<Vec<u8>> = inv.invoke_async(&mut self.conn.clone()).await?;
-        let busy = !flat.is_empty();
-        let (out, failed) = self.read_reply(flat, order);
-        if let Ok(mut o) = self.outstanding.lock() {
-            o.ids.extend(out.iter().map(|u| u.id));
+        for (key, _, _) in &lists {
+            pipe.cmd("LRANGE").arg(key).arg(0).arg(-1);
         }
+        let mut conn = self.conn.clone();
+        let replies: Vec<redis::Value> = match pipe.query_async(&mut conn).await {
+            Ok(r) => r,
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                // The script ran nowhere: load it and send the pipeline again.
+                self.script.prepare_invoke().load_async(&mut conn).await?;
+                pipe.query_async(&mut conn).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut replies = replies.into_iter();
+        let flat: Vec<Vec<u8>> = match replies.next() {
+            Some(v) => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
+            None => Vec::new(),
+        };
+        let mut read: Vec<Vec<Vec<u8>>> = Vec::with_capacity(lists.len());
+        for v in replies {
+            read.push(redis::from_redis_value(v).map_err(redis::RedisError::from)?);
+        }
+        let busy = !flat.is_empty();
+        let (counts, failed) = self.read_reply(flat, &sources);
+        let mut out = Vec::new();
+        for (i, jobs) in read.into_iter().enumerate() {
+            let (Some((q, _)), Some(list)) = (sources.get(i), lists.get(i)) else {
+                continue;
+            };
+            if counts.get(i).copied().unwrap_or(0) != jobs.len() {
+                // Only a recovery that judged this process dead touches its lists in between.
+                tracing::warn!(queue = %q, expected = counts.get(i).copied().unwrap_or(0),
+                    read = jobs.len(), "a batch list changed between the fetch and its read");
+            }
+            let batch = first + i as u64;
+            self.open(batch, list.clone(), jobs.len());
+            // The list's tail is the job its source served first: handed out in that order.
+            let base = batch << keys::PLACE_BITS;
+            for (place, raw) in jobs.into_iter().enumerate().rev() {
+                out.push(UnitOfWork::new(q.clone(), base | place as u64, raw));
+            }
+        }
+        reservation.answered = true;
         // With fewer than `max` taken, the script looked at every queue of the round.
         if out.len() < max {
             self.stalls.unstall(order, &failed);
@@ -376,23 +468,27 @@ impl Reliable {
         Ok((out, busy))
     }
 
-    /// Reads the batch script's records: the units handed out, and the queues that failed (paused here).
+    /// Reads the batch script's records: how many jobs each source's batch list holds (by its place in
+    /// the round's sources), and the queues that failed (paused here).
     fn read_reply(
         &self,
         flat: Vec<Vec<u8>>,
-        order: &[Arc<str>],
-    ) -> (Vec<UnitOfWork>, Vec<Arc<str>>) {
-        let name_of = |q: &[u8]| {
-            let i = std::str::from_utf8(q)
+        sources: &[(Arc<str>, String)],
+    ) -> (Vec<usize>, Vec<Arc<str>>) {
+        let index = |q: &[u8]| {
+            std::str::from_utf8(q)
                 .ok()
                 .and_then(|s| s.parse::<usize>().ok())
-                .unwrap_or(0);
-            order
-                .get(i.wrapping_sub(1))
-                .cloned()
+                .unwrap_or(0)
+                .wrapping_sub(1)
+        };
+        let name_of = |q: &[u8]| {
+            sources
+                .get(index(q))
+                .map(|(name, _)| name.clone())
                 .unwrap_or_else(|| Arc::from(String::from_utf8_lossy(q).as_ref()))
         };
-        let mut out = Vec::with_capacity(flat.len() / 3);
+        let mut counts = vec![0; sources.len()];
         let mut failed: Vec<Arc<str>> = Vec::new();
         let mut it = flat.into_iter();
         while let (Some(q), Some(tag), Some(body)) = (it.next(), it.next(), it.next()) {
@@ -408,26 +504,24 @@ impl Reliable {
                         limit = self.max_payload_bytes,
                         "payload over the size limit sent to the dead set without being read");
                 }
-                first => {
-                    let number = |b: &[u8]| {
-                        std::str::from_utf8(b)
-                            .ok()
-                            .and_then(|s| s.parse::<u64>().ok())
-                            .unwrap_or(0)
-                    };
-                    let (first, count) = (number(first), number(&body));
-                    let queue = name_of(&q);
-                    for (i, raw) in it.by_ref().take(count as usize).enumerate() {
-                        out.push(UnitOfWork::new(queue.clone(), first + i as u64, raw));
+                _ => {
+                    let n = std::str::from_utf8(&body)
+                        .ok()
+                        .and_then(|s| s.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if let Some(c) = counts.get_mut(index(&q)) {
+                        *c += n;
                     }
                 }
             }
         }
-        (out, failed)
+        (counts, failed)
     }
 
     /// Blocks until a job arrives on the first queue of the round (moving it into its landing list) or
-    /// the block time passes. True when a job landed.
+    /// the block time passes. True when a job landed. The landing list is swept by name
+    /// ([`Fetch::requeue_leftovers`]), so a wait cut short, or one that Redis served after its reply
+    /// was no longer awaited, strands nothing.
     async fn wait_for_work(&self, order: &[Arc<str>]) -> Result<bool> {
         let Some(first) = order.first() else {
             tokio::time::sleep(self.block.min(Duration::from_millis(500))).await;
@@ -439,13 +533,12 @@ impl Reliable {
         } else {
             self.block.min(Duration::from_millis(50))
         };
-        let (queue, landing) = match self.keys.get(first) {
-            Some(k) => (k.queue.clone(), k.landing.clone()),
-            None => (
-                keys::queue(first),
-                format!("{}{first}", keys::landing_prefix(&self.identity)),
-            ),
-        };
+        let (queue, landing) = (
+            keys::queue(first),
+            format!("{}{first}", self.landing_prefix),
+        );
+        // The payload comes back in the reply; the batch script copies it out of the landing list (an
+        // oversized one goes to the dead set there).
         let moved: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("BLMOVE")
             .arg(&queue)
             .arg(&landing)
@@ -465,60 +558,113 @@ impl Reliable {
         }
     }
 
-    /// One `HDEL` of the acknowledged ids per queue, pipelined.
+    /// The jobs by batch: (batch number, places from the list's head, so that jobs pushed back in this
+    /// order are served in the order their queue served them).
+    fn by_batch(done: &[UnitOfWork]) -> Vec<(u64, Vec<u64>)> {
+        let mut out: Vec<(u64, Vec<u64>)> = Vec::new();
+        for u in done {
+            let (batch, place) = (u.id >> keys::PLACE_BITS, u.id & PLACE_MASK);
+            match out.iter_mut().find(|(b, _)| *b == batch) {
+                Some((_, places)) => places.push(place),
+                None => out.push((batch, vec![place])),
+            }
+        }
+        for (_, places) in &mut out {
+            places.sort_unstable();
+        }
+        out
+    }
+
+    /// Counts `places` of `batch` as done once Redis has them; a batch with nothing left is forgotten,
+    /// its keys returned for deletion.
+    fn settle(&self, batch: u64, places: usize) -> Option<(String, String)> {
+        let mut h = self.held.lock().ok()?;
+        let b = h.open.get_mut(&batch)?;
+        b.left = b.left.saturating_sub(places);
+        if b.left > 0 {
+            return None;
+        }
+        h.open.remove(&batch).map(|b| (b.key, b.acks))
+    }
+
+    /// One pipeline: a batch whose every job is now done is deleted (its list and acks set: one `DEL`,
+    /// whatever the payloads); the places of the others are added to their acks sets (one `SADD` per
+    /// batch). The counts change only once Redis answered, so an ack retried after an error counts once.
     async fn ack(&self, done: &[UnitOfWork]) -> Result<()> {
         if done.is_empty() {
             return Ok(());
         }
-        let mut by_queue: Vec<(&Arc<str>, redis::Cmd)> = Vec::new();
-        for h in done {
-            match by_queue.iter_mut().find(|(q, _)| **q == h.queue) {
-                Some((_, cmd)) => {
-                    cmd.arg(h.id);
-                }
-                None => {
-                    let mut cmd = redis::cmd("HDEL");
-                    cmd.arg(self.working_key(&h.queue)).arg(h.id);
-                    by_queue.push((&h.queue, cmd));
+        let groups = Self::by_batch(done);
+        let mut pipe = redis::pipe();
+        let mut deleted = Vec::new();
+        {
+            let h = self.held.lock().map_err(|_| poisoned())?;
+            for (batch, places) in &groups {
+                let Some(b) = h.open.get(batch) else {
+                    continue;
+                };
+                if b.left <= places.len() {
+                    pipe.del(&[&b.key, &b.acks]).ignore();
+                    deleted.push(*batch);
+                } else {
+                    pipe.sadd(&b.acks, places).ignore();
                 }
             }
         }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        let mut emptied = Vec::new();
+        for (batch, places) in &groups {
+            if let Some(keys) = self.settle(*batch, places.len())
+                && !deleted.contains(batch)
+            {
+                emptied.push(keys);
+            }
+        }
+        self.delete_emptied(emptied).await
+    }
+
+    /// Deletes the lists of batches found done after the commands that acknowledged them were built (an
+    /// ack and a push-back of the same batch at once).
+    async fn delete_emptied(&self, emptied: Vec<(String, String)>) -> Result<()> {
+        if emptied.is_empty() {
+            return Ok(());
+        }
         let mut pipe = redis::pipe();
-        for (_, cmd) in by_queue {
-            pipe.add_command(cmd).ignore();
+        for (key, acks) in &emptied {
+            pipe.del(&[key, acks]).ignore();
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
-        self.forget(done);
         Ok(())
     }
 
-    /// Each job moves from the working hash in a script, the push before the removal, and only if it is
-    /// still there (a recovery may have pushed it back already); a queue key of the wrong type leaves its
-    /// jobs in the working hash and is an error naming it.
+    /// Each job moves from its batch list in a script, the push before it is marked done, and only if it
+    /// is still there (a recovery may have pushed it back already); a queue key of the wrong type leaves
+    /// its jobs in the list and is an error naming it.
     async fn requeue(&self, units: &[UnitOfWork]) -> Result<u64> {
         let mut conn = self.conn.clone();
-        let mut by_queue: Vec<(&Arc<str>, Vec<u64>)> = Vec::new();
-        for h in units {
-            match by_queue.iter_mut().find(|(q, _)| **q == h.queue) {
-                Some((_, ids)) => ids.push(h.id),
-                None => by_queue.push((&h.queue, vec![h.id])),
-            }
-        }
         let mut moved = 0;
         let mut errors = Vec::new();
-        for (q, ids) in by_queue {
-            let (n, err) = push_back(&mut conn, &self.working_key(q), q, &ids).await?;
+        let mut emptied = Vec::new();
+        for (batch, places) in Self::by_batch(units) {
+            let found = self.held.lock().ok().and_then(|h| {
+                h.open
+                    .get(&batch)
+                    .map(|b| (b.key.clone(), b.acks.clone(), b.queue.clone()))
+            });
+            let Some((key, acks, queue)) = found else {
+                continue;
+            };
+            let (n, err) = push_back(&mut conn, &key, &acks, &queue, &places).await?;
             moved += n;
             if err.is_empty() {
-                if let Ok(mut o) = self.outstanding.lock() {
-                    for id in &ids {
-                        o.ids.remove(id);
-                    }
+                if let Some(keys) = self.settle(batch, places.len()) {
+                    emptied.push(keys);
                 }
             } else {
                 errors.push(err);
             }
         }
+        self.delete_emptied(emptied).await?;
         if errors.is_empty() {
             Ok(moved)
         } else {
@@ -526,65 +672,129 @@ impl Reliable {
         }
     }
 
-    /// Pushes back every working-hash entry that was never handed out (not outstanding): a job about to
-    /// run, running, or whose ack is on its way is left alone.
-    async fn reconcile_now(&self) -> Result<u64> {
-        let mut conn = self.conn.clone();
-        let mut moved = 0;
-        let mut errors = Vec::new();
-        for (q, k) in &self.keys {
-            let ids: Vec<u64> = match conn.hkeys(&k.working).await {
-                Ok(ids) => ids,
-                Err(e) if e.code() == Some("WRONGTYPE") => {
-                    errors.push(format!("{}: {e}", k.working));
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let stranded: Vec<u64> = match self.outstanding.lock() {
-                Ok(o) => ids.into_iter().filter(|id| !o.contains(*id)).collect(),
-                Err(_) => Vec::new(),
-            };
-            if stranded.is_empty() {
-                continue;
-            }
-            let (n, err) = push_back(&mut conn, &k.working, q, &stranded).await?;
-            moved += n;
-            if !err.is_empty() {
-                errors.push(err);
-            }
-        }
-        if errors.is_empty() {
-            Ok(moved)
-        } else {
-            Err(script_error(errors.join("; ")))
-        }
-    }
-
-    /// The landing lists, then the working-hash entries outside the outstanding set (all of them with
-    /// `everything`). Not counted as recoveries.
-    async fn leftovers(&self, everything: bool) -> Result<u64> {
+    /// Pushes back every job of `lists` not marked done, each list by one script; the lists that could
+    /// not be moved are returned with the errors.
+    async fn move_back(
+        &self,
+        lists: Vec<(String, String, Arc<str>)>,
+    ) -> (u64, Vec<(String, String, Arc<str>)>, Vec<String>) {
         let mut conn = self.conn.clone();
         let script = Script::new(MOVE_BACK_LUA);
-        let mut moved = 0;
-        let mut errors = Vec::new();
-        for k in self.keys.values() {
-            let (m, err): (u64, String) = script
-                .key(&k.landing)
-                .key(&k.queue)
+        let (mut moved, mut kept, mut errors) = (0, Vec::new(), Vec::new());
+        for list in lists {
+            let r: redis::RedisResult<(u64, String)> = script
+                .key(&list.0)
+                .key(&list.1)
+                .key(keys::queue(&list.2))
                 .invoke_async(&mut conn)
-                .await?;
-            moved += m;
-            if !err.is_empty() {
-                errors.push(err);
+                .await;
+            match r {
+                Ok((m, err)) => {
+                    moved += m;
+                    if !err.is_empty() {
+                        errors.push(err);
+                        kept.push(list);
+                    }
+                }
+                Err(e) => {
+                    errors.push(format!("{}: {e}", list.0));
+                    kept.push(list);
+                }
             }
         }
-        if everything && let Ok(mut o) = self.outstanding.lock() {
-            o.ids.clear();
+        (moved, kept, errors)
+    }
+
+    /// This process's batch lists in Redis that it does not know (neither handed out nor being fetched):
+    /// left by a fetch whose reply never came but was not seen to fail, or brought back by a failover
+    /// to a replica that had not seen their deletion. One `SCAN` of the keyspace.
+    async fn strays(&self) -> Result<Vec<(String, String, Arc<str>)>> {
+        let mut conn = self.conn.clone();
+        let opts = redis::ScanOptions::default()
+            .with_pattern(format!("{}*", self.working_prefix))
+            .with_count(1000);
+        let mut found: Vec<String> = Vec::new();
+        {
+            let mut iter: redis::AsyncIter<'_, String> =
+                redis::AsyncCommands::scan_options(&mut conn, opts).await?;
+            while let Some(item) = iter.next_item().await {
+                found.push(item?);
+            }
         }
+        let h = self.held.lock().map_err(|_| poisoned())?;
+        Ok(found
+            .into_iter()
+            .filter_map(|key| {
+                let rest = key.strip_prefix(&self.working_prefix)?;
+                let (queue, n) = rest.rsplit_once(":@")?;
+                let n: u64 = n.parse().ok()?;
+                (!h.knows(n)).then(|| {
+                    let acks = keys::acks_of(&key);
+                    (key.clone(), acks, Arc::from(queue))
+                })
+            })
+            .collect())
+    }
+
+    /// Pushes back the lists of fetches whose reply never came (nothing in them was handed out), and
+    /// any other list of this process that it does not know ([`Reliable::strays`]).
+    async fn reconcile_now(&self) -> Result<u64> {
+        let strays = self.strays().await?;
+        let mut lost = match self.held.lock() {
+            Ok(mut h) => std::mem::take(&mut h.lost),
+            Err(_) => return Err(poisoned()),
+        };
+        for s in strays {
+            if !lost.iter().any(|l| l.0 == s.0) {
+                lost.push(s);
+            }
+        }
+        if lost.is_empty() {
+            return Ok(0);
+        }
+        let (moved, kept, errors) = self.move_back(lost).await;
+        if let Ok(mut h) = self.held.lock() {
+            h.lost.extend(kept);
+        }
+        if errors.is_empty() {
+            Ok(moved)
+        } else {
+            Err(script_error(errors.join("; ")))
+        }
+    }
+
+    /// The landing lists, the lists of fetches whose reply never came, then (with `everything`) every job
+    /// of every batch list not marked done. Not counted as recoveries.
+    async fn leftovers(&self, everything: bool) -> Result<u64> {
+        let landing: Vec<_> = self
+            .names
+            .iter()
+            .map(|q| {
+                let key = format!("{}{q}", self.landing_prefix);
+                (key.clone(), key, q.clone())
+            })
+            .collect();
+        let (mut moved, _, mut errors) = self.move_back(landing).await;
         match self.reconcile_now().await {
             Ok(n) => moved += n,
             Err(e) => errors.push(e.to_string()),
+        }
+        if everything {
+            let open: Vec<_> = match self.held.lock() {
+                Ok(mut h) => h
+                    .open
+                    .drain()
+                    .map(|(_, b)| (b.key, b.acks, b.queue))
+                    .collect(),
+                Err(_) => return Err(poisoned()),
+            };
+            let (m, kept, errs) = self.move_back(open).await;
+            moved += m;
+            errors.extend(errs);
+            // What could not move stays a known list: a later sweep tries again.
+            if let Ok(mut h) = self.held.lock() {
+                h.lost.extend(kept);
+            }
         }
         if errors.is_empty() {
             Ok(moved)
@@ -594,9 +804,14 @@ impl Reliable {
     }
 }
 
+/// A lock poisoned by a panic elsewhere: an error, never a panic here.
+fn poisoned() -> crate::Error {
+    script_error("the reliable fetcher's table of batch lists is poisoned".into())
+}
+
 impl Fetch for Reliable {
-    /// Cancelling it strands what it moved in this process's working hash or landing list, where
-    /// [`Fetch::requeue_leftovers`] finds it.
+    /// Cancelling it leaves what it moved in a batch list of this process, recorded as lost, where
+    /// [`Fetch::requeue_leftovers`] and [`Fetch::reconcile`] find it.
     fn retrieve_work(&self, max: usize) -> BoxFuture<'_, Result<Vec<UnitOfWork>>> {
         Box::pin(self.fetch(max))
     }
@@ -632,11 +847,14 @@ impl Fetch for Reliable {
     }
 
     fn outstanding(&self) -> usize {
-        self.outstanding.lock().map(|o| o.ids.len()).unwrap_or(0)
+        self.held
+            .lock()
+            .map(|h| h.open.values().map(|b| b.left).sum())
+            .unwrap_or(0)
     }
 
     /// After a failed fetch the batch script may have run without its reply reaching us: those jobs sit
-    /// in our working hash while nobody runs them.
+    /// in our batch lists while nobody runs them.
     fn reconcile(&self) -> BoxFuture<'_, Result<u64>> {
         Box::pin(self.reconcile_now())
     }
@@ -648,21 +866,23 @@ impl Fetch for Reliable {
     }
 }
 
-/// Runs [`PUSH_BACK_LUA`] for `ids` of `working` into `queue`: (moved, error or empty).
+/// Runs [`PUSH_BACK_LUA`] for `places` of batch list `key` (acks set `acks`) into `queue`: (moved, error
+/// or empty).
 async fn push_back(
     conn: &mut Conn,
-    working: &str,
+    key: &str,
+    acks: &str,
     queue: &str,
-    ids: &[u64],
+    places: &[u64],
 ) -> Result<(u64, String)> {
     let script = Script::new(PUSH_BACK_LUA);
     let mut moved = 0;
-    // Bounded argument lists, whatever the number of ids.
-    for chunk in ids.chunks(1000) {
-        let mut inv = script.key(working);
-        inv.key(keys::queue(queue));
-        for id in chunk {
-            inv.arg(id);
+    // Bounded argument lists, whatever the number of jobs.
+    for chunk in places.chunks(1000) {
+        let mut inv = script.key(key);
+        inv.key(acks).key(keys::queue(queue));
+        for p in chunk {
+            inv.arg(p);
         }
         let (n, err): (u64, String) = inv.invoke_async(conn).await?;
         moved += n;

@@ -3,8 +3,8 @@
 //! size and oversized payloads).
 //!
 //! Every test accounts for every job it put in: a job is returned by a fetch, or still in a queue, a
-//! landing list, a working hash, the dead set or the schedule, and never in two of them unless the test
-//! says why.
+//! batch list (or, for a process of an older version, a landing list or a working hash), the dead set or
+//! the schedule, and never in two of them unless the test says why.
 use crate::test_support as support;
 
 use std::collections::HashSet;
@@ -50,6 +50,21 @@ async fn fetcher(redis: &support::RedisServer, names: &[&str], identity: &str) -
     )
 }
 
+/// Pushes `n` jobs to `queue:<q>`, with jids `<q>0`, `<q>1`, ... (`<q>0` served first).
+fn fill(c: &mut redis::Connection, q: &str, n: usize) {
+    for i in 0..n {
+        let _: () = c
+            .lpush(format!("queue:{q}"), job(&format!("{q}{i}"), q))
+            .unwrap();
+    }
+}
+
+/// A basic fetcher over `names`, blocking 200 ms at most.
+async fn basic(redis: &support::RedisServer, names: &[&str]) -> Basic {
+    let (conn, blocking) = conns(redis).await;
+    Basic::new(&queues(names), conn, blocking, Duration::from_millis(200))
+}
+
 fn job(jid: &str, queue: &str) -> String {
     format!(r#"{{"class":"A","args":[1],"jid":"{jid}","queue":"{queue}","retry":true}}"#)
 }
@@ -72,36 +87,51 @@ fn list_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
     items.iter().map(|r| jid_of(r)).collect()
 }
 
+/// The jids in `identity`'s batch lists not marked done in their acks sets (what a recovery or a
+/// shutdown sweep would push back).
+fn held_jids(c: &mut redis::Connection, identity: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let lists: Vec<String> = c.keys(format!("oxidekiq:working:{identity}:*")).unwrap();
+    for k in lists {
+        let items: Vec<Vec<u8>> = c.lrange(&k, 0, -1).unwrap();
+        let done: HashSet<String> = c.smembers(oxidekiq::keys::acks_of(&k)).unwrap();
+        for (i, raw) in items.iter().enumerate() {
+            if !done.contains(&i.to_string()) {
+                out.push(jid_of(raw));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The bytes stored for a unit fetched by `ME`: its batch list at its place.
+fn stored(c: &mut redis::Connection, u: &oxidekiq::fetch::UnitOfWork) -> Vec<u8> {
+    let t = oxidekiq::retry::Token::of(&oxidekiq::keys::working_prefix(ME), &u.queue, u.id);
+    c.lindex(&t.working, t.id as isize).unwrap()
+}
+
 fn hash_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
     let items: Vec<Vec<u8>> = c.hvals(key).unwrap();
     items.iter().map(|r| jid_of(r)).collect()
 }
 
-/// A full landing list in a queue that is not first, when the first queue already filled part of the
-/// batch: the old script popped `max` from it, and the jobs beyond the batch had no field id (the HSET
-/// failed after the pops, or stored a job as a field name). Now exactly `max` are taken, each under its
-/// own id, and the rest stay in the landing list.
+/// A full queue that is not first, when the first queue already filled part of the batch: exactly `max`
+/// are taken, each under its own id and stored byte for byte at its place, and the rest stay in their
+/// queue.
 #[tokio::test]
-async fn a_full_landing_list_in_a_later_queue_fills_only_the_rest_of_the_batch() {
+async fn a_full_later_queue_fills_only_the_rest_of_the_batch() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    for i in 0..3 {
-        let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
-    }
-    for i in 0..5 {
-        let _: () = c
-            .lpush(landing(ME, "b"), job(&format!("b{i}"), "b"))
-            .unwrap();
-    }
+    fill(&mut c, "a", 3);
+    fill(&mut c, "b", 5);
     let f = fetcher(&redis, &["a", "b"], ME).await;
     let got = f.retrieve_work(4).await.unwrap();
     assert_eq!(got.len(), 4, "a batch of 4");
     let ids: HashSet<u64> = got.iter().map(|u| u.id).collect();
     assert_eq!(ids.len(), 4, "every job has its own id");
-    // Each returned job is in the working hash under its id, byte for byte.
     for u in &got {
-        let stored: Vec<u8> = c.hget(working(ME, &u.queue), u.id).unwrap();
-        assert_eq!(stored, u.raw());
+        assert_eq!(stored(&mut c, u), u.raw());
     }
     let fetched: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
     assert_eq!(
@@ -109,41 +139,46 @@ async fn a_full_landing_list_in_a_later_queue_fills_only_the_rest_of_the_batch()
         ["a0", "a1", "a2"],
         "queue a first, oldest first"
     );
-    assert_eq!(fetched[3], "b0", "then the oldest of b's landing list");
-    let left = list_jids(&mut c, &landing(ME, "b"));
+    assert_eq!(fetched[3], "b0", "then the oldest of b");
+    let left = list_jids(&mut c, "queue:b");
     assert_eq!(
-        left.len(),
-        4,
-        "the rest stays in the landing list: {left:?}"
+        left,
+        ["b4", "b3", "b2", "b1"],
+        "the rest stays in its queue"
     );
-    let hash_len: usize = c.hlen(working(ME, "b")).unwrap();
-    assert_eq!(hash_len, 1, "no job stored as a field name");
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1", "a2", "b0"]);
     // The next fetch takes the rest: all eight accounted for, none twice.
     let more = f.retrieve_work(10).await.unwrap();
     let mut all: Vec<String> = fetched;
     all.extend(more.iter().map(|u| jid_of(u.raw())));
     all.sort();
     assert_eq!(all, ["a0", "a1", "a2", "b0", "b1", "b2", "b3", "b4"]);
+    // Acknowledged in parts: the first part is marked done, the last one deletes the lists.
+    f.acknowledge(&got[..2]).await.unwrap();
+    assert_eq!(held_jids(&mut c, ME), ["a2", "b0", "b1", "b2", "b3", "b4"]);
+    f.acknowledge(&got[2..]).await.unwrap();
+    f.acknowledge(&more).await.unwrap();
+    assert_eq!(f.outstanding(), 0);
+    let keys: Vec<String> = c.keys("oxidekiq:*").unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
 }
 
-/// `max` smaller than the first queue's landing list: only `max` leave it.
+/// `max` smaller than the queue: only `max` leave it, from its served end.
 #[tokio::test]
-async fn max_smaller_than_the_landing_list_takes_max_and_leaves_the_rest() {
+async fn max_smaller_than_the_queue_takes_max_from_its_served_end() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     for i in 0..10 {
         let _: () = c
-            .lpush(landing(ME, "default"), job(&format!("j{i}"), "default"))
+            .lpush("queue:default", job(&format!("j{i}"), "default"))
             .unwrap();
     }
-    let _: () = c.lpush("queue:default", job("q0", "default")).unwrap();
     let f = fetcher(&redis, &["default"], ME).await;
     let got = f.retrieve_work(3).await.unwrap();
     let jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
     assert_eq!(jids, ["j0", "j1", "j2"]);
-    assert_eq!(list_jids(&mut c, &landing(ME, "default")).len(), 7);
-    assert_eq!(list_jids(&mut c, "queue:default"), ["q0"]);
-    assert_eq!(c.hlen::<_, usize>(working(ME, "default")).unwrap(), 3);
+    assert_eq!(list_jids(&mut c, "queue:default").len(), 7);
+    assert_eq!(held_jids(&mut c, ME), ["j0", "j1", "j2"]);
 }
 
 /// `-c` must not grow a fetch's arguments: a huge `max` is one bounded batch, and the script receives
@@ -200,14 +235,12 @@ async fn a_huge_max_sends_a_constant_number_of_arguments_and_takes_a_bounded_bat
 }
 
 /// A `queue:<q>` key of the wrong type: the fetch serves the other queues (the old script failed as a
-/// whole, stalling every queue, reported as "redis unavailable"), the bad key is untouched, and a job
-/// already in that queue's landing list is still fetched.
+/// whole, stalling every queue, reported as "redis unavailable") and the bad key is untouched.
 #[tokio::test]
 async fn a_wrong_type_queue_key_stalls_only_its_queue() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     let _: () = c.set("queue:a", "not a list").unwrap();
-    let _: () = c.lpush(landing(ME, "a"), job("landed", "a")).unwrap();
     let _: () = c.lpush("queue:b", job("b0", "b")).unwrap();
     let _: () = c.lpush("queue:b", job("b1", "b")).unwrap();
     let f = fetcher(&redis, &["a", "b"], ME).await;
@@ -217,7 +250,7 @@ async fn a_wrong_type_queue_key_stalls_only_its_queue() {
         .expect("one bad key must not fail the fetch");
     let mut jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
     jids.sort();
-    assert_eq!(jids, ["b0", "b1", "landed"]);
+    assert_eq!(jids, ["b0", "b1"]);
     let v: String = c.get("queue:a").unwrap();
     assert_eq!(v, "not a list");
     // While queue a is paused, b keeps flowing.
@@ -254,13 +287,7 @@ async fn basic_fetch_serves_the_other_queues_past_a_wrong_type_key() {
     let mut c = redis.conn();
     let _: () = c.set("queue:a", "not a list").unwrap();
     let _: () = c.lpush("queue:b", job("b0", "b")).unwrap();
-    let (conn, blocking) = conns(&redis).await;
-    let f = Basic::new(
-        &queues(&["a", "b"]),
-        conn,
-        blocking,
-        Duration::from_millis(200),
-    );
+    let f = basic(&redis, &["a", "b"]).await;
     let mut got = Vec::new();
     for _ in 0..10 {
         got.extend(f.retrieve_work(1).await.expect("not a fetch failure"));
@@ -274,29 +301,40 @@ async fn basic_fetch_serves_the_other_queues_past_a_wrong_type_key() {
     );
 }
 
-/// A write inside the fetch script that fails (here the working hash is a string, so `HSET` fails):
-/// the old script had already popped the jobs, which were gone. Now they stay in their queue.
+/// A write inside the fetch script that fails (here an oversized job's move to a dead set that is not a
+/// sorted set): the jobs before it are fetched, it and the rest stay in their queue, and the error names
+/// the key.
 #[tokio::test]
 async fn a_write_failing_inside_the_fetch_script_leaves_the_jobs_in_their_queue() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    for i in 0..3 {
-        let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
-    }
-    let _: () = c.lpush(landing(ME, "a"), job("landed", "a")).unwrap();
-    let _: () = c.set(working(ME, "a"), "in the way").unwrap();
-    let f = fetcher(&redis, &["a"], ME).await;
+    let big = format!(
+        r#"{{"class":"A","args":["{}"],"jid":"big","queue":"a"}}"#,
+        "x".repeat(5000)
+    );
+    let _: () = c.lpush("queue:a", job("a0", "a")).unwrap();
+    let _: () = c.lpush("queue:a", &big).unwrap();
+    let _: () = c.lpush("queue:a", job("a1", "a")).unwrap();
+    let _: () = c.set("dead", "in the way").unwrap();
+    let f = fetcher(&redis, &["a"], ME).await.with_payload_limit(
+        1000,
+        std::sync::Arc::new(oxidekiq::fleet::Fleet::new(Some(TimeFormat::Seconds))),
+    );
     let got = f
         .retrieve_work(10)
         .await
         .expect("a per-queue error, not a fetch failure");
-    assert!(got.is_empty());
-    assert_eq!(list_jids(&mut c, "queue:a"), ["a2", "a1", "a0"]);
-    assert_eq!(list_jids(&mut c, &landing(ME, "a")), ["landed"]);
+    assert_eq!(
+        got.iter().map(|u| jid_of(u.raw())).collect::<Vec<_>>(),
+        ["a0"]
+    );
+    assert_eq!(list_jids(&mut c, "queue:a"), ["a1", "big"]);
+    assert_eq!(held_jids(&mut c, ME), ["a0"]);
+    assert_eq!(f.take_dead(), 0);
 }
 
 /// Shutdown push-back into a queue key of the wrong type: the old `MULTI` ran the `HDEL` after the failed
-/// `RPUSH` and the job was gone. Now it stays in the working hash, and the error names the key.
+/// `RPUSH` and the job was gone. Now it stays in its batch list, and the error names the key.
 #[tokio::test]
 async fn a_push_back_into_a_wrong_type_queue_keeps_the_job_in_the_working_hash() {
     let redis = support::RedisServer::start();
@@ -313,12 +351,13 @@ async fn a_push_back_into_a_wrong_type_queue_keeps_the_job_in_the_working_hash()
         .await
         .expect_err("the push-back cannot succeed");
     assert!(err.to_string().contains("queue:a is a string"), "{err}");
-    assert_eq!(hash_jids(&mut c, &working(ME, "a")).len(), 2);
-    // Fixed, it goes through.
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
+    // Fixed, it goes through, in the order the queue served them.
     let _: () = c.del("queue:a").unwrap();
     assert_eq!(f.bulk_requeue(&held).await.unwrap(), 2);
-    assert_eq!(list_jids(&mut c, "queue:a").len(), 2);
-    assert!(!c.exists::<_, bool>(working(ME, "a")).unwrap());
+    assert_eq!(list_jids(&mut c, "queue:a"), ["a1", "a0"]);
+    let keys: Vec<String> = c.keys("oxidekiq:*").unwrap();
+    assert!(keys.is_empty(), "nothing left held: {keys:?}");
 }
 
 /// Due scheduled jobs whose queue key has the wrong type stay in the schedule (the old script `ZREM`ed
@@ -347,7 +386,8 @@ async fn the_scheduled_poller_keeps_a_job_whose_queue_cannot_take_it() {
 }
 
 /// `reconcile` pushes back only what was never handed out (a fetch whose reply was lost), never a job
-/// handed out and not yet acknowledged (about to run, running, or its ack on the way).
+/// handed out and not yet acknowledged (about to run, running, or its ack on the way). The lost reply:
+/// Redis pauses writes, the fetch is sent and dropped unanswered, and Redis runs it when the pause ends.
 #[tokio::test]
 async fn reconcile_pushes_back_only_entries_never_handed_out() {
     let redis = support::RedisServer::start();
@@ -356,18 +396,29 @@ async fn reconcile_pushes_back_only_entries_never_handed_out() {
         let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
     }
     let f = fetcher(&redis, &["a"], ME).await;
-    let got = f.retrieve_work(10).await.unwrap();
-    assert_eq!(got.len(), 3);
-    // What a lost reply leaves: an entry under an id this fetcher never returned.
-    let _: () = c.hset(working(ME, "a"), 999_999, job("lost", "a")).unwrap();
+    let got = f.retrieve_work(2).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("WRITE")
+        .query(&mut c)
+        .unwrap();
+    let lost = tokio::time::timeout(Duration::from_millis(300), f.retrieve_work(10)).await;
+    assert!(lost.is_err(), "the fetch waited for the pause");
+    let ran = support::wait_until(Duration::from_secs(10), || {
+        c.llen::<_, usize>("queue:a").unwrap() == 0
+    });
+    assert!(ran, "the fetch ran once the pause ended");
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1", "a2"]);
     assert_eq!(f.reconcile().await.unwrap(), 1);
-    assert_eq!(list_jids(&mut c, "queue:a"), ["lost"]);
-    assert_eq!(c.hlen::<_, usize>(working(ME, "a")).unwrap(), 3);
-    // Acknowledged jobs leave the hash and the outstanding set.
-    let held = got;
-    f.acknowledge(&held).await.unwrap();
+    assert_eq!(list_jids(&mut c, "queue:a"), ["a2"]);
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
+    // Acknowledged jobs leave their list and the outstanding count.
+    f.acknowledge(&got).await.unwrap();
     assert_eq!(f.outstanding(), 0);
-    assert_eq!(c.hlen::<_, usize>(working(ME, "a")).unwrap(), 0);
+    let keys: Vec<String> = c.keys("oxidekiq:*").unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
 }
 
 /// Payloads over the limit never reach oxidekiq: the fetch script moves them to the dead set with the
@@ -533,4 +584,133 @@ puts [e.jid, e["error_class"], e.item["args"][0].to_s, e.at.to_i > 0].join("|")"
     );
     // The job bound for the wrong-type queue is still in its working hash.
     assert_eq!(hash_jids(&mut c, &working(other, "bad")), ["stuck"]);
+}
+
+/// A process killed mid-batch (its batch lists hold done and unfinished jobs, one list filled by a fetch
+/// whose reply never came) beside a process of an older version killed too (its working hash and
+/// landing list): one pass, a grace after the first, pushes back exactly the unfinished jobs of both
+/// layouts, each once, in the order their queue served them, and leaves no key of theirs behind.
+#[tokio::test]
+async fn recovery_takes_back_the_unfinished_jobs_of_batch_lists_and_of_the_old_layout() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let dead = "deadhost:4:dddd";
+    for i in 0..6 {
+        let _: () = c.lpush("queue:a", job(&format!("n{i}"), "a")).unwrap();
+    }
+    let killed = fetcher(&redis, &["a"], dead).await;
+    let got = killed.retrieve_work(4).await.unwrap();
+    assert_eq!(got.len(), 4);
+    // Two of them done (one by its ack, one by a fate write), two still running when the kill came.
+    killed.acknowledge(&got[..1]).await.unwrap();
+    let mut conn = redis.async_conn().await;
+    let token = oxidekiq::retry::Token::of(
+        &oxidekiq::keys::working_prefix(dead),
+        &got[1].queue,
+        got[1].id,
+    );
+    assert!(
+        oxidekiq::retry::kill(&mut conn, b"dead-n1", oxidekiq::time::now(), Some(&token))
+            .await
+            .unwrap()
+    );
+    // A second fetch's list whose reply never reached it: all of it unfinished.
+    let _: () = c.lpush("queue:a", job("n6", "a")).unwrap();
+    let more = killed.retrieve_work(10).await.unwrap();
+    drop(killed);
+    assert_eq!(more.len(), 3);
+    assert_eq!(held_jids(&mut c, dead), ["n2", "n3", "n4", "n5", "n6"]);
+    // The older version's process: a working hash and a landing list.
+    let old = "oldhost:5:eeee";
+    let _: () = c.hset(working(old, "a"), 7, job("w7", "a")).unwrap();
+    let _: () = c.lpush(landing(old, "a"), job("l1", "a")).unwrap();
+
+    let first = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.requeued, first.suspects), (0, 2));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.requeued, r.killed), (7, 0));
+    let mut back = list_jids(&mut c, "queue:a");
+    back.sort();
+    assert_eq!(back, ["l1", "n2", "n3", "n4", "n5", "n6", "w7"]);
+    // The batch lists go back in the order the queue served them: served first again.
+    let served: Vec<String> = list_jids(&mut c, "queue:a")
+        .into_iter()
+        .filter(|j| j.starts_with('n'))
+        .rev()
+        .collect();
+    assert_eq!(served, ["n2", "n3", "n4", "n5", "n6"]);
+    let keys: Vec<String> = c.keys("oxidekiq:[wal]*").unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+    let dead_set: Vec<String> = c.zrange("dead", 0, -1).unwrap();
+    assert_eq!(dead_set, ["dead-n1"], "the fate written is not undone");
+}
+
+/// Basic fetch takes the free slots' worth of jobs in one pass over the queues, in Sidekiq's strict
+/// order (the first queue first, the next one for the rest), each queue from its served end; it blocks
+/// (one job, `BRPOP`) only when every queue is empty. Before, every fetch was one `BRPOP` for one job
+/// whatever the free slots.
+#[tokio::test]
+async fn basic_fetch_takes_the_free_slots_in_queue_order_and_blocks_only_when_empty() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 3);
+    fill(&mut c, "b", 5);
+    let f = basic(&redis, &["a", "b"]).await;
+    let got = f.retrieve_work(4).await.unwrap();
+    let jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
+    assert_eq!(jids, ["a0", "a1", "a2", "b0"]);
+    assert_eq!(got[3].queue.as_ref(), "b");
+    let got = f.retrieve_work(10).await.unwrap();
+    let jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
+    assert_eq!(jids, ["b1", "b2", "b3", "b4"]);
+    // Empty: the blocking wait, which a job pushed meanwhile ends.
+    let url = redis.url();
+    let pusher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = c.lpush("queue:b", job("late", "b")).unwrap();
+    });
+    let mut late = Vec::new();
+    for _ in 0..50 {
+        late.extend(f.retrieve_work(10).await.unwrap());
+        if !late.is_empty() {
+            break;
+        }
+    }
+    pusher.join().unwrap();
+    assert_eq!(
+        late.iter().map(|u| jid_of(u.raw())).collect::<Vec<_>>(),
+        ["late"]
+    );
+    assert_eq!(c.llen::<_, usize>("queue:a").unwrap(), 0);
+    assert_eq!(c.llen::<_, usize>("queue:b").unwrap(), 0);
+}
+
+/// A batch list of this process that it does not know (a failover to a replica that had not seen its
+/// deletion brings it back, or a fetch whose reply was lost without an error) goes back at the next
+/// reconcile, except the places marked done; the lists it handed out stay.
+#[tokio::test]
+async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 2);
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.retrieve_work(10).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let stray = oxidekiq::keys::batch_list(&oxidekiq::keys::working_prefix(ME), "a", 999);
+    let _: () = c
+        .rpush(&stray, vec![job("s0", "a"), job("s1", "a")])
+        .unwrap();
+    let _: () = c.sadd(oxidekiq::keys::acks_of(&stray), 0).unwrap();
+    assert_eq!(f.reconcile().await.unwrap(), 1);
+    assert_eq!(list_jids(&mut c, "queue:a"), ["s1"]);
+    assert!(!c.exists::<_, bool>(&stray).unwrap());
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
 }

@@ -139,8 +139,9 @@ async fn a_hand_off_retried_after_a_lost_reply_pushes_once() {
     let raw =
         r#"{"class":"RubyOnly","args":[],"jid":"bbbbbbbbbbbbbbbbbbbbbbbb","queue":"default"}"#;
     let prefix = "oxidekiq:working:testhost:1:abcdef:";
-    let working = format!("{prefix}default");
-    let _: () = c.hset(&working, 7, raw).unwrap();
+    // The unit fetched under id 7 of batch 1: place 7 of the batch list.
+    let working = oxidekiq::keys::batch_list(prefix, "default", 1);
+    let _: () = c.rpush(&working, vec![raw; 8]).unwrap();
     let client = redis::Client::open(redis.url()).unwrap();
     let conn = oxidekiq::redis_conn::connect(&client).await.unwrap();
     let cfg = Config {
@@ -166,8 +167,8 @@ async fn a_hand_off_retried_after_a_lost_reply_pushes_once() {
         "handed off {} times",
         ruby.len()
     );
-    let left: usize = c.hlen(&working).unwrap();
-    assert_eq!(left, 0, "the working entry is consumed by the push");
+    let done: Vec<u64> = c.smembers(oxidekiq::keys::acks_of(&working)).unwrap();
+    assert_eq!(done, vec![7], "the working entry is consumed by the push");
     let counted: i64 = c.hget("oxidekiq:handoff", "RubyOnly").unwrap();
     assert_eq!(counted, 1);
     let queues: Vec<String> = c.smembers("queues").unwrap();
@@ -182,14 +183,19 @@ async fn a_fate_write_consumes_the_token_once_and_a_failed_one_keeps_it() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     let mut conn = redis.async_conn().await;
-    let working = "oxidekiq:working:testhost:1:abcdef:default";
+    let working = "oxidekiq:working:testhost:1:abcdef:default:@1";
     let raw = r#"{"class":"A","args":[],"jid":"cccccccccccccccccccccccc","queue":"default"}"#;
-    let _: () = c.hset(working, 1, raw).unwrap();
-    let _: () = c.hset(working, 2, raw).unwrap();
-    let _: () = c.hset(working, 3, raw).unwrap();
+    // A batch list of four jobs: places 0 to 3 (0 is never written to here).
+    let _: () = c.rpush(working, vec![raw; 4]).unwrap();
     let token = |id| Token {
         working: working.to_string(),
         id,
+    };
+    // The places whose jobs are still held: in the list and not in its acks set.
+    let held = |c: &mut redis::Connection| -> Vec<u64> {
+        let n: u64 = c.llen(working).unwrap();
+        let done: Vec<u64> = c.smembers(oxidekiq::keys::acks_of(working)).unwrap();
+        (0..n).filter(|p| !done.contains(p)).collect()
     };
     let now = oxidekiq::time::now();
 
@@ -220,8 +226,7 @@ async fn a_fate_write_consumes_the_token_once_and_a_failed_one_keeps_it() {
     );
     let n: usize = c.llen("queue:other").unwrap();
     assert_eq!(n, 1);
-    let left: Vec<u64> = c.hkeys(working).unwrap();
-    assert_eq!(left, vec![3]);
+    assert_eq!(held(&mut c), vec![0, 3]);
 
     // A retry-set write that fails keeps the entry; once the key is fixed it is written and consumed.
     let job = oxidekiq::Job::parse(raw.as_bytes().to_vec(), 1 << 20).unwrap();
@@ -235,16 +240,14 @@ async fn a_fate_write_consumes_the_token_once_and_a_failed_one_keeps_it() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("retry is a string"), "{err}");
-    let left: Vec<u64> = c.hkeys(working).unwrap();
-    assert_eq!(left, vec![3], "a failed write removes nothing");
+    assert_eq!(held(&mut c), vec![0, 3], "a failed write marks nothing");
     let _: () = c.del("retry").unwrap();
     retry::apply(&mut conn, &job, &plan, now, Some(&token(3)))
         .await
         .unwrap();
     let retry_set: Vec<String> = c.zrange("retry", 0, -1).unwrap();
     assert_eq!(retry_set, vec![raw.to_string()]);
-    let left: usize = c.hlen(working).unwrap();
-    assert_eq!(left, 0);
+    assert_eq!(held(&mut c), vec![0]);
 
     // Without a token (basic fetch) the writer writes every time, as before.
     retry::send_to_morgue(&mut conn, b"dead-3", now)

@@ -14,6 +14,7 @@
 //!   subcommand, a start-up error).
 //! - [`Monitor`]: every command Redis receives (`MONITOR`), parsed.
 //! - [`acl_args`]: `redis-server` arguments for an ACL user `app` with the `default` user off.
+//! - [`held_in`]: the payloads a reliable-fetch key holds, whatever its layout.
 //!
 //! Every test binary uses only part of this, hence the `dead_code` allowance.
 #![allow(dead_code, unused_imports, unreachable_pub)]
@@ -241,6 +242,39 @@ pub fn identity_of(conn: &mut redis::Connection, pid: u32, timeout: Duration) ->
         found.is_some()
     });
     found.unwrap_or_else(|| panic!("no process with pid {pid} in `processes`"))
+}
+
+/// The payloads held in one of oxidekiq's reliable-fetch keys, as a recovery would push them back: a batch
+/// list's jobs not marked done in its acks set (`oxidekiq:acks:...`), a working hash's values (older
+/// versions), a landing list's jobs (older versions). Empty for a key that is gone.
+pub fn held_in(conn: &mut redis::Connection, key: &str) -> Vec<String> {
+    let kind: String = redis::cmd("TYPE").arg(key).query(conn).unwrap_or_default();
+    match kind.as_str() {
+        "hash" => redis::cmd("HVALS").arg(key).query(conn).unwrap_or_default(),
+        "list" => {
+            let items: Vec<String> = redis::cmd("LRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .query(conn)
+                .unwrap_or_default();
+            let acks = match key.strip_prefix("oxidekiq:working:") {
+                Some(rest) => format!("oxidekiq:acks:{rest}"),
+                None => return items,
+            };
+            let done: Vec<usize> = redis::cmd("SMEMBERS")
+                .arg(&acks)
+                .query(conn)
+                .unwrap_or_default();
+            items
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| !done.contains(i))
+                .map(|(_, j)| j)
+                .collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// `redis-server` arguments for an ACL user `app` with `password` and every right, and the `default`
