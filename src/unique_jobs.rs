@@ -57,6 +57,10 @@ pub(crate) const CONFLICT_CLASS: &str = "SidekiqUniqueJobs::Conflict";
 const MAX_HISTORY: i64 = 1000;
 /// How often the move from `:QUEUED` to `:PRIMED` is tried again while the gem's wait runs.
 const MOVE_POLL: Duration = Duration::from_millis(50);
+/// The longest wait for a lock in seconds (a day): a payload's `lock_timeout` can be any number
+/// (1e300 reads as `i64::MAX`), and a deadline that far overflows `Instant` (a panic after the
+/// queue step, which left the job's token in `:QUEUED` and the digest locked for good).
+const MAX_WAIT_SECS: i64 = 86_400;
 
 /// The gem's lock types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,9 +261,14 @@ impl Spec {
         Value::Object(info).to_string()
     }
 
-    /// The gem's wait for the lock in seconds: `lock_timeout`, 0 → 1, 8.1 caps it at 5.
+    /// The gem's wait for the lock in seconds: `lock_timeout`, 0 → 1, 8.1 caps it at 5 (and
+    /// oxidekiq at [`MAX_WAIT_SECS`]).
     fn wait(&self, gem: UniqueJobsGem) -> Duration {
-        let mut s = if self.timeout == 0 { 1 } else { self.timeout };
+        let mut s = if self.timeout == 0 {
+            1
+        } else {
+            self.timeout.min(MAX_WAIT_SECS)
+        };
         if gem == UniqueJobsGem::V8_1 {
             s = s.min(5);
         }

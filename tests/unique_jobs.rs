@@ -771,3 +771,66 @@ async fn replace_deletes_the_waiting_job_and_its_lock_then_runs() {
     let listed: Option<f64> = c.zscore("uniquejobs:digests", run).await.unwrap();
     assert_eq!(listed, None);
 }
+
+/// Pushes `payload` to `queue:default` of a launcher following `gem` (`None`: detected) and waits
+/// (at most 10 s) until `test:performed` names `jid`; true when it did.
+async fn performs(
+    redis: &RedisServer,
+    gem: Option<UniqueJobsGem>,
+    payload: &Value,
+    jid: &str,
+) -> bool {
+    let mut c = redis.async_conn().await;
+    let handle = support::launch(
+        oxidekiq::config::Config {
+            unique_jobs_gem: gem,
+            ..support::config(&redis.url(), &["default"], 2)
+        },
+        registry(),
+    )
+    .await;
+    let _: () = c.lpush("queue:default", payload.to_string()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut done = false;
+    while !done && tokio::time::Instant::now() < deadline {
+        let performed: Vec<String> = c.lrange("test:performed", 0, -1).await.unwrap();
+        done = performed.iter().any(|p| p == jid);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.stop().await.unwrap();
+    done
+}
+
+/// A `lock_timeout` far past any real wait (1e300, read as `i64::MAX` seconds) once made the wait's
+/// deadline overflow `Instant` under 7.1's and 8.0's rules (8.1 caps the wait): a panic after the
+/// queue step, the job failed every time and its token stayed in `<d>:RUN:QUEUED`, so no job of the
+/// digest ran again. A free lock must be taken and the job performed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_timeout_past_any_instant_still_takes_a_free_lock() {
+    let redis = RedisServer::start();
+    for (n, gem) in [UniqueJobsGem::V7_1, UniqueJobsGem::V8_0]
+        .into_iter()
+        .enumerate()
+    {
+        let mut c = redis.async_conn().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let jid = format!("00000000000000000abc000{n}");
+        let job = json!({"class": "WhileExecutingJob", "args": [1, "a"], "jid": jid,
+            "queue": "default", "retry": true, "lock": "while_executing",
+            "lock_digest": "uniquejobs:timeout", "lock_timeout": 1e300, "lock_ttl": null});
+        assert!(
+            performs(&redis, Some(gem), &job, &jid).await,
+            "{gem:?}: not performed"
+        );
+        // Only the unlock's wake-up token (`1`) may wait in `:QUEUED`, never the job's jid.
+        let queued: Vec<String> = c
+            .lrange("uniquejobs:timeout:RUN:QUEUED", 0, -1)
+            .await
+            .unwrap();
+        let held: bool = c.exists("uniquejobs:timeout:RUN:LOCKED").await.unwrap();
+        assert!(
+            !queued.contains(&jid) && !held,
+            "{gem:?}: the lock is left behind: {queued:?}"
+        );
+    }
+}
