@@ -658,11 +658,22 @@ impl GemVersion {
                     UniqueJobsGem::V8_1 => 81,
                 };
                 if self.found.swap(code, Ordering::Relaxed) == 0 {
-                    tracing::info!(
-                        "sidekiq-unique-jobs: following the rules of gem {} ({why}; \
-                         --unique-jobs-version sets it)",
-                        g.name()
-                    );
+                    if why == LIVE_READ {
+                        tracing::info!(
+                            "sidekiq-unique-jobs: following the rules of gem {} ({why}; \
+                             --unique-jobs-version sets it)",
+                            g.name()
+                        );
+                    } else {
+                        // A guess: a wrong one changes what a failure does to the lock (7.1 and
+                        // 8.0 release it, 8.1 keeps it), so it is said where operators look.
+                        tracing::warn!(
+                            "sidekiq-unique-jobs: following the rules of gem {} as a guess ({why}; \
+                             no {} in Redis): set --unique-jobs-version to the fleet's release",
+                            g.name(),
+                            keys::UNIQUE_LIVE_VERSION
+                        );
+                    }
                 }
                 g
             }
@@ -679,8 +690,28 @@ impl GemVersion {
 /// `queue_and_lock.lua` changelog entries; a Ruby process older than Sidekiq 7 (or without a version)
 /// means 7.1 (8.x needs Sidekiq ≥ 7); `queue.lua` client entries beside Sidekiq ≥ 7 mean 8.0 (or a
 /// 7.1 release that allowed Sidekiq 7, whose server rules are the same); nothing to go on: 8.1.
+///
+/// Before all that, the release each Ruby server of the gem writes to `uniquejobs:live` at start
+/// wins: the changelog alone cannot tell 8.1 from 8.0 when the fleet's locks are all runtime ones
+/// (8.1's server writes `queue.lua` entries too, and so does oxidekiq).
 pub(crate) async fn detect(conn: &Conn) -> Result<(UniqueJobsGem, &'static str)> {
     let mut c = conn.clone();
+    let live: Option<String> = match redis::cmd("GET")
+        .arg(keys::UNIQUE_LIVE_VERSION)
+        .query_async(&mut c)
+        .await
+    {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(key = keys::UNIQUE_LIVE_VERSION, error = %e,
+                "cannot read the sidekiq-unique-jobs release at {} (a string): guessing from the changelog",
+                keys::UNIQUE_LIVE_VERSION);
+            None
+        }
+    };
+    if let Some(g) = live.as_deref().and_then(release_named) {
+        return Ok((g, LIVE_READ));
+    }
     let entries: Vec<String> = redis::cmd("ZREVRANGE")
         .arg(keys::UNIQUE_CHANGELOG)
         .arg(0)
@@ -714,6 +745,24 @@ pub(crate) async fn detect(conn: &Conn) -> Result<(UniqueJobsGem, &'static str)>
         UniqueJobsGem::V8_1,
         "nothing in Redis tells the release apart: the newest",
     ))
+}
+
+/// [`detect`]'s reason when it read the release itself, not a guess from the changelog.
+const LIVE_READ: &str = "uniquejobs:live, written by the gem's Ruby servers at start";
+
+/// The rules a release of the gem (`7.1.33`, `8.0.13`, `8.1.0`) follows: 8.1 or later → 8.1, 8.0 →
+/// 8.0, 7.x → 7.1 (the oldest oxidekiq knows); anything else is not a release.
+fn release_named(v: &str) -> Option<UniqueJobsGem> {
+    let mut parts = v.trim().split('.').map(str::parse::<u32>);
+    match (
+        parts.next()?.ok()?,
+        parts.next().and_then(|m| m.ok()).unwrap_or(0),
+    ) {
+        (7, _) => Some(UniqueJobsGem::V7_1),
+        (8, 0) => Some(UniqueJobsGem::V8_0),
+        (m, _) if m >= 8 => Some(UniqueJobsGem::V8_1),
+        _ => None,
+    }
 }
 
 /// Runs `perform` under the gem's rules for `job`'s lock (a job without `lock_digest` just runs).
@@ -1026,6 +1075,17 @@ mod tests {
         let e = spec(r#"{"class":"X","args":[],"jid":"j","lock":"sometimes","lock_digest":"u:1"}"#)
             .unwrap_err();
         assert!(e.message.contains("sometimes"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_release_the_gem_writes_names_its_rules() {
+        assert_eq!(release_named("7.1.33"), Some(UniqueJobsGem::V7_1));
+        assert_eq!(release_named("8.0.13"), Some(UniqueJobsGem::V8_0));
+        assert_eq!(release_named("8.1.0"), Some(UniqueJobsGem::V8_1));
+        assert_eq!(release_named("9"), Some(UniqueJobsGem::V8_1));
+        for v in ["", "6.0.0", "x", "-1.0"] {
+            assert_eq!(release_named(v), None, "{v}");
+        }
     }
 
     #[test]
