@@ -170,10 +170,11 @@ fn to_i(v: Option<&Value>) -> i64 {
     }
 }
 
-/// The cheap test before [`Spec::read`] parses the payload: false when it does not name
-/// `lock_digest` at all, as for most jobs.
+/// The cheap test before [`Spec::read`] parses the payload: false when it names neither
+/// `lock_digest` nor a `lock` option at all, as for most jobs.
 pub(crate) fn may_be_gems(job: &Job) -> bool {
-    job.raw().contains("\"lock_digest\"")
+    let raw = job.raw();
+    raw.contains("\"lock_digest\"") || raw.contains("\"lock\":")
 }
 
 impl Spec {
@@ -186,14 +187,29 @@ impl Spec {
         let Ok(map) = job.to_map() else {
             return Ok(None);
         };
-        let Some(digest) = map.get(LOCK_DIGEST_FIELD).and_then(Value::as_str) else {
-            return Ok(None);
+        let lock_name = map.get("lock").and_then(Value::as_str).unwrap_or_default();
+        let digest = match map.get(LOCK_DIGEST_FIELD).and_then(Value::as_str) {
+            Some(d) if !d.is_empty() => d,
+            // A class with a gem lock whose payload lacks the digest (8.1's `on_conflict:
+            // reschedule` skips the client's `Job.prepare`; a client without the gem): the gem's
+            // server computes it from the class's options, which oxidekiq cannot. Running it
+            // without the lock would break the lock's promise: it fails instead, for Ruby to run.
+            _ if LockType::named(lock_name).is_some() => {
+                return Err(JobError::new(
+                    crate::error::INVALID_PAYLOAD,
+                    format!(
+                        "sidekiq-unique-jobs lock `{lock_name}` without a {LOCK_DIGEST_FIELD}: the \
+                         gem's server computes the digest from the class, which oxidekiq cannot; \
+                         route this class to Ruby"
+                    ),
+                ));
+            }
+            _ => return Ok(None),
         };
         let digest = digest
             .strip_suffix(keys::UNIQUE_RUN_SUFFIX)
             .unwrap_or(digest)
             .to_string();
-        let lock_name = map.get("lock").and_then(Value::as_str).unwrap_or_default();
         let Some(lock) = LockType::named(lock_name) else {
             return Err(JobError::new(
                 crate::error::INVALID_PAYLOAD,
@@ -1075,6 +1091,23 @@ mod tests {
         let e = spec(r#"{"class":"X","args":[],"jid":"j","lock":"sometimes","lock_digest":"u:1"}"#)
             .unwrap_err();
         assert!(e.message.contains("sometimes"), "{}", e.message);
+        for digest in [
+            "",
+            r#","lock_digest":null"#,
+            r#","lock_digest":"""#,
+            r#","lock_digest":7"#,
+        ] {
+            let e = spec(&format!(
+                r#"{{"class":"X","args":[],"jid":"j","lock":"while_executing"{digest}}}"#
+            ))
+            .unwrap_err();
+            assert!(e.message.contains("without a lock_digest"), "{}", e.message);
+        }
+        assert!(
+            spec(r#"{"class":"X","args":[],"jid":"j","lock":"mine"}"#)
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

@@ -890,3 +890,27 @@ async fn hold(c: &mut oxidekiq::worker::Conn, digest: &str, jid: &str) {
         .await
         .unwrap();
 }
+
+/// A job of a class with `lock:` but no `lock_digest` (rescheduled by 8.1's `on_conflict:
+/// reschedule`, which skips the client's `Job.prepare`; or pushed by a client without the gem): the
+/// gem's server computes its digest and runs it under the lock. oxidekiq cannot compute it, and once
+/// ran such a job with no lock at all, beside the job that holds `:RUN`. It must not be performed
+/// here: it fails loudly (retry path, nothing lost) for a Ruby process to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gem_job_without_its_digest_is_not_run_unlocked() {
+    let redis = RedisServer::start();
+    let mut c = redis.async_conn().await;
+    let run = "uniquejobs:dc125fd0702f23b32c76e1baf7e1b130:RUN";
+    hold(&mut c, run, "00000000000000000abc0001").await;
+    let jid = "00000000000000000abc0002";
+    // As 8.1's reschedule pushes it: the class's options (`lock`, `on_conflict`), no lock fields.
+    let job = json!({"class": "WhileExecutingJob", "args": [1, "a"], "jid": jid, "queue": "default",
+                     "retry": true, "lock": "while_executing", "on_conflict": "reschedule"});
+    let performed = performs(&redis, Some(UniqueJobsGem::V8_1), &job, jid).await;
+    assert!(!performed, "performed without the lock another job holds");
+    let retries: Vec<String> = c.zrange("retry", 0, -1).await.unwrap();
+    assert!(
+        retries.len() == 1 && retries[0].contains("lock_digest"),
+        "the job is not in the retry set with a clear error: {retries:?}"
+    );
+}
