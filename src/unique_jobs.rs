@@ -177,6 +177,21 @@ pub(crate) fn may_be_gems(job: &Job) -> bool {
     raw.contains("\"lock_digest\"") || raw.contains("\"lock\":")
 }
 
+/// Whether a payload names one of the gem's lock types in `lock` without a usable `lock_digest` (none,
+/// empty, not a string): the gem's server computes such a job's digest from the class (8.1's
+/// `on_conflict: reschedule`, a client without the gem), which oxidekiq cannot.
+pub(crate) fn lacks_digest(map: &Map<String, Value>) -> bool {
+    let named = map
+        .get("lock")
+        .and_then(Value::as_str)
+        .is_some_and(|l| LockType::named(l).is_some());
+    named
+        && map
+            .get(LOCK_DIGEST_FIELD)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+}
+
 impl Spec {
     /// The gem's fields of `job`: `Ok(None)` for a job that is not the gem's (no `lock_digest`);
     /// `Err` when it is, but names a lock type the gem does not know (the gem raises too).
@@ -188,23 +203,20 @@ impl Spec {
             return Ok(None);
         };
         let lock_name = map.get("lock").and_then(Value::as_str).unwrap_or_default();
-        let digest = match map.get(LOCK_DIGEST_FIELD).and_then(Value::as_str) {
-            Some(d) if !d.is_empty() => d,
-            // A class with a gem lock whose payload lacks the digest (8.1's `on_conflict:
-            // reschedule` skips the client's `Job.prepare`; a client without the gem): the gem's
-            // server computes it from the class's options, which oxidekiq cannot. Running it
-            // without the lock would break the lock's promise: it fails instead, for Ruby to run.
-            _ if LockType::named(lock_name).is_some() => {
-                return Err(JobError::new(
-                    crate::error::INVALID_PAYLOAD,
-                    format!(
-                        "sidekiq-unique-jobs lock `{lock_name}` without a {LOCK_DIGEST_FIELD}: the \
-                         gem's server computes the digest from the class, which oxidekiq cannot; \
-                         route this class to Ruby"
-                    ),
-                ));
-            }
-            _ => return Ok(None),
+        // Running a job that lacks its digest without the lock would break the lock's promise: it
+        // fails instead, for Ruby to run (the hand-off gives it to Ruby before this).
+        if lacks_digest(&map) {
+            return Err(JobError::new(
+                crate::error::INVALID_PAYLOAD,
+                format!(
+                    "sidekiq-unique-jobs lock `{lock_name}` without a {LOCK_DIGEST_FIELD}: the gem's \
+                     server computes the digest from the class, which oxidekiq cannot; route this \
+                     class to Ruby"
+                ),
+            ));
+        }
+        let Some(digest) = map.get(LOCK_DIGEST_FIELD).and_then(Value::as_str) else {
+            return Ok(None);
         };
         let digest = digest
             .strip_suffix(keys::UNIQUE_RUN_SUFFIX)
