@@ -326,8 +326,9 @@ end
 
 /// The gem's `queue` step: the digest key names the jid that queues, and the jid joins `:QUEUED`;
 /// returns the jid, or the holder's jid when the limit is reached (`Limit exceeded`). One deviation:
-/// a jid the digest already names whose token is in neither waiting list gets it back (see the
-/// script), so a run recovered after a crash between its queue and lock steps is not dropped.
+/// a jid the digest already names whose token is not in `:QUEUED` (gone, or left in `:PRIMED`) gets
+/// it back there (see the script), so a run recovered after a crash between its queue and lock steps
+/// is not dropped.
 const QUEUE_LUA: &str = concat!(
     uniq_head!(),
     r"
@@ -339,8 +340,12 @@ elseif prev == jid then
   note('Duplicate')
   -- Unlike the gem: the digest names this jid, which holds no lock (a run cut short between its
   -- queue and lock steps, recovered). Its token in :QUEUED may be gone (a wake-up push's 5 s TTL
-  -- took the list), and without it the move finds nothing and the job would be dropped.
-  if not redis.call('LPOS', Q, jid) and not redis.call('LPOS', P, jid) then redis.call('LPUSH', Q, jid) end
+  -- took the list) or already moved to :PRIMED (cut after the move), and without it in :QUEUED the
+  -- move finds nothing and the job would be dropped: it goes back to :QUEUED.
+  if not redis.call('LPOS', Q, jid) then
+    redis.call('LREM', P, 0, jid)
+    redis.call('LPUSH', Q, jid)
+  end
   return jid
 elseif limit > redis.call('HLEN', L) and redis.call('LLEN', Q) < limit then
   redis.call('SET', D, jid)

@@ -789,9 +789,7 @@ async fn a_lock_timeout_past_any_instant_still_takes_a_free_lock() {
         let mut c = redis.async_conn().await;
         let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
         let jid = format!("00000000000000000abc000{n}");
-        let job = json!({"class": "WhileExecutingJob", "args": [1, "a"], "jid": jid,
-            "queue": "default", "retry": true, "lock": "while_executing",
-            "lock_digest": "uniquejobs:timeout", "lock_timeout": 1e300, "lock_ttl": null});
+        let job = while_job(&jid, "uniquejobs:timeout", json!(1e300));
         assert!(
             performs(&redis, Some(gem), &job, &jid).await,
             "{gem:?}: not performed"
@@ -913,4 +911,35 @@ async fn a_gem_job_without_its_digest_is_not_run_unlocked() {
         retries.len() == 1 && retries[0].contains("lock_digest"),
         "the job is not in the retry set with a clear error: {retries:?}"
     );
+}
+
+/// A run cut short after the gem's move from `:QUEUED` to `:PRIMED` and before its `lock` step (a
+/// SIGKILL there, or the move's reply lost) leaves its jid in `<d>:PRIMED` and the digest naming it.
+/// The recovered run's `queue` step found the token in `:PRIMED`, gave none back to `:QUEUED`, its
+/// move found nothing and the job was dropped as a conflict. It must take the lock and run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_between_its_move_and_its_lock_runs_when_recovered() {
+    let redis = RedisServer::start();
+    for (n, (_, gem)) in VERSIONS.into_iter().enumerate() {
+        let mut c = redis.async_conn().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let run = "uniquejobs:primed:RUN";
+        let jid = format!("00000000000000000abc010{n}");
+        let _: () = c.set(run, &jid).await.unwrap();
+        let _: () = c.lpush(format!("{run}:PRIMED"), &jid).await.unwrap();
+        let job = while_job(&jid, "uniquejobs:primed", json!(0));
+        assert!(
+            performs(&redis, Some(gem), &job, &jid).await,
+            "{gem:?}: dropped"
+        );
+        let held: bool = c.exists(format!("{run}:LOCKED")).await.unwrap();
+        assert!(!held, "{gem:?}: the lock is left behind");
+    }
+}
+
+/// A `while_executing` job of `digest` as the gem's client pushes it, with `lock_timeout`.
+fn while_job(jid: &str, digest: &str, lock_timeout: Value) -> Value {
+    json!({"class": "WhileExecutingJob", "args": [1, "a"], "jid": jid, "queue": "default",
+           "retry": true, "lock": "while_executing", "lock_digest": digest,
+           "lock_timeout": lock_timeout, "lock_ttl": null})
 }
