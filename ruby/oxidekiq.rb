@@ -34,7 +34,9 @@ module Oxidekiq
   # RUBY_REFRESH_SECS must match).
   REFRESH = 3.0
   # Payload keys of Ruby-side contracts oxidekiq cannot honour (src/migrate/check.rs Contract, those
-  # not `honoured`).
+  # not `honoured`), but a sidekiq-unique-jobs `lock` without `lock_digest`: the gem's client
+  # middleware may add the digest after this one runs, so it is not tested here; oxidekiq hands such
+  # a job to Ruby (--handoff) or fails it, never runs it unlocked.
   CONTRACT_KEYS = %w[bid unique_for].freeze
 
   # The route table and liveness answers of one Redis pool, shared by every Router instance: Sidekiq

@@ -275,6 +275,9 @@ pub(crate) fn histogram_v8(class: &str, t: chrono::DateTime<chrono::Utc>) -> Str
 
 /// sidekiq-unique-jobs' changelog sorted set (fixed names, whatever the `lock_prefix`: `key.rb`).
 pub(crate) const UNIQUE_CHANGELOG: &str = "uniquejobs:changelog";
+/// The release of sidekiq-unique-jobs the last Ruby server started with (`update_version.lua`,
+/// written at each server start by 7.1 and 8.x: `8.1.0`).
+pub(crate) const UNIQUE_LIVE_VERSION: &str = "uniquejobs:live";
 /// sidekiq-unique-jobs' sorted set of held digests.
 pub(crate) const UNIQUE_DIGESTS: &str = "uniquejobs:digests";
 /// sidekiq-unique-jobs' sorted set of `until_expired` digests with a TTL.

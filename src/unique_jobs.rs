@@ -57,6 +57,10 @@ pub(crate) const CONFLICT_CLASS: &str = "SidekiqUniqueJobs::Conflict";
 const MAX_HISTORY: i64 = 1000;
 /// How often the move from `:QUEUED` to `:PRIMED` is tried again while the gem's wait runs.
 const MOVE_POLL: Duration = Duration::from_millis(50);
+/// The longest wait for a lock in seconds (a day): a payload's `lock_timeout` can be any number
+/// (1e300 reads as `i64::MAX`), and a deadline that far overflows `Instant` (a panic after the
+/// queue step, which left the job's token in `:QUEUED` and the digest locked for good).
+const MAX_WAIT_SECS: i64 = 86_400;
 
 /// The gem's lock types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,10 +170,26 @@ fn to_i(v: Option<&Value>) -> i64 {
     }
 }
 
-/// The cheap test before [`Spec::read`] parses the payload: false when it does not name
-/// `lock_digest` at all, as for most jobs.
+/// The cheap test before [`Spec::read`] parses the payload: false when it names neither
+/// `lock_digest` nor a `lock` option at all, as for most jobs.
 pub(crate) fn may_be_gems(job: &Job) -> bool {
-    job.raw().contains("\"lock_digest\"")
+    let raw = job.raw();
+    raw.contains("\"lock_digest\"") || raw.contains("\"lock\":")
+}
+
+/// Whether a payload names one of the gem's lock types in `lock` without a usable `lock_digest` (none,
+/// empty, not a string): the gem's server computes such a job's digest from the class (8.1's
+/// `on_conflict: reschedule`, a client without the gem), which oxidekiq cannot.
+pub(crate) fn lacks_digest(map: &Map<String, Value>) -> bool {
+    let named = map
+        .get("lock")
+        .and_then(Value::as_str)
+        .is_some_and(|l| LockType::named(l).is_some());
+    named
+        && map
+            .get(LOCK_DIGEST_FIELD)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
 }
 
 impl Spec {
@@ -182,6 +202,19 @@ impl Spec {
         let Ok(map) = job.to_map() else {
             return Ok(None);
         };
+        let lock_name = map.get("lock").and_then(Value::as_str).unwrap_or_default();
+        // Running a job that lacks its digest without the lock would break the lock's promise: it
+        // fails instead, for Ruby to run (the hand-off gives it to Ruby before this).
+        if lacks_digest(&map) {
+            return Err(JobError::new(
+                crate::error::INVALID_PAYLOAD,
+                format!(
+                    "sidekiq-unique-jobs lock `{lock_name}` without a {LOCK_DIGEST_FIELD}: the gem's \
+                     server computes the digest from the class, which oxidekiq cannot; route this \
+                     class to Ruby"
+                ),
+            ));
+        }
         let Some(digest) = map.get(LOCK_DIGEST_FIELD).and_then(Value::as_str) else {
             return Ok(None);
         };
@@ -189,7 +222,6 @@ impl Spec {
             .strip_suffix(keys::UNIQUE_RUN_SUFFIX)
             .unwrap_or(digest)
             .to_string();
-        let lock_name = map.get("lock").and_then(Value::as_str).unwrap_or_default();
         let Some(lock) = LockType::named(lock_name) else {
             return Err(JobError::new(
                 crate::error::INVALID_PAYLOAD,
@@ -257,9 +289,14 @@ impl Spec {
         Value::Object(info).to_string()
     }
 
-    /// The gem's wait for the lock in seconds: `lock_timeout`, 0 → 1, 8.1 caps it at 5.
+    /// The gem's wait for the lock in seconds: `lock_timeout`, 0 → 1, 8.1 caps it at 5 (and
+    /// oxidekiq at [`MAX_WAIT_SECS`]).
     fn wait(&self, gem: UniqueJobsGem) -> Duration {
-        let mut s = if self.timeout == 0 { 1 } else { self.timeout };
+        let mut s = if self.timeout == 0 {
+            1
+        } else {
+            self.timeout.min(MAX_WAIT_SECS)
+        };
         if gem == UniqueJobsGem::V8_1 {
             s = s.min(5);
         }
@@ -289,8 +326,9 @@ end
 
 /// The gem's `queue` step: the digest key names the jid that queues, and the jid joins `:QUEUED`;
 /// returns the jid, or the holder's jid when the limit is reached (`Limit exceeded`). One deviation:
-/// a jid the digest already names whose token is in neither waiting list gets it back (see the
-/// script), so a run recovered after a crash between its queue and lock steps is not dropped.
+/// a jid the digest already names whose token is not in `:QUEUED` (gone, or left in `:PRIMED`) gets
+/// it back there (see the script), so a run recovered after a crash between its queue and lock steps
+/// is not dropped.
 const QUEUE_LUA: &str = concat!(
     uniq_head!(),
     r"
@@ -302,8 +340,12 @@ elseif prev == jid then
   note('Duplicate')
   -- Unlike the gem: the digest names this jid, which holds no lock (a run cut short between its
   -- queue and lock steps, recovered). Its token in :QUEUED may be gone (a wake-up push's 5 s TTL
-  -- took the list), and without it the move finds nothing and the job would be dropped.
-  if not redis.call('LPOS', Q, jid) and not redis.call('LPOS', P, jid) then redis.call('LPUSH', Q, jid) end
+  -- took the list) or already moved to :PRIMED (cut after the move), and without it in :QUEUED the
+  -- move finds nothing and the job would be dropped: it goes back to :QUEUED.
+  if not redis.call('LPOS', Q, jid) then
+    redis.call('LREM', P, 0, jid)
+    redis.call('LPUSH', Q, jid)
+  end
   return jid
 elseif limit > redis.call('HLEN', L) and redis.call('LLEN', Q) < limit then
   redis.call('SET', D, jid)
@@ -649,11 +691,22 @@ impl GemVersion {
                     UniqueJobsGem::V8_1 => 81,
                 };
                 if self.found.swap(code, Ordering::Relaxed) == 0 {
-                    tracing::info!(
-                        "sidekiq-unique-jobs: following the rules of gem {} ({why}; \
-                         --unique-jobs-version sets it)",
-                        g.name()
-                    );
+                    if why == LIVE_READ {
+                        tracing::info!(
+                            "sidekiq-unique-jobs: following the rules of gem {} ({why}; \
+                             --unique-jobs-version sets it)",
+                            g.name()
+                        );
+                    } else {
+                        // A guess: a wrong one changes what a failure does to the lock (7.1 and
+                        // 8.0 release it, 8.1 keeps it), so it is said where operators look.
+                        tracing::warn!(
+                            "sidekiq-unique-jobs: following the rules of gem {} as a guess ({why}; \
+                             no {} in Redis): set --unique-jobs-version to the fleet's release",
+                            g.name(),
+                            keys::UNIQUE_LIVE_VERSION
+                        );
+                    }
                 }
                 g
             }
@@ -670,8 +723,28 @@ impl GemVersion {
 /// `queue_and_lock.lua` changelog entries; a Ruby process older than Sidekiq 7 (or without a version)
 /// means 7.1 (8.x needs Sidekiq ≥ 7); `queue.lua` client entries beside Sidekiq ≥ 7 mean 8.0 (or a
 /// 7.1 release that allowed Sidekiq 7, whose server rules are the same); nothing to go on: 8.1.
+///
+/// Before all that, the release each Ruby server of the gem writes to `uniquejobs:live` at start
+/// wins: the changelog alone cannot tell 8.1 from 8.0 when the fleet's locks are all runtime ones
+/// (8.1's server writes `queue.lua` entries too, and so does oxidekiq).
 pub(crate) async fn detect(conn: &Conn) -> Result<(UniqueJobsGem, &'static str)> {
     let mut c = conn.clone();
+    let live: Option<String> = match redis::cmd("GET")
+        .arg(keys::UNIQUE_LIVE_VERSION)
+        .query_async(&mut c)
+        .await
+    {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(key = keys::UNIQUE_LIVE_VERSION, error = %e,
+                "cannot read the sidekiq-unique-jobs release at {} (a string): guessing from the changelog",
+                keys::UNIQUE_LIVE_VERSION);
+            None
+        }
+    };
+    if let Some(g) = live.as_deref().and_then(release_named) {
+        return Ok((g, LIVE_READ));
+    }
     let entries: Vec<String> = redis::cmd("ZREVRANGE")
         .arg(keys::UNIQUE_CHANGELOG)
         .arg(0)
@@ -705,6 +778,24 @@ pub(crate) async fn detect(conn: &Conn) -> Result<(UniqueJobsGem, &'static str)>
         UniqueJobsGem::V8_1,
         "nothing in Redis tells the release apart: the newest",
     ))
+}
+
+/// [`detect`]'s reason when it read the release itself, not a guess from the changelog.
+const LIVE_READ: &str = "uniquejobs:live, written by the gem's Ruby servers at start";
+
+/// The rules a release of the gem (`7.1.33`, `8.0.13`, `8.1.0`) follows: 8.1 or later → 8.1, 8.0 →
+/// 8.0, 7.x → 7.1 (the oldest oxidekiq knows); anything else is not a release.
+fn release_named(v: &str) -> Option<UniqueJobsGem> {
+    let mut parts = v.trim().split('.').map(str::parse::<u32>);
+    match (
+        parts.next()?.ok()?,
+        parts.next().and_then(|m| m.ok()).unwrap_or(0),
+    ) {
+        (7, _) => Some(UniqueJobsGem::V7_1),
+        (8, 0) => Some(UniqueJobsGem::V8_0),
+        (m, _) if m >= 8 => Some(UniqueJobsGem::V8_1),
+        _ => None,
+    }
 }
 
 /// Runs `perform` under the gem's rules for `job`'s lock (a job without `lock_digest` just runs).
@@ -1017,6 +1108,34 @@ mod tests {
         let e = spec(r#"{"class":"X","args":[],"jid":"j","lock":"sometimes","lock_digest":"u:1"}"#)
             .unwrap_err();
         assert!(e.message.contains("sometimes"), "{}", e.message);
+        for digest in [
+            "",
+            r#","lock_digest":null"#,
+            r#","lock_digest":"""#,
+            r#","lock_digest":7"#,
+        ] {
+            let e = spec(&format!(
+                r#"{{"class":"X","args":[],"jid":"j","lock":"while_executing"{digest}}}"#
+            ))
+            .unwrap_err();
+            assert!(e.message.contains("without a lock_digest"), "{}", e.message);
+        }
+        assert!(
+            spec(r#"{"class":"X","args":[],"jid":"j","lock":"mine"}"#)
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_release_the_gem_writes_names_its_rules() {
+        assert_eq!(release_named("7.1.33"), Some(UniqueJobsGem::V7_1));
+        assert_eq!(release_named("8.0.13"), Some(UniqueJobsGem::V8_0));
+        assert_eq!(release_named("8.1.0"), Some(UniqueJobsGem::V8_1));
+        assert_eq!(release_named("9"), Some(UniqueJobsGem::V8_1));
+        for v in ["", "6.0.0", "x", "-1.0"] {
+            assert_eq!(release_named(v), None, "{v}");
+        }
     }
 
     #[test]

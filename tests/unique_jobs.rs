@@ -718,19 +718,7 @@ async fn replace_deletes_the_waiting_job_and_its_lock_then_runs() {
         .to_string()
     };
     // The first job holds :RUN (its perform is elsewhere); a third waits in `schedule`.
-    let _: () = c.set(run, "00000000000000000abc0001").await.unwrap();
-    let _: () = c
-        .hset(
-            format!("{run}:LOCKED"),
-            "00000000000000000abc0001",
-            support::now(),
-        )
-        .await
-        .unwrap();
-    let _: () = c
-        .zadd("uniquejobs:digests", run, support::now())
-        .await
-        .unwrap();
+    hold(&mut c, run, "00000000000000000abc0001").await;
     let _: () = c
         .zadd(
             "schedule",
@@ -739,14 +727,7 @@ async fn replace_deletes_the_waiting_job_and_its_lock_then_runs() {
         )
         .await
         .unwrap();
-    let handle = support::launch(
-        oxidekiq::config::Config {
-            unique_jobs_gem: Some(UniqueJobsGem::V8_1),
-            ..support::config(&redis.url(), &["default"], 2)
-        },
-        registry(),
-    )
-    .await;
+    let handle = launched(&redis, Some(UniqueJobsGem::V8_1)).await;
     let _: () = c
         .lpush("queue:default", payload("00000000000000000abc0002"))
         .await
@@ -770,4 +751,195 @@ async fn replace_deletes_the_waiting_job_and_its_lock_then_runs() {
     assert!(!locked, "its lock is deleted");
     let listed: Option<f64> = c.zscore("uniquejobs:digests", run).await.unwrap();
     assert_eq!(listed, None);
+}
+
+/// Pushes `payload` to `queue:default` of a launcher following `gem` (`None`: detected) and waits
+/// (at most 10 s) until `test:performed` names `jid`; true when it did.
+async fn performs(
+    redis: &RedisServer,
+    gem: Option<UniqueJobsGem>,
+    payload: &Value,
+    jid: &str,
+) -> bool {
+    let mut c = redis.async_conn().await;
+    let handle = launched(redis, gem).await;
+    let _: () = c.lpush("queue:default", payload.to_string()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut done = false;
+    while !done && tokio::time::Instant::now() < deadline {
+        let performed: Vec<String> = c.lrange("test:performed", 0, -1).await.unwrap();
+        done = performed.iter().any(|p| p == jid);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.stop().await.unwrap();
+    done
+}
+
+/// A `lock_timeout` far past any real wait (1e300, read as `i64::MAX` seconds) once made the wait's
+/// deadline overflow `Instant` under 7.1's and 8.0's rules (8.1 caps the wait): a panic after the
+/// queue step, the job failed every time and its token stayed in `<d>:RUN:QUEUED`, so no job of the
+/// digest ran again. A free lock must be taken and the job performed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_timeout_past_any_instant_still_takes_a_free_lock() {
+    let redis = RedisServer::start();
+    for (n, gem) in [UniqueJobsGem::V7_1, UniqueJobsGem::V8_0]
+        .into_iter()
+        .enumerate()
+    {
+        let mut c = redis.async_conn().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let jid = format!("00000000000000000abc000{n}");
+        let job = while_job(&jid, "uniquejobs:timeout", json!(1e300));
+        assert!(
+            performs(&redis, Some(gem), &job, &jid).await,
+            "{gem:?}: not performed"
+        );
+        // Only the unlock's wake-up token (`1`) may wait in `:QUEUED`, never the job's jid.
+        let queued: Vec<String> = c
+            .lrange("uniquejobs:timeout:RUN:QUEUED", 0, -1)
+            .await
+            .unwrap();
+        let held: bool = c.exists("uniquejobs:timeout:RUN:LOCKED").await.unwrap();
+        assert!(
+            !queued.contains(&jid) && !held,
+            "{gem:?}: the lock is left behind: {queued:?}"
+        );
+    }
+}
+
+/// An 8.1 fleet whose gem jobs take only runtime locks (`while_executing`: its client writes
+/// nothing) leaves only `queue.lua`/`lock.lua`/`unlock.lua` entries in the changelog, as 8.0 does (the
+/// real 8.1 server's own, from the recording): the changelog guess said 8.0, and a failed
+/// `until_executed` job then released the lock 8.1 keeps for its retry. Each Ruby server of the gem
+/// writes its release to `uniquejobs:live` at start (`update_version.lua`); it must win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_the_gem_writes_at_start_wins_over_the_changelog_guess() {
+    let redis = RedisServer::start();
+    let mut c = redis.async_conn().await;
+    let _: () = c.sadd("processes", "ruby-host:0:abc").await.unwrap();
+    let info = json!({"hostname": "ruby-host", "version": "7.3.9"}).to_string();
+    let _: () = c.hset("ruby-host:0:abc", "info", info).await.unwrap();
+    let doc = recording("unique-jobs-8.x/while_executing.success.json");
+    let mut after_run = phase(&doc, "run", 0)["keys_after"]
+        .as_object()
+        .unwrap()
+        .clone();
+    after_run.retain(|k, _| k == "uniquejobs:changelog");
+    assert!(!after_run.is_empty(), "the recording's changelog");
+    seed(&mut c, &after_run, None).await;
+    // `sidekiq-unique-jobs 8.1.0`: the recorded gem's release, as its `VERSION` writes it.
+    let live = doc["gem"]
+        .as_str()
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let _: () = c.set("uniquejobs:live", &live).await.unwrap();
+    let (jid, digest) = ("00000000000000000abc0002", "uniquejobs:second");
+    hold(&mut c, digest, jid).await;
+    let job = json!({"class": "UntilExecutedJob", "args": [2, "a"], "jid": jid, "queue": "default",
+           "retry": true, "lock": "until_executed", "lock_digest": digest, "lock_timeout": 0,
+           "lock_ttl": null});
+    let handle = launched(&redis, None).await;
+    let _: () = c.lpush("queue:default", job.to_string()).await.unwrap();
+    ran(&redis, jid, 1).await;
+    handle.stop().await.unwrap();
+    let held: bool = c.exists(format!("{digest}:LOCKED")).await.unwrap();
+    assert!(
+        held,
+        "gem {live}: the failure released the lock 8.1 keeps (followed 8.0's rules)"
+    );
+}
+
+/// Waits (at most 10 s) until `test:performed` names `jid` and `retry` holds `retries` jobs.
+async fn ran(redis: &RedisServer, jid: &str, retries: usize) {
+    let mut c = redis.async_conn().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let performed: Vec<String> = c.lrange("test:performed", 0, -1).await.unwrap();
+        let in_retry: usize = c.zcard("retry").await.unwrap();
+        if performed.iter().any(|p| p == jid) && in_retry == retries {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{jid} not run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A launcher on `redis`'s `queue:default` with this file's workers, following `gem` (`None`: detected).
+async fn launched(redis: &RedisServer, gem: Option<UniqueJobsGem>) -> oxidekiq::launcher::Handle {
+    let config = oxidekiq::config::Config {
+        unique_jobs_gem: gem,
+        ..support::config(&redis.url(), &["default"], 2)
+    };
+    support::launch(config, registry()).await
+}
+
+/// The keys of `digest`'s lock held by `jid`, as the gem's `lock` step leaves them.
+async fn hold(c: &mut oxidekiq::worker::Conn, digest: &str, jid: &str) {
+    let _: () = c.set(digest, jid).await.unwrap();
+    let _: () = c
+        .hset(format!("{digest}:LOCKED"), jid, support::now())
+        .await
+        .unwrap();
+    let _: () = c
+        .zadd("uniquejobs:digests", digest, support::now())
+        .await
+        .unwrap();
+}
+
+/// A job of a class with `lock:` but no `lock_digest` (rescheduled by 8.1's `on_conflict:
+/// reschedule`, which skips the client's `Job.prepare`; or pushed by a client without the gem): the
+/// gem's server computes its digest and runs it under the lock. oxidekiq cannot compute it, and once
+/// ran such a job with no lock at all, beside the job that holds `:RUN`. It must not be performed
+/// here: it fails loudly (retry path, nothing lost) for a Ruby process to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gem_job_without_its_digest_is_not_run_unlocked() {
+    let redis = RedisServer::start();
+    let mut c = redis.async_conn().await;
+    let run = "uniquejobs:dc125fd0702f23b32c76e1baf7e1b130:RUN";
+    hold(&mut c, run, "00000000000000000abc0001").await;
+    let jid = "00000000000000000abc0002";
+    // As 8.1's reschedule pushes it: the class's options (`lock`, `on_conflict`), no lock fields.
+    let job = json!({"class": "WhileExecutingJob", "args": [1, "a"], "jid": jid, "queue": "default",
+                     "retry": true, "lock": "while_executing", "on_conflict": "reschedule"});
+    let performed = performs(&redis, Some(UniqueJobsGem::V8_1), &job, jid).await;
+    assert!(!performed, "performed without the lock another job holds");
+    let retries: Vec<String> = c.zrange("retry", 0, -1).await.unwrap();
+    assert!(
+        retries.len() == 1 && retries[0].contains("lock_digest"),
+        "the job is not in the retry set with a clear error: {retries:?}"
+    );
+}
+
+/// A run cut short after the gem's move from `:QUEUED` to `:PRIMED` and before its `lock` step (a
+/// SIGKILL there, or the move's reply lost) leaves its jid in `<d>:PRIMED` and the digest naming it.
+/// The recovered run's `queue` step found the token in `:PRIMED`, gave none back to `:QUEUED`, its
+/// move found nothing and the job was dropped as a conflict. It must take the lock and run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_between_its_move_and_its_lock_runs_when_recovered() {
+    let redis = RedisServer::start();
+    for (n, (_, gem)) in VERSIONS.into_iter().enumerate() {
+        let mut c = redis.async_conn().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let run = "uniquejobs:primed:RUN";
+        let jid = format!("00000000000000000abc010{n}");
+        let _: () = c.set(run, &jid).await.unwrap();
+        let _: () = c.lpush(format!("{run}:PRIMED"), &jid).await.unwrap();
+        let job = while_job(&jid, "uniquejobs:primed", json!(0));
+        assert!(
+            performs(&redis, Some(gem), &job, &jid).await,
+            "{gem:?}: dropped"
+        );
+        let held: bool = c.exists(format!("{run}:LOCKED")).await.unwrap();
+        assert!(!held, "{gem:?}: the lock is left behind");
+    }
+}
+
+/// A `while_executing` job of `digest` as the gem's client pushes it, with `lock_timeout`.
+fn while_job(jid: &str, digest: &str, lock_timeout: Value) -> Value {
+    json!({"class": "WhileExecutingJob", "args": [1, "a"], "jid": jid, "queue": "default",
+           "retry": true, "lock": "while_executing", "lock_digest": digest,
+           "lock_timeout": lock_timeout, "lock_ttl": null})
 }

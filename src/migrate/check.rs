@@ -28,6 +28,9 @@ use crate::registry::args_check::Mismatch;
 pub(crate) enum Contract {
     /// `lock_digest`: sidekiq-unique-jobs (PROTOCOL §11.1), honoured ([`crate::unique_jobs`]).
     UniqueJobsLock,
+    /// A sidekiq-unique-jobs `lock` without `lock_digest`: the gem's server computes the digest
+    /// from the class, oxidekiq cannot ([`crate::unique_jobs::lacks_digest`]); not honoured.
+    UniqueJobsNoDigest,
     /// `bid`: a Sidekiq Pro batch (PROTOCOL §1.2).
     ProBatch,
     /// `unique_for`: Sidekiq Enterprise unique jobs (PROTOCOL §11.3).
@@ -36,8 +39,9 @@ pub(crate) enum Contract {
 
 impl Contract {
     /// Every contract, in report order.
-    pub(crate) const ALL: [Contract; 3] = [
+    pub(crate) const ALL: [Contract; 4] = [
         Contract::UniqueJobsLock,
+        Contract::UniqueJobsNoDigest,
         Contract::ProBatch,
         Contract::EnterpriseUnique,
     ];
@@ -52,6 +56,7 @@ impl Contract {
     pub(crate) fn key(self) -> &'static str {
         match self {
             Contract::UniqueJobsLock => "lock_digest",
+            Contract::UniqueJobsNoDigest => "lock",
             Contract::ProBatch => "bid",
             Contract::EnterpriseUnique => "unique_for",
         }
@@ -61,6 +66,7 @@ impl Contract {
     fn quoted_key(self) -> &'static str {
         match self {
             Contract::UniqueJobsLock => "\"lock_digest\"",
+            Contract::UniqueJobsNoDigest => "\"lock\"",
             Contract::ProBatch => "\"bid\"",
             Contract::EnterpriseUnique => "\"unique_for\"",
         }
@@ -72,6 +78,11 @@ impl Contract {
             Contract::UniqueJobsLock => {
                 "sidekiq-unique-jobs lock: honoured, oxidekiq runs the gem's server side (its keys and \
                  release steps, per lock type; see docs/migration.md)"
+            }
+            Contract::UniqueJobsNoDigest => {
+                "sidekiq-unique-jobs lock without lock_digest (rescheduled by 8.1's on_conflict, or \
+                 pushed without the gem's client): the gem's server computes the digest from the \
+                 class, oxidekiq cannot; run in Rust it fails (never runs unlocked)"
             }
             Contract::ProBatch => {
                 "Sidekiq Pro batch: only Pro's server middleware reports a job's success or failure to \
@@ -96,7 +107,10 @@ impl Contract {
         };
         Contract::ALL
             .into_iter()
-            .filter(|c| map.get(c.key()).is_some_and(|v| !v.is_null()))
+            .filter(|c| match c {
+                Contract::UniqueJobsNoDigest => crate::unique_jobs::lacks_digest(&map),
+                _ => map.get(c.key()).is_some_and(|v| !v.is_null()),
+            })
             .collect()
     }
 }
@@ -328,6 +342,17 @@ mod tests {
         assert!(Contract::UniqueJobsLock.honoured());
         assert!(!Contract::ProBatch.honoured());
         assert!(!Contract::EnterpriseUnique.honoured());
+        assert!(!Contract::UniqueJobsNoDigest.honoured());
+        let undigested = |json: &str| Contract::found_in(&Job::from_str(json).unwrap());
+        assert_eq!(
+            undigested(r#"{"class":"X","args":[],"lock":"while_executing"}"#),
+            [Contract::UniqueJobsNoDigest]
+        );
+        assert_eq!(
+            undigested(r#"{"class":"X","args":[],"lock":"while_executing","lock_digest":"u:1"}"#),
+            [Contract::UniqueJobsLock]
+        );
+        assert!(undigested(r#"{"class":"X","args":[],"lock":"mine"}"#).is_empty());
         let mut r = CheckReport::default();
         let mut c = ClassReport::default();
         c.contracts.insert(Contract::UniqueJobsLock, 2);
