@@ -62,6 +62,12 @@ const MOVE_POLL: Duration = Duration::from_millis(50);
 /// queue step, which left the job's token in `:QUEUED` and the digest locked for good).
 const MAX_WAIT_SECS: i64 = 86_400;
 
+/// The longest `lock_ttl` honoured, in ms (100 years). A larger one (`1e300` reads as `i64::MAX`
+/// seconds) would make PEXPIRE fail halfway through a script, after the lock's keys were written
+/// without a TTL; Lua would also turn it into a float Redis refuses. The gem's client refuses such a
+/// push, so only a hand-written payload gets here.
+const MAX_TTL_MS: i64 = 100 * 365 * 86_400 * 1000;
+
 /// The gem's lock types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LockType {
@@ -254,7 +260,9 @@ impl Spec {
             lock,
             lock_name: lock_name.to_string(),
             digest,
-            pttl: to_i(map.get("lock_ttl")).saturating_mul(1000).max(0),
+            pttl: to_i(map.get("lock_ttl"))
+                .saturating_mul(1000)
+                .clamp(0, MAX_TTL_MS),
             timeout: to_i(map.get("lock_timeout")).max(0),
             limit,
             strategy,

@@ -807,6 +807,34 @@ async fn a_lock_timeout_past_any_instant_still_takes_a_free_lock() {
     }
 }
 
+/// A `lock_ttl` far past any real TTL (1e300, read as `i64::MAX` seconds) made PEXPIRE fail halfway
+/// through the lock script, after the lock's keys were written without a TTL: the job failed instead of
+/// running. It runs, and leaves no lock behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_ttl_past_any_expiry_still_runs_and_releases() {
+    let redis = RedisServer::start();
+    for (n, gem) in [
+        UniqueJobsGem::V7_1,
+        UniqueJobsGem::V8_0,
+        UniqueJobsGem::V8_1,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = redis.async_conn().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let jid = format!("00000000000000000abd000{n}");
+        let mut job = while_job(&jid, "uniquejobs:ttl", json!(0));
+        job["lock_ttl"] = json!(1e300);
+        assert!(
+            performs(&redis, Some(gem), &job, &jid).await,
+            "{gem:?}: not performed"
+        );
+        let held: bool = c.exists("uniquejobs:ttl:RUN:LOCKED").await.unwrap();
+        assert!(!held, "{gem:?}: the lock is left behind");
+    }
+}
+
 /// An 8.1 fleet whose gem jobs take only runtime locks (`while_executing`: its client writes
 /// nothing) leaves only `queue.lua`/`lock.lua`/`unlock.lua` entries in the changelog, as 8.0 does (the
 /// real 8.1 server's own, from the recording): the changelog guess said 8.0, and a failed
