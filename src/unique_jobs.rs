@@ -633,7 +633,7 @@ impl GemLock<'_> {
     /// ended), naming the key.
     async fn release(&self, conn: &Conn, jid: &str) {
         if let Err(e) = self.unlock(conn, jid).await {
-            tracing::error!(digest = %self.digest, error = %e,
+            tracing::error!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), error = %e,
                 "cannot release the sidekiq-unique-jobs lock {}: it stays until the gem's reaper frees it",
                 self.digest);
         }
@@ -644,11 +644,15 @@ impl GemLock<'_> {
     async fn relock(&self, conn: &Conn, jid: &str) {
         match self.take(conn, jid, Some(Duration::from_secs(1))).await {
             Ok(true) => {}
-            Ok(false) => tracing::warn!(digest = %self.digest, jid,
+            Ok(false) => {
+                tracing::warn!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), jid,
                 "sidekiq-unique-jobs lock {} not taken back after the failure: another job holds it",
-                self.digest),
-            Err(e) => tracing::error!(digest = %self.digest, error = %e,
-                "cannot take the sidekiq-unique-jobs lock {} back after the failure", self.digest),
+                self.digest)
+            }
+            Err(e) => {
+                tracing::error!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), error = %e,
+                "cannot take the sidekiq-unique-jobs lock {} back after the failure", self.digest)
+            }
         }
     }
 }
@@ -926,7 +930,7 @@ where
         Strategy::Raise => "the job fails with SidekiqUniqueJobs::Conflict (retry)",
         Strategy::Replace => "a queued job of the digest is deleted and this one runs",
     };
-    tracing::warn!(class = %class, jid = %jid, digest = %run.digest, strategy = strategy.label(),
+    tracing::warn!(class = %class, jid = %jid, digest = %crate::redact::clip(&run.digest, crate::redact::NAME_CHARS), strategy = strategy.label(),
         "sidekiq-unique-jobs conflict: {class} {jid} cannot take {} (another job runs); on_conflict {}: {what}",
         run.digest, strategy.label());
     let now = time::now();
@@ -970,7 +974,7 @@ where
                 .map_err(|e| step_failure(&run.digest, &e.into()))?;
             match deleted {
                 Some(_) => {
-                    tracing::warn!(digest = %run.digest,
+                    tracing::warn!(digest = %crate::redact::clip(&run.digest, crate::redact::NAME_CHARS),
                         "on_conflict replace: deleted a job of {} and its lock; {class} {jid} runs",
                         run.digest);
                     perform.await
@@ -1034,7 +1038,7 @@ async fn reschedule(conn: &Conn, spec: &Spec, gem: UniqueJobsGem, now: f64) -> R
             gem,
         };
         if !client.take(conn, &jid, None).await? {
-            tracing::warn!(digest = %spec.digest,
+            tracing::warn!(digest = %crate::redact::clip(&spec.digest, crate::redact::NAME_CHARS),
                 "on_conflict reschedule: the new job's client lock on {} is held by another job: \
                  not scheduled, as the gem's client refuses the push", spec.digest);
             return Ok(());
@@ -1061,7 +1065,7 @@ pub(crate) async fn delete_by_digest(conn: Conn, digest: String, jid: String) {
         .key(keys::UNIQUE_EXPIRING_DIGESTS)
         .arg(&jid);
     if let Err(e) = inv.invoke_async::<i64>(&mut conn.clone()).await {
-        tracing::error!(digest = %digest, error = %e,
+        tracing::error!(digest = %crate::redact::clip(&digest, crate::redact::NAME_CHARS), error = %e,
             "cannot delete the sidekiq-unique-jobs lock {digest} of a dead job");
     }
 }
@@ -1072,7 +1076,7 @@ fn lost(job: &Job, digest: &str, why: &str) {
     crate::prom::metrics().unique_conflict(job.worker_class(), "lost");
     let class = crate::redact::clip(job.worker_class(), crate::redact::NAME_CHARS);
     let jid = crate::redact::clip(job.jid(), crate::redact::NAME_CHARS);
-    tracing::warn!(class = %class, jid = %jid, digest = %digest, strategy = "lost",
+    tracing::warn!(class = %class, jid = %jid, digest = %crate::redact::clip(&digest, crate::redact::NAME_CHARS), strategy = "lost",
         "sidekiq-unique-jobs: {class} {jid} not performed: {why} ({digest}); the gem skips such a job too");
 }
 
