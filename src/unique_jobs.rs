@@ -1076,7 +1076,7 @@ fn lost(job: &Job, digest: &str, why: &str) {
     crate::prom::metrics().unique_conflict(job.worker_class(), "lost");
     let class = crate::redact::clip(job.worker_class(), crate::redact::NAME_CHARS);
     let jid = crate::redact::clip(job.jid(), crate::redact::NAME_CHARS);
-    tracing::warn!(class = %class, jid = %jid, digest = %crate::redact::clip(&digest, crate::redact::NAME_CHARS), strategy = "lost",
+    tracing::warn!(class = %class, jid = %jid, digest = %crate::redact::clip(digest, crate::redact::NAME_CHARS), strategy = "lost",
         "sidekiq-unique-jobs: {class} {jid} not performed: {why} ({digest}); the gem skips such a job too");
 }
 
