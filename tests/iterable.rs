@@ -175,7 +175,9 @@ fn shape(commands: &[(bool, Vec<String>)], jid: &str) -> Vec<String> {
             "zrange",
             "zcard",
             "ttl",
-            // The fetch's own moves (a job taken, or one fetched at the stop handed back).
+            // The fetch's own moves (a job taken, or one fetched at the stop handed back); `sort
+            // ... STORE` is the reliable fetch's copy of a batch into its working list.
+            "sort",
             "ltrim",
             "rpush",
         ]
