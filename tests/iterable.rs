@@ -1008,3 +1008,70 @@ async fn a_rust_process_resumes_an_iteration_sidekiq_8_interrupted() {
     assert!(!c.exists::<_, bool>(format!("it-{jid}")).unwrap());
     assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
 }
+
+/// A job stopped by Sidekiq's `cancel!` or by its timeout still settles its until-executed lock, as
+/// Ruby's `ensure` would: the cancelled job is done (lock released), the timed-out one with
+/// `retry: false` is discarded (lock released). Before the cut moved inside the chain, both locks
+/// stayed until their 600 s TTL (the middleware's settling code was dropped with the run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_or_timed_out_job_releases_its_until_executed_lock() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let h = launch(
+        config(&redis.url(), &["default"], 2),
+        registry(Walk::default()),
+    )
+    .await;
+    let (cancel_key, timeout_key) = (
+        "oxidekiq:lock:unique:NapJob:cancelled",
+        "oxidekiq:lock:unique:NapJob:timed-out",
+    );
+    // As the Rust client's `push_unique` leaves them: the lock holds the jid.
+    let _: () = c.set(cancel_key, "locked-nap").unwrap();
+    let _: () = c.set(timeout_key, "locked-timeout").unwrap();
+    push(
+        &mut c,
+        &plain(
+            "NapJob",
+            "locked-nap",
+            json!([60]),
+            json!({"unique_key": cancel_key, "unique_ttl": 600}),
+        ),
+    );
+    push(
+        &mut c,
+        &plain(
+            "NapJob",
+            "locked-timeout",
+            json!([60]),
+            json!({"unique_key": timeout_key, "unique_ttl": 600, "oxidekiq_timeout": 0.5,
+                "retry": false}),
+        ),
+    );
+    wait_for("the cancelled job running", Duration::from_secs(20), || {
+        list(&mut c, "rec-napping-locked-nap").len() == 1
+    })
+    .await;
+    // Run by the job, not by the test: the run's lock value ends with the jid.
+    let held: String = c.get(cancel_key).unwrap();
+    assert!(held.ends_with(":locked-nap"), "{held}");
+    let client = Client::new(redis.async_conn().await);
+    client.cancel("locked-nap").await.unwrap();
+    wait_for(
+        "the cancelled job's lock released",
+        Duration::from_secs(20),
+        || !c.exists::<_, bool>(cancel_key).unwrap(),
+    )
+    .await;
+    wait_for(
+        "the timed-out job's lock released",
+        Duration::from_secs(20),
+        || !c.exists::<_, bool>(timeout_key).unwrap(),
+    )
+    .await;
+    h.stop().await.unwrap();
+    assert!(list(&mut c, "rec-slept-locked-nap").is_empty());
+    assert!(list(&mut c, "rec-slept-locked-timeout").is_empty());
+    assert_eq!(c.zcard::<_, i64>("retry").unwrap(), 0);
+    assert_eq!(c.zcard::<_, i64>("dead").unwrap(), 0);
+}
