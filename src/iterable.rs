@@ -293,14 +293,26 @@ fn ruby_to_f(s: &str) -> f64 {
     s[..end].parse().unwrap_or(0.0)
 }
 
-/// A float as Ruby's `Float#to_s` prints it for the values a runtime takes (`15.54943187400022`,
-/// `2.0`): the shortest text that reads back, with `.0` on whole numbers.
+/// A float as Ruby's `Float#to_s` prints it (`15.54943187400022`, `2.0`, `8.0e-05`): the shortest
+/// text that reads back, with `.0` on whole numbers, in exponent form (`<mantissa>e<sign><2+ digits>`)
+/// below 1e-4 and from 1e15 on, as Ruby switches (a run interrupted within 0.1 ms has such an `rt`).
 pub fn ruby_float(f: f64) -> String {
-    if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e16 {
-        format!("{f:.1}")
-    } else {
-        format!("{f}")
+    if !f.is_finite() {
+        return format!("{f}");
     }
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if f == 0.0 || (-4..15).contains(&exp) {
+        return if f.fract() == 0.0 {
+            format!("{f:.1}")
+        } else {
+            format!("{f}")
+        };
+    }
+    let dot = if mantissa.contains('.') { "" } else { ".0" };
+    let sign = if exp < 0 { '-' } else { '+' };
+    format!("{mantissa}{dot}e{sign}{:02}", exp.unsigned_abs())
 }
 
 /// `cancel!` (`client.rb` 61-75), the commands Ruby sends, pipelined (not a transaction).
@@ -532,6 +544,40 @@ mod tests {
         assert_eq!(ruby_to_f(""), 0.0);
         assert_eq!(ruby_to_i("3"), 3);
         assert_eq!(ruby_to_i("x"), 0);
+    }
+
+    /// `rt` byte for byte as Ruby's `Float#to_s` writes it, computed by Ruby in the same run: a run
+    /// of under 0.1 ms is `8.0e-05` in Ruby, not `0.00008`.
+    #[test]
+    fn runtimes_print_as_ruby_prints_them_at_every_magnitude() {
+        let values = [
+            0.0,
+            2.0,
+            0.5,
+            15.54943187400022,
+            0.0001,
+            0.00012345,
+            0.00008,
+            1.0e-5,
+            3.3e-7,
+            1e15,
+            1e16,
+            1.2345678901234568e17,
+        ];
+        let list: Vec<String> = values.iter().map(|v| format!("{v:e}")).collect();
+        let out = std::process::Command::new("ruby")
+            .arg("-e")
+            .arg(format!("puts [{}].map(&:to_s)", list.join(",")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let ruby: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let ours: Vec<String> = values.iter().map(|v| ruby_float(*v)).collect();
+        assert_eq!(ours, ruby);
     }
 
     #[test]
