@@ -480,18 +480,11 @@ impl Processor {
         limit: Duration,
         cut: Cut,
     ) -> JobResult {
-        let synchronous = entry.is_some_and(|e| e.synchronous);
-        // An async job's cancellation fires at the limit; the watchdog waits a little longer (a loaded
-        // runtime may be late), so that only a job its cancellation could not reach is reported.
-        let grace = if synchronous {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(2)
-        };
+        let report_after = watchdog_delay(limit, entry.is_some_and(|e| e.synchronous));
         let class = job.wrapped().unwrap_or(job.class()).to_string();
         let watchdog = tokio::spawn(
             async move {
-                tokio::time::sleep(limit + grace).await;
+                tokio::time::sleep(report_after).await;
                 tracing::error!(class = %clip(&class, NAME_CHARS),
                     timeout = format_args!("{:.3}", limit.as_secs_f64()),
                     "job still running past its timeout: it runs synchronous code (a blocking worker or \
@@ -882,6 +875,19 @@ async fn cancelled(ctx: &JobContext) {
     }
 }
 
+/// When the watchdog reports a job past its timeout `limit`: at the limit for a synchronous worker;
+/// for an async one, whose cancellation fires at the limit, a little later (a loaded runtime may be
+/// late), so that only a job its cancellation could not reach is reported. Saturating: a worker's
+/// `timeout` may be as long as `Duration::MAX`.
+fn watchdog_delay(limit: Duration, synchronous: bool) -> Duration {
+    let grace = if synchronous {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(2)
+    };
+    limit.saturating_add(grace)
+}
+
 /// Aborts a task when dropped: the timeout watchdog ends with the job's run, however it ends.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -961,6 +967,18 @@ mod tests_fate_writes;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker's `timeout` of `Duration::MAX` (no practical limit) must not overflow the watchdog's
+    /// delay: the overflow panicked in the watchdog task.
+    #[test]
+    fn the_watchdog_delay_of_the_longest_timeout_does_not_overflow() {
+        assert_eq!(watchdog_delay(Duration::MAX, false), Duration::MAX);
+        assert_eq!(watchdog_delay(Duration::MAX, true), Duration::MAX);
+        assert_eq!(
+            watchdog_delay(Duration::from_secs(1), false),
+            Duration::from_secs(3)
+        );
+    }
 
     #[test]
     fn oversized_objects_get_the_error_appended_and_keep_their_bytes() {
