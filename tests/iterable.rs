@@ -1075,3 +1075,43 @@ async fn a_cancelled_or_timed_out_job_releases_its_until_executed_lock() {
     assert_eq!(c.zcard::<_, i64>("retry").unwrap(), 0);
     assert_eq!(c.zcard::<_, i64>("dead").unwrap(), 0);
 }
+
+/// An `it-<jid>` key of the wrong type (a key of another app named so, or damaged) for one running
+/// plain job must not blind the heartbeat's cancel check for the others: before, the pipelined
+/// `HGET`s failed as a whole on its `WRONGTYPE`, every beat, and no running job could be cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_cancel_key_of_one_job_does_not_hide_the_cancel_of_another() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("it-damaged", "not a hash").unwrap();
+    let h = launch(
+        config(&redis.url(), &["default"], 2),
+        registry(Walk::default()),
+    )
+    .await;
+    push(&mut c, &plain("NapJob", "damaged", json!([60]), json!({})));
+    push(
+        &mut c,
+        &plain("NapJob", "cancelled", json!([60]), json!({})),
+    );
+    wait_for("both running", Duration::from_secs(20), || {
+        list(&mut c, "rec-napping-damaged").len() == 1
+            && list(&mut c, "rec-napping-cancelled").len() == 1
+    })
+    .await;
+    let client = Client::new(redis.async_conn().await);
+    client.cancel("cancelled").await.unwrap();
+    wait_for(
+        "the cancelled job acknowledged",
+        Duration::from_secs(20),
+        || !c.exists::<_, bool>("it-cancelled").unwrap(),
+    )
+    .await;
+    h.stop().await.unwrap();
+    assert!(
+        list(&mut c, "rec-slept-cancelled").is_empty(),
+        "it was stopped"
+    );
+    let kind: String = redis::cmd("TYPE").arg("it-damaged").query(&mut c).unwrap();
+    assert_eq!(kind, "string", "the key we do not own is left alone");
+}
