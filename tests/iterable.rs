@@ -1115,3 +1115,44 @@ async fn a_damaged_cancel_key_of_one_job_does_not_hide_the_cancel_of_another() {
     let kind: String = redis::cmd("TYPE").arg("it-damaged").query(&mut c).unwrap();
     assert_eq!(kind, "string", "the key we do not own is left alone");
 }
+
+/// Under basic fetch (no working copy) a stop mid-iteration pushes the job back once, at its cursor, and
+/// the next process resumes it there: the requeue is at least once there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_basic_fetch_a_stop_mid_iteration_pushes_back_and_the_next_run_resumes() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let jid = "0000000000000000000b0002";
+    let n = 12;
+    push(&mut c, &walk_payload(jid, json!([n, {"sleep": 0.2}])));
+    let basic = |url: &str| oxidekiq::Config {
+        fetch: oxidekiq::config::FetchMode::BASIC,
+        ..config(url, &["default"], 2)
+    };
+    let first = launch(basic(&redis.url()), registry(Walk::default())).await;
+    wait_for("three items", Duration::from_secs(30), || {
+        seen(&mut c, jid).len() >= 3
+    })
+    .await;
+    first.stop().await.unwrap();
+    let queued: Vec<String> = c.lrange("queue:default", 0, -1).unwrap();
+    assert_eq!(queued.len(), 1, "pushed back once: {queued:?}");
+    let cursor: String = c.hget(format!("it-{jid}"), "c").unwrap();
+    let walked = seen(&mut c, jid).len();
+    let second = launch(basic(&redis.url()), registry(Walk::default())).await;
+    wait_for("completed", Duration::from_secs(30), || {
+        !c.exists::<_, bool>(format!("it-{jid}")).unwrap()
+    })
+    .await;
+    second.stop().await.unwrap();
+    let all = seen(&mut c, jid);
+    let items: Vec<u64> = all.iter().map(|s| s.1).collect();
+    let mut distinct = items.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct, (0..n).collect::<Vec<u64>>(), "{all:?}");
+    // The second run starts at the flushed cursor: at most the item in progress repeats.
+    assert_eq!(all[walked].1.to_string(), cursor, "{all:?}");
+    assert!(items.len() <= n as usize + 1, "{all:?}");
+    assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
+}
