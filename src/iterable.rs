@@ -280,17 +280,34 @@ fn ruby_to_i(s: &str) -> u64 {
     digits.parse().unwrap_or(0)
 }
 
-/// Ruby's `String#to_f`: the longest leading float, 0.0 when none.
+/// Ruby's `String#to_f`: the longest leading float (`[+-]digits[.digits][e[+-]digits]`), 0.0 when
+/// none, found in one pass: the field comes from Redis, and may be megabytes of a damaged hash.
 fn ruby_to_f(s: &str) -> f64 {
-    let s = s.trim_start();
-    let mut end = 0;
-    for i in (1..=s.len()).rev() {
-        if s.is_char_boundary(i) && s[..i].parse::<f64>().is_ok_and(f64::is_finite) {
-            end = i;
-            break;
+    let b = s.trim_start().as_bytes();
+    let digits = |from: usize| from + b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let mut i = usize::from(matches!(b.first(), Some(b'+' | b'-')));
+    let int_end = digits(i);
+    let mut end = if int_end > i { int_end } else { 0 };
+    i = int_end;
+    if b.get(i) == Some(&b'.') {
+        let frac_end = digits(i + 1);
+        if frac_end > i + 1 || end > 0 {
+            end = frac_end;
+        }
+        i = frac_end;
+    }
+    if end > 0 && matches!(b.get(i), Some(b'e' | b'E')) {
+        let sign = usize::from(matches!(b.get(i + 1), Some(b'+' | b'-')));
+        let exp_end = digits(i + 1 + sign);
+        if exp_end > i + 1 + sign {
+            end = exp_end;
         }
     }
-    s[..end].parse().unwrap_or(0.0)
+    std::str::from_utf8(&b[..end])
+        .ok()
+        .and_then(|t| t.parse::<f64>().ok())
+        .filter(|f| f.is_finite())
+        .unwrap_or(0.0)
 }
 
 /// A float as Ruby's `Float#to_s` prints it (`15.54943187400022`, `2.0`, `8.0e-05`): the shortest
@@ -578,6 +595,53 @@ mod tests {
             .collect();
         let ours: Vec<String> = values.iter().map(|v| ruby_float(*v)).collect();
         assert_eq!(ours, ruby);
+    }
+
+    /// `rt` comes from Redis: a damaged one of 2 MB of digits must read in one pass (the reader tried
+    /// every prefix, from the longest, each parse reading it whole: hours on a runtime thread).
+    #[test]
+    fn a_huge_runtime_field_reads_in_one_pass() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let huge = format!("{}x", "1".repeat(2_000_000));
+            let _ = tx.send(ruby_to_f(&huge));
+        });
+        let v = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("ruby_to_f of 2 MB did not return within 60 s");
+        assert!(v == 0.0 || v.is_finite(), "{v}");
+    }
+
+    /// Ruby's `String#to_f` on what an `rt` field may hold, computed by Ruby in the same run.
+    #[test]
+    fn runtimes_read_as_ruby_reads_them() {
+        let inputs = [
+            "15.5abc",
+            "",
+            "  2.5",
+            "-3e2x",
+            ".5",
+            "5.",
+            "1e",
+            "abc",
+            "+4.25e-1z",
+            "8.0e-05",
+            "7",
+        ];
+        let quoted: Vec<String> = inputs.iter().map(|s| format!("{s:?}")).collect();
+        let out = std::process::Command::new("ruby")
+            .arg("-e")
+            .arg(format!("puts [{}].map(&:to_f)", quoted.join(",")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let ruby: Vec<f64> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        let ours: Vec<f64> = inputs.iter().map(|s| ruby_to_f(s)).collect();
+        assert_eq!(ours, ruby, "{inputs:?}");
     }
 
     #[test]
