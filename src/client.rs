@@ -493,8 +493,8 @@ impl Client {
     /// `HSETNX it-<jid> cancelled <now>`, `HGET`, `EXPIRE .. 2592000 NX`) and returns the time of the
     /// first cancel (epoch seconds), however often it is called. A running iterable job, Ruby's or
     /// Rust's, sees it at its next state flush (at most 5 s, or one item, later) or, still queued, when
-    /// it starts; a plain async job running in oxidekiq at its next heartbeat (a queued plain job is
-    /// not reached, as in Sidekiq).
+    /// it starts; a plain async job running in oxidekiq at its next heartbeat (a plain job cancelled
+    /// while queued is not skipped: it starts and is dropped at the first beat of its run).
     pub async fn cancel(&self, jid: &str) -> Result<i64> {
         crate::iterable::cancel(&mut self.conn.clone(), jid).await
     }

@@ -280,27 +280,56 @@ fn ruby_to_i(s: &str) -> u64 {
     digits.parse().unwrap_or(0)
 }
 
-/// Ruby's `String#to_f`: the longest leading float, 0.0 when none.
+/// Ruby's `String#to_f`: the longest leading float (`[+-]digits[.digits][e[+-]digits]`), 0.0 when
+/// none, found in one pass: the field comes from Redis, and may be megabytes of a damaged hash.
 fn ruby_to_f(s: &str) -> f64 {
-    let s = s.trim_start();
-    let mut end = 0;
-    for i in (1..=s.len()).rev() {
-        if s.is_char_boundary(i) && s[..i].parse::<f64>().is_ok_and(f64::is_finite) {
-            end = i;
-            break;
+    let b = s.trim_start().as_bytes();
+    let digits = |from: usize| from + b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let mut i = usize::from(matches!(b.first(), Some(b'+' | b'-')));
+    let int_end = digits(i);
+    let mut end = if int_end > i { int_end } else { 0 };
+    i = int_end;
+    if b.get(i) == Some(&b'.') {
+        let frac_end = digits(i + 1);
+        if frac_end > i + 1 || end > 0 {
+            end = frac_end;
+        }
+        i = frac_end;
+    }
+    if end > 0 && matches!(b.get(i), Some(b'e' | b'E')) {
+        let sign = usize::from(matches!(b.get(i + 1), Some(b'+' | b'-')));
+        let exp_end = digits(i + 1 + sign);
+        if exp_end > i + 1 + sign {
+            end = exp_end;
         }
     }
-    s[..end].parse().unwrap_or(0.0)
+    std::str::from_utf8(&b[..end])
+        .ok()
+        .and_then(|t| t.parse::<f64>().ok())
+        .filter(|f| f.is_finite())
+        .unwrap_or(0.0)
 }
 
-/// A float as Ruby's `Float#to_s` prints it for the values a runtime takes (`15.54943187400022`,
-/// `2.0`): the shortest text that reads back, with `.0` on whole numbers.
+/// A float as Ruby's `Float#to_s` prints it (`15.54943187400022`, `2.0`, `8.0e-05`): the shortest
+/// text that reads back, with `.0` on whole numbers, in exponent form (`<mantissa>e<sign><2+ digits>`)
+/// below 1e-4 and from 1e15 on, as Ruby switches (a run interrupted within 0.1 ms has such an `rt`).
 pub fn ruby_float(f: f64) -> String {
-    if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e16 {
-        format!("{f:.1}")
-    } else {
-        format!("{f}")
+    if !f.is_finite() {
+        return format!("{f}");
     }
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if f == 0.0 || (-4..15).contains(&exp) {
+        return if f.fract() == 0.0 {
+            format!("{f:.1}")
+        } else {
+            format!("{f}")
+        };
+    }
+    let dot = if mantissa.contains('.') { "" } else { ".0" };
+    let sign = if exp < 0 { '-' } else { '+' };
+    format!("{mantissa}{dot}e{sign}{:02}", exp.unsigned_abs())
 }
 
 /// `cancel!` (`client.rb` 61-75), the commands Ruby sends, pipelined (not a transaction).
@@ -532,6 +561,87 @@ mod tests {
         assert_eq!(ruby_to_f(""), 0.0);
         assert_eq!(ruby_to_i("3"), 3);
         assert_eq!(ruby_to_i("x"), 0);
+    }
+
+    /// `rt` byte for byte as Ruby's `Float#to_s` writes it, computed by Ruby in the same run: a run
+    /// of under 0.1 ms is `8.0e-05` in Ruby, not `0.00008`.
+    #[test]
+    fn runtimes_print_as_ruby_prints_them_at_every_magnitude() {
+        let values = [
+            0.0,
+            2.0,
+            0.5,
+            15.54943187400022,
+            0.0001,
+            0.00012345,
+            0.00008,
+            1.0e-5,
+            3.3e-7,
+            1e15,
+            1e16,
+            1.2345678901234568e17,
+        ];
+        let list: Vec<String> = values.iter().map(|v| format!("{v:e}")).collect();
+        let out = std::process::Command::new("ruby")
+            .arg("-e")
+            .arg(format!("puts [{}].map(&:to_s)", list.join(",")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let ruby: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let ours: Vec<String> = values.iter().map(|v| ruby_float(*v)).collect();
+        assert_eq!(ours, ruby);
+    }
+
+    /// `rt` comes from Redis: a damaged one of 2 MB of digits must read in one pass (the reader tried
+    /// every prefix, from the longest, each parse reading it whole: hours on a runtime thread).
+    #[test]
+    fn a_huge_runtime_field_reads_in_one_pass() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let huge = format!("{}x", "1".repeat(2_000_000));
+            let _ = tx.send(ruby_to_f(&huge));
+        });
+        let v = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("ruby_to_f of 2 MB did not return within 60 s");
+        assert!(v == 0.0 || v.is_finite(), "{v}");
+    }
+
+    /// Ruby's `String#to_f` on what an `rt` field may hold, computed by Ruby in the same run.
+    #[test]
+    fn runtimes_read_as_ruby_reads_them() {
+        let inputs = [
+            "15.5abc",
+            "",
+            "  2.5",
+            "-3e2x",
+            ".5",
+            "5.",
+            "1e",
+            "abc",
+            "+4.25e-1z",
+            "8.0e-05",
+            "7",
+        ];
+        let quoted: Vec<String> = inputs.iter().map(|s| format!("{s:?}")).collect();
+        let out = std::process::Command::new("ruby")
+            .arg("-e")
+            .arg(format!("puts [{}].map(&:to_f)", quoted.join(",")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let ruby: Vec<f64> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        let ours: Vec<f64> = inputs.iter().map(|s| ruby_to_f(s)).collect();
+        assert_eq!(ours, ruby, "{inputs:?}");
     }
 
     #[test]

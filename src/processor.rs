@@ -215,32 +215,28 @@ impl Processor {
         // the run state so that a panic's fate runs the hooks registered before it, too.
         let after = state.after.clone();
         let timeout = job_timeout(&job, entry);
-        let invoke = async {
-            match timeout {
-                None => self.invoke(&job, &queue, entry, &after).await,
-                Some(limit) => {
-                    self.invoke_with_timeout(&job, &queue, entry, &after, limit)
-                        .await
-                }
-            }
-        };
         // Sidekiq's `cancel!` reaches a plain async job through the heartbeat's check; a worker that
         // reads it itself, a synchronous one (its thread would run on) and a job refused before its
         // worker runs are left alone.
         let cancellable = entry.is_some_and(|e| !e.synchronous && !e.checks_cancel);
-        let result = match state.held().filter(|_| cancellable) {
-            None => invoke.await,
-            Some((seq, _)) => {
-                let guard = self.work.cancellable(seq, job.jid());
-                tokio::select! {
-                    r = invoke => r,
-                    _ = guard.signal.notified() => {
-                        self.cancelled(&job).await;
-                        Ok(())
-                    }
-                }
+        let guard = state
+            .held()
+            .filter(|_| cancellable)
+            .map(|(seq, _)| self.work.cancellable(seq, job.jid()));
+        // The cut (timeout, cancel) stops the worker only, inside the chain: every middleware sees its
+        // outcome and settles (locks released or renewed, limits freed) as Ruby's `ensure` would.
+        let cut = Cut {
+            timeout: timeout.filter(|_| !entry.is_some_and(|e| e.synchronous)),
+            cancel: guard.as_ref().map(|g| g.signal.clone()),
+        };
+        let result = match timeout {
+            None => self.invoke(&job, &queue, entry, &after, cut).await,
+            Some(limit) => {
+                self.invoke_with_timeout(&job, &queue, entry, &after, limit, cut)
+                    .await
             }
         };
+        drop(guard);
         if let Err(e) = &result
             && crate::otel::enabled()
             && let Some(cx) = crate::logging::current_otel()
@@ -470,25 +466,9 @@ impl Processor {
         }
     }
 
-    /// A plain job cancelled by Sidekiq's `cancel!` was dropped at its await point: it ends as done
-    /// (acknowledged, not retried, not a failure), and its mark is removed as an iterable job removes
-    /// its hash once it has honoured it.
-    async fn cancelled(&self, job: &Job) {
-        tracing::info!("cancelled (Sidekiq's cancel!): stopped at its await point, not retried");
-        let key = crate::keys::iteration(job.jid());
-        let mut conn = self.conn.clone();
-        if let Err(e) = redis::cmd("UNLINK")
-            .arg(&key)
-            .query_async::<i64>(&mut conn)
-            .await
-        {
-            tracing::warn!(error = %e, key = %key, "cannot remove the cancel mark; it expires in 30 days");
-        }
-    }
-
     /// [`Processor::invoke`] under a timeout: an async job still running after `limit` is dropped at
     /// its next await point and fails with [`crate::error::JOB_TIMEOUT`] (the retry path, Sidekiq's
-    /// backoff). A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
+    /// backoff); the cut is [`Bounded`]'s, around the worker inside the chain. A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
     /// would run on while its retry is written); it and an async job stuck in a busy loop (whose
     /// future never yields, so never sees its timeout) are reported once past the limit: one error
     /// line naming the class and jid, and `oxidekiq_jobs_past_timeout_total{class}`.
@@ -499,19 +479,13 @@ impl Processor {
         entry: Option<&crate::registry::Entry>,
         after: &AfterFate,
         limit: Duration,
+        cut: Cut,
     ) -> JobResult {
-        let synchronous = entry.is_some_and(|e| e.synchronous);
-        // An async job's cancellation fires at the limit; the watchdog waits a little longer (a loaded
-        // runtime may be late), so that only a job its cancellation could not reach is reported.
-        let grace = if synchronous {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(2)
-        };
+        let report_after = watchdog_delay(limit, entry.is_some_and(|e| e.synchronous));
         let class = job.wrapped().unwrap_or(job.class()).to_string();
         let watchdog = tokio::spawn(
             async move {
-                tokio::time::sleep(limit + grace).await;
+                tokio::time::sleep(report_after).await;
                 tracing::error!(class = %clip(&class, NAME_CHARS),
                     timeout = format_args!("{:.3}", limit.as_secs_f64()),
                     "job still running past its timeout: it runs synchronous code (a blocking worker or \
@@ -521,20 +495,7 @@ impl Processor {
             .in_current_span(),
         );
         let _watchdog = AbortOnDrop(watchdog);
-        if synchronous {
-            return self.invoke(job, queue, entry, after).await;
-        }
-        match tokio::time::timeout(limit, self.invoke(job, queue, entry, after)).await {
-            Ok(result) => result,
-            Err(_) => Err(JobError::new(
-                crate::error::JOB_TIMEOUT,
-                format!(
-                    "{} ran past its timeout of {} s and was cancelled",
-                    clip(job.worker_class(), NAME_CHARS),
-                    limit.as_secs_f64()
-                ),
-            )),
-        }
+        self.invoke(job, queue, entry, after, cut).await
     }
 
     /// Finds and runs the worker through its chain.
@@ -544,6 +505,7 @@ impl Processor {
         queue: &Arc<str>,
         entry: Option<&crate::registry::Entry>,
         after: &AfterFate,
+        cut: Cut,
     ) -> JobResult {
         // A job refused before its worker runs (no worker for its class, ActiveJob arguments that do not
         // decode) still passes the built-in until-executed stage, so its lock is settled with its fate
@@ -589,10 +551,17 @@ impl Processor {
         .with_locks(self.locks.clone())
         .with_unique_jobs(self.unique_jobs.clone());
         match (entry, refused) {
-            (Some(entry), None) => {
+            (Some(entry), None) if cut.timeout.is_none() && cut.cancel.is_none() => {
                 Next::new(&entry.chain, entry.handler.as_ref())
                     .run(&ctx)
                     .await
+            }
+            (Some(entry), None) => {
+                let bounded = Bounded {
+                    worker: entry.handler.clone(),
+                    cut,
+                };
+                Next::new(&entry.chain, &bounded).run(&ctx).await
             }
             (_, refused) => {
                 let refuse = Refuse(std::sync::Mutex::new(refused));
@@ -841,6 +810,84 @@ impl<'p> RunState<'p> {
 // Lives in the support layer so that the locks layer catches a perform's panic the same way.
 pub(crate) use crate::error::catch_unwind;
 
+/// What may stop a job's worker before it returns: its timeout (async workers only) and Sidekiq's
+/// `cancel!` (the heartbeat's signal).
+#[derive(Debug, Default)]
+struct Cut {
+    timeout: Option<Duration>,
+    cancel: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// The worker at the end of the chain under its [`Cut`]. Cutting here, not around the whole chain,
+/// lets each middleware's code after `next.run` run on a timeout or a cancel: an until-executed lock
+/// (ours or the gem's) is released or renewed by the fate, a concurrency slot is given back.
+#[derive(Debug)]
+struct Bounded {
+    worker: Arc<dyn crate::middleware::Handler>,
+    cut: Cut,
+}
+
+impl crate::middleware::Handler for Bounded {
+    fn call<'a>(&'a self, ctx: &'a JobContext) -> crate::worker::BoxFuture<'a, JobResult> {
+        Box::pin(async move {
+            let run = async {
+                let Some(limit) = self.cut.timeout else {
+                    return self.worker.call(ctx).await;
+                };
+                match tokio::time::timeout(limit, self.worker.call(ctx)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(JobError::new(
+                        crate::error::JOB_TIMEOUT,
+                        format!(
+                            "{} ran past its timeout of {} s and was cancelled",
+                            clip(ctx.job().worker_class(), NAME_CHARS),
+                            limit.as_secs_f64()
+                        ),
+                    )),
+                }
+            };
+            let Some(signal) = &self.cut.cancel else {
+                return run.await;
+            };
+            tokio::select! {
+                result = run => result,
+                _ = signal.notified() => {
+                    cancelled(ctx).await;
+                    Ok(())
+                }
+            }
+        })
+    }
+}
+
+/// A plain job cancelled by Sidekiq's `cancel!` was dropped at its await point: it ends as done
+/// (acknowledged, not retried, not a failure), and its mark is removed as an iterable job removes
+/// its hash once it has honoured it.
+async fn cancelled(ctx: &JobContext) {
+    tracing::info!("cancelled (Sidekiq's cancel!): stopped at its await point, not retried");
+    let key = crate::keys::iteration(ctx.jid());
+    if let Err(e) = redis::cmd("UNLINK")
+        .arg(&key)
+        .query_async::<i64>(&mut ctx.redis())
+        .await
+    {
+        tracing::warn!(error = %e, key = %key, "cannot remove the cancel mark; it expires in 30 days");
+    }
+}
+
+/// When the watchdog reports a job past its timeout `limit`: at the limit for a synchronous worker;
+/// for an async one, whose cancellation fires at the limit, a little later (a loaded runtime may be
+/// late), so that only a job its cancellation could not reach is reported. Saturating: a worker's
+/// `timeout` may be as long as `Duration::MAX`.
+fn watchdog_delay(limit: Duration, synchronous: bool) -> Duration {
+    let grace = if synchronous {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(2)
+    };
+    limit.saturating_add(grace)
+}
+
 /// Aborts a task when dropped: the timeout watchdog ends with the job's run, however it ends.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -920,6 +967,18 @@ mod tests_fate_writes;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker's `timeout` of `Duration::MAX` (no practical limit) must not overflow the watchdog's
+    /// delay: the overflow panicked in the watchdog task.
+    #[test]
+    fn the_watchdog_delay_of_the_longest_timeout_does_not_overflow() {
+        assert_eq!(watchdog_delay(Duration::MAX, false), Duration::MAX);
+        assert_eq!(watchdog_delay(Duration::MAX, true), Duration::MAX);
+        assert_eq!(
+            watchdog_delay(Duration::from_secs(1), false),
+            Duration::from_secs(3)
+        );
+    }
 
     #[test]
     fn oversized_objects_get_the_error_appended_and_keep_their_bytes() {

@@ -127,9 +127,22 @@ impl WorkTable {
         for (_, jid) in &rows {
             pipe.cmd("HGET").arg(keys::iteration(jid)).arg("cancelled");
         }
-        let marks: Vec<Option<String>> = pipe.query_async(conn).await?;
+        // Each read on its own: an `it-<jid>` key of another type (a key of another app, a damaged
+        // one) fails its own `HGET` only, not the check of every other running job.
+        let marks: Vec<redis::RedisResult<Option<String>>> =
+            pipe.ignore_errors().query_async(conn).await?;
         if let Ok(c) = self.cancels.lock() {
-            for ((seq, _), mark) in rows.iter().zip(marks) {
+            for ((seq, jid), mark) in rows.iter().zip(marks) {
+                let mark = match mark {
+                    Ok(mark) => mark,
+                    Err(e) => {
+                        // Loud, naming the key: a beat's line per such job while it runs (rare).
+                        tracing::warn!(key = %keys::iteration(jid), error = %e,
+                            "cannot read Sidekiq's cancel mark (the key is not a hash): this running \
+                             job cannot be cancelled");
+                        None
+                    }
+                };
                 if let (Some(_), Some((_, signal))) = (mark, c.get(seq)) {
                     signal.notify_one();
                 }

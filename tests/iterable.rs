@@ -1010,3 +1010,151 @@ async fn a_rust_process_resumes_an_iteration_sidekiq_8_interrupted() {
     assert!(!c.exists::<_, bool>(format!("it-{jid}")).unwrap());
     assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
 }
+
+/// A job stopped by Sidekiq's `cancel!` or by its timeout still settles its until-executed lock, as
+/// Ruby's `ensure` would: the cancelled job is done (lock released), the timed-out one with
+/// `retry: false` is discarded (lock released). Before the cut moved inside the chain, both locks
+/// stayed until their 600 s TTL (the middleware's settling code was dropped with the run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_or_timed_out_job_releases_its_until_executed_lock() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let h = launch(
+        config(&redis.url(), &["default"], 2),
+        registry(Walk::default()),
+    )
+    .await;
+    let (cancel_key, timeout_key) = (
+        "oxidekiq:lock:unique:NapJob:cancelled",
+        "oxidekiq:lock:unique:NapJob:timed-out",
+    );
+    // As the Rust client's `push_unique` leaves them: the lock holds the jid.
+    let _: () = c.set(cancel_key, "locked-nap").unwrap();
+    let _: () = c.set(timeout_key, "locked-timeout").unwrap();
+    push(
+        &mut c,
+        &plain(
+            "NapJob",
+            "locked-nap",
+            json!([60]),
+            json!({"unique_key": cancel_key, "unique_ttl": 600}),
+        ),
+    );
+    push(
+        &mut c,
+        &plain(
+            "NapJob",
+            "locked-timeout",
+            json!([60]),
+            json!({"unique_key": timeout_key, "unique_ttl": 600, "oxidekiq_timeout": 0.5,
+                "retry": false}),
+        ),
+    );
+    wait_for("the cancelled job running", Duration::from_secs(20), || {
+        list(&mut c, "rec-napping-locked-nap").len() == 1
+    })
+    .await;
+    // Run by the job, not by the test: the run's lock value ends with the jid.
+    let held: String = c.get(cancel_key).unwrap();
+    assert!(held.ends_with(":locked-nap"), "{held}");
+    let client = Client::new(redis.async_conn().await);
+    client.cancel("locked-nap").await.unwrap();
+    wait_for(
+        "the cancelled job's lock released",
+        Duration::from_secs(20),
+        || !c.exists::<_, bool>(cancel_key).unwrap(),
+    )
+    .await;
+    wait_for(
+        "the timed-out job's lock released",
+        Duration::from_secs(20),
+        || !c.exists::<_, bool>(timeout_key).unwrap(),
+    )
+    .await;
+    h.stop().await.unwrap();
+    assert!(list(&mut c, "rec-slept-locked-nap").is_empty());
+    assert!(list(&mut c, "rec-slept-locked-timeout").is_empty());
+    assert_eq!(c.zcard::<_, i64>("retry").unwrap(), 0);
+    assert_eq!(c.zcard::<_, i64>("dead").unwrap(), 0);
+}
+
+/// An `it-<jid>` key of the wrong type (a key of another app named so, or damaged) for one running
+/// plain job must not blind the heartbeat's cancel check for the others: before, the pipelined
+/// `HGET`s failed as a whole on its `WRONGTYPE`, every beat, and no running job could be cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_cancel_key_of_one_job_does_not_hide_the_cancel_of_another() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.set("it-damaged", "not a hash").unwrap();
+    let h = launch(
+        config(&redis.url(), &["default"], 2),
+        registry(Walk::default()),
+    )
+    .await;
+    push(&mut c, &plain("NapJob", "damaged", json!([60]), json!({})));
+    push(
+        &mut c,
+        &plain("NapJob", "cancelled", json!([60]), json!({})),
+    );
+    wait_for("both running", Duration::from_secs(20), || {
+        list(&mut c, "rec-napping-damaged").len() == 1
+            && list(&mut c, "rec-napping-cancelled").len() == 1
+    })
+    .await;
+    let client = Client::new(redis.async_conn().await);
+    client.cancel("cancelled").await.unwrap();
+    wait_for(
+        "the cancelled job acknowledged",
+        Duration::from_secs(20),
+        || !c.exists::<_, bool>("it-cancelled").unwrap(),
+    )
+    .await;
+    h.stop().await.unwrap();
+    assert!(
+        list(&mut c, "rec-slept-cancelled").is_empty(),
+        "it was stopped"
+    );
+    let kind: String = redis::cmd("TYPE").arg("it-damaged").query(&mut c).unwrap();
+    assert_eq!(kind, "string", "the key we do not own is left alone");
+}
+
+/// Under basic fetch (no working copy) a stop mid-iteration pushes the job back once, at its cursor, and
+/// the next process resumes it there: the requeue is at least once there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_basic_fetch_a_stop_mid_iteration_pushes_back_and_the_next_run_resumes() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let jid = "0000000000000000000b0002";
+    let n = 12;
+    push(&mut c, &walk_payload(jid, json!([n, {"sleep": 0.2}])));
+    let basic = |url: &str| oxidekiq::Config {
+        fetch: oxidekiq::config::FetchMode::BASIC,
+        ..config(url, &["default"], 2)
+    };
+    let first = launch(basic(&redis.url()), registry(Walk::default())).await;
+    wait_for("three items", Duration::from_secs(30), || {
+        seen(&mut c, jid).len() >= 3
+    })
+    .await;
+    first.stop().await.unwrap();
+    let queued: Vec<String> = c.lrange("queue:default", 0, -1).unwrap();
+    assert_eq!(queued.len(), 1, "pushed back once: {queued:?}");
+    let cursor: String = c.hget(format!("it-{jid}"), "c").unwrap();
+    let walked = seen(&mut c, jid).len();
+    let second = launch(basic(&redis.url()), registry(Walk::default())).await;
+    wait_for("completed", Duration::from_secs(30), || {
+        !c.exists::<_, bool>(format!("it-{jid}")).unwrap()
+    })
+    .await;
+    second.stop().await.unwrap();
+    let all = seen(&mut c, jid);
+    let items: Vec<u64> = all.iter().map(|s| s.1).collect();
+    let mut distinct = items.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct, (0..n).collect::<Vec<u64>>(), "{all:?}");
+    // The second run starts at the flushed cursor: at most the item in progress repeats.
+    assert_eq!(all[walked].1.to_string(), cursor, "{all:?}");
+    assert!(items.len() <= n as usize + 1, "{all:?}");
+    assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
+}

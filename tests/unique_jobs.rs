@@ -971,3 +971,58 @@ fn while_job(jid: &str, digest: &str, lock_timeout: Value) -> Value {
            "retry": true, "lock": "while_executing", "lock_digest": digest,
            "lock_timeout": lock_timeout, "lock_ttl": null})
 }
+
+/// A job cancelled by Sidekiq's `cancel!` while it runs is done, so an `until_executed` job leaves the
+/// gem's keys as after a success, for each gem version (issue 31 review): before the cancel stopped the
+/// worker inside the chain, the gem's stage was dropped with it and its lock stayed until expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_until_executed_job_leaves_the_keys_of_a_success() {
+    let redis = RedisServer::start();
+    let mut failures = Vec::new();
+    for (folder, gem) in VERSIONS {
+        let doc = recording(&format!("{folder}/until_executed.success.json"));
+        let (push, run) = (phase(&doc, "push", 0), phase(&doc, "run", 0));
+        let mut c = redis.async_conn().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let want = expected(run["keys_after"].as_object().unwrap());
+        let config = oxidekiq::config::Config {
+            unique_jobs_gem: Some(gem),
+            ..support::config(&redis.url(), &["default"], 2)
+        };
+        let handle = support::launch(config, registry()).await;
+        // `[3, ..]`: the job runs until `test:release` (never set here), at most 20 s.
+        seed(
+            &mut c,
+            push["keys_after"].as_object().unwrap(),
+            Some(json!([3, "a"])),
+        )
+        .await;
+        let started = tokio::time::Instant::now();
+        let jid = loop {
+            let performed: Vec<String> = c.lrange("test:performed", 0, -1).await.unwrap();
+            if let Some(jid) = performed.first() {
+                break jid.clone();
+            }
+            assert!(started.elapsed() < Duration::from_secs(15), "never ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let client = oxidekiq::Client::new(redis.async_conn().await);
+        client.cancel(&jid).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut diff;
+        loop {
+            let mut got = snapshot(&mut c).await;
+            without_per_push_options(&mut got, &want);
+            diff = differences(&want, &got);
+            if diff.is_empty() || tokio::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        handle.stop().await.unwrap();
+        if !diff.is_empty() {
+            failures.push(format!("{folder} (gem {gem:?}):\n{}", diff.join("\n")));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

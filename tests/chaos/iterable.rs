@@ -173,10 +173,12 @@ pub fn check(c: &mut redis::Connection, jobs: &[IterJob]) -> (String, Vec<String
         let completions = done.get(&j.jid).copied().unwrap_or(0);
         let left: bool = c.exists(format!("it-{}", j.jid)).unwrap();
         if completions != 1 || left {
+            let state: HashMap<String, String> = c.hgetall(format!("it-{}", j.jid)).unwrap();
             findings.push(format!(
-                "ITERABLE NOT COMPLETED ONCE: {} completed {completions} time(s), it- hash left: {left}, \
-                 runs {runs:?}",
-                j.jid
+                "ITERABLE NOT COMPLETED ONCE: {} completed {completions} time(s), it- hash left: {left} \
+                 {state:?}, runs {runs:?}, stops {stops:?}, found in: {:?}",
+                j.jid,
+                places_of(c, &j.jid)
             ));
         }
     }
@@ -184,4 +186,26 @@ pub fn check(c: &mut redis::Connection, jobs: &[IterJob]) -> (String, Vec<String
         format!("iter={}/{items}/{runs_total}/{stops_total}", jobs.len()),
         findings,
     )
+}
+
+/// Every key holding a member, element or field that names `jid` (queues of any name, the sorted
+/// sets, oxidekiq's working hashes and landing lists): where a job not completed is, so that a
+/// failure tells a lost job from one left where the drain did not look.
+fn places_of(c: &mut redis::Connection, jid: &str) -> Vec<String> {
+    let needle = format!("\"jid\":\"{jid}\"");
+    let mut places = Vec::new();
+    let keys: Vec<String> = c.keys("*").unwrap();
+    for k in keys {
+        let kind: String = redis::cmd("TYPE").arg(&k).query(c).unwrap();
+        let items: Vec<String> = match kind.as_str() {
+            "list" => c.lrange(&k, 0, -1).unwrap(),
+            "zset" => c.zrange(&k, 0, -1).unwrap(),
+            "hash" if k.starts_with("oxidekiq:") => c.hvals(&k).unwrap(),
+            _ => Vec::new(),
+        };
+        if items.iter().any(|m| m.contains(&needle)) {
+            places.push(k);
+        }
+    }
+    places
 }
