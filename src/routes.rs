@@ -32,6 +32,8 @@ pub(crate) struct RolledBack {
     conn: Conn,
     /// The last answer and when it was read (`None`: never).
     cache: Mutex<(Option<Instant>, Arc<HashSet<String>>)>,
+    /// Whether the last read failed for an outage (Redis unreachable), not for a damaged table.
+    unreachable: std::sync::atomic::AtomicBool,
 }
 
 impl RolledBack {
@@ -40,6 +42,7 @@ impl RolledBack {
         Arc::new(RolledBack {
             conn,
             cache: Mutex::new((None, Arc::default())),
+            unreachable: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -54,6 +57,8 @@ impl RolledBack {
         }
         match read(&mut self.conn.clone()).await {
             Ok(fresh) => {
+                self.unreachable
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 let fresh = Arc::new(fresh);
                 if let Ok(mut c) = self.cache.lock() {
                     *c = (Some(Instant::now()), fresh.clone());
@@ -61,10 +66,14 @@ impl RolledBack {
                 fresh
             }
             Err(e) if e.is_outage() => {
+                self.unreachable
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(error = %e, key = keys::ROUTES, "cannot read the route table; using the last answer");
                 last
             }
             Err(e) => {
+                self.unreachable
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 // A damaged table hides every roll back: loud, as any damaged key of ours.
                 tracing::error!(error = %e, key = keys::ROUTES,
                     "cannot read the route table (not a hash?): no class counts as rolled back until it is \
@@ -77,9 +86,30 @@ impl RolledBack {
     /// Where a job of `class` headed for `queue` goes instead: the Ruby twin of a `_rust` queue when
     /// the class is rolled back; `None` when it goes where it was headed. Costs nothing (no read) for
     /// a queue that is not a `_rust` one.
+    ///
+    /// While Redis cannot be reached and the last answer is older than [`REFRESH`], it waits for a
+    /// fresh one instead of trusting the stale one: a `route CLASS 0` made since must stop every new
+    /// Rust run of the class (the chaos test saw a job fetched before a Redis pause start after the
+    /// roll back, its process's read timing out). The job waits in flight, where the stop's push-back
+    /// finds it; without Redis it could not write its fate anyway.
     pub(crate) async fn redirect(&self, queue: &str, class: &str) -> Option<String> {
         base_of(queue)?;
-        redirect(&*self.classes(REFRESH).await, queue, class)
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let classes = self.classes(REFRESH).await;
+            let fresh = match self.cache.lock() {
+                Ok(c) => c.0.is_some_and(|t| t.elapsed() < REFRESH),
+                Err(poisoned) => poisoned
+                    .into_inner()
+                    .0
+                    .is_some_and(|t| t.elapsed() < REFRESH),
+            };
+            if fresh || !self.unreachable.load(std::sync::atomic::Ordering::Relaxed) {
+                return redirect(&classes, queue, class);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
     }
 }
 
@@ -187,6 +217,40 @@ mod tests {
         let rolled_back = RolledBack::new(redis.async_conn().await);
         let rust = rolled_back.classes(Duration::ZERO).await;
         assert_eq!(*rust, ruby, "rolled back in Rust vs in the Ruby router");
+    }
+
+    /// A roll back made while this process's answer was fresh, then Redis unreachable when the answer
+    /// is stale (a `CLIENT PAUSE` longer than the connection's 5 s response timeout): the job must wait
+    /// for a fresh answer, not start on the stale one. It failed before: the stale answer (no roll
+    /// back) came back after the timeout, and the class ran in Rust after `route CLASS 0`.
+    #[tokio::test]
+    async fn a_stale_answer_is_not_trusted_while_redis_is_unreachable() {
+        let redis = crate::test_support::RedisServer::start();
+        let rolled_back = RolledBack::new(redis.async_conn().await);
+        assert!(rolled_back.redirect("default_rust", "Gone").await.is_none());
+        let _: () = redis::cmd("HSET")
+            .arg(keys::ROUTES)
+            .arg("Gone")
+            .arg("0")
+            .query(&mut redis.conn())
+            .unwrap();
+        if let Ok(mut c) = rolled_back.cache.lock() {
+            c.0 = Instant::now().checked_sub(REFRESH * 2);
+        }
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(7000)
+            .arg("ALL")
+            .query(&mut redis.conn())
+            .unwrap();
+        assert_eq!(
+            rolled_back
+                .redirect("default_rust", "Gone")
+                .await
+                .as_deref(),
+            Some("default"),
+            "a job of a class rolled back started on a stale answer"
+        );
     }
 
     #[test]
