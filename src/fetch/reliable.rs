@@ -188,6 +188,20 @@ struct Batch {
     /// Jobs handed out from it and not yet acknowledged or pushed back; at 0 the list and its acks set
     /// are deleted.
     left: usize,
+    /// By place: whether the job was counted done. A place is counted once however often it is settled
+    /// (a push-back retried whole after a later batch failed, an ack sent twice): counting it again
+    /// would delete the list under a job still running.
+    settled: Vec<bool>,
+}
+
+impl Batch {
+    /// How many of `places` are not yet counted done.
+    fn unsettled(&self, places: &[u64]) -> usize {
+        places
+            .iter()
+            .filter(|p| self.settled.get(**p as usize) == Some(&false))
+            .count()
+    }
 }
 
 /// The batch lists this process holds: those with jobs handed out, and those a fetch may have filled
@@ -344,13 +358,16 @@ impl Reliable {
             return;
         }
         if let Ok(mut h) = self.held.lock() {
-            let b = h.open.entry(batch).or_insert(Batch {
-                key,
-                acks,
-                queue,
-                left: 0,
-            });
-            b.left += count;
+            h.open.insert(
+                batch,
+                Batch {
+                    key,
+                    acks,
+                    queue,
+                    left: count,
+                    settled: vec![false; count],
+                },
+            );
         }
     }
 
@@ -571,16 +588,24 @@ impl Reliable {
         }
         for (_, places) in &mut out {
             places.sort_unstable();
+            places.dedup();
         }
         out
     }
 
     /// Counts `places` of `batch` as done once Redis has them; a batch with nothing left is forgotten,
     /// its keys returned for deletion.
-    fn settle(&self, batch: u64, places: usize) -> Option<(String, String)> {
+    fn settle(&self, batch: u64, places: &[u64]) -> Option<(String, String)> {
         let mut h = self.held.lock().ok()?;
         let b = h.open.get_mut(&batch)?;
-        b.left = b.left.saturating_sub(places);
+        for p in places {
+            if let Some(s) = b.settled.get_mut(*p as usize)
+                && !*s
+            {
+                *s = true;
+                b.left = b.left.saturating_sub(1);
+            }
+        }
         if b.left > 0 {
             return None;
         }
@@ -603,7 +628,7 @@ impl Reliable {
                 let Some(b) = h.open.get(batch) else {
                     continue;
                 };
-                if b.left <= places.len() {
+                if b.left <= b.unsettled(places) {
                     pipe.del(&[&b.key, &b.acks]).ignore();
                     deleted.push(*batch);
                 } else {
@@ -614,7 +639,7 @@ impl Reliable {
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
         let mut emptied = Vec::new();
         for (batch, places) in &groups {
-            if let Some(keys) = self.settle(*batch, places.len())
+            if let Some(keys) = self.settle(*batch, places)
                 && !deleted.contains(batch)
             {
                 emptied.push(keys);
@@ -657,7 +682,7 @@ impl Reliable {
             let (n, err) = push_back(&mut conn, &key, &acks, &queue, &places).await?;
             moved += n;
             if err.is_empty() {
-                if let Some(keys) = self.settle(batch, places.len()) {
+                if let Some(keys) = self.settle(batch, &places) {
                     emptied.push(keys);
                 }
             } else {

@@ -714,3 +714,35 @@ async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
     assert!(!c.exists::<_, bool>(&stray).unwrap());
     assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
 }
+
+/// A push-back retried whole (`with_retries` after a later batch's call failed) and an ack sent twice
+/// count each job once: a batch list is deleted only when every job it handed out is done, never while
+/// one is still running (whose fate write would then find it gone and write nothing, and whose process
+/// dying would leave nothing to recover).
+#[tokio::test]
+async fn a_retried_push_back_or_a_repeated_ack_never_deletes_a_list_with_a_running_job() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 3);
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.retrieve_work(3).await.unwrap();
+    assert_eq!(got.len(), 3);
+    // got[0] runs; the two others go back, and the push-back is sent again.
+    assert_eq!(f.bulk_requeue(&got[1..]).await.unwrap(), 2);
+    assert_eq!(f.bulk_requeue(&got[1..]).await.unwrap(), 0);
+    assert_eq!(f.outstanding(), 1);
+    assert_eq!(held_jids(&mut c, ME), ["a0"], "the running job stays held");
+    f.acknowledge(&got[..1]).await.unwrap();
+    assert_eq!(f.outstanding(), 0);
+    assert!(held_jids(&mut c, ME).is_empty());
+
+    fill(&mut c, "b", 3);
+    let f = fetcher(&redis, &["b"], ME).await;
+    let got = f.retrieve_work(3).await.unwrap();
+    assert_eq!(got.len(), 3);
+    for _ in 0..3 {
+        f.acknowledge(&got[..1]).await.unwrap();
+    }
+    assert_eq!(f.outstanding(), 2);
+    assert_eq!(held_jids(&mut c, ME), ["b1", "b2"]);
+}
