@@ -764,7 +764,15 @@ impl Reliable {
     /// Pushes back the lists of fetches whose reply never came (nothing in them was handed out), and
     /// any other list of this process that it does not know ([`Reliable::strays`]).
     async fn reconcile_now(&self) -> Result<u64> {
-        let strays = self.strays().await?;
+        // A SCAN that fails (an ACL refusing it, managed Redis often does) must not keep the lists this
+        // process knows are lost from going back: it is reported with the rest.
+        let (strays, scan_error) = match self.strays().await {
+            Ok(s) => (s, None),
+            Err(e) => (
+                Vec::new(),
+                Some(format!("looking for stray batch lists: {e}")),
+            ),
+        };
         let mut lost = match self.held.lock() {
             Ok(mut h) => std::mem::take(&mut h.lost),
             Err(_) => return Err(poisoned()),
@@ -774,10 +782,8 @@ impl Reliable {
                 lost.push(s);
             }
         }
-        if lost.is_empty() {
-            return Ok(0);
-        }
-        let (moved, kept, errors) = self.move_back(lost).await;
+        let (moved, kept, mut errors) = self.move_back(lost).await;
+        errors.extend(scan_error);
         if let Ok(mut h) = self.held.lock() {
             h.lost.extend(kept);
         }

@@ -20,6 +20,23 @@ use serde_json::Value;
 /// An identity in the `host:pid:hex` shape recovery parses.
 const ME: &str = "testhost:1:aaaa";
 
+/// A fetch of queue `a` whose reply never comes: cut short while Redis holds writes (`CLIENT PAUSE`),
+/// then run by Redis once the pause ends, so its jobs sit in a batch list recorded as lost.
+async fn lose_a_fetch(c: &mut redis::Connection, f: &Reliable) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("WRITE")
+        .query(c)
+        .unwrap();
+    let lost = tokio::time::timeout(Duration::from_millis(300), f.retrieve_work(10)).await;
+    assert!(lost.is_err(), "the fetch waited for the pause");
+    let ran = support::wait_until(Duration::from_secs(10), || {
+        c.llen::<_, usize>("queue:a").unwrap() == 0
+    });
+    assert!(ran, "the fetch ran once the pause ended");
+}
+
 fn queues(names: &[&str]) -> Vec<QueueWeight> {
     names
         .iter()
@@ -398,18 +415,7 @@ async fn reconcile_pushes_back_only_entries_never_handed_out() {
     let f = fetcher(&redis, &["a"], ME).await;
     let got = f.retrieve_work(2).await.unwrap();
     assert_eq!(got.len(), 2);
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1000)
-        .arg("WRITE")
-        .query(&mut c)
-        .unwrap();
-    let lost = tokio::time::timeout(Duration::from_millis(300), f.retrieve_work(10)).await;
-    assert!(lost.is_err(), "the fetch waited for the pause");
-    let ran = support::wait_until(Duration::from_secs(10), || {
-        c.llen::<_, usize>("queue:a").unwrap() == 0
-    });
-    assert!(ran, "the fetch ran once the pause ended");
+    lose_a_fetch(&mut c, &f).await;
     assert_eq!(held_jids(&mut c, ME), ["a0", "a1", "a2"]);
     assert_eq!(f.reconcile().await.unwrap(), 1);
     assert_eq!(list_jids(&mut c, "queue:a"), ["a2"]);
@@ -745,4 +751,49 @@ async fn a_retried_push_back_or_a_repeated_ack_never_deletes_a_list_with_a_runni
     }
     assert_eq!(f.outstanding(), 2);
     assert_eq!(held_jids(&mut c, ME), ["b1", "b2"]);
+}
+
+/// A Redis whose ACL refuses `SCAN` (managed Redis often does) still gets back the jobs of a fetch whose
+/// reply was lost: the look for stray lists fails loudly, and the lists this process knows are lost go
+/// back all the same.
+#[tokio::test]
+async fn a_refused_scan_does_not_keep_a_lost_fetch_from_being_pushed_back() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noscan")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-scan")
+        .query(&mut c)
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://noscan:pw@", 1);
+    let client = redis::Client::open(url).unwrap();
+    let conn = redis_conn::connect(&client).await.unwrap();
+    let blocking = redis_conn::connect_blocking(&client, Duration::from_millis(200))
+        .await
+        .unwrap();
+    let f = Reliable::new(
+        &queues(&["a"]),
+        ME,
+        conn,
+        blocking,
+        Duration::from_millis(200),
+    );
+    // Loads the fetch script (the lost fetch below must find it).
+    assert!(f.retrieve_work(10).await.unwrap().is_empty());
+    fill(&mut c, "a", 2);
+    lose_a_fetch(&mut c, &f).await;
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
+    let r = f.reconcile().await;
+    assert!(r.is_err(), "the refused SCAN is reported: {r:?}");
+    assert!(
+        held_jids(&mut c, ME).is_empty(),
+        "the lost fetch's jobs went back"
+    );
+    assert_eq!(list_jids(&mut c, "queue:a"), ["a1", "a0"]);
 }
