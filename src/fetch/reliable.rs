@@ -44,7 +44,8 @@ use crate::time::{self, score};
 /// pipeline. No payload enters Lua (Lua hashes every byte of every string it is handed):
 /// `SORT <source> BY nosort LIMIT .. STORE <batch list>` copies the jobs inside Redis, and `MEMORY USAGE`
 /// of the copy bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes (0: no
-/// limit), or pass the batch budget ARGV[3], is it undone and the source read job by job as before: such
+/// limit), or pass the batch budget ARGV[3] (or when an ACL refuses `SORT` or `MEMORY`), is it undone
+/// and the source read job by job as before: such
 /// a job goes straight to the dead set, annotated with an error naming this fetch (ARGV[4], the
 /// process's identity and the batch number) and the job's place in it, so identical payloads stay
 /// distinct members (score ARGV[5], `failed_at` text ARGV[6], trimmed by ARGV[7] and ARGV[8]), and the
@@ -85,8 +86,14 @@ for i = 1, ns do
   if k > 0 then
     -- The copy, then its size: every job in it is at most the copy's size, so a copy within the limit
     -- (and the budget) holds no job over the limit.
-    redis.call('SORT', src, 'BY', 'nosort', 'LIMIT', n - k, k, 'STORE', dest)
-    local mem = redis.call('MEMORY', 'USAGE', dest, 'SAMPLES', 0) or 0
+    -- A SORT or MEMORY refused (an ACL: SORT is @dangerous) must neither stop the fetch nor abort the
+    -- script with the copy made and the source untrimmed (a push-back of that copy would queue every
+    -- job twice): the copy is undone and the source read job by job below, sizes measured in Lua.
+    local mem = cap + 1
+    if not failed(redis.pcall('SORT', src, 'BY', 'nosort', 'LIMIT', n - k, k, 'STORE', dest)) then
+      mem = redis.pcall('MEMORY', 'USAGE', dest, 'SAMPLES', 0) or 0
+      if failed(mem) then mem = cap + 1 end
+    end
     if mem <= cap and bytes + mem <= budget then
       fast = true
       done = k
