@@ -772,13 +772,16 @@ impl Reliable {
     /// any other list of this process that it does not know ([`Reliable::strays`]).
     async fn reconcile_now(&self) -> Result<u64> {
         // A SCAN that fails (an ACL refusing it, managed Redis often does) must not keep the lists this
-        // process knows are lost from going back: it is reported with the rest.
-        let (strays, scan_error) = match self.strays().await {
-            Ok(s) => (s, None),
-            Err(e) => (
-                Vec::new(),
-                Some(format!("looking for stray batch lists: {e}")),
-            ),
+        // process knows are lost from going back, nor fail the sweep it is part of (the quiet sweep would
+        // then leave its unstarted jobs held, and every stop would call itself cut short): the look for
+        // strays is an extra, its failure logged here.
+        let strays = match self.strays().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, pattern = %format!("{}*", self.working_prefix),
+                    "cannot SCAN for this process's stray batch lists; only the ones it knows are pushed back");
+                Vec::new()
+            }
         };
         let mut lost = match self.held.lock() {
             Ok(mut h) => std::mem::take(&mut h.lost),
@@ -789,8 +792,7 @@ impl Reliable {
                 lost.push(s);
             }
         }
-        let (moved, kept, mut errors) = self.move_back(lost).await;
-        errors.extend(scan_error);
+        let (moved, kept, errors) = self.move_back(lost).await;
         if let Ok(mut h) = self.held.lock() {
             h.lost.extend(kept);
         }

@@ -786,8 +786,8 @@ async fn a_retried_push_back_or_a_repeated_ack_never_deletes_a_list_with_a_runni
 }
 
 /// A Redis whose ACL refuses `SCAN` (managed Redis often does) still gets back the jobs of a fetch whose
-/// reply was lost: the look for stray lists fails loudly, and the lists this process knows are lost go
-/// back all the same.
+/// reply was lost: the look for stray lists fails (logged at error level), and the lists this process
+/// knows are lost go back all the same, the sweep not failed by it.
 #[tokio::test]
 async fn a_refused_scan_does_not_keep_a_lost_fetch_from_being_pushed_back() {
     let redis = support::RedisServer::start();
@@ -798,8 +798,11 @@ async fn a_refused_scan_does_not_keep_a_lost_fetch_from_being_pushed_back() {
     fill(&mut c, "a", 2);
     lose_a_fetch(&mut c, &f).await;
     assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
-    let r = f.reconcile().await;
-    assert!(r.is_err(), "the refused SCAN is reported: {r:?}");
+    assert_eq!(
+        f.reconcile().await.unwrap(),
+        2,
+        "the sweep is not failed by the SCAN"
+    );
     assert!(
         held_jids(&mut c, ME).is_empty(),
         "the lost fetch's jobs went back"
