@@ -709,7 +709,7 @@ impl Reliable {
     async fn move_back(
         &self,
         lists: Vec<(String, String, Arc<str>)>,
-    ) -> (u64, Vec<(String, String, Arc<str>)>, Vec<String>) {
+    ) -> (u64, Vec<(String, String, Arc<str>)>, Vec<crate::Error>) {
         let mut conn = self.conn.clone();
         let script = Script::new(MOVE_BACK_LUA);
         let (mut moved, mut kept, mut errors) = (0, Vec::new(), Vec::new());
@@ -724,12 +724,16 @@ impl Reliable {
                 Ok((m, err)) => {
                     moved += m;
                     if !err.is_empty() {
-                        errors.push(err);
+                        errors.push(script_error(err));
                         kept.push(list);
                     }
                 }
                 Err(e) => {
-                    errors.push(format!("{}: {e}", list.0));
+                    // Kept as Redis's error: a lost connection must stay an outage, which the sweeps
+                    // retry (flattened into a message it read as a wrong-type key, and the quiet sweep
+                    // gave up at once).
+                    tracing::warn!(key = %list.0, error = %e, "could not push back a list");
+                    errors.push(e.into());
                     kept.push(list);
                 }
             }
@@ -796,11 +800,7 @@ impl Reliable {
         if let Ok(mut h) = self.held.lock() {
             h.lost.extend(kept);
         }
-        if errors.is_empty() {
-            Ok(moved)
-        } else {
-            Err(script_error(errors.join("; ")))
-        }
+        sweep_result(moved, errors)
     }
 
     /// The landing lists, the lists of fetches whose reply never came, then (with `everything`) every job
@@ -817,7 +817,7 @@ impl Reliable {
         let (mut moved, _, mut errors) = self.move_back(landing).await;
         match self.reconcile_now().await {
             Ok(n) => moved += n,
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
         if everything {
             let open: Vec<_> = match self.held.lock() {
@@ -836,11 +836,24 @@ impl Reliable {
                 h.lost.extend(kept);
             }
         }
-        if errors.is_empty() {
-            Ok(moved)
-        } else {
-            Err(script_error(errors.join("; ")))
-        }
+        sweep_result(moved, errors)
+    }
+}
+
+/// A sweep's outcome: `moved` when nothing failed; else the first outage among `errors` (so the sweep
+/// is retried), or all of them as one error.
+fn sweep_result(moved: u64, errors: Vec<crate::Error>) -> Result<u64> {
+    if errors.is_empty() {
+        return Ok(moved);
+    }
+    let joined = errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ");
+    match errors.into_iter().find(|e| e.is_outage()) {
+        Some(outage) => Err(outage),
+        None => Err(script_error(joined)),
     }
 }
 

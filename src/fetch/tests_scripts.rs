@@ -840,3 +840,23 @@ async fn a_refused_memory_usage_or_sort_neither_stops_the_fetch_nor_copies_jobs(
         );
     }
 }
+
+/// A sweep that loses its connection (Redis gone, a `CLIENT KILL`) reports an outage, which the quiet
+/// and stop sweeps retry, never a failure that will not mend: the quiet sweep gave up at once on a broken
+/// pipe and left the jobs it took from the feed held until the stop (chaos seed 312: QUIET STRAND).
+#[tokio::test]
+async fn a_sweep_cut_off_from_redis_reports_an_outage() {
+    let redis = support::RedisServer::start();
+    let f = fetcher(&redis, &["a", "b"], ME).await;
+    let killed = std::process::Command::new("kill")
+        .arg("-9")
+        .arg(redis.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(200));
+    for everything in [false, true] {
+        let e = f.requeue_leftovers(everything).await.unwrap_err();
+        assert!(e.is_outage(), "everything={everything}: {e}");
+    }
+}
