@@ -44,7 +44,8 @@ use crate::time::{self, score};
 /// pipeline. No payload enters Lua (Lua hashes every byte of every string it is handed):
 /// `SORT <source> BY nosort LIMIT .. STORE <batch list>` copies the jobs inside Redis, and `MEMORY USAGE`
 /// of the copy bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes (0: no
-/// limit), or pass the batch budget ARGV[3], is it undone and the source read job by job as before: such
+/// limit), or pass the batch budget ARGV[3] (or when an ACL refuses `SORT` or `MEMORY`), is it undone
+/// and the source read job by job as before: such
 /// a job goes straight to the dead set, annotated with an error naming this fetch (ARGV[4], the
 /// process's identity and the batch number) and the job's place in it, so identical payloads stay
 /// distinct members (score ARGV[5], `failed_at` text ARGV[6], trimmed by ARGV[7] and ARGV[8]), and the
@@ -85,8 +86,14 @@ for i = 1, ns do
   if k > 0 then
     -- The copy, then its size: every job in it is at most the copy's size, so a copy within the limit
     -- (and the budget) holds no job over the limit.
-    redis.call('SORT', src, 'BY', 'nosort', 'LIMIT', n - k, k, 'STORE', dest)
-    local mem = redis.call('MEMORY', 'USAGE', dest, 'SAMPLES', 0) or 0
+    -- A SORT or MEMORY refused (an ACL: SORT is @dangerous) must neither stop the fetch nor abort the
+    -- script with the copy made and the source untrimmed (a push-back of that copy would queue every
+    -- job twice): the copy is undone and the source read job by job below, sizes measured in Lua.
+    local mem = cap + 1
+    if not failed(redis.pcall('SORT', src, 'BY', 'nosort', 'LIMIT', n - k, k, 'STORE', dest)) then
+      mem = redis.pcall('MEMORY', 'USAGE', dest, 'SAMPLES', 0) or 0
+      if failed(mem) then mem = cap + 1 end
+    end
     if mem <= cap and bytes + mem <= budget then
       fast = true
       done = k
@@ -188,6 +195,20 @@ struct Batch {
     /// Jobs handed out from it and not yet acknowledged or pushed back; at 0 the list and its acks set
     /// are deleted.
     left: usize,
+    /// By place: whether the job was counted done. A place is counted once however often it is settled
+    /// (a push-back retried whole after a later batch failed, an ack sent twice): counting it again
+    /// would delete the list under a job still running.
+    settled: Vec<bool>,
+}
+
+impl Batch {
+    /// How many of `places` are not yet counted done.
+    fn unsettled(&self, places: &[u64]) -> usize {
+        places
+            .iter()
+            .filter(|p| self.settled.get(**p as usize) == Some(&false))
+            .count()
+    }
 }
 
 /// The batch lists this process holds: those with jobs handed out, and those a fetch may have filled
@@ -344,13 +365,16 @@ impl Reliable {
             return;
         }
         if let Ok(mut h) = self.held.lock() {
-            let b = h.open.entry(batch).or_insert(Batch {
-                key,
-                acks,
-                queue,
-                left: 0,
-            });
-            b.left += count;
+            h.open.insert(
+                batch,
+                Batch {
+                    key,
+                    acks,
+                    queue,
+                    left: count,
+                    settled: vec![false; count],
+                },
+            );
         }
     }
 
@@ -571,16 +595,24 @@ impl Reliable {
         }
         for (_, places) in &mut out {
             places.sort_unstable();
+            places.dedup();
         }
         out
     }
 
     /// Counts `places` of `batch` as done once Redis has them; a batch with nothing left is forgotten,
     /// its keys returned for deletion.
-    fn settle(&self, batch: u64, places: usize) -> Option<(String, String)> {
+    fn settle(&self, batch: u64, places: &[u64]) -> Option<(String, String)> {
         let mut h = self.held.lock().ok()?;
         let b = h.open.get_mut(&batch)?;
-        b.left = b.left.saturating_sub(places);
+        for p in places {
+            if let Some(s) = b.settled.get_mut(*p as usize)
+                && !*s
+            {
+                *s = true;
+                b.left = b.left.saturating_sub(1);
+            }
+        }
         if b.left > 0 {
             return None;
         }
@@ -603,7 +635,7 @@ impl Reliable {
                 let Some(b) = h.open.get(batch) else {
                     continue;
                 };
-                if b.left <= places.len() {
+                if b.left <= b.unsettled(places) {
                     pipe.del(&[&b.key, &b.acks]).ignore();
                     deleted.push(*batch);
                 } else {
@@ -614,7 +646,7 @@ impl Reliable {
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
         let mut emptied = Vec::new();
         for (batch, places) in &groups {
-            if let Some(keys) = self.settle(*batch, places.len())
+            if let Some(keys) = self.settle(*batch, places)
                 && !deleted.contains(batch)
             {
                 emptied.push(keys);
@@ -657,7 +689,7 @@ impl Reliable {
             let (n, err) = push_back(&mut conn, &key, &acks, &queue, &places).await?;
             moved += n;
             if err.is_empty() {
-                if let Some(keys) = self.settle(batch, places.len()) {
+                if let Some(keys) = self.settle(batch, &places) {
                     emptied.push(keys);
                 }
             } else {
@@ -677,7 +709,7 @@ impl Reliable {
     async fn move_back(
         &self,
         lists: Vec<(String, String, Arc<str>)>,
-    ) -> (u64, Vec<(String, String, Arc<str>)>, Vec<String>) {
+    ) -> (u64, Vec<(String, String, Arc<str>)>, Vec<crate::Error>) {
         let mut conn = self.conn.clone();
         let script = Script::new(MOVE_BACK_LUA);
         let (mut moved, mut kept, mut errors) = (0, Vec::new(), Vec::new());
@@ -692,12 +724,16 @@ impl Reliable {
                 Ok((m, err)) => {
                     moved += m;
                     if !err.is_empty() {
-                        errors.push(err);
+                        errors.push(script_error(err));
                         kept.push(list);
                     }
                 }
                 Err(e) => {
-                    errors.push(format!("{}: {e}", list.0));
+                    // Kept as Redis's error: a lost connection must stay an outage, which the sweeps
+                    // retry (flattened into a message it read as a wrong-type key, and the quiet sweep
+                    // gave up at once).
+                    tracing::warn!(key = %list.0, error = %e, "could not push back a list");
+                    errors.push(e.into());
                     kept.push(list);
                 }
             }
@@ -739,7 +775,18 @@ impl Reliable {
     /// Pushes back the lists of fetches whose reply never came (nothing in them was handed out), and
     /// any other list of this process that it does not know ([`Reliable::strays`]).
     async fn reconcile_now(&self) -> Result<u64> {
-        let strays = self.strays().await?;
+        // A SCAN that fails (an ACL refusing it, managed Redis often does) must not keep the lists this
+        // process knows are lost from going back, nor fail the sweep it is part of (the quiet sweep would
+        // then leave its unstarted jobs held, and every stop would call itself cut short): the look for
+        // strays is an extra, its failure logged here.
+        let strays = match self.strays().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, pattern = %format!("{}*", self.working_prefix),
+                    "cannot SCAN for this process's stray batch lists; only the ones it knows are pushed back");
+                Vec::new()
+            }
+        };
         let mut lost = match self.held.lock() {
             Ok(mut h) => std::mem::take(&mut h.lost),
             Err(_) => return Err(poisoned()),
@@ -749,18 +796,11 @@ impl Reliable {
                 lost.push(s);
             }
         }
-        if lost.is_empty() {
-            return Ok(0);
-        }
         let (moved, kept, errors) = self.move_back(lost).await;
         if let Ok(mut h) = self.held.lock() {
             h.lost.extend(kept);
         }
-        if errors.is_empty() {
-            Ok(moved)
-        } else {
-            Err(script_error(errors.join("; ")))
-        }
+        sweep_result(moved, errors)
     }
 
     /// The landing lists, the lists of fetches whose reply never came, then (with `everything`) every job
@@ -777,7 +817,7 @@ impl Reliable {
         let (mut moved, _, mut errors) = self.move_back(landing).await;
         match self.reconcile_now().await {
             Ok(n) => moved += n,
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
         if everything {
             let open: Vec<_> = match self.held.lock() {
@@ -796,11 +836,24 @@ impl Reliable {
                 h.lost.extend(kept);
             }
         }
-        if errors.is_empty() {
-            Ok(moved)
-        } else {
-            Err(script_error(errors.join("; ")))
-        }
+        sweep_result(moved, errors)
+    }
+}
+
+/// A sweep's outcome: `moved` when nothing failed; else the first outage among `errors` (so the sweep
+/// is retried), or all of them as one error.
+fn sweep_result(moved: u64, errors: Vec<crate::Error>) -> Result<u64> {
+    if errors.is_empty() {
+        return Ok(moved);
+    }
+    let joined = errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ");
+    match errors.into_iter().find(|e| e.is_outage()) {
+        Some(outage) => Err(outage),
+        None => Err(script_error(joined)),
     }
 }
 

@@ -20,6 +20,55 @@ use serde_json::Value;
 /// An identity in the `host:pid:hex` shape recovery parses.
 const ME: &str = "testhost:1:aaaa";
 
+/// A fetcher of queue `a` connected as a user whose ACL refuses `command` and allows everything else.
+async fn limited_fetcher(
+    redis: &support::RedisServer,
+    c: &mut redis::Connection,
+    command: &str,
+) -> Reliable {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("limited")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg(format!("-{command}"))
+        .query(c)
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://limited:pw@", 1);
+    let client = redis::Client::open(url).unwrap();
+    let conn = redis_conn::connect(&client).await.unwrap();
+    let blocking = redis_conn::connect_blocking(&client, Duration::from_millis(200))
+        .await
+        .unwrap();
+    Reliable::new(
+        &queues(&["a"]),
+        ME,
+        conn,
+        blocking,
+        Duration::from_millis(200),
+    )
+}
+
+/// A fetch of queue `a` whose reply never comes: cut short while Redis holds writes (`CLIENT PAUSE`),
+/// then run by Redis once the pause ends, so its jobs sit in a batch list recorded as lost.
+async fn lose_a_fetch(c: &mut redis::Connection, f: &Reliable) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("WRITE")
+        .query(c)
+        .unwrap();
+    let lost = tokio::time::timeout(Duration::from_millis(300), f.retrieve_work(10)).await;
+    assert!(lost.is_err(), "the fetch waited for the pause");
+    let ran = support::wait_until(Duration::from_secs(10), || {
+        c.llen::<_, usize>("queue:a").unwrap() == 0
+    });
+    assert!(ran, "the fetch ran once the pause ended");
+}
+
 fn queues(names: &[&str]) -> Vec<QueueWeight> {
     names
         .iter()
@@ -398,18 +447,7 @@ async fn reconcile_pushes_back_only_entries_never_handed_out() {
     let f = fetcher(&redis, &["a"], ME).await;
     let got = f.retrieve_work(2).await.unwrap();
     assert_eq!(got.len(), 2);
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1000)
-        .arg("WRITE")
-        .query(&mut c)
-        .unwrap();
-    let lost = tokio::time::timeout(Duration::from_millis(300), f.retrieve_work(10)).await;
-    assert!(lost.is_err(), "the fetch waited for the pause");
-    let ran = support::wait_until(Duration::from_secs(10), || {
-        c.llen::<_, usize>("queue:a").unwrap() == 0
-    });
-    assert!(ran, "the fetch ran once the pause ended");
+    lose_a_fetch(&mut c, &f).await;
     assert_eq!(held_jids(&mut c, ME), ["a0", "a1", "a2"]);
     assert_eq!(f.reconcile().await.unwrap(), 1);
     assert_eq!(list_jids(&mut c, "queue:a"), ["a2"]);
@@ -713,4 +751,112 @@ async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
     assert_eq!(list_jids(&mut c, "queue:a"), ["s1"]);
     assert!(!c.exists::<_, bool>(&stray).unwrap());
     assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
+}
+
+/// A push-back retried whole (`with_retries` after a later batch's call failed) and an ack sent twice
+/// count each job once: a batch list is deleted only when every job it handed out is done, never while
+/// one is still running (whose fate write would then find it gone and write nothing, and whose process
+/// dying would leave nothing to recover).
+#[tokio::test]
+async fn a_retried_push_back_or_a_repeated_ack_never_deletes_a_list_with_a_running_job() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 3);
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.retrieve_work(3).await.unwrap();
+    assert_eq!(got.len(), 3);
+    // got[0] runs; the two others go back, and the push-back is sent again.
+    assert_eq!(f.bulk_requeue(&got[1..]).await.unwrap(), 2);
+    assert_eq!(f.bulk_requeue(&got[1..]).await.unwrap(), 0);
+    assert_eq!(f.outstanding(), 1);
+    assert_eq!(held_jids(&mut c, ME), ["a0"], "the running job stays held");
+    f.acknowledge(&got[..1]).await.unwrap();
+    assert_eq!(f.outstanding(), 0);
+    assert!(held_jids(&mut c, ME).is_empty());
+
+    fill(&mut c, "b", 3);
+    let f = fetcher(&redis, &["b"], ME).await;
+    let got = f.retrieve_work(3).await.unwrap();
+    assert_eq!(got.len(), 3);
+    for _ in 0..3 {
+        f.acknowledge(&got[..1]).await.unwrap();
+    }
+    assert_eq!(f.outstanding(), 2);
+    assert_eq!(held_jids(&mut c, ME), ["b1", "b2"]);
+}
+
+/// A Redis whose ACL refuses `SCAN` (managed Redis often does) still gets back the jobs of a fetch whose
+/// reply was lost: the look for stray lists fails (logged at error level), and the lists this process
+/// knows are lost go back all the same, the sweep not failed by it.
+#[tokio::test]
+async fn a_refused_scan_does_not_keep_a_lost_fetch_from_being_pushed_back() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let f = limited_fetcher(&redis, &mut c, "scan").await;
+    // Loads the fetch script (the lost fetch below must find it).
+    assert!(f.retrieve_work(10).await.unwrap().is_empty());
+    fill(&mut c, "a", 2);
+    lose_a_fetch(&mut c, &f).await;
+    assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
+    assert_eq!(
+        f.reconcile().await.unwrap(),
+        2,
+        "the sweep is not failed by the SCAN"
+    );
+    assert!(
+        held_jids(&mut c, ME).is_empty(),
+        "the lost fetch's jobs went back"
+    );
+    assert_eq!(list_jids(&mut c, "queue:a"), ["a1", "a0"]);
+}
+
+/// A Redis whose ACL refuses `MEMORY` or `SORT` (the fetch script copies a batch with `SORT .. STORE`
+/// and then asks `MEMORY USAGE` of the copy; `SORT` is in `@dangerous`, which managed Redis often
+/// refuses) still serves each job once: the fetch reads the queue job by job instead, and no fetch leaves
+/// a copy behind that a push-back would add to the queue again.
+#[tokio::test]
+async fn a_refused_memory_usage_or_sort_neither_stops_the_fetch_nor_copies_jobs() {
+    for refused in ["memory", "sort"] {
+        let redis = support::RedisServer::start();
+        let mut c = redis.conn();
+        fill(&mut c, "a", 3);
+        let f = limited_fetcher(&redis, &mut c, refused).await;
+        let first = f.retrieve_work(10).await;
+        // Whatever the first fetch answered, the sweep that follows a failed fetch runs, as in
+        // production.
+        let _ = f.reconcile().await;
+        let got = match first {
+            Ok(got) => got,
+            Err(_) => f.retrieve_work(10).await.unwrap_or_default(),
+        };
+        let mut jids: Vec<String> = got.iter().map(|u| jid_of(u.raw())).collect();
+        jids.extend(list_jids(&mut c, "queue:a"));
+        jids.sort();
+        assert_eq!(jids, ["a0", "a1", "a2"], "{refused} refused: each job once");
+        assert_eq!(
+            got.len(),
+            3,
+            "{refused} refused: the fetch serves the queue"
+        );
+    }
+}
+
+/// A sweep that loses its connection (Redis gone, a `CLIENT KILL`) reports an outage, which the quiet
+/// and stop sweeps retry, never a failure that will not mend: the quiet sweep gave up at once on a broken
+/// pipe and left the jobs it took from the feed held until the stop (chaos seed 312: QUIET STRAND).
+#[tokio::test]
+async fn a_sweep_cut_off_from_redis_reports_an_outage() {
+    let redis = support::RedisServer::start();
+    let f = fetcher(&redis, &["a", "b"], ME).await;
+    let killed = std::process::Command::new("kill")
+        .arg("-9")
+        .arg(redis.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(200));
+    for everything in [false, true] {
+        let e = f.requeue_leftovers(everything).await.unwrap_err();
+        assert!(e.is_outage(), "everything={everything}: {e}");
+    }
 }
