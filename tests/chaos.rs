@@ -1019,7 +1019,15 @@ impl<'a> Run<'a> {
         loop {
             let (queued, scheduled, held_n) = self.pending();
             if queued + scheduled + held_n == 0 {
-                break;
+                // The reads are not one snapshot: a job moved from held to its queue between them (an
+                // iterable job's requeue at its maximum runtime, a push-back) is seen in neither. Every
+                // move is one script, so a second look a moment later finds it wherever it went.
+                std::thread::sleep(Duration::from_millis(300));
+                let (q2, s2, h2) = self.pending();
+                if q2 + s2 + h2 == 0 {
+                    break;
+                }
+                continue;
             }
             let jobs = held_jobs(&mut self.c, None);
             for j in jobs.iter().filter(|j| j.as_field) {
