@@ -104,7 +104,7 @@ pub fn check(c: &mut redis::Connection, jobs: &[IterJob]) -> (String, Vec<String
         }
     }
     let mut findings = Vec::new();
-    let (mut items, mut runs_total, mut stops_total) = (0, 0, 0);
+    let (mut items, mut runs_total, mut stops_total, mut resting) = (0, 0, 0, 0);
     for j in jobs {
         let seen: Vec<(u64, u64)> = c
             .lrange::<_, Vec<String>>(format!("chaos:iter-seen:{}", j.jid), 0, -1)
@@ -159,6 +159,21 @@ pub fn check(c: &mut redis::Connection, jobs: &[IterJob]) -> (String, Vec<String
         if failed_jids.contains(&j.jid) {
             continue;
         }
+        // A run that failed puts the job in the retry set, which the final drain does not wait for
+        // (a chaos job may end there); the last process's poller can then move it to its queue and
+        // start it, and its stop pushes it back (seed 619874). Resting in a queue, the retry set or
+        // the schedule, never completed, it is not lost: the walk is checked once it completes.
+        if !done.contains_key(&j.jid) {
+            let places = places_of(c, &j.jid);
+            if !places.is_empty()
+                && places
+                    .iter()
+                    .all(|p| p.starts_with("queue:") || p == "retry" || p == "schedule")
+            {
+                resting += 1;
+                continue;
+            }
+        }
         let mut all: Vec<u64> = seen.iter().map(|s| s.1).collect();
         all.sort_unstable();
         all.dedup();
@@ -183,7 +198,10 @@ pub fn check(c: &mut redis::Connection, jobs: &[IterJob]) -> (String, Vec<String
         }
     }
     (
-        format!("iter={}/{items}/{runs_total}/{stops_total}", jobs.len()),
+        format!(
+            "iter={}/{items}/{runs_total}/{stops_total}/resting {resting}",
+            jobs.len()
+        ),
         findings,
     )
 }
