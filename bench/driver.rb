@@ -11,7 +11,7 @@
 # Environment: REDIS_URL, OXIDEKIQ_BIN, RUSTY_BIN, RESULTS_DIR, WORK_DIR (set by run.sh); JOBS (100000),
 # ROUNDS (3), SCENARIOS (default: drain,activejob,io,latency,locks,schedule,rss,scaleout,quiet),
 # IO_JOBS (JOBS / 5), LOCK_JOBS (JOBS), SCHEDULE_JOBS (JOBS), SCALE_PROCS (1,2,4), LATENCY_RATE (5000),
-# LATENCY_SECS (10), RUN_TIMEOUT (600 s), PAYLOAD_SIZES (0.2,1,4,16 KB), PAYLOAD_JOBS (min(JOBS, 20000)),
+# LATENCY_SECS (10), RUN_TIMEOUT (600 s), PAYLOAD_SIZES (0.2,1,4,16 KB), PAYLOAD_JOBS (min(JOBS, 100000), at most 256 MB of payload a round; Ruby at most 20000),
 # PAYLOAD_CONC (200), UNIQUE_JOBS_LIB (unset: where sidekiq-unique-jobs 7.1.33 and brpoplpush-redis_script
 # 0.1.3 are unpacked, e.g. /work/ext/uniq, for the locks scenario's Ruby peer; unset, Ruby runs unlocked).
 require "etc"
@@ -51,11 +51,14 @@ RUN_TIMEOUT = Float(ENV.fetch("RUN_TIMEOUT", "600"))
 # one: 1 on 2 CPUs, where the two are the same). The drain scenario also measures "cpus".
 THREADS = ENV.fetch("OXIDEKIQ_THREADS", "1")
 SCALE_PROCS = ENV.fetch("SCALE_PROCS", "1,2,4").split(",").map { |x| Integer(x) }
-# The payload scenario: Redis's CPU per job at these payload sizes (KB), PAYLOAD_JOBS jobs a round (fewer
-# than JOBS by default: 16 KB jobs are 16 KB in Redis each, and Ruby Sidekiq drains a few thousand a second),
-# every system at -c PAYLOAD_CONC.
+# The payload scenario: Redis's CPU per job at these payload sizes (KB), up to PAYLOAD_JOBS jobs a round (enough
+# that the floor's drain of small payloads lasts past a tenth of a second), every system at -c PAYLOAD_CONC.
 PAYLOAD_SIZES = ENV.fetch("PAYLOAD_SIZES", "0.2,1,4,16").split(",").map { |x| Float(x) }
-PAYLOAD_JOBS = Integer(ENV.fetch("PAYLOAD_JOBS", [JOBS, 20_000].min.to_s))
+PAYLOAD_JOBS = Integer(ENV.fetch("PAYLOAD_JOBS", [JOBS, 100_000].min.to_s))
+# A round's payload bytes are capped (16 KB x 100 000 would be 1.6 GB in Redis), and Ruby Sidekiq drains at
+# most RUBY_PAYLOAD_JOBS a round (it drains a few thousand a second): a per-job figure needs no more.
+PAYLOAD_ROUND_BYTES = 256 * 1024 * 1024
+RUBY_PAYLOAD_JOBS = 20_000
 PAYLOAD_CONC = Integer(ENV.fetch("PAYLOAD_CONC", "200"))
 # The locks scenario's Ruby peer runs UniqueNoopJob under sidekiq-unique-jobs' while_executing lock when
 # this points at the gem's unpacked source (bench/unique_jobs.rb); without it Ruby's unlocked NoopJob is
@@ -214,9 +217,17 @@ ENQUEUE = {
 # ---------------------------------------------------------------------------------------------------
 # One drain
 
-# Where oxidekiq holds fetched, unacknowledged jobs: working hashes and landing lists.
-def working_keys = $redis.keys("oxidekiq:working:*") + $redis.keys("oxidekiq:landing:*")
-def held(key) = key.start_with?("oxidekiq:landing:") ? $redis.llen(key) : $redis.hlen(key)
+# Where oxidekiq holds fetched, unacknowledged jobs: batch lists (with their acks sets), landing lists, and the
+# working hashes of releases before issue 32. A batch list is deleted once every job of it is done; an acks
+# set holds no job of its own.
+def working_keys = %w[oxidekiq:working:* oxidekiq:batch:* oxidekiq:landing:*].flat_map { |p| $redis.keys(p) }
+def held(key)
+  case $redis.type(key)
+  when "list" then $redis.llen(key)
+  when "hash" then $redis.hlen(key)
+  else 0
+  end
+end
 def failures = $redis.zcard("retry") + $redis.zcard("dead")
 
 # CPU time (user + system, children included: none of the drainers forks) of `pid` so far, in seconds.
@@ -283,7 +294,7 @@ ensure
 end
 
 # The driver's own commands, left out of the per-job Redis figures.
-DRIVER_COMMANDS = %w[keys hlen llen info config rename subscribe ping].freeze
+DRIVER_COMMANDS = %w[keys hlen llen type info config rename subscribe ping].freeze
 
 # Redis's own count of the commands run since CONFIG RESETSTAT (INFO commandstats), per job:
 # { "evalsha" => [calls per job, µs per job], ... }, the drainer's commands only, busiest first.
@@ -565,13 +576,14 @@ def scenario_payloads
   PAYLOAD_SIZES.each do |kb|
     bytes = (kb * 1024).round
     scenario = format("payload %g KB", kb)
-    base = { scenario: scenario, concurrency: PAYLOAD_CONC, kind: :"payload_#{bytes}", jobs: PAYLOAD_JOBS, tail: 0.0,
+    jobs = [PAYLOAD_JOBS, PAYLOAD_ROUND_BYTES / bytes].min
+    base = { scenario: scenario, concurrency: PAYLOAD_CONC, kind: :"payload_#{bytes}", jobs: jobs, tail: 0.0,
              procs: 1, quiet: false }
     configs = [
       base.merge(system: :oxidekiq, name: "oxidekiq, reliable fetch"),
       base.merge(system: :oxidekiq, name: "oxidekiq, basic fetch", extra: %w[--fetch basic]),
       base.merge(system: :floor, concurrency: 1),
-      base.merge(system: :ruby),
+      base.merge(system: :ruby, jobs: [jobs, RUBY_PAYLOAD_JOBS].min),
     ]
     reliable, basic, floor, ruby = configs.map { |c| SYSTEMS.include?(c[:system]) || c[:system] == :floor ? c : nil }
     list = [reliable, basic, floor, ruby].compact
@@ -820,7 +832,7 @@ end
 unless $payloads.empty?
   ruby_name = $payloads.filter_map { |x| x[:ruby_name] }.first
   all_met = $payloads.all? { |x| x[:met] }
-  $notes << "payloads: Redis CPU µs per job (INFO cpu, getrusage) over #{PAYLOAD_JOBS} no-op jobs a round, -c #{PAYLOAD_CONC}, " \
+  $notes << "payloads: Redis CPU µs per job (INFO cpu, getrusage) over up to #{PAYLOAD_JOBS} no-op jobs a round (at most 256 MB of payload; Ruby Sidekiq at most #{RUBY_PAYLOAD_JOBS}), -c #{PAYLOAD_CONC}, " \
             "rounds alternating reliable, basic, floor#{ruby_name ? ", #{ruby_name}" : ''}; the floor is bench/floor.rb " \
             "(`RPOP queue:default 100` in a loop, nothing else); reliable fetch within 2x of the floor in every round at every " \
             "size: #{all_met ? 'met' : 'not met'}"
@@ -859,7 +871,7 @@ out << "\nEnqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATE
 out << "\n" << text_table(IDLE_HEAD, idle_rows) << "\n" unless idle_rows.empty?
 out << "\nScale-out: oxidekiq processes on one Redis, #{JOBS} no-op jobs between them:\n" \
        << text_table(SCALE_HEAD, scale_rows) << "\n" unless scale_rows.empty?
-out << "\nRedis CPU per job by payload size (-c #{PAYLOAD_CONC}, #{PAYLOAD_JOBS} jobs a round, medians):\n" \
+out << "\nRedis CPU per job by payload size (-c #{PAYLOAD_CONC}, up to #{PAYLOAD_JOBS} jobs a round, medians):\n" \
        << text_table(PAYLOAD_HEAD, payload_rows) << "\n" unless payload_rows.empty?
 out << "\nQuiet check (each alone, nothing measured but the drain's time):\n" \
        << text_table(QUIET_HEAD, quiet_rows) << "\n" unless quiet_rows.empty?
@@ -895,7 +907,7 @@ unless cmd_rows.empty?
 end
 md << "Scale-out: oxidekiq processes (-c #{SCALE_CONC} each) on one Redis, #{JOBS} no-op jobs between them:\n\n" \
       << md_table(SCALE_HEAD, scale_rows) << "\n\n" unless scale_rows.empty?
-md << "Redis CPU per job by payload size (no-op jobs, -c #{PAYLOAD_CONC}, #{PAYLOAD_JOBS} jobs a round, medians of " \
+md << "Redis CPU per job by payload size (no-op jobs, -c #{PAYLOAD_CONC}, up to #{PAYLOAD_JOBS} jobs a round, medians of " \
       "the rounds; µs of Redis CPU per job; the floor pops 100 at a time and does nothing else):\n\n" \
       << md_table(PAYLOAD_HEAD, payload_rows) << "\n\n" unless payload_rows.empty?
 md << "Quiet check: each system again, alone, with nothing measured but the drain's time (no CPU readings, no " \
