@@ -288,11 +288,18 @@ impl RedisLock {
             None => new_token(),
         };
         let mut conn = self.conn.clone();
-        let set = if let Some(locks) = &self.batched {
-            let req = crate::lock_batch::acquire_req(&self.key, &token, self.opts.ttl);
-            locks.batcher().acquire(&conn, req).await?
+        let (set, key, token) = if let Some(locks) = &self.batched {
+            // The request owns the key and the value and comes back with its answer: they go into
+            // the guard without another copy.
+            let req = crate::lock_batch::Acquire {
+                key: self.key.clone(),
+                value: token,
+                ttl_ms: ttl_ms(self.opts.ttl),
+            };
+            let (set, req) = locks.batcher().acquire_owned(&conn, req).await;
+            (set?, req.key, req.value)
         } else {
-            redis::cmd("SET")
+            let set = redis::cmd("SET")
                 .arg(&self.key)
                 .arg(&token)
                 .arg("NX")
@@ -300,12 +307,13 @@ impl RedisLock {
                 .arg(ttl_ms(self.opts.ttl))
                 .query_async::<Option<redis::Value>>(&mut conn)
                 .await?
-                .is_some()
+                .is_some();
+            (set, self.key.clone(), token)
         };
         crate::prom::metrics().lock_attempt(set);
         Ok(set.then(|| LockGuard {
             conn,
-            key: self.key.clone(),
+            key,
             token,
             ttl: self.opts.ttl,
             lost: Arc::new(AtomicBool::new(false)),

@@ -52,7 +52,6 @@
 //! [`RedisLock::lock`]: crate::lock::RedisLock::lock
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use redis::{ErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -60,7 +59,6 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{Error, Result};
 use crate::lua::script_sha1;
 use crate::redis_conn::Conn;
-use crate::time::ttl_ms;
 
 /// Deletes each `KEYS[i]` that holds the token `ARGV[i]`. Answers the number of keys when every one
 /// of them was deleted (the common case, one integer), else a string with one `1` (deleted) or `0`
@@ -90,7 +88,7 @@ static RELEASE_MANY_SHA: std::sync::LazyLock<String> =
 pub(crate) const MAX_BATCH: usize = 512;
 
 /// One `SET <key> <value> NX PX <ttl>`.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Acquire {
     /// The full Redis key.
     pub(crate) key: String,
@@ -112,6 +110,10 @@ pub(crate) struct Release {
 /// Where the answer of one request goes.
 type Answer = oneshot::Sender<Result<bool>>;
 
+/// Where an acquire's answer goes, with the request itself: its key and value go back to the caller,
+/// who keeps them in the guard, instead of being copied for the batch (once per locked job).
+type AcquireAnswer = oneshot::Sender<(Result<bool>, Acquire)>;
+
 /// Who learns how a release went: its caller, or the log (in the span of the job that released).
 #[derive(Debug)]
 enum Outcome {
@@ -124,7 +126,7 @@ enum Outcome {
 /// One queued request.
 #[derive(Debug)]
 enum Request {
-    Acquire(Acquire, Answer),
+    Acquire(Acquire, AcquireAnswer),
     Release(Release, Outcome),
     /// Answered once every request queued before it has had its reply.
     Flush(oneshot::Sender<()>),
@@ -150,11 +152,30 @@ impl Batcher {
     }
 
     /// `SET key value NX PX ttl` in the next batch; true if the lock was free and is now ours.
+    #[cfg(test)]
     pub(crate) async fn acquire(&self, conn: &Conn, req: Acquire) -> Result<bool> {
+        self.acquire_owned(conn, req).await.0
+    }
+
+    /// [`Batcher::acquire`] that hands the request back with its answer (its key and value, which a
+    /// guard keeps), so they are not copied; if the task went away before answering, the request is
+    /// lost with it and an empty one comes back beside the error.
+    pub(crate) async fn acquire_owned(&self, conn: &Conn, req: Acquire) -> (Result<bool>, Acquire) {
         let (tx, rx) = oneshot::channel();
         match self.queue.send(Request::Acquire(req, tx)) {
-            Ok(()) => answer(rx).await,
-            Err(mpsc::error::SendError(req)) => alone(conn, req).await,
+            Ok(()) => rx
+                .await
+                .unwrap_or_else(|_| (Err(task_gone()), Acquire::default())),
+            Err(mpsc::error::SendError(Request::Acquire(req, _))) => {
+                let got = acquire_batch(&mut conn.clone(), std::slice::from_ref(&req)).await;
+                let answer = match got {
+                    Ok(mut one) => one.pop().unwrap_or(Ok(false)),
+                    Err(e) => Err(e),
+                };
+                (answer, req)
+            }
+            // Only an acquire was sent.
+            Err(mpsc::error::SendError(_)) => (Err(task_gone()), Acquire::default()),
         }
     }
 
@@ -230,30 +251,30 @@ impl Locks {
     }
 }
 
-/// A request sent alone, its batch task gone (its runtime shut down); a flush has nothing to wait for.
+/// A release sent alone, its batch task gone (its runtime shut down); a flush has nothing to wait for.
 async fn alone(conn: &Conn, req: Request) -> Result<bool> {
     let mut conn = conn.clone();
     match req {
-        Request::Acquire(a, _) => {
-            let mut got = acquire_batch(&mut conn, std::slice::from_ref(&a)).await?;
-            got.pop().unwrap_or(Ok(false))
-        }
+        // Sent alone by `Batcher::acquire_owned`, which keeps the request.
+        Request::Acquire(..) | Request::Flush(_) => Ok(true),
         Request::Release(r, _) => {
             Ok(release_batch(&mut conn, std::slice::from_ref(&r)).await? == [true])
         }
-        Request::Flush(_) => Ok(true),
     }
 }
 
-/// A batch task's answer; a task that went away before answering (its runtime shutting down) is an
-/// error: the command may or may not have run.
+/// The error of a caller whose batch task went away before answering (its runtime shutting down): the
+/// command may or may not have run.
+fn task_gone() -> Error {
+    Error::Redis(redis::RedisError::from((
+        ErrorKind::Io,
+        "the lock batch task ended before answering",
+    )))
+}
+
+/// A batch task's answer ([`task_gone`] if it went away first).
 async fn answer(rx: oneshot::Receiver<Result<bool>>) -> Result<bool> {
-    rx.await.unwrap_or_else(|_| {
-        Err(Error::Redis(redis::RedisError::from((
-            ErrorKind::Io,
-            "the lock batch task ended before answering",
-        ))))
-    })
+    rx.await.unwrap_or_else(|_| Err(task_gone()))
 }
 
 /// What one batch carries, split by kind; kept between batches for its capacity.
@@ -262,7 +283,7 @@ struct Batch {
     releases: Vec<Release>,
     outcomes: Vec<Outcome>,
     acquires: Vec<Acquire>,
-    answers: Vec<Answer>,
+    answers: Vec<AcquireAnswer>,
     flushes: Vec<oneshot::Sender<()>>,
 }
 
@@ -292,9 +313,8 @@ impl Batch {
         if self.len() > 0 {
             let (released, acquired) = exchange(conn, &self.releases, &self.acquires).await;
             settle_releases(&self.releases, &mut self.outcomes, released);
-            answer_all(&mut self.answers, acquired);
+            answer_all(&mut self.answers, &mut self.acquires, acquired);
             self.releases.clear();
-            self.acquires.clear();
         }
         for tx in self.flushes.drain(..) {
             let _ = tx.send(());
@@ -370,18 +390,20 @@ fn count_error(got: usize, requests: usize) -> Error {
     )))
 }
 
-/// Answers each caller of a batch with its own reply, or every caller with the batch's error.
-fn answer_all(replies: &mut Vec<Answer>, r: Acquired) {
+/// Answers each caller of a batch with its own reply, or every caller with the batch's error, and
+/// hands each its request back; leaves both lists empty.
+fn answer_all(replies: &mut Vec<AcquireAnswer>, reqs: &mut Vec<Acquire>, r: Acquired) {
+    let reqs = reqs.drain(..);
     match r.and_then(|v| same_count(v, replies.len())) {
         Ok(answers) => {
-            for (reply, this) in replies.drain(..).zip(answers) {
+            for ((reply, this), req) in replies.drain(..).zip(answers).zip(reqs) {
                 // A caller that stopped waiting (its job was cancelled) needs no answer.
-                let _ = reply.send(this);
+                let _ = reply.send((this, req));
             }
         }
         Err(e) => {
-            for reply in replies.drain(..) {
-                let _ = reply.send(Err(copy_error(&e)));
+            for (reply, req) in replies.drain(..).zip(reqs) {
+                let _ = reply.send((Err(copy_error(&e)), req));
             }
         }
     }
@@ -558,11 +580,12 @@ pub(crate) async fn release_batch(conn: &mut Conn, reqs: &[Release]) -> Result<V
 }
 
 /// The acquire request of a lock with this TTL.
-pub(crate) fn acquire_req(key: &str, value: &str, ttl: Duration) -> Acquire {
+#[cfg(test)]
+pub(crate) fn acquire_req(key: &str, value: &str, ttl: std::time::Duration) -> Acquire {
     Acquire {
         key: key.to_string(),
         value: value.to_string(),
-        ttl_ms: ttl_ms(ttl),
+        ttl_ms: crate::time::ttl_ms(ttl),
     }
 }
 

@@ -2,6 +2,7 @@
 //! one key, `NOSCRIPT` after `SCRIPT FLUSH`, Redis refusing a batch, releases not waited for (their
 //! order before later acquires, and the flush a stop waits on).
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::*;
 use crate::test_support::RedisServer;
@@ -183,16 +184,20 @@ async fn one_batch(
             .unwrap();
         answers.push(answer);
     }
+    let mut acquired = Vec::new();
     for a in acquires {
         let (reply, answer) = oneshot::channel();
         tx.send(Request::Acquire(a, reply)).unwrap();
-        answers.push(answer);
+        acquired.push(answer);
     }
     drop(tx);
     run(conn, rx).await;
     let mut out = Vec::new();
     for a in answers {
         out.push(a.await.unwrap());
+    }
+    for a in acquired {
+        out.push(a.await.unwrap().0);
     }
     out
 }

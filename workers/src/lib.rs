@@ -596,7 +596,29 @@ pub fn registry() -> Registry {
         .register(UniqueNoopJob)
         .with(UniqueJob::new().key_by_args())
         .register(SequentialNoopJob)
-        .register(TracedJob)
-        .with(SequentialJob::new().key_by_args());
+        .with(SequentialJob::new().key_by_args())
+        .register(TracedJob);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The own middleware of `class` in the demo registry, as its `Debug` text shows them.
+    fn own_middleware(class: &str) -> String {
+        let r = registry();
+        let entry = r.get(class).map(|e| format!("{e:?}"));
+        entry.unwrap_or_else(|| panic!("{class} is not registered"))
+    }
+
+    /// The lock benchmark's probes carry their locks, and only they: `.with` applies to the class
+    /// registered just before it, so a class registered between a probe and its lock took the lock
+    /// (TracedJob ran sequentially and `KIND=sequential` measured an unlocked job).
+    #[test]
+    fn the_lock_probes_hold_their_locks_and_traced_job_none() {
+        assert!(own_middleware("UniqueNoopJob").contains("UniqueJob {"));
+        assert!(own_middleware("SequentialNoopJob").contains("SequentialJob {"));
+        assert!(!own_middleware("TracedJob").contains("SequentialJob {"));
+    }
 }
