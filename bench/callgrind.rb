@@ -46,9 +46,14 @@ begin
                      *valgrind, OXIDEKIQ, "-q", "default", "-c", CONC.to_s, *EXTRA,
                      chdir: WORK, in: File::NULL, out: log, err: File.join(WORK, "valgrind.log"))
   pids << vg
+  # Batch lists (reliable fetch), landing lists, and the working hashes of older versions.
   in_flight = lambda do
     (redis.keys("oxidekiq:working:*") + redis.keys("oxidekiq:landing:*")).sum do |k|
-      k.start_with?("oxidekiq:landing:") ? redis.llen(k) : redis.hlen(k)
+      case redis.type(k)
+      when "list" then redis.llen(k)
+      when "hash" then redis.hlen(k)
+      else 0
+      end
     end
   end
   Sidekiq::Client.push("class" => NoopJob, "args" => [0])
