@@ -239,8 +239,9 @@ pub struct Job {
     /// For an ActiveJob wrapper holding one `job_data` hash: where its fields sit, found while the
     /// payload was decoded ([`header`]), so that unwrapping it does not walk it again.
     job_data: Option<JobDataRanges>,
-    /// The payload may carry a top-level `unique_key` ([`Job::may_name_unique_key`]).
-    unique_key: bool,
+    /// The top-level keys the payload may carry ([`Job::may_name_unique_key`],
+    /// [`Job::may_name_timeout`], [`Job::may_name_gem_lock`]): bits of `header::named`.
+    named: u8,
 }
 
 /// Byte ranges of `raw`: the raw JSON text of each `job_data` field [`crate::activejob`] reads.
@@ -346,7 +347,7 @@ impl Job {
             retry,
             activejob,
             job_data,
-            unique_key: header.unique_key,
+            named: header.named,
         })
     }
 
@@ -443,7 +444,20 @@ impl Job {
     /// most jobs: known from the decoding, which read every top-level key (or, when serde_json read
     /// the header, whether the text names it at all).
     pub(crate) fn may_name_unique_key(&self) -> bool {
-        self.unique_key
+        self.named & header::UNIQUE_KEY != 0
+    }
+
+    /// False when the payload has no top-level [`TIMEOUT_FIELD`], as for most jobs (known as
+    /// [`Job::may_name_unique_key`] is): its timeout is then its worker's.
+    pub(crate) fn may_name_timeout(&self) -> bool {
+        self.named & header::TIMEOUT != 0
+    }
+
+    /// False when the payload has neither a top-level `lock` nor `lock_digest`, the fields
+    /// sidekiq-unique-jobs' server reads, as for most jobs (known as [`Job::may_name_unique_key`]
+    /// is): its run then has nothing of the gem's to do.
+    pub(crate) fn may_name_gem_lock(&self) -> bool {
+        self.named & header::GEM_LOCK != 0
     }
 
     /// The whole payload as an order-keeping map, every key kept (numbers exactly).
@@ -461,7 +475,7 @@ struct Fields {
     retry: Option<RetrySetting>,
     activejob: bool,
     job_data: Option<JobDataRanges>,
-    unique_key: bool,
+    named: u8,
 }
 
 impl Fields {
@@ -476,7 +490,7 @@ impl Fields {
             retry: self.retry,
             activejob: self.activejob,
             job_data: self.job_data,
-            unique_key: self.unique_key,
+            named: self.named,
         }
     }
 }
