@@ -335,7 +335,10 @@ impl Job {
             plain: d.plain,
             markers: d.markers,
         });
-        let activejob = ACTIVEJOB_WRAPPERS.contains(&class.get(raw));
+        // The reader compared a plain `class` with the wrappers' names already; an escaped one (or
+        // serde_json's reading) is compared here.
+        let activejob = header.activejob
+            || (header.plain & header::CLASS == 0 && ACTIVEJOB_WRAPPERS.contains(&class.get(raw)));
         let wrapped = text(header.wrapped, header::WRAPPED).flatten();
         let retry = header.retry.map(retry_setting);
         Ok(Fields {
@@ -710,6 +713,35 @@ mod tests {
                 limit: 10
             }
         ));
+    }
+
+    /// A wrapper's class is known as such however it is written: compared as bytes by the reader, or
+    /// decoded first when escaped, or read by serde_json (a key the reader refuses: an escaped one).
+    #[test]
+    fn activejob_wrappers_are_known_however_the_class_is_written() {
+        let job = |class: &str, more: &str| {
+            let raw = format!(
+                r#"{{"class":{class},"wrapped":"ReportJob","args":[{{"job_class":"ReportJob","job_id":"i","arguments":[],"executions":0}}]{more}}}"#
+            );
+            let job = Job::from_str(&raw).unwrap();
+            (
+                job.is_activejob(),
+                job.worker_class().to_string(),
+                job.job_data().is_some(),
+            )
+        };
+        let wrapper = |found| (true, "ReportJob".to_string(), found);
+        for name in ACTIVEJOB_WRAPPERS {
+            assert_eq!(job(&format!(r#""{name}""#), ""), wrapper(true), "{name}");
+            assert_eq!(job(&format!(r#" "{name}""#), ""), wrapper(true), "{name}");
+            let escaped = format!(r#""{}""#, name.replacen('A', r"\u0041", 1));
+            assert_eq!(job(&escaped, ""), wrapper(false), "{escaped}");
+            let serde = format!(r#""{name}","\u0078":1"#);
+            assert_eq!(job(&serde, ""), wrapper(false), "{serde}");
+        }
+        let plain = (false, "NoopJob".to_string(), false);
+        assert_eq!(job(r#""NoopJob""#, ""), plain);
+        assert!(!job(r#""Sidekiq::ActiveJob::WrapperX""#, "").0);
     }
 
     #[test]

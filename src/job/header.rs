@@ -41,6 +41,9 @@ pub(super) struct Header<'a> {
     /// whether the text names them at all. Each saves a substring search of the whole payload per job
     /// (an ActiveJob payload is three times a plain one).
     pub(super) named: u8,
+    /// [`scan`] saw `class` to be one of [`ACTIVEJOB_WRAPPERS`](super::ACTIVEJOB_WRAPPERS), written
+    /// without an escape (false from serde_json's reading: the decoder then compares the class).
+    pub(super) activejob: bool,
 }
 
 /// Bits of [`Header::named`]: `unique_key`, the until-executed lock's field.
@@ -52,6 +55,32 @@ pub(super) const GEM_LOCK: u8 = 4;
 
 /// The top-level keys of [`GEM_LOCK`] (sidekiq-unique-jobs' `lock` type and `lock_digest`).
 pub(super) const GEM_LOCK_KEYS: [&str; 2] = ["lock", "lock_digest"];
+
+/// The length of the `class` value at `b[i..]` when it is one of the ActiveJob wrappers' names,
+/// quoted, with no escape (else 0): one comparison of bytes with each literal instead of reading the
+/// 54-byte string and comparing it twice more (`args` and the decoder ask whether it is a wrapper).
+/// The test `wrapper_literals_are_the_wrappers` holds the literals to `ACTIVEJOB_WRAPPERS`.
+#[inline(always)]
+fn wrapper_at(b: &[u8], i: usize) -> usize {
+    #[inline(always)]
+    fn at<const N: usize>(b: &[u8], i: usize, lit: &[u8; N]) -> usize {
+        match b.get(i..i + N) {
+            Some(here) if here == lit => N,
+            _ => 0,
+        }
+    }
+    // The first letter tells the two apart, and a plain job's class from both with no call to
+    // compare the bytes (a slice compared with a long literal is a `bcmp` call).
+    match b.get(i + 1) {
+        Some(b'A') => at(
+            b,
+            i,
+            b"\"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper\"",
+        ),
+        Some(b'S') => at(b, i, b"\"Sidekiq::ActiveJob::Wrapper\""),
+        _ => 0,
+    }
+}
 
 /// The [`Header::named`] bit of a top-level key. Literal patterns (a length test, then a word
 /// compare) as this runs for every top-level key of every job; the test
@@ -210,6 +239,7 @@ impl<'a> Header<'a> {
             retry: get(p.retry),
             job_data: None,
             plain: 0,
+            activejob: false,
             // A key spelled with an escape (`unique\u005fkey`) reads as `unique_key` too: any `\u`
             // keeps every test on (this path is rare, so the cost is nil).
             named: if raw.contains("\\u") {
@@ -258,8 +288,7 @@ fn scan_into<'a>(raw: &'a str, h: &mut Header<'a>) -> Option<()> {
             b"wrapped" => (&mut h.wrapped, WRAPPED),
             b"retry" => (&mut h.retry, 0),
             b"args" => {
-                let wrapper = h.class.and_then(|c| c.strip_prefix('"')?.strip_suffix('"'));
-                if wrapper.is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c)) {
+                if h.activejob {
                     r.wrapper_args(&mut h.job_data)?;
                 } else {
                     r.value(1)?;
@@ -273,7 +302,16 @@ fn scan_into<'a>(raw: &'a str, h: &mut Header<'a>) -> Option<()> {
                 continue;
             }
         };
-        if bit != 0 {
+        let wrapper = if bit == CLASS {
+            wrapper_at(r.b, r.i)
+        } else {
+            0
+        };
+        if wrapper > 0 {
+            r.i += wrapper;
+            h.plain |= CLASS;
+            h.activejob = true;
+        } else if bit != 0 {
             if r.string_value(1)? {
                 h.plain |= bit;
             }
@@ -894,6 +932,7 @@ pub(crate) fn both_ways(raw: &str) -> Result<bool, String> {
             // checked above.
             s.job_data = None;
             s.plain = 0;
+            s.activejob = false;
             s.named = p.named;
             if s == p {
                 Ok(found)
@@ -924,6 +963,16 @@ fn notes_hold(raw: &str, s: &Header<'_>) -> Result<(), String> {
         if s.plain & bit != 0 && !unescaped(text) {
             return Err(format!("plain bit {bit} on {text:?}"));
         }
+    }
+    let wrapper = s
+        .class
+        .and_then(|c| c.strip_prefix('"')?.strip_suffix('"'))
+        .is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c));
+    if s.activejob != wrapper {
+        return Err(format!(
+            "activejob noted {}, class {:?}",
+            s.activejob, s.class
+        ));
     }
     // Keys borrowed (scan refused any with an escape) and values left as text, as `Plain` reads them.
     let top: HashMap<&str, &RawValue> = serde_json::from_str(raw).map_err(|e| e.to_string())?;
@@ -1099,6 +1148,24 @@ mod tests {
             let r = std::panic::catch_unwind(|| check(&b, from));
             assert!(r.is_ok(), "seed {seed}");
         }
+    }
+
+    /// The literals `wrapper_at` compares are the wrappers' names, quoted; a name cut short, run on or
+    /// escaped is not one.
+    #[test]
+    fn wrapper_literals_are_the_wrappers() {
+        for name in super::super::ACTIVEJOB_WRAPPERS {
+            let quoted = format!("\"{name}\"");
+            assert_eq!(wrapper_at(quoted.as_bytes(), 0), quoted.len(), "{name}");
+            let padded = format!("xx{quoted},");
+            assert_eq!(wrapper_at(padded.as_bytes(), 2), quoted.len(), "{name}");
+            assert_eq!(wrapper_at(&quoted.as_bytes()[..quoted.len() - 1], 0), 0);
+            let longer = format!("\"{name}X\"");
+            assert_eq!(wrapper_at(longer.as_bytes(), 0), 0);
+            let escaped = quoted.replacen('A', "\\u0041", 1);
+            assert_eq!(wrapper_at(escaped.as_bytes(), 0), 0);
+        }
+        assert_eq!(wrapper_at(b"\"NoopJob\"", 0), 0);
     }
 
     /// The literals `rails_key_at` compares are the table's, each at its own place.
