@@ -690,6 +690,13 @@ impl<'a> Reader<'a> {
                         let field = Field::rails(next);
                         next += 1;
                         self.ws();
+                        // Seven of Rails' eleven keys are none of the four: their value is only
+                        // checked, without the bookkeeping below.
+                        if field == Field::Other {
+                            self.string_value(3)?;
+                            more_keys = self.more(b'}')?;
+                            continue;
+                        }
                         (field, false)
                     }
                     _ => {
