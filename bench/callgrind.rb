@@ -46,6 +46,7 @@ begin
                      *valgrind, OXIDEKIQ, "-q", "default", "-c", CONC.to_s, *EXTRA,
                      chdir: WORK, in: File::NULL, out: log, err: File.join(WORK, "valgrind.log"))
   pids << vg
+  # Batch lists (reliable fetch), landing lists, and the working hashes of older versions.
   in_flight = lambda do
     # Batch lists (reliable fetch's lists) and older working hashes share the prefix: count by type
     # (a key may also go between KEYS and the count: it then counts 0).

@@ -239,8 +239,9 @@ pub struct Job {
     /// For an ActiveJob wrapper holding one `job_data` hash: where its fields sit, found while the
     /// payload was decoded ([`header`]), so that unwrapping it does not walk it again.
     job_data: Option<JobDataRanges>,
-    /// The payload may carry a top-level `unique_key` ([`Job::may_name_unique_key`]).
-    unique_key: bool,
+    /// The top-level keys the payload may carry ([`Job::may_name_unique_key`],
+    /// [`Job::may_name_timeout`], [`Job::may_name_gem_lock`]): bits of `header::named`.
+    named: u8,
 }
 
 /// Byte ranges of `raw`: the raw JSON text of each `job_data` field [`crate::activejob`] reads.
@@ -334,7 +335,10 @@ impl Job {
             plain: d.plain,
             markers: d.markers,
         });
-        let activejob = ACTIVEJOB_WRAPPERS.contains(&class.get(raw));
+        // The reader compared a plain `class` with the wrappers' names already; an escaped one (or
+        // serde_json's reading) is compared here.
+        let activejob = header.activejob
+            || (header.plain & header::CLASS == 0 && ACTIVEJOB_WRAPPERS.contains(&class.get(raw)));
         let wrapped = text(header.wrapped, header::WRAPPED).flatten();
         let retry = header.retry.map(retry_setting);
         Ok(Fields {
@@ -346,7 +350,7 @@ impl Job {
             retry,
             activejob,
             job_data,
-            unique_key: header.unique_key,
+            named: header.named,
         })
     }
 
@@ -443,7 +447,20 @@ impl Job {
     /// most jobs: known from the decoding, which read every top-level key (or, when serde_json read
     /// the header, whether the text names it at all).
     pub(crate) fn may_name_unique_key(&self) -> bool {
-        self.unique_key
+        self.named & header::UNIQUE_KEY != 0
+    }
+
+    /// False when the payload has no top-level [`TIMEOUT_FIELD`], as for most jobs (known as
+    /// [`Job::may_name_unique_key`] is): its timeout is then its worker's.
+    pub(crate) fn may_name_timeout(&self) -> bool {
+        self.named & header::TIMEOUT != 0
+    }
+
+    /// False when the payload has neither a top-level `lock` nor `lock_digest`, the fields
+    /// sidekiq-unique-jobs' server reads, as for most jobs (known as [`Job::may_name_unique_key`]
+    /// is): its run then has nothing of the gem's to do.
+    pub(crate) fn may_name_gem_lock(&self) -> bool {
+        self.named & header::GEM_LOCK != 0
     }
 
     /// The whole payload as an order-keeping map, every key kept (numbers exactly).
@@ -461,7 +478,7 @@ struct Fields {
     retry: Option<RetrySetting>,
     activejob: bool,
     job_data: Option<JobDataRanges>,
-    unique_key: bool,
+    named: u8,
 }
 
 impl Fields {
@@ -476,7 +493,7 @@ impl Fields {
             retry: self.retry,
             activejob: self.activejob,
             job_data: self.job_data,
-            unique_key: self.unique_key,
+            named: self.named,
         }
     }
 }
@@ -696,6 +713,35 @@ mod tests {
                 limit: 10
             }
         ));
+    }
+
+    /// A wrapper's class is known as such however it is written: compared as bytes by the reader, or
+    /// decoded first when escaped, or read by serde_json (a key the reader refuses: an escaped one).
+    #[test]
+    fn activejob_wrappers_are_known_however_the_class_is_written() {
+        let job = |class: &str, more: &str| {
+            let raw = format!(
+                r#"{{"class":{class},"wrapped":"ReportJob","args":[{{"job_class":"ReportJob","job_id":"i","arguments":[],"executions":0}}]{more}}}"#
+            );
+            let job = Job::from_str(&raw).unwrap();
+            (
+                job.is_activejob(),
+                job.worker_class().to_string(),
+                job.job_data().is_some(),
+            )
+        };
+        let wrapper = |found| (true, "ReportJob".to_string(), found);
+        for name in ACTIVEJOB_WRAPPERS {
+            assert_eq!(job(&format!(r#""{name}""#), ""), wrapper(true), "{name}");
+            assert_eq!(job(&format!(r#" "{name}""#), ""), wrapper(true), "{name}");
+            let escaped = format!(r#""{}""#, name.replacen('A', r"\u0041", 1));
+            assert_eq!(job(&escaped, ""), wrapper(false), "{escaped}");
+            let serde = format!(r#""{name}","\u0078":1"#);
+            assert_eq!(job(&serde, ""), wrapper(false), "{serde}");
+        }
+        let plain = (false, "NoopJob".to_string(), false);
+        assert_eq!(job(r#""NoopJob""#, ""), plain);
+        assert!(!job(r#""Sidekiq::ActiveJob::WrapperX""#, "").0);
     }
 
     #[test]

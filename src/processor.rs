@@ -901,8 +901,9 @@ impl Drop for AbortOnDrop {
 /// worker's `timeout` option. A field of another kind is ignored, with a warning.
 fn job_timeout(job: &Job, entry: Option<&crate::registry::Entry>) -> Option<Duration> {
     let option = entry.and_then(|e| e.options.timeout);
-    // Most payloads have no such field: a substring scan keeps them from being decoded again.
-    if !job.raw().contains(crate::job::TIMEOUT_FIELD) {
+    // Most payloads have no such field: the decoding noted it, so they are not decoded again (nor
+    // searched: a substring search of the payload cost more than the rest of this).
+    if !job.may_name_timeout() {
         return option;
     }
     let Some(v) = job

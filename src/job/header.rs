@@ -14,10 +14,10 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::UNIQUE_KEY_FIELD;
 use super::activejob_keys::{
     GLOBALID_KEY, INDIFFERENT_KEY, RUBY2_KEYWORDS_KEY, SERIALIZER_KEY, SYMBOL_KEYS_KEY,
 };
+use super::{TIMEOUT_FIELD, UNIQUE_KEY_FIELD};
 
 /// The dispatch fields, each the raw JSON text of its value (a slice of the payload); `None` when
 /// absent or `null` (as an `Option` field reads it).
@@ -36,9 +36,63 @@ pub(super) struct Header<'a> {
     /// reader saw to be a string without an escape, so that nobody looks for one again (0 from
     /// serde_json's reading: each is then checked).
     pub(super) plain: u8,
-    /// Whether the payload may carry a top-level `unique_key` (the until-executed lock's field):
-    /// [`scan`] knows (it read every top-level key); after serde_json, whether the text names it.
-    pub(super) unique_key: bool,
+    /// Which of the top-level keys the runtime asks about the payload may carry ([`UNIQUE_KEY`],
+    /// [`TIMEOUT`], [`GEM_LOCK`]): [`scan`] knows (it read every top-level key); after serde_json,
+    /// whether the text names them at all. Each saves a substring search of the whole payload per job
+    /// (an ActiveJob payload is three times a plain one).
+    pub(super) named: u8,
+    /// [`scan`] saw `class` to be one of [`ACTIVEJOB_WRAPPERS`](super::ACTIVEJOB_WRAPPERS), written
+    /// without an escape (false from serde_json's reading: the decoder then compares the class).
+    pub(super) activejob: bool,
+}
+
+/// Bits of [`Header::named`]: `unique_key`, the until-executed lock's field.
+pub(super) const UNIQUE_KEY: u8 = 1;
+/// Bits of [`Header::named`]: `oxidekiq_timeout`, a job's own timeout.
+pub(super) const TIMEOUT: u8 = 2;
+/// Bits of [`Header::named`]: `lock` or `lock_digest`, what sidekiq-unique-jobs' server reads.
+pub(super) const GEM_LOCK: u8 = 4;
+
+/// The top-level keys of [`GEM_LOCK`] (sidekiq-unique-jobs' `lock` type and `lock_digest`).
+pub(super) const GEM_LOCK_KEYS: [&str; 2] = ["lock", "lock_digest"];
+
+/// The length of the `class` value at `b[i..]` when it is one of the ActiveJob wrappers' names,
+/// quoted, with no escape (else 0): one comparison of bytes with each literal instead of reading the
+/// 54-byte string and comparing it twice more (`args` and the decoder ask whether it is a wrapper).
+/// The test `wrapper_literals_are_the_wrappers` holds the literals to `ACTIVEJOB_WRAPPERS`.
+#[inline(always)]
+fn wrapper_at(b: &[u8], i: usize) -> usize {
+    #[inline(always)]
+    fn at<const N: usize>(b: &[u8], i: usize, lit: &[u8; N]) -> usize {
+        match b.get(i..i + N) {
+            Some(here) if here == lit => N,
+            _ => 0,
+        }
+    }
+    // The first letter tells the two apart, and a plain job's class from both with no call to
+    // compare the bytes (a slice compared with a long literal is a `bcmp` call).
+    match b.get(i + 1) {
+        Some(b'A') => at(
+            b,
+            i,
+            b"\"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper\"",
+        ),
+        Some(b'S') => at(b, i, b"\"Sidekiq::ActiveJob::Wrapper\""),
+        _ => 0,
+    }
+}
+
+/// The [`Header::named`] bit of a top-level key. Literal patterns (a length test, then a word
+/// compare) as this runs for every top-level key of every job; the test
+/// `named_keys_are_the_runtime_s_names` holds them to the constants.
+#[inline(always)]
+fn named_bit(key: &[u8]) -> u8 {
+    match key {
+        b"unique_key" => UNIQUE_KEY,
+        b"oxidekiq_timeout" => TIMEOUT,
+        b"lock" | b"lock_digest" => GEM_LOCK,
+        _ => 0,
+    }
 }
 
 /// Bits of [`Header::plain`].
@@ -185,9 +239,23 @@ impl<'a> Header<'a> {
             retry: get(p.retry),
             job_data: None,
             plain: 0,
+            activejob: false,
             // A key spelled with an escape (`unique\u005fkey`) reads as `unique_key` too: any `\u`
-            // keeps the lock test on (this path is rare, so the cost is nil).
-            unique_key: raw.contains(UNIQUE_KEY_FIELD) || raw.contains("\\u"),
+            // keeps every test on (this path is rare, so the cost is nil).
+            named: if raw.contains("\\u") {
+                UNIQUE_KEY | TIMEOUT | GEM_LOCK
+            } else {
+                let bit = |names: &[&str], bit: u8| {
+                    if names.iter().any(|n| raw.contains(n)) {
+                        bit
+                    } else {
+                        0
+                    }
+                };
+                bit(&[UNIQUE_KEY_FIELD], UNIQUE_KEY)
+                    | bit(&[TIMEOUT_FIELD], TIMEOUT)
+                    | bit(&GEM_LOCK_KEYS, GEM_LOCK)
+            },
         })
     }
 }
@@ -220,8 +288,7 @@ fn scan_into<'a>(raw: &'a str, h: &mut Header<'a>) -> Option<()> {
             b"wrapped" => (&mut h.wrapped, WRAPPED),
             b"retry" => (&mut h.retry, 0),
             b"args" => {
-                let wrapper = h.class.and_then(|c| c.strip_prefix('"')?.strip_suffix('"'));
-                if wrapper.is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c)) {
+                if h.activejob {
                     r.wrapper_args(&mut h.job_data)?;
                 } else {
                     r.value(1)?;
@@ -229,13 +296,22 @@ fn scan_into<'a>(raw: &'a str, h: &mut Header<'a>) -> Option<()> {
                 (&mut h.args, 0)
             }
             _ => {
-                h.unique_key |= key == UNIQUE_KEY_FIELD.as_bytes();
+                h.named |= named_bit(key);
                 r.value(1)?;
                 more = r.more(b'}')?;
                 continue;
             }
         };
-        if bit != 0 {
+        let wrapper = if bit == CLASS {
+            wrapper_at(r.b, r.i)
+        } else {
+            0
+        };
+        if wrapper > 0 {
+            r.i += wrapper;
+            h.plain |= CLASS;
+            h.activejob = true;
+        } else if bit != 0 {
             if r.string_value(1)? {
                 h.plain |= bit;
             }
@@ -614,6 +690,13 @@ impl<'a> Reader<'a> {
                         let field = Field::rails(next);
                         next += 1;
                         self.ws();
+                        // Seven of Rails' eleven keys are none of the four: their value is only
+                        // checked, without the bookkeeping below.
+                        if field == Field::Other {
+                            self.string_value(3)?;
+                            more_keys = self.more(b'}')?;
+                            continue;
+                        }
                         (field, false)
                     }
                     _ => {
@@ -856,7 +939,8 @@ pub(crate) fn both_ways(raw: &str) -> Result<bool, String> {
             // checked above.
             s.job_data = None;
             s.plain = 0;
-            s.unique_key = p.unique_key;
+            s.activejob = false;
+            s.named = p.named;
             if s == p {
                 Ok(found)
             } else {
@@ -868,8 +952,8 @@ pub(crate) fn both_ways(raw: &str) -> Result<bool, String> {
 }
 
 /// What [`scan`] notes beyond the fields, held to serde_json's reading of `raw`: each `plain` bit
-/// names a string field without a backslash; `unique_key` says exactly whether the payload has that
-/// top-level key; the `job_data` fields are the texts of those keys of the one hash in `args`, and
+/// names a string field without a backslash; each `named` bit says exactly whether the payload has
+/// that top-level key; the `job_data` fields are the texts of those keys of the one hash in `args`, and
 /// their `plain` bits name strings without a backslash.
 #[cfg(any(test, fuzzing))]
 fn notes_hold(raw: &str, s: &Header<'_>) -> Result<(), String> {
@@ -887,14 +971,30 @@ fn notes_hold(raw: &str, s: &Header<'_>) -> Result<(), String> {
             return Err(format!("plain bit {bit} on {text:?}"));
         }
     }
+    let wrapper = s
+        .class
+        .and_then(|c| c.strip_prefix('"')?.strip_suffix('"'))
+        .is_some_and(|c| super::ACTIVEJOB_WRAPPERS.contains(&c));
+    if s.activejob != wrapper {
+        return Err(format!(
+            "activejob noted {}, class {:?}",
+            s.activejob, s.class
+        ));
+    }
     // Keys borrowed (scan refused any with an escape) and values left as text, as `Plain` reads them.
     let top: HashMap<&str, &RawValue> = serde_json::from_str(raw).map_err(|e| e.to_string())?;
-    let unique_key = top.contains_key(UNIQUE_KEY_FIELD);
-    if s.unique_key != unique_key {
-        return Err(format!(
-            "unique_key noted {}, present {unique_key}",
-            s.unique_key
-        ));
+    for (bit, names) in [
+        (UNIQUE_KEY, &[UNIQUE_KEY_FIELD][..]),
+        (TIMEOUT, &[TIMEOUT_FIELD][..]),
+        (GEM_LOCK, &GEM_LOCK_KEYS[..]),
+    ] {
+        let present = names.iter().any(|n| top.contains_key(n));
+        if (s.named & bit != 0) != present {
+            return Err(format!(
+                "{names:?} noted {}, present {present}",
+                s.named & bit != 0
+            ));
+        }
     }
     let Some(jd) = s.job_data else {
         return Ok(());
@@ -1057,6 +1157,24 @@ mod tests {
         }
     }
 
+    /// The literals `wrapper_at` compares are the wrappers' names, quoted; a name cut short, run on or
+    /// escaped is not one.
+    #[test]
+    fn wrapper_literals_are_the_wrappers() {
+        for name in super::super::ACTIVEJOB_WRAPPERS {
+            let quoted = format!("\"{name}\"");
+            assert_eq!(wrapper_at(quoted.as_bytes(), 0), quoted.len(), "{name}");
+            let padded = format!("xx{quoted},");
+            assert_eq!(wrapper_at(padded.as_bytes(), 2), quoted.len(), "{name}");
+            assert_eq!(wrapper_at(&quoted.as_bytes()[..quoted.len() - 1], 0), 0);
+            let longer = format!("\"{name}X\"");
+            assert_eq!(wrapper_at(longer.as_bytes(), 0), 0);
+            let escaped = quoted.replacen('A', "\\u0041", 1);
+            assert_eq!(wrapper_at(escaped.as_bytes(), 0), 0);
+        }
+        assert_eq!(wrapper_at(b"\"NoopJob\"", 0), 0);
+    }
+
     /// The literals `rails_key_at` compares are the table's, each at its own place.
     #[test]
     fn rails_keys_are_compared_in_their_order() {
@@ -1077,6 +1195,67 @@ mod tests {
 #[cfg(test)]
 mod tests_unique_key {
     use crate::job::Job;
+
+    /// The literals [`super::named_bit`] matches are the names the runtime reads.
+    #[test]
+    fn named_keys_are_the_runtime_s_names() {
+        use super::{GEM_LOCK, GEM_LOCK_KEYS, TIMEOUT, UNIQUE_KEY, named_bit};
+        assert_eq!(
+            named_bit(crate::job::UNIQUE_KEY_FIELD.as_bytes()),
+            UNIQUE_KEY
+        );
+        assert_eq!(named_bit(crate::job::TIMEOUT_FIELD.as_bytes()), TIMEOUT);
+        assert!(GEM_LOCK_KEYS.contains(&crate::unique_jobs::LOCK_DIGEST_FIELD));
+        for key in GEM_LOCK_KEYS {
+            assert_eq!(named_bit(key.as_bytes()), GEM_LOCK, "{key}");
+        }
+        assert_eq!(named_bit(b"locks"), 0);
+        assert_eq!(named_bit(b"unique_ke"), 0);
+    }
+
+    /// A payload names a timeout or the gem's lock fields only at its top level: the same names in
+    /// the arguments (an ActiveJob `job_data`'s keys are arguments too) are not the runtime's, and
+    /// an escaped spelling is read by serde_json and keeps each test on.
+    #[test]
+    fn top_level_names_are_noted_where_they_are() {
+        let job = |raw: &str| match Job::parse(raw.as_bytes().to_vec(), 1 << 20) {
+            Ok(job) => (job.may_name_timeout(), job.may_name_gem_lock()),
+            Err((_, e)) => panic!("{raw}: {e}"),
+        };
+        let cases = [
+            (
+                r#"{"class":"X","args":[],"oxidekiq_timeout":2}"#,
+                (true, false),
+            ),
+            (
+                r#"{"class":"X","args":[],"lock":"until_executed"}"#,
+                (false, true),
+            ),
+            (
+                r#"{"class":"X","args":[],"lock_digest":"uniquejobs:d"}"#,
+                (false, true),
+            ),
+            (
+                r#"{"class":"X","args":[{"oxidekiq_timeout":2,"lock":"x","lock_digest":"d"}]}"#,
+                (false, false),
+            ),
+            (
+                r#"{"class":"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper","wrapped":"J","args":[{"job_class":"J","job_id":"i","arguments":[{"lock":1}],"executions":0,"oxidekiq_timeout":1}]}"#,
+                (false, false),
+            ),
+            (
+                r#"{"class":"X","args":[],"oxidekiq\u005ftimeout":2}"#,
+                (true, true),
+            ),
+            (
+                r#"{"class":"X","args":[],"\u006cock":"until_executed"}"#,
+                (true, true),
+            ),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(job(raw), want, "{raw}");
+        }
+    }
 
     fn names_unique_key(raw: &str) -> bool {
         match Job::parse(raw.as_bytes().to_vec(), 1 << 20) {

@@ -140,8 +140,9 @@ impl<'a> Next<'a> {
                 gem_locks: false,
                 ..self
             };
-            // Most payloads are not the gem's: one substring test, no parse.
-            if !crate::unique_jobs::may_be_gems(ctx.job()) {
+            // Most payloads are not the gem's: they name neither of its top-level fields, which the
+            // decoding noted (no substring search of the payload, no parse).
+            if !ctx.job().may_name_gem_lock() {
                 return rest.run(ctx);
             }
             return Box::pin(gem_locked(ctx, rest));
