@@ -47,7 +47,7 @@ begin
                      chdir: WORK, in: File::NULL, out: log, err: File.join(WORK, "valgrind.log"))
   pids << vg
   in_flight = lambda do
-    (redis.keys("oxidekiq:working:*") + redis.keys("oxidekiq:landing:*")).sum do |k|
+    (redis.keys("oxidekiq:batch:*") + redis.keys("oxidekiq:landing:*")).sum do |k|
       k.start_with?("oxidekiq:landing:") ? redis.llen(k) : redis.hlen(k)
     end
   end

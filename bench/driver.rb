@@ -215,7 +215,7 @@ ENQUEUE = {
 # One drain
 
 # Where oxidekiq holds fetched, unacknowledged jobs: working hashes and landing lists.
-def working_keys = $redis.keys("oxidekiq:working:*") + $redis.keys("oxidekiq:landing:*")
+def working_keys = $redis.keys("oxidekiq:batch:*") + $redis.keys("oxidekiq:landing:*")
 def held(key) = key.start_with?("oxidekiq:landing:") ? $redis.llen(key) : $redis.hlen(key)
 def failures = $redis.zcard("retry") + $redis.zcard("dead")
 

@@ -92,8 +92,8 @@ begin
         # read in the same round trip.
         # KEYS: dead set, then per queue its landing list and that source's batch list, its queue and
         # that source's batch list.
-        landed = "oxidekiq:working:probe:1:ab:default:@#{next_id}"
-        list = "oxidekiq:working:probe:1:ab:default:@#{next_id + 1}"
+        landed = "oxidekiq:batch:probe:1:ab:default:@#{next_id}"
+        list = "oxidekiq:batch:probe:1:ab:default:@#{next_id + 1}"
         next_id += 2
         flat, _landed, jobs = redis.pipelined do |p|
           p.evalsha(sha, keys: ["dead", "oxidekiq:landing:probe:1:ab:default", landed, queue, list],

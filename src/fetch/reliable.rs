@@ -2,7 +2,7 @@
 //!
 //! One Lua script copies up to the number of free slots (at most [`MAX_BATCH`], and about
 //! [`BATCH_BYTES`] of payload) from the queues' served ends into batch lists of this process (one per
-//! queue and fetch: `oxidekiq:working:<identity>:<queue>:@<batch>`), in the queue's order, and only then
+//! queue and fetch: `oxidekiq:batch:<identity>:<queue>:@<batch>`), in the queue's order, and only then
 //! trims them from their queue; the same pipeline reads the lists back. No payload goes through Lua
 //! (where Redis would hash every byte): `SORT .. BY nosort LIMIT .. STORE` copies them inside Redis, so
 //! Redis's cost per job barely grows with the payload (bench/results/redis-per-job.md). A job's id is its
@@ -18,8 +18,9 @@
 //! push back the latter whole (nothing in them was handed out), and the shutdown's last sweep every job
 //! of the former not marked done.
 //!
-//! The batch lists of processes that died (and the working hashes and landing lists of older versions)
-//! are pushed back by [`super::recovery`].
+//! The batch lists of processes that died (and the working keys and landing lists of older releases)
+//! are pushed back by [`super::recovery`]. The lists live under `oxidekiq:batch:`, a prefix no older
+//! release scans (see `keys::BATCH`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,7 +38,7 @@ use crate::time::{self, score};
 
 /// The batch fetch. KEYS[1] is the dead set, then four keys per queue, in the round's order: its
 /// landing list (where a blocking wait put a job) and the batch list this fetch fills from it, then its
-/// queue and the batch list this fetch fills from that (`oxidekiq:working:<identity>:<queue>:@<batch>`,
+/// queue and the batch list this fetch fills from that (`oxidekiq:batch:<identity>:<queue>:@<batch>`,
 /// new for every fetch). Takes up to ARGV[1] jobs, each queue's landing list first, from the sources'
 /// served ends into their batch lists, in the source's own order (so a batch list's tail is the job
 /// served first), and only then trims them from their source; the caller reads the lists in the same
@@ -277,8 +278,8 @@ pub(crate) struct Reliable {
     order: QueueOrder,
     /// This process's identity, part of the note on an oversized job.
     identity: String,
-    /// `oxidekiq:working:<identity>:`.
-    working_prefix: String,
+    /// `oxidekiq:batch:<identity>:`.
+    batch_prefix: String,
     /// `oxidekiq:landing:<identity>:`.
     landing_prefix: String,
     /// Every queue name, for the landing lists' sweep.
@@ -319,7 +320,7 @@ impl Reliable {
             names: order.names().to_vec(),
             order,
             identity: identity.to_string(),
-            working_prefix: keys::working_prefix(identity),
+            batch_prefix: keys::batch_prefix(identity),
             landing_prefix: keys::landing_prefix(identity),
             conn,
             blocking,
@@ -354,7 +355,7 @@ impl Reliable {
 
     /// Batch `batch`'s list for `queue` and its acks set.
     fn lists(&self, queue: &Arc<str>, batch: u64) -> (String, String, Arc<str>) {
-        let key = keys::batch_list(&self.working_prefix, queue, batch);
+        let key = keys::batch_list(&self.batch_prefix, queue, batch);
         let acks = keys::acks_of(&key);
         (key, acks, queue.clone())
     }
@@ -747,7 +748,7 @@ impl Reliable {
     async fn strays(&self) -> Result<Vec<(String, String, Arc<str>)>> {
         let mut conn = self.conn.clone();
         let opts = redis::ScanOptions::default()
-            .with_pattern(format!("{}*", self.working_prefix))
+            .with_pattern(format!("{}*", self.batch_prefix))
             .with_count(1000);
         let mut found: Vec<String> = Vec::new();
         {
@@ -761,7 +762,7 @@ impl Reliable {
         Ok(found
             .into_iter()
             .filter_map(|key| {
-                let rest = key.strip_prefix(&self.working_prefix)?;
+                let rest = key.strip_prefix(&self.batch_prefix)?;
                 let (queue, n) = rest.rsplit_once(":@")?;
                 let n: u64 = n.parse().ok()?;
                 (!h.knows(n)).then(|| {
@@ -782,7 +783,7 @@ impl Reliable {
         let strays = match self.strays().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(error = %e, pattern = %format!("{}*", self.working_prefix),
+                tracing::error!(error = %e, pattern = %format!("{}*", self.batch_prefix),
                     "cannot SCAN for this process's stray batch lists; only the ones it knows are pushed back");
                 Vec::new()
             }
@@ -892,7 +893,7 @@ impl Fetch for Reliable {
     }
 
     fn working_prefix(&self) -> Option<String> {
-        Some(self.working_prefix.clone())
+        Some(self.batch_prefix.clone())
     }
 
     fn take_dead(&self) -> u64 {
