@@ -22,7 +22,7 @@
 //! are pushed back by [`super::recovery`]. The lists live under `oxidekiq:batch:`, a prefix no older
 //! release scans (see `keys::BATCH`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -304,6 +304,66 @@ pub(crate) struct Reliable {
     stalls: Stalls,
     /// Oversized jobs sent to the dead set since the last [`Fetch::take_dead`].
     dead: AtomicU64,
+    /// Acks waiting to ride on the next fetch's pipeline ([`Reliable::ack`]).
+    riders: Mutex<Vec<Rider>>,
+    /// Ids of riders.
+    next_rider: AtomicU64,
+    /// How long an ack waits for a fetch to carry it ([`RIDE_WAIT`]; tests lengthen it).
+    ride_wait: Duration,
+    /// Fetch loops in a blocking wait now: while one is, the queues were empty and no fetch is due soon,
+    /// so an ack goes out at once.
+    waiting: AtomicUsize,
+}
+
+/// One ack's commands, built by [`Reliable::ack`].
+#[derive(Debug)]
+enum AckCmd {
+    /// `DEL` a batch list and its acks set: every job of the batch is done.
+    Del(String, String),
+    /// `SADD` places to an acks set.
+    Sadd(String, Vec<u64>),
+}
+
+/// Adds `cmds` to `pipe`, their replies ignored.
+fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd]) {
+    for c in cmds {
+        match c {
+            AckCmd::Del(key, acks) => pipe.del(&[key, acks]).ignore(),
+            AckCmd::Sadd(acks, places) => pipe.sadd(acks, places).ignore(),
+        };
+    }
+}
+
+/// An ack waiting for a fetch to carry its commands. The fetch that takes it answers through `sent`:
+/// true once Redis answered its pipeline, false when it failed; a fetch dropped midway drops `sent`. In
+/// both latter cases the ack sends its commands itself (they are idempotent: an `SADD` of places again,
+/// a `DEL` of keys already gone).
+#[derive(Debug)]
+struct Rider {
+    id: u64,
+    cmds: Arc<Vec<AckCmd>>,
+    sent: tokio::sync::oneshot::Sender<bool>,
+}
+
+/// How long an ack waits for a fetch to carry it before it goes out alone: a fetch loop under load
+/// fetches far more often than this; the wait only delays the ack (at least once: a job acknowledged
+/// late may run again if its process dies meanwhile, as one whose ack was in flight).
+const RIDE_WAIT: Duration = Duration::from_millis(2);
+
+/// Counts a fetch loop in a blocking wait for as long as it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Waiting(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Reliable {
@@ -332,6 +392,10 @@ impl Reliable {
             held: Mutex::new(Held::default()),
             stalls: Stalls::default(),
             dead: AtomicU64::new(0),
+            riders: Mutex::new(Vec::new()),
+            next_rider: AtomicU64::new(0),
+            ride_wait: RIDE_WAIT,
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -351,6 +415,19 @@ impl Reliable {
         self.max_payload_bytes = max_payload_bytes;
         self.fleet = fleet;
         self
+    }
+
+    /// For tests: acks wait up to `wait` for a fetch to carry them.
+    #[cfg(test)]
+    pub(crate) fn with_ride_wait(mut self, wait: Duration) -> Self {
+        self.ride_wait = wait;
+        self
+    }
+
+    /// For tests: how many acks wait for a fetch to carry them.
+    #[cfg(test)]
+    pub(crate) fn riders(&self) -> usize {
+        self.riders.lock().map_or(0, |r| r.len())
     }
 
     /// Batch `batch`'s list for `queue` and its acks set.
@@ -446,16 +523,33 @@ impl Reliable {
         for (key, _, _) in &lists {
             pipe.cmd("LRANGE").arg(key).arg(0).arg(-1);
         }
+        // Acks waiting for a fetch ride along (one round trip fewer each); they are answered below,
+        // and if this fetch fails or is dropped they go out on their own (`Reliable::ack`).
+        let riders = self
+            .riders
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
+        for r in &riders {
+            add_acks(&mut pipe, &r.cmds);
+        }
         let mut conn = self.conn.clone();
-        let replies: Vec<redis::Value> = match pipe.query_async(&mut conn).await {
-            Ok(r) => r,
+        let replies: redis::RedisResult<Vec<redis::Value>> = match pipe.query_async(&mut conn).await
+        {
             Err(e) if e.code() == Some("NOSCRIPT") => {
-                // The script ran nowhere: load it and send the pipeline again.
-                self.script.prepare_invoke().load_async(&mut conn).await?;
-                pipe.query_async(&mut conn).await?
+                // The script ran nowhere: load it and send the pipeline again (the acks in it too:
+                // sending them twice is harmless).
+                match self.script.prepare_invoke().load_async(&mut conn).await {
+                    Ok(_) => pipe.query_async(&mut conn).await,
+                    Err(e) => Err(e),
+                }
             }
-            Err(e) => return Err(e.into()),
+            other => other,
         };
+        for r in riders {
+            let _ = r.sent.send(replies.is_ok());
+        }
+        let replies = replies?;
         let mut replies = replies.into_iter();
         let flat: Vec<Vec<u8>> = match replies.next() {
             Some(v) => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
@@ -562,6 +656,7 @@ impl Reliable {
             keys::queue(first),
             format!("{}{first}", self.landing_prefix),
         );
+        let _waiting = Waiting::new(&self.waiting);
         // The payload comes back in the reply; the batch script copies it out of the landing list (an
         // oversized one goes to the dead set there).
         let moved: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("BLMOVE")
@@ -628,7 +723,7 @@ impl Reliable {
             return Ok(());
         }
         let groups = Self::by_batch(done);
-        let mut pipe = redis::pipe();
+        let mut cmds = Vec::new();
         let mut deleted = Vec::new();
         {
             let h = self.held.lock().map_err(|_| poisoned())?;
@@ -637,14 +732,20 @@ impl Reliable {
                     continue;
                 };
                 if b.left <= b.unsettled(places) {
-                    pipe.del(&[&b.key, &b.acks]).ignore();
+                    cmds.push(AckCmd::Del(b.key.clone(), b.acks.clone()));
                     deleted.push(*batch);
                 } else {
-                    pipe.sadd(&b.acks, places).ignore();
+                    cmds.push(AckCmd::Sadd(b.acks.clone(), places.clone()));
                 }
             }
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        let cmds = Arc::new(cmds);
+        if !cmds.is_empty() && !self.ride(&cmds).await {
+            let mut pipe = redis::pipe();
+            add_acks(&mut pipe, &cmds);
+            pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        }
+        // Counted only now that Redis has the commands (sent by a fetch or above).
         let mut emptied = Vec::new();
         for (batch, places) in &groups {
             if let Some(keys) = self.settle(*batch, places)
@@ -654,6 +755,39 @@ impl Reliable {
             }
         }
         self.delete_emptied(emptied).await
+    }
+
+    /// Hands `cmds` to the next fetch's pipeline and waits up to [`RIDE_WAIT`] for one to take them; true
+    /// once a fetch's pipeline carried them and Redis answered it. False (the caller sends them itself)
+    /// when no fetch took them in time, when the one that took them failed or was dropped, or when a fetch
+    /// loop is in a blocking wait (the queues are empty: no fetch is due soon).
+    async fn ride(&self, cmds: &Arc<Vec<AckCmd>>) -> bool {
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            return false;
+        }
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let id = self.next_rider.fetch_add(1, Ordering::Relaxed);
+        match self.riders.lock() {
+            Ok(mut r) => r.push(Rider {
+                id,
+                cmds: cmds.clone(),
+                sent: tx,
+            }),
+            Err(_) => return false,
+        }
+        if let Ok(answer) = tokio::time::timeout(self.ride_wait, &mut rx).await {
+            return answer.unwrap_or(false);
+        }
+        // No fetch took it in time: take it back, unless one took it just now (then its answer).
+        let taken_back = self.riders.lock().is_ok_and(|mut r| {
+            let before = r.len();
+            r.retain(|x| x.id != id);
+            r.len() < before
+        });
+        if taken_back {
+            return false;
+        }
+        rx.await.unwrap_or(false)
     }
 
     /// Deletes the lists of batches found done after the commands that acknowledged them were built (an

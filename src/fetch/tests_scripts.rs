@@ -889,3 +889,75 @@ async fn a_sweep_cut_off_from_redis_reports_an_outage() {
         assert!(e.is_outage(), "everything={everything}: {e}");
     }
 }
+
+/// Redis's count of read events (`INFO stats` `total_reads_processed`): one per round trip of a small
+/// pipeline.
+fn reads(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// An ack waiting when a fetch is built rides in the fetch's pipeline (issue 32: one round trip fewer
+/// per fetch under load): Redis sees one round trip for both, and once `acknowledge` returns the places
+/// are in the acks set (or the finished batch is gone). Before, the ack was a round trip of its own.
+#[tokio::test]
+async fn an_ack_rides_on_the_next_fetch_and_is_in_redis_when_it_returns() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 4);
+    let f = std::sync::Arc::new(
+        fetcher(&redis, &["a"], ME)
+            .await
+            .with_ride_wait(Duration::from_secs(30)),
+    );
+    let got = f.retrieve_work(2).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let (first, _) = got.split_at(1);
+    let first = first.to_vec();
+    let acker = {
+        let f = f.clone();
+        tokio::spawn(async move { f.acknowledge(&first).await })
+    };
+    for _ in 0..3000 {
+        if f.riders() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(f.riders(), 1, "the ack waits for a fetch");
+    let before = reads(&mut c);
+    let more = f.retrieve_work(2).await.unwrap();
+    assert_eq!(more.len(), 2);
+    tokio::time::timeout(Duration::from_secs(10), acker)
+        .await
+        .expect("the ack ended with the fetch")
+        .unwrap()
+        .unwrap();
+    // The INFO itself is one read more.
+    assert_eq!(
+        reads(&mut c) - before,
+        2,
+        "the fetch and the ack in one round trip"
+    );
+    assert_eq!(held_jids(&mut c, ME), ["a1", "a2", "a3"]);
+    assert_eq!(f.outstanding(), 3);
+}
+
+/// An ack that no fetch carries (the queues are empty, or none comes in time) goes out on its own.
+#[tokio::test]
+async fn an_ack_no_fetch_carries_goes_out_alone() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 2);
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.retrieve_work(2).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), f.acknowledge(&got[..1]))
+        .await
+        .expect("the ack went out alone")
+        .unwrap();
+    assert_eq!(held_jids(&mut c, ME), ["a1"]);
+    assert_eq!(f.riders(), 0);
+}
