@@ -326,13 +326,16 @@ enum AckCmd {
     Sadd(String, Vec<u64>),
 }
 
-/// Adds `cmds` to `pipe`, their replies ignored.
-fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd]) {
+/// Adds `cmds` to `pipe`, their replies ignored when `ignore` (one reply each otherwise).
+fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd], ignore: bool) {
     for c in cmds {
         match c {
-            AckCmd::Del(key, acks) => pipe.del(&[key, acks]).ignore(),
-            AckCmd::Sadd(acks, places) => pipe.sadd(acks, places).ignore(),
+            AckCmd::Del(key, acks) => pipe.del(&[key, acks]),
+            AckCmd::Sadd(acks, places) => pipe.sadd(acks, places),
         };
+        if ignore {
+            pipe.ignore();
+        }
     }
 }
 
@@ -526,34 +529,42 @@ impl Reliable {
             pipe.cmd("LRANGE").arg(key).arg(0).arg(-1);
         }
         // Acks waiting for a fetch ride along (one round trip fewer each); they are answered below,
-        // and if this fetch fails or is dropped they go out on their own (`Reliable::ack`).
+        // and if this fetch fails or is dropped they go out on their own (`Reliable::ack`). Each reply
+        // is read on its own (`ignore_errors`), so an ack refused (its acks set damaged) fails only
+        // that ack, never the fetch, and a fetch that fails fails no ack that Redis took.
         let riders = self
             .riders
             .lock()
             .map(|mut r| std::mem::take(&mut *r))
             .unwrap_or_default();
         for r in &riders {
-            add_acks(&mut pipe, &r.cmds);
+            add_acks(&mut pipe, &r.cmds, false);
         }
+        pipe.ignore_errors();
         let mut conn = self.conn.clone();
-        let replies: redis::RedisResult<Vec<redis::Value>> = match pipe.query_async(&mut conn).await
-        {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                // The script ran nowhere: load it and send the pipeline again (the acks in it too:
-                // sending them twice is harmless).
-                match self.script.prepare_invoke().load_async(&mut conn).await {
-                    Ok(_) => pipe.query_async(&mut conn).await,
-                    Err(e) => Err(e),
-                }
-            }
-            other => other,
+        let noscript = |r: &redis::RedisResult<Vec<redis::RedisResult<redis::Value>>>| matches!(r, Ok(v) if matches!(v.first(), Some(Err(e)) if e.code() == Some("NOSCRIPT")));
+        let mut replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
+            pipe.query_async(&mut conn).await;
+        if noscript(&replies) {
+            // The script ran nowhere: load it and send the pipeline again (the acks in it too:
+            // sending them twice is harmless).
+            replies = match self.script.prepare_invoke().load_async(&mut conn).await {
+                Ok(_) => pipe.query_async(&mut conn).await,
+                Err(e) => Err(e),
+            };
+        }
+        let fetch_replies = 1 + lists.len();
+        let mut acked = match &replies {
+            Ok(v) => v.get(fetch_replies..).unwrap_or_default().iter(),
+            Err(_) => [].iter(),
         };
         for r in riders {
-            let _ = r.sent.send(replies.is_ok());
+            let ok = replies.is_ok() && acked.by_ref().take(r.cmds.len()).all(|x| x.is_ok());
+            let _ = r.sent.send(ok);
         }
         let replies = replies?;
-        let mut replies = replies.into_iter();
-        let flat: Vec<Vec<u8>> = match replies.next() {
+        let mut replies = replies.into_iter().take(fetch_replies);
+        let flat: Vec<Vec<u8>> = match replies.next().transpose()? {
             Some(v) => redis::from_redis_value::<Vec<redis::Value>>(v)
                 .map_err(redis::RedisError::from)?
                 .into_iter()
@@ -563,7 +574,7 @@ impl Reliable {
         };
         let mut read: Vec<Vec<Vec<u8>>> = Vec::with_capacity(lists.len());
         for v in replies {
-            read.push(redis::from_redis_value(v).map_err(redis::RedisError::from)?);
+            read.push(redis::from_redis_value(v?).map_err(redis::RedisError::from)?);
         }
         let busy = !flat.is_empty();
         let (counts, failed) = self.read_reply(flat, &sources);
@@ -748,7 +759,7 @@ impl Reliable {
         let cmds = Arc::new(cmds);
         if !cmds.is_empty() && !self.ride(&cmds).await {
             let mut pipe = redis::pipe();
-            add_acks(&mut pipe, &cmds);
+            add_acks(&mut pipe, &cmds, true);
             pipe.query_async::<()>(&mut self.conn.clone()).await?;
         }
         // Counted only now that Redis has the commands (sent by a fetch or above).

@@ -900,26 +900,23 @@ fn reads(c: &mut redis::Connection) -> u64 {
         .unwrap()
 }
 
-/// An ack waiting when a fetch is built rides in the fetch's pipeline (issue 32: one round trip fewer
-/// per fetch under load): Redis sees one round trip for both, and once `acknowledge` returns the places
-/// are in the acks set (or the finished batch is gone). Before, the ack was a round trip of its own.
-#[tokio::test]
-async fn an_ack_rides_on_the_next_fetch_and_is_in_redis_when_it_returns() {
-    let redis = support::RedisServer::start();
-    let mut c = redis.conn();
-    fill(&mut c, "a", 4);
-    let f = std::sync::Arc::new(
-        fetcher(&redis, &["a"], ME)
+/// A fetcher of queue `a` whose acks wait up to 30 s for a fetch to carry them.
+async fn patient_fetcher(redis: &support::RedisServer) -> std::sync::Arc<Reliable> {
+    std::sync::Arc::new(
+        fetcher(redis, &["a"], ME)
             .await
             .with_ride_wait(Duration::from_secs(30)),
-    );
-    let got = f.retrieve_work(2).await.unwrap();
-    assert_eq!(got.len(), 2);
-    let (first, _) = got.split_at(1);
-    let first = first.to_vec();
+    )
+}
+
+/// Acknowledges `units` in a task of its own, returned once the ack waits for a fetch to carry it.
+async fn ack_waiting(
+    f: &std::sync::Arc<Reliable>,
+    units: Vec<oxidekiq::fetch::UnitOfWork>,
+) -> tokio::task::JoinHandle<oxidekiq::error::Result<()>> {
     let acker = {
         let f = f.clone();
-        tokio::spawn(async move { f.acknowledge(&first).await })
+        tokio::spawn(async move { f.acknowledge(&units).await })
     };
     for _ in 0..3000 {
         if f.riders() == 1 {
@@ -928,6 +925,21 @@ async fn an_ack_rides_on_the_next_fetch_and_is_in_redis_when_it_returns() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert_eq!(f.riders(), 1, "the ack waits for a fetch");
+    acker
+}
+
+/// An ack waiting when a fetch is built rides in the fetch's pipeline (issue 32: one round trip fewer
+/// per fetch under load): Redis sees one round trip for both, and once `acknowledge` returns the places
+/// are in the acks set (or the finished batch is gone). Before, the ack was a round trip of its own.
+#[tokio::test]
+async fn an_ack_rides_on_the_next_fetch_and_is_in_redis_when_it_returns() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 4);
+    let f = patient_fetcher(&redis).await;
+    let got = f.retrieve_work(2).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let acker = ack_waiting(&f, got[..1].to_vec()).await;
     let before = reads(&mut c);
     let more = f.retrieve_work(2).await.unwrap();
     assert_eq!(more.len(), 2);
@@ -960,4 +972,32 @@ async fn an_ack_no_fetch_carries_goes_out_alone() {
         .unwrap();
     assert_eq!(held_jids(&mut c, ME), ["a1"]);
     assert_eq!(f.riders(), 0);
+}
+
+/// An ack refused by Redis (its acks set damaged: a string) fails only itself, never the fetch that
+/// carried it: the fetch hands out its jobs, and the ack, sent again on its own, reports the error.
+#[tokio::test]
+async fn a_refused_ack_riding_on_a_fetch_does_not_fail_the_fetch() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 5);
+    let f = patient_fetcher(&redis).await;
+    let got = f.retrieve_work(3).await.unwrap();
+    assert_eq!(got.len(), 3);
+    let lists: Vec<String> = c.keys(format!("oxidekiq:batch:{ME}:*")).unwrap();
+    let _: () = c
+        .set(oxidekiq::keys::acks_of(&lists[0]), "damaged")
+        .unwrap();
+    let acker = ack_waiting(&f, got[..1].to_vec()).await;
+    let more = f
+        .retrieve_work(2)
+        .await
+        .expect("the fetch is not failed by the ack");
+    assert_eq!(more.len(), 2);
+    let acked = tokio::time::timeout(Duration::from_secs(10), acker)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(acked.is_err(), "the refused ack is an error");
+    assert_eq!(f.outstanding(), 5, "nothing counted done");
 }
