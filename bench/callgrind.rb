@@ -48,9 +48,9 @@ begin
   pids << vg
   # Batch lists (reliable fetch), landing lists, and the working hashes of older versions.
   in_flight = lambda do
-    # Batch lists (reliable fetch's lists) and older working hashes share the prefix: count by type
+    # Count by type: batch lists, landing lists, the working hashes and lists of older releases
     # (a key may also go between KEYS and the count: it then counts 0).
-    (redis.keys("oxidekiq:working:*") + redis.keys("oxidekiq:landing:*")).sum do |k|
+    %w[oxidekiq:batch:* oxidekiq:working:* oxidekiq:landing:*].flat_map { |p| redis.keys(p) }.sum do |k|
       case redis.type(k)
       when "list" then redis.llen(k)
       when "hash" then redis.hlen(k)

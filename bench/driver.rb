@@ -217,13 +217,16 @@ ENQUEUE = {
 # ---------------------------------------------------------------------------------------------------
 # One drain
 
-# Where oxidekiq holds fetched, unacknowledged jobs: batch lists (with their acks sets), landing lists, and the
-# working hashes of releases before issue 32. A batch list is deleted once every job of it is done; an acks
-# set holds no job of its own.
-def working_keys = %w[oxidekiq:working:* oxidekiq:batch:* oxidekiq:landing:*].flat_map { |p| $redis.keys(p) }
+# Where oxidekiq holds fetched, unacknowledged jobs: batch lists, landing lists, and the working hashes and
+# lists of older releases.
+def working_keys = %w[oxidekiq:batch:* oxidekiq:working:* oxidekiq:landing:*].flat_map { |p| $redis.keys(p) }
+# Jobs held in one such key: a batch list's jobs not in its acks set, a landing list's jobs, a working
+# hash's entries (older releases).
 def held(key)
   case $redis.type(key)
-  when "list" then $redis.llen(key)
+  when "list"
+    acks = key.start_with?("oxidekiq:batch:") ? $redis.scard(key.sub("oxidekiq:batch:", "oxidekiq:acks:")) : 0
+    $redis.llen(key) - acks
   when "hash" then $redis.hlen(key)
   else 0
   end
@@ -294,7 +297,7 @@ ensure
 end
 
 # The driver's own commands, left out of the per-job Redis figures.
-DRIVER_COMMANDS = %w[keys hlen llen type info config rename subscribe ping].freeze
+DRIVER_COMMANDS = %w[keys hlen llen type scard info config rename subscribe ping].freeze
 
 # Redis's own count of the commands run since CONFIG RESETSTAT (INFO commandstats), per job:
 # { "evalsha" => [calls per job, µs per job], ... }, the drainer's commands only, busiest first.
@@ -897,7 +900,7 @@ md << md_table(["ratio (medians)", "value", "compared"], ratio_rows) << "\n\n" u
 md << "Enqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s:\n\n" << md_table(LAT_HEAD, lat_rows) << "\n\n" unless lat_rows.empty?
 md << md_table(IDLE_HEAD, idle_rows) << "\n\n" unless idle_rows.empty?
 cmd_rows = $rows.select { |r| r[:commands] && (%w[no-op\ drain ActiveJob\ no-op locks].include?(r[:scenario]) || r[:scenario].start_with?("payload")) }.map do |r|
-  top = r[:commands].first(4).map { |name, (calls, us)| format("%s %.3g (%.2f µs)", name, calls, us) }.join(", ")
+  top = r[:commands].first(10).map { |name, (calls, us)| format("%s %.3g (%.2f µs)", name, calls, us) }.join(", ")
   [r[:scenario], r[:name], r[:concurrency].to_s, top]
 end
 unless cmd_rows.empty?

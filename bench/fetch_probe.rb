@@ -13,7 +13,8 @@
 #   and one of the landing list's batch list, empty here);
 #   once every job of a batch is done, one `DEL` of its list acknowledges them (ACK=sadd: each batch's
 #   jobs are first marked done by one `SADD` of their places to its acks set, as when a batch is
-#   acknowledged in parts, the worst case).
+#   acknowledged in parts, the worst case); the acks ride in the next fetch's pipeline, as oxidekiq's do
+#   under load.
 # DESIGN=old: the batch script before the batch lists (read from git at OLD_REV, e9935e1): it takes each
 #   payload into Lua (`LRANGE`), writes it into the working hash and returns it; acks are `HDEL`s of
 #   ids, 200 at a time.
@@ -80,6 +81,7 @@ begin
   done = 0
   next_id = 1
   held = []
+  pending_acks = []
   loop do
     got =
       case DESIGN
@@ -92,15 +94,19 @@ begin
         # read in the same round trip.
         # KEYS: dead set, then per queue its landing list and that source's batch list, its queue and
         # that source's batch list.
-        landed = "oxidekiq:working:probe:1:ab:default:@#{next_id}"
-        list = "oxidekiq:working:probe:1:ab:default:@#{next_id + 1}"
+        landed = "oxidekiq:batch:probe:1:ab:default:@#{next_id}"
+        list = "oxidekiq:batch:probe:1:ab:default:@#{next_id + 1}"
         next_id += 2
+        riders = pending_acks
+        pending_acks = []
         flat, _landed, jobs = redis.pipelined do |p|
           p.evalsha(sha, keys: ["dead", "oxidekiq:landing:probe:1:ab:default", landed, queue, list],
                          argv: [BATCH, 16 * 1024 * 1024, 32 * 1024 * 1024, "probe",
                                 Time.now.to_f.to_s, Time.now.to_f.to_s, "0", 10_000])
           p.lrange(landed, 0, -1)
           p.lrange(list, 0, -1)
+          # The acks waiting for a fetch ride in its pipeline (src/fetch/reliable.rs `Reliable::ride`).
+          riders.each { |cmd| cmd.(p) }
         end
         raise "unexpected records #{flat.inspect}" if flat.each_slice(3).any? { |_, t, _| %w[dead err].include?(t) }
         jobs.each_with_index.map { |j, i| [list, i, j] }
@@ -122,7 +128,10 @@ begin
         next_id += BATCH
         redis.multi { |m| BATCH.times { m.lmove(queue, list, "RIGHT", "LEFT") } }.compact.map { |j| [list, j] }
       end
-    break if got.empty?
+    if got.empty?
+      redis.pipelined { |p| pending_acks.each { |cmd| cmd.(p) } } unless pending_acks.empty?
+      break
+    end
     held.concat(got)
     done += got.size
     next if held.size < ACK_EVERY && done < JOBS
@@ -131,8 +140,9 @@ begin
     when "floor", "basic"
       nil
     when "script"
-      redis.pipelined do |p|
-        held.group_by(&:first).each do |list, jobs|
+      # Sent with the next fetch (the last ones on their own once the queue is empty).
+      held.group_by(&:first).each do |list, jobs|
+        pending_acks << lambda do |p|
           p.sadd("#{list}:acks", jobs.map { |_, i, _| i }) if ACK == "sadd"
           p.del([list, "#{list}:acks"])
         end

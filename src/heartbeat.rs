@@ -125,7 +125,7 @@ impl ProcessInfo {
 }
 
 /// The identity `host:pid:hex12` of `launcher.rb` (PROTOCOL §6.1), except that a ':' in the host name
-/// becomes '-': recovery splits `oxidekiq:working:<identity>:<queue>` at the colons, and a host name such
+/// becomes '-': recovery splits `oxidekiq:batch:<identity>:<queue>:@<n>` (and older releases' keys) at the colons, and a host name such
 /// as `node:a` would otherwise make the process's keys read as another identity and queue (whose
 /// liveness key never exists). Nothing reads the host out of the identity: the Web UIs show
 /// `info.hostname`, which keeps the real name; Ruby only compares identities whole.

@@ -77,8 +77,17 @@ pub(crate) fn signals(identity: &str) -> String {
     format!("{identity}-signals")
 }
 
-/// What every working hash's name starts with (reliable fetch): `oxidekiq:working:<identity>:<queue>`.
+/// What the working keys of older releases start with: the working hashes
+/// (`oxidekiq:working:<identity>:<queue>`) of the releases before the batch lists, and the batch lists of
+/// the first release that had them (`oxidekiq:working:<identity>:<queue>:@<n>`). This release writes
+/// none; its recovery still takes them (a process of those releases killed in a mixed fleet).
 pub(crate) const WORKING: &str = "oxidekiq:working:";
+
+/// What every batch list's name starts with (reliable fetch): `oxidekiq:batch:<identity>:<queue>:@<n>`.
+/// Not under [`WORKING`]: the recovery of a release before the batch lists SCANs `oxidekiq:working:*`
+/// and would read a batch list as the working hash of a queue named `<queue>:@<n>` (stranding its jobs
+/// in a queue nobody serves); it never looks here.
+pub(crate) const BATCH: &str = "oxidekiq:batch:";
 
 /// What every landing list's name starts with: `oxidekiq:landing:<identity>:<queue>`.
 pub(crate) const LANDING: &str = "oxidekiq:landing:";
@@ -89,9 +98,10 @@ pub(crate) fn iteration(jid: &str) -> String {
     format!("it-{jid}")
 }
 
-/// The prefix of this process's working hashes (reliable fetch); the queue name follows.
-pub(crate) fn working_prefix(identity: &str) -> String {
-    format!("{WORKING}{identity}:")
+/// The prefix of this process's batch lists (reliable fetch): `oxidekiq:batch:<identity>:`; the queue
+/// name and the batch number follow ([`batch_list`]).
+pub(crate) fn batch_prefix(identity: &str) -> String {
+    format!("{BATCH}{identity}:")
 }
 
 /// The prefix of this process's landing lists (where a blocking fetch puts a job before the batch script
@@ -107,18 +117,23 @@ const BATCH_MARK: &str = ":@";
 /// above them (a batch holds at most 1 000 jobs, `fetch::MAX_BATCH`).
 pub(crate) const PLACE_BITS: u32 = 20;
 
-/// A batch list of reliable fetch: `oxidekiq:working:<identity>:<queue>:@<batch>`, the jobs one fetch
-/// took from `queue`, in the queue's order (its tail is served first). A working hash of an older
-/// version is `oxidekiq:working:<identity>:<queue>`: a hash, where this is a list.
-pub(crate) fn batch_list(working_prefix: &str, queue: &str, batch: u64) -> String {
-    format!("{working_prefix}{queue}{BATCH_MARK}{batch}")
+/// A batch list of reliable fetch: `oxidekiq:batch:<identity>:<queue>:@<batch>` (`batch_prefix` from
+/// [`batch_prefix`]), the jobs one fetch took from `queue`, in the queue's order (its tail is served
+/// first). The last release wrote them as `oxidekiq:working:<identity>:<queue>:@<batch>`, and the ones
+/// before it kept a working hash `oxidekiq:working:<identity>:<queue>`; recovery takes all three.
+pub(crate) fn batch_list(batch_prefix: &str, queue: &str, batch: u64) -> String {
+    format!("{batch_prefix}{queue}{BATCH_MARK}{batch}")
 }
 
 /// The set of the places in batch list `held` whose jobs are done (acknowledged, their fate written, or
-/// pushed back): `oxidekiq:acks:<identity>:<queue>:@<batch>`. Outside the working prefix, so recovery's
-/// scan does not take it for a held key.
+/// pushed back): `oxidekiq:acks:<identity>:<queue>:@<batch>`, for a list of either prefix (the last
+/// release's `oxidekiq:working:` lists have the same acks names). Outside the held prefixes, so
+/// recovery's scan does not take it for a held key.
 pub(crate) fn acks_of(held: &str) -> String {
-    match held.strip_prefix(WORKING) {
+    match held
+        .strip_prefix(BATCH)
+        .or_else(|| held.strip_prefix(WORKING))
+    {
         Some(rest) => format!("{ACKS}{rest}"),
         None => format!("{ACKS}{held}"),
     }
@@ -158,10 +173,11 @@ pub(crate) fn split_held(rest: &str) -> Option<(&str, &str)> {
     Some((identity, queue))
 }
 
-/// The pattern that matches every process's batch lists and working hashes (`oxidekiq:working:`) and
-/// the landing lists of older versions, for recovery: one SCAN of the keyspace finds all of them (the
-/// few other keys it lets through are dropped by their prefix; acks sets, `oxidekiq:acks:`, are not).
-pub(crate) const HELD_PATTERN: &str = "oxidekiq:[lw][ao][nr][dk]ing:*";
+/// The pattern that matches every process's batch lists (`oxidekiq:batch:`), the working keys of older
+/// releases (`oxidekiq:working:`) and the landing lists (`oxidekiq:landing:`), for recovery: one SCAN of
+/// the keyspace finds all of them (the few other keys it lets through are dropped by their prefix; acks
+/// sets, `oxidekiq:acks:`, and locks, `oxidekiq:lock:`, are not).
+pub(crate) const HELD_PATTERN: &str = "oxidekiq:[blw][ao][nrt][cdk]*";
 
 /// Hash of processes seen without their liveness key: identity → Redis time (ms) when first seen so;
 /// recovery takes their jobs only once they stay so for a grace (see `fetch/recovery.rs` `ORPHAN_LUA`).
@@ -307,9 +323,14 @@ mod tests {
 
     #[test]
     fn batch_lists_name_their_queue_and_their_acks() {
-        let k = batch_list("oxidekiq:working:h:1:ab:", "q:@x", 12);
-        assert_eq!(k, "oxidekiq:working:h:1:ab:q:@x:@12");
-        let rest = k.strip_prefix(WORKING).unwrap();
+        let k = batch_list(&batch_prefix("h:1:ab"), "q:@x", 12);
+        assert_eq!(k, "oxidekiq:batch:h:1:ab:q:@x:@12");
+        assert_eq!(
+            acks_of("oxidekiq:working:h:1:ab:q:@x:@12"),
+            "oxidekiq:acks:h:1:ab:q:@x:@12",
+            "the last release's lists keep their acks names"
+        );
+        let rest = k.strip_prefix(BATCH).unwrap();
         let (id, tail) = split_held(rest).unwrap();
         assert_eq!(id, "h:1:ab");
         assert_eq!(batch_queue(tail), Some("q:@x"));

@@ -339,7 +339,7 @@ pub(crate) fn to_json(msg: &Map<String, Value>) -> String {
 /// never duplicates a job whose fate landed. Basic fetch has no batch list, hence no token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Token {
-    /// The batch list, `oxidekiq:working:<identity>:<queue>:@<batch>` ([`keys::batch_list`]).
+    /// The batch list, `oxidekiq:batch:<identity>:<queue>:@<batch>` ([`keys::batch_list`]).
     pub working: String,
     /// The job's place in it (from its head).
     pub id: u64,

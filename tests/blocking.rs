@@ -165,7 +165,7 @@ fn blocked_jobs_do_not_hold_up_the_control_plane(threads: Option<&str>) {
     let retries: usize = conn.zcard("retry").unwrap();
     let dead: usize = conn.zcard("dead").unwrap();
     assert_eq!((retries, dead), (0, 0), "a blocked job got a fate as well");
-    let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
+    let held: Vec<String> = conn.keys("oxidekiq:batch:*").unwrap();
     assert!(held.is_empty(), "jobs stranded in {held:?}");
     let log = ox.log();
     assert!(log.contains("Bye!"), "no clean end in the log:\n{log}");
@@ -366,7 +366,7 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
             (0, 0),
             "a late end wrote a fate ({fetch:?})"
         );
-        let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
+        let held: Vec<String> = conn.keys("oxidekiq:batch:*").unwrap();
         assert!(held.is_empty(), "held after the stop: {held:?} ({fetch:?})");
     }
 }
@@ -391,7 +391,7 @@ fn a_stop_flushes_job_locks_while_jobs_block_every_thread() {
     assert!(
         wait_until(Duration::from_secs(20), || {
             let queued: usize = conn.llen("queue:default").unwrap();
-            let held: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
+            let held: Vec<String> = conn.keys("oxidekiq:batch:*").unwrap();
             queued == 0
                 && held
                     .iter()

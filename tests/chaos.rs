@@ -9,8 +9,8 @@
 //! and recovers what the dead left behind, and every jid is accounted for:
 //!
 //! - **lost**: it never ran to its end and is in no queue, retry, schedule or dead set;
-//! - **stranded**: anything left in oxidekiq's own keys (`oxidekiq:working:*`: batch lists, their jobs
-//!   not marked done; `oxidekiq:landing:*` of older versions) after everything stopped, or a drain that stops making progress with jobs still held;
+//! - **stranded**: anything left in oxidekiq's own keys (`oxidekiq:batch:*`: batch lists, their jobs
+//!   not marked done; `oxidekiq:working:*` and `oxidekiq:landing:*` of older versions) after everything stopped, or a drain that stops making progress with jobs still held;
 //! - **duplicates**: a job that ran to its end twice is legitimate (at least once) only while the total
 //!   stays within what was in flight at the faults (working hashes and landing lists, counted at each
 //!   fault, and at each TERM for a job cut off at the deadline right after its last write);
@@ -497,15 +497,23 @@ struct HeldJob {
 
 /// Every job held in oxidekiq's keys right now; `pid` limits it to one process.
 fn held_jobs(c: &mut redis::Connection, pid: Option<u32>) -> Vec<HeldJob> {
-    let (wp, lp) = match pid {
+    let (bp, wp, lp) = match pid {
         Some(p) => (
+            format!("oxidekiq:batch:*:{p}:*"),
             format!("oxidekiq:working:*:{p}:*"),
             format!("oxidekiq:landing:*:{p}:*"),
         ),
-        None => ("oxidekiq:working:*".into(), "oxidekiq:landing:*".into()),
+        None => (
+            "oxidekiq:batch:*".into(),
+            "oxidekiq:working:*".into(),
+            "oxidekiq:landing:*".into(),
+        ),
     };
     let mut out = Vec::new();
-    let working: Vec<String> = c.keys(&wp).unwrap_or_default();
+    // Batch lists, and anything under the older releases' prefix (this release writes nothing there: a
+    // key found there is held all the same).
+    let mut working: Vec<String> = c.keys(&bp).unwrap_or_default();
+    working.extend(c.keys::<_, Vec<String>>(&wp).unwrap_or_default());
     for k in working {
         // A batch list: its jobs not marked done.
         let kind: String = redis::cmd("TYPE").arg(&k).query(c).unwrap_or_default();
@@ -558,10 +566,12 @@ fn jid_of(payload: &str) -> Option<String> {
     v.get("jid")?.as_str().map(str::to_string)
 }
 
-/// Every non-empty `oxidekiq:working:*` / `oxidekiq:landing:*` key with its size.
+/// Every non-empty `oxidekiq:batch:*` / `oxidekiq:working:*` / `oxidekiq:landing:*` key with its size.
 fn own_keys(c: &mut redis::Connection) -> Vec<(String, usize)> {
     let mut out = Vec::new();
-    for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
+    let mut held: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
+    held.extend(c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap());
+    for k in held {
         // Batch lists and working hashes: the jobs not marked done.
         let n = support::held_in(c, &k).len();
         if n > 0 {
@@ -1066,7 +1076,8 @@ impl<'a> Run<'a> {
                 let mut detail = String::new();
                 for k in &keys {
                     let owner = k
-                        .strip_prefix("oxidekiq:working:")
+                        .strip_prefix("oxidekiq:batch:")
+                        .or_else(|| k.strip_prefix("oxidekiq:working:"))
                         .or_else(|| k.strip_prefix("oxidekiq:landing:"))
                         .map(|r| r.splitn(4, ':').take(3).collect::<Vec<_>>().join(":"))
                         .unwrap_or_default();

@@ -98,7 +98,7 @@ fn wait_busy(conn: &mut redis::Connection, identity: &str, n: usize) {
 
 /// Every key of this process's reliable-fetch working lists that still holds something.
 fn nonempty_working_lists(conn: &mut redis::Connection) -> Vec<String> {
-    let keys: Vec<String> = conn.keys("oxidekiq:working:*").unwrap();
+    let keys: Vec<String> = conn.keys("oxidekiq:batch:*").unwrap();
     keys.into_iter()
         .filter(|k| !support::held_in(conn, k).is_empty())
         .collect()

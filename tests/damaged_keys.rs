@@ -165,7 +165,7 @@ fn killed_process_jobs_are_recovered_despite(
         "the damaged key {reported} is not reported at error level:\n{log}"
     );
     stop(&mut second);
-    let held: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let held: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     assert!(held.is_empty(), "jobs still held: {held:?}");
     assert_eq!(c.llen::<_, usize>("queue:default").unwrap(), 4);
 }
@@ -199,7 +199,7 @@ fn dying(queue: &str, jid: &str) -> String {
 
 /// The jids held in oxidekiq's working keys (batch lists: the jobs not marked done).
 fn held_jids(c: &mut redis::Connection) -> Vec<String> {
-    let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     let mut out = Vec::new();
     for k in keys {
         let values: Vec<String> = support::held_in(c, &k);

@@ -695,7 +695,7 @@ async fn a_stale_run_of_an_until_executed_job_cannot_release_the_lock_of_a_newer
     .await;
     // Its fate is settled right after the worker returns; wait for its ack to be sure it was.
     wait_for("run 1's ack", Duration::from_secs(10), || {
-        let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+        let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
         keys.iter()
             .map(|k| support::held_in(&mut c, k).len())
             .sum::<usize>()

@@ -340,13 +340,10 @@ fn killing_every_oxidekiq_mid_canary_keeps_new_jobs_on_ruby_and_roll_back_strand
     assert!(out.contains("moved"), "{out}");
     assert!(lrange(&mut c, "queue:default_rust").is_empty(), "{out}");
     let held: Vec<String> = redis::cmd("KEYS")
-        .arg("oxidekiq:working:*")
+        .arg("oxidekiq:batch:*")
         .query(&mut c)
         .unwrap();
-    let held_jobs: usize = held
-        .iter()
-        .map(|k| redis::cmd("HLEN").arg(k).query::<usize>(&mut c).unwrap())
-        .sum();
+    let held_jobs: usize = held.iter().map(|k| support::held_in(&mut c, k).len()).sum();
     assert_eq!(
         held_jobs, 0,
         "nothing stranded in a dead process's working hash: {out}"
@@ -691,7 +688,7 @@ fn a_roll_back_during_a_drain_strands_nothing_on_the_rust_queue_and_starts_no_ru
         ["late", "retried", "run0", "run1", "run2", "run3", "run4"]
     );
     let held: Vec<String> = redis::cmd("KEYS")
-        .arg("oxidekiq:working:*")
+        .arg("oxidekiq:batch:*")
         .query(&mut c)
         .unwrap();
     assert!(held.is_empty(), "{held:?}");

@@ -183,7 +183,7 @@ async fn run(payloads: &[String]) -> Fates {
     assert!(all_placed, "not every job reached a fate: {fates:?}");
     // Nothing stays in flight: the working hash is empty and the Busy page (refreshed every beat) too.
     let working_empty = support::wait_until(Duration::from_secs(10), || {
-        let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+        let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
         keys.iter().all(|k| support::held_in(&mut c, k).is_empty())
     });
     assert!(working_empty, "a job stayed in a working hash");
@@ -205,7 +205,7 @@ async fn run(payloads: &[String]) -> Fates {
     for j in &jids {
         assert_eq!(fates.places(j), 1, "{j} has exactly one fate: {fates:?}");
     }
-    let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     for k in keys {
         assert_eq!(
             support::held_in(&mut c, &k).len(),
@@ -397,7 +397,7 @@ fn the_issue_payload_lands_in_the_retry_set_when_run_by_the_binary() {
     // The process is still up, and nothing of p1 stays in flight.
     assert!(ox.try_exit().is_none(), "oxidekiq exited:\n{}", ox.log());
     let working_empty = support::wait_until(Duration::from_secs(10), || {
-        let keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+        let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
         keys.iter().all(|k| support::held_in(&mut c, k).is_empty())
     });
     assert!(working_empty, "p1 stayed in a working hash");

@@ -157,7 +157,7 @@ async fn every_client_version_payload_reaches_its_worker_with_typed_args() {
     }
     assert!(seen.iter().any(|s| s.contains("12345678901234567890")));
     // Every job's fate is in Redis: the working lists are empty.
-    let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let working: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     for k in working {
         assert_eq!(support::held_in(&mut c, &k).len(), 0, "{k}");
     }
@@ -258,7 +258,7 @@ async fn concurrency_bounds_running_jobs_and_fetches_no_more_than_free_slots() {
     .await;
     // Give a fetch loop that ignored its free slots the time to fetch more (it polls every few ms).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let working: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     let held: usize = working
         .iter()
         .map(|k| support::held_in(&mut c, k).len())
@@ -296,7 +296,7 @@ async fn stop_pushes_unfinished_jobs_back_byte_identical_to_the_served_end() {
     // The unfinished job is at the tail (served next by BRPOP/RPOP), byte for byte.
     let tail: Vec<u8> = c.lindex("queue:default", -1).unwrap();
     assert_eq!(tail, long.as_bytes());
-    let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let working: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     assert!(working.is_empty(), "{working:?}");
     let members: Vec<String> = c.smembers("processes").unwrap();
     assert!(!members.contains(&identity));

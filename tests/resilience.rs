@@ -154,7 +154,7 @@ fn spawn_worker(url: &str) -> Child {
 
 /// Every key where a process holds fetched jobs: working hashes and landing lists.
 fn working_keys(c: &mut redis::Connection) -> Vec<String> {
-    let mut keys: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let mut keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     keys.extend(c.keys::<_, Vec<String>>("oxidekiq:landing:*").unwrap());
     keys
 }
@@ -404,8 +404,8 @@ async fn a_redis_stall_past_the_liveness_ttl_takes_no_live_process_jobs() {
     assert!(support::wait_until(Duration::from_secs(20), || {
         // Held jobs by process (a process's batch lists share its identity, `host:pid:nonce`).
         let mut by_process: std::collections::HashMap<String, usize> = Default::default();
-        for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
-            let rest = k.trim_start_matches("oxidekiq:working:");
+        for k in c.keys::<_, Vec<String>>("oxidekiq:batch:*").unwrap() {
+            let rest = k.trim_start_matches("oxidekiq:batch:");
             let owner: Vec<&str> = rest.splitn(4, ':').take(3).collect();
             *by_process.entry(owner.join(":")).or_default() += support::held_in(&mut c, &k).len();
         }

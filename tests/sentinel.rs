@@ -274,7 +274,7 @@ fn a_failover_mid_drain_loses_no_acknowledged_job_and_the_drain_goes_on() {
         ox.log()
     );
     // The keys that hold fetched jobs (other oxidekiq keys, such as run counters, hold no job).
-    let mut leftover: Vec<String> = ac.keys("oxidekiq:working:*").unwrap_or_default();
+    let mut leftover: Vec<String> = ac.keys("oxidekiq:batch:*").unwrap_or_default();
     leftover.extend(
         ac.keys::<_, Vec<String>>("oxidekiq:landing:*")
             .unwrap_or_default(),

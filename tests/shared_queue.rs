@@ -89,10 +89,10 @@ fn counts(c: &mut redis::Connection, key: &str) -> HashMap<String, u64> {
     c.hgetall(key).unwrap()
 }
 
-/// Every non-empty `oxidekiq:working:*` or `oxidekiq:landing:*` key.
+/// Every non-empty `oxidekiq:batch:*` or `oxidekiq:landing:*` key.
 fn own_keys(c: &mut redis::Connection) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for k in c.keys::<_, Vec<String>>("oxidekiq:working:*").unwrap() {
+    for k in c.keys::<_, Vec<String>>("oxidekiq:batch:*").unwrap() {
         if !support::held_in(c, &k).is_empty() {
             out.push(k);
         }
@@ -219,7 +219,7 @@ fn sigkill_of_oxidekiq_on_a_shared_queue_ruby_cleanup_and_our_recovery_keep_to_t
 
     let ids: Vec<String> = (0..400).map(|i| format!("k{i}")).collect();
     push_bulk(&redis, &ids, "sleep", 300, "true");
-    let working = format!("oxidekiq:working:{ox_id}:*");
+    let working = format!("oxidekiq:batch:{ox_id}:*");
     assert!(
         wait_until(Duration::from_secs(60), || {
             ids_in_working(&mut c, &working).len() >= 5

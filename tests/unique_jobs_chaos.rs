@@ -293,7 +293,7 @@ async fn one_seed(seed: u64) {
         let queued: usize = c.llen("queue:chaos").await.unwrap();
         // No job in flight anywhere: a killed process's working hash goes once recovery took it back
         // (Redis drops an emptied hash), and a job run before the kill is not done until its rerun.
-        let working: Vec<String> = c.keys("oxidekiq:working:*").await.unwrap();
+        let working: Vec<String> = c.keys("oxidekiq:batch:*").await.unwrap();
         let idle = queued == 0 && working.is_empty();
         if (idle && unexplained.is_empty()) || tokio::time::Instant::now() > deadline {
             break;

@@ -154,8 +154,8 @@ pub(crate) trait Fetch: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// The prefix of this process's working hashes, whose entries are the jobs' fate tokens
-    /// ([`crate::retry::Token`]); `None` when jobs are not held in Redis.
+    /// The prefix of this process's batch lists (`oxidekiq:batch:<identity>:`), whose entries are the
+    /// jobs' fate tokens ([`crate::retry::Token`]); `None` when jobs are not held in Redis.
     fn working_prefix(&self) -> Option<String> {
         None
     }

@@ -1,6 +1,7 @@
 //! Orphan recovery for reliable fetch: the batch lists of processes that died go back to their queues,
-//! and so do the working hashes and landing lists of processes of older versions (an upgrade in the
-//! middle of a fleet loses nothing).
+//! and so do the working keys of processes of older releases (the last release's batch lists under
+//! `oxidekiq:working:`, the working hashes before them) and landing lists (an upgrade or a roll back in
+//! the middle of a fleet loses nothing).
 //!
 //! Whether a process is dead is decided inside the script, by Redis's clock, with a grace that lets a
 //! process which merely could not beat (a Redis stall) reclaim its liveness key ([`mark_alive`]) and keep
@@ -256,11 +257,22 @@ pub(crate) async fn recover_orphans(
     result.map(Some)
 }
 
+/// Where a held key found by the scan lives.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// `oxidekiq:batch:`: this release's batch lists.
+    Batch,
+    /// `oxidekiq:working:`: the last release's batch lists and older releases' working hashes.
+    Working,
+    /// `oxidekiq:landing:`: landing lists.
+    Landing,
+}
+
 /// One held key of a process found by the scan: the key, its acks set (the key itself when it has none),
 /// the queue a batch list goes back to, and the queue a working hash or landing list goes back to.
 type HeldKey = (String, String, String, String);
 
-/// The batch lists, working hashes (of older versions) and landing lists of every process but this one,
+/// The batch lists, working keys (of older releases) and landing lists of every process but this one,
 /// by process.
 async fn held_by_others(
     conn: &mut Conn,
@@ -281,12 +293,17 @@ async fn held_by_others(
     // Every key of one process goes to one script call, so one decision covers all of them.
     let mut by_process: Vec<(String, Vec<HeldKey>)> = Vec::new();
     for key in held {
-        let (rest, working) = match key.strip_prefix(keys::WORKING) {
-            Some(rest) => (rest, true),
-            None => match key.strip_prefix(keys::LANDING) {
-                Some(rest) => (rest, false),
-                None => continue,
-            },
+        // Three layouts: this release's batch lists (`oxidekiq:batch:`), the working keys of older
+        // releases (`oxidekiq:working:`: the last release's batch lists, and before them working hashes)
+        // and landing lists (`oxidekiq:landing:`, every release).
+        let (rest, kind) = if let Some(rest) = key.strip_prefix(keys::BATCH) {
+            (rest, Layout::Batch)
+        } else if let Some(rest) = key.strip_prefix(keys::WORKING) {
+            (rest, Layout::Working)
+        } else if let Some(rest) = key.strip_prefix(keys::LANDING) {
+            (rest, Layout::Landing)
+        } else {
+            continue;
         };
         // identity = host:pid:hex12; the queue name is the rest (both may hold ':').
         let Some((identity, queue)) = keys::split_held(rest) else {
@@ -295,19 +312,31 @@ async fn held_by_others(
         if identity == own_identity {
             continue;
         }
-        // A batch list (`<queue>:@<n>`) has an acks set; the script tells it from a working hash of an
-        // older version by its type, and sends each to its own queue.
-        let batch = if working {
-            keys::batch_queue(queue)
-        } else {
-            None
+        // A batch list (`<queue>:@<n>`) has an acks set; under `oxidekiq:working:` the script tells it
+        // from a working hash of an older version by its type, and sends each to its own queue. Under
+        // `oxidekiq:batch:` every key is a batch list: one without its number is no key of ours.
+        let batch = match kind {
+            Layout::Batch => match keys::batch_queue(queue) {
+                Some(q) => Some(q),
+                None => {
+                    tracing::warn!(%key, "orphan recovery: a key under oxidekiq:batch: without a batch number; left alone");
+                    continue;
+                }
+            },
+            Layout::Working => keys::batch_queue(queue),
+            Layout::Landing => None,
         };
         let acks = batch.map_or_else(|| key.clone(), |_| keys::acks_of(&key));
         let held = (
             key.clone(),
             acks,
             keys::queue(batch.unwrap_or(queue)),
-            keys::queue(queue),
+            // A key under `oxidekiq:batch:` of another type than a list (none is written so) still
+            // goes to the queue its name gives, not to `<queue>:@<n>`.
+            keys::queue(match kind {
+                Layout::Batch => batch.unwrap_or(queue),
+                _ => queue,
+            }),
         );
         let identity = identity.to_string();
         match by_process.iter_mut().find(|(i, _)| *i == identity) {

@@ -2,7 +2,7 @@
 //!
 //! One Lua script copies up to the number of free slots (at most [`MAX_BATCH`], and about
 //! [`BATCH_BYTES`] of payload) from the queues' served ends into batch lists of this process (one per
-//! queue and fetch: `oxidekiq:working:<identity>:<queue>:@<batch>`), in the queue's order, and only then
+//! queue and fetch: `oxidekiq:batch:<identity>:<queue>:@<batch>`), in the queue's order, and only then
 //! trims them from their queue; the same pipeline reads the lists back. No payload goes through Lua
 //! (where Redis would hash every byte): `SORT .. BY nosort LIMIT .. STORE` copies them inside Redis, so
 //! Redis's cost per job barely grows with the payload (bench/results/redis-per-job.md). A job's id is its
@@ -18,10 +18,11 @@
 //! push back the latter whole (nothing in them was handed out), and the shutdown's last sweep every job
 //! of the former not marked done.
 //!
-//! The batch lists of processes that died (and the working hashes and landing lists of older versions)
-//! are pushed back by [`super::recovery`].
+//! The batch lists of processes that died (and the working keys and landing lists of older releases)
+//! are pushed back by [`super::recovery`]. The lists live under `oxidekiq:batch:`, a prefix no older
+//! release scans (see `keys::BATCH`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ use crate::time::{self, score};
 
 /// The batch fetch. KEYS[1] is the dead set, then four keys per queue, in the round's order: its
 /// landing list (where a blocking wait put a job) and the batch list this fetch fills from it, then its
-/// queue and the batch list this fetch fills from that (`oxidekiq:working:<identity>:<queue>:@<batch>`,
+/// queue and the batch list this fetch fills from that (`oxidekiq:batch:<identity>:<queue>:@<batch>`,
 /// new for every fetch). Takes up to ARGV[1] jobs, each queue's landing list first, from the sources'
 /// served ends into their batch lists, in the source's own order (so a batch list's tail is the job
 /// served first), and only then trims them from their source; the caller reads the lists in the same
@@ -52,6 +53,8 @@ use crate::time::{self, score};
 /// batch stops once it holds ARGV[3] bytes. A queue whose key has the wrong type is skipped with an
 /// error; the others are served. Returns records: source number (1-based: queue i's landing list is
 /// 2i-1, its queue 2i), "n", count in its batch list | number, "dead", size | number, "err", message.
+/// Numbers go back as integer replies and constant arguments as strings: every number Lua turns into a
+/// string is a `printf` of a double, a few thousand instructions each, at a fixed cost per fetch.
 const FETCH_LUA: &str = concat!(
     lua_common!(),
     r#"
@@ -73,7 +76,7 @@ local skip = 0
 for i = 1, ns do
   if taken >= max or bytes >= budget then break end
   if i ~= skip then
-  local q = tostring(i)
+  local q = i
   local src, dest = KEYS[2 * i], KEYS[2 * i + 1]
   local err, done = nil, 0
   local n = redis.pcall('LLEN', src)
@@ -91,7 +94,7 @@ for i = 1, ns do
     -- job twice): the copy is undone and the source read job by job below, sizes measured in Lua.
     local mem = cap + 1
     if not failed(redis.pcall('SORT', src, 'BY', 'nosort', 'LIMIT', n - k, k, 'STORE', dest)) then
-      mem = redis.pcall('MEMORY', 'USAGE', dest, 'SAMPLES', 0) or 0
+      mem = redis.pcall('MEMORY', 'USAGE', dest, 'SAMPLES', '0') or 0
       if failed(mem) then mem = cap + 1 end
     end
     if mem <= cap and bytes + mem <= budget then
@@ -123,7 +126,7 @@ for i = 1, ns do
         local msg = 'payload of ' .. size .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '.' .. taken .. ')'
         err = to_dead(dead, annotate(job, 'Oxidekiq::InvalidPayload', msg, failed_at), score, trim_before, dead_max)
         if err then break end
-        out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = tostring(size)
+        out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = size
       else
         local r = redis.pcall('LPUSH', dest, job)
         if failed(r) then err = dest .. ' is a ' .. kind(dest) .. ', not a list: ' .. r.err; break end
@@ -133,9 +136,9 @@ for i = 1, ns do
       if bytes >= budget then break end
     end
   end
-  if done > 0 then redis.call('LTRIM', src, 0, -(done + 1)) end
+  if done > 0 then redis.call('LTRIM', src, '0', -(done + 1)) end
   if fast then kept = k end
-  if kept > 0 then out[#out + 1] = q; out[#out + 1] = 'n'; out[#out + 1] = tostring(kept) end
+  if kept > 0 then out[#out + 1] = q; out[#out + 1] = 'n'; out[#out + 1] = kept end
   if err then
     out[#out + 1] = q; out[#out + 1] = 'err'; out[#out + 1] = err
     -- A landing list that fails skips its queue too (as one error of the queue).
@@ -277,8 +280,8 @@ pub(crate) struct Reliable {
     order: QueueOrder,
     /// This process's identity, part of the note on an oversized job.
     identity: String,
-    /// `oxidekiq:working:<identity>:`.
-    working_prefix: String,
+    /// `oxidekiq:batch:<identity>:`.
+    batch_prefix: String,
     /// `oxidekiq:landing:<identity>:`.
     landing_prefix: String,
     /// Every queue name, for the landing lists' sweep.
@@ -303,6 +306,69 @@ pub(crate) struct Reliable {
     stalls: Stalls,
     /// Oversized jobs sent to the dead set since the last [`Fetch::take_dead`].
     dead: AtomicU64,
+    /// Acks waiting to ride on the next fetch's pipeline ([`Reliable::ack`]).
+    riders: Mutex<Vec<Rider>>,
+    /// Ids of riders.
+    next_rider: AtomicU64,
+    /// How long an ack waits for a fetch to carry it ([`RIDE_WAIT`]; tests lengthen it).
+    ride_wait: Duration,
+    /// Fetch loops in a blocking wait now: while one is, the queues were empty and no fetch is due soon,
+    /// so an ack goes out at once.
+    waiting: AtomicUsize,
+}
+
+/// One ack's commands, built by [`Reliable::ack`].
+#[derive(Debug)]
+enum AckCmd {
+    /// `DEL` a batch list and its acks set: every job of the batch is done.
+    Del(String, String),
+    /// `SADD` places to an acks set.
+    Sadd(String, Vec<u64>),
+}
+
+/// Adds `cmds` to `pipe`, their replies ignored when `ignore` (one reply each otherwise).
+fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd], ignore: bool) {
+    for c in cmds {
+        match c {
+            AckCmd::Del(key, acks) => pipe.del(&[key, acks]),
+            AckCmd::Sadd(acks, places) => pipe.sadd(acks, places),
+        };
+        if ignore {
+            pipe.ignore();
+        }
+    }
+}
+
+/// An ack waiting for a fetch to carry its commands. The fetch that takes it answers through `sent`:
+/// true once Redis answered its pipeline, false when it failed; a fetch dropped midway drops `sent`. In
+/// both latter cases the ack sends its commands itself (they are idempotent: an `SADD` of places again,
+/// a `DEL` of keys already gone).
+#[derive(Debug)]
+struct Rider {
+    id: u64,
+    cmds: Arc<Vec<AckCmd>>,
+    sent: tokio::sync::oneshot::Sender<bool>,
+}
+
+/// How long an ack waits for a fetch to carry it before it goes out alone: a fetch loop under load
+/// fetches far more often than this; the wait only delays the ack (at least once: a job acknowledged
+/// late may run again if its process dies meanwhile, as one whose ack was in flight).
+const RIDE_WAIT: Duration = Duration::from_millis(2);
+
+/// Counts a fetch loop in a blocking wait for as long as it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Waiting(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Reliable {
@@ -319,7 +385,7 @@ impl Reliable {
             names: order.names().to_vec(),
             order,
             identity: identity.to_string(),
-            working_prefix: keys::working_prefix(identity),
+            batch_prefix: keys::batch_prefix(identity),
             landing_prefix: keys::landing_prefix(identity),
             conn,
             blocking,
@@ -331,6 +397,10 @@ impl Reliable {
             held: Mutex::new(Held::default()),
             stalls: Stalls::default(),
             dead: AtomicU64::new(0),
+            riders: Mutex::new(Vec::new()),
+            next_rider: AtomicU64::new(0),
+            ride_wait: RIDE_WAIT,
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -352,9 +422,22 @@ impl Reliable {
         self
     }
 
+    /// For tests: acks wait up to `wait` for a fetch to carry them.
+    #[cfg(test)]
+    pub(crate) fn with_ride_wait(mut self, wait: Duration) -> Self {
+        self.ride_wait = wait;
+        self
+    }
+
+    /// For tests: how many acks wait for a fetch to carry them.
+    #[cfg(test)]
+    pub(crate) fn riders(&self) -> usize {
+        self.riders.lock().map_or(0, |r| r.len())
+    }
+
     /// Batch `batch`'s list for `queue` and its acks set.
     fn lists(&self, queue: &Arc<str>, batch: u64) -> (String, String, Arc<str>) {
-        let key = keys::batch_list(&self.working_prefix, queue, batch);
+        let key = keys::batch_list(&self.batch_prefix, queue, batch);
         let acks = keys::acks_of(&key);
         (key, acks, queue.clone())
     }
@@ -445,24 +528,53 @@ impl Reliable {
         for (key, _, _) in &lists {
             pipe.cmd("LRANGE").arg(key).arg(0).arg(-1);
         }
+        // Acks waiting for a fetch ride along (one round trip fewer each); they are answered below,
+        // and if this fetch fails or is dropped they go out on their own (`Reliable::ack`). Each reply
+        // is read on its own (`ignore_errors`), so an ack refused (its acks set damaged) fails only
+        // that ack, never the fetch, and a fetch that fails fails no ack that Redis took.
+        let riders = self
+            .riders
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
+        for r in &riders {
+            add_acks(&mut pipe, &r.cmds, false);
+        }
+        pipe.ignore_errors();
         let mut conn = self.conn.clone();
-        let replies: Vec<redis::Value> = match pipe.query_async(&mut conn).await {
-            Ok(r) => r,
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                // The script ran nowhere: load it and send the pipeline again.
-                self.script.prepare_invoke().load_async(&mut conn).await?;
-                pipe.query_async(&mut conn).await?
-            }
-            Err(e) => return Err(e.into()),
+        let noscript = |r: &redis::RedisResult<Vec<redis::RedisResult<redis::Value>>>| matches!(r, Ok(v) if matches!(v.first(), Some(Err(e)) if e.code() == Some("NOSCRIPT")));
+        let mut replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
+            pipe.query_async(&mut conn).await;
+        if noscript(&replies) {
+            // The script ran nowhere: load it and send the pipeline again (the acks in it too:
+            // sending them twice is harmless).
+            replies = match self.script.prepare_invoke().load_async(&mut conn).await {
+                Ok(_) => pipe.query_async(&mut conn).await,
+                Err(e) => Err(e),
+            };
+        }
+        let fetch_replies = 1 + lists.len();
+        let mut acked = match &replies {
+            Ok(v) => v.get(fetch_replies..).unwrap_or_default().iter(),
+            Err(_) => [].iter(),
         };
-        let mut replies = replies.into_iter();
-        let flat: Vec<Vec<u8>> = match replies.next() {
-            Some(v) => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
+        for r in riders {
+            let ok = replies.is_ok() && acked.by_ref().take(r.cmds.len()).all(|x| x.is_ok());
+            let _ = r.sent.send(ok);
+        }
+        let replies = replies?;
+        let mut replies = replies.into_iter().take(fetch_replies);
+        let flat: Vec<Vec<u8>> = match replies.next().transpose()? {
+            Some(v) => redis::from_redis_value::<Vec<redis::Value>>(v)
+                .map_err(redis::RedisError::from)?
+                .into_iter()
+                .map(reply_bytes)
+                .collect(),
             None => Vec::new(),
         };
         let mut read: Vec<Vec<Vec<u8>>> = Vec::with_capacity(lists.len());
         for v in replies {
-            read.push(redis::from_redis_value(v).map_err(redis::RedisError::from)?);
+            read.push(redis::from_redis_value(v?).map_err(redis::RedisError::from)?);
         }
         let busy = !flat.is_empty();
         let (counts, failed) = self.read_reply(flat, &sources);
@@ -561,6 +673,7 @@ impl Reliable {
             keys::queue(first),
             format!("{}{first}", self.landing_prefix),
         );
+        let _waiting = Waiting::new(&self.waiting);
         // The payload comes back in the reply; the batch script copies it out of the landing list (an
         // oversized one goes to the dead set there).
         let moved: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("BLMOVE")
@@ -627,7 +740,7 @@ impl Reliable {
             return Ok(());
         }
         let groups = Self::by_batch(done);
-        let mut pipe = redis::pipe();
+        let mut cmds = Vec::new();
         let mut deleted = Vec::new();
         {
             let h = self.held.lock().map_err(|_| poisoned())?;
@@ -636,14 +749,20 @@ impl Reliable {
                     continue;
                 };
                 if b.left <= b.unsettled(places) {
-                    pipe.del(&[&b.key, &b.acks]).ignore();
+                    cmds.push(AckCmd::Del(b.key.clone(), b.acks.clone()));
                     deleted.push(*batch);
                 } else {
-                    pipe.sadd(&b.acks, places).ignore();
+                    cmds.push(AckCmd::Sadd(b.acks.clone(), places.clone()));
                 }
             }
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        let cmds = Arc::new(cmds);
+        if !cmds.is_empty() && !self.ride(&cmds).await {
+            let mut pipe = redis::pipe();
+            add_acks(&mut pipe, &cmds, true);
+            pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        }
+        // Counted only now that Redis has the commands (sent by a fetch or above).
         let mut emptied = Vec::new();
         for (batch, places) in &groups {
             if let Some(keys) = self.settle(*batch, places)
@@ -653,6 +772,39 @@ impl Reliable {
             }
         }
         self.delete_emptied(emptied).await
+    }
+
+    /// Hands `cmds` to the next fetch's pipeline and waits up to [`RIDE_WAIT`] for one to take them; true
+    /// once a fetch's pipeline carried them and Redis answered it. False (the caller sends them itself)
+    /// when no fetch took them in time, when the one that took them failed or was dropped, or when a fetch
+    /// loop is in a blocking wait (the queues are empty: no fetch is due soon).
+    async fn ride(&self, cmds: &Arc<Vec<AckCmd>>) -> bool {
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            return false;
+        }
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let id = self.next_rider.fetch_add(1, Ordering::Relaxed);
+        match self.riders.lock() {
+            Ok(mut r) => r.push(Rider {
+                id,
+                cmds: cmds.clone(),
+                sent: tx,
+            }),
+            Err(_) => return false,
+        }
+        if let Ok(answer) = tokio::time::timeout(self.ride_wait, &mut rx).await {
+            return answer.unwrap_or(false);
+        }
+        // No fetch took it in time: take it back, unless one took it just now (then its answer).
+        let taken_back = self.riders.lock().is_ok_and(|mut r| {
+            let before = r.len();
+            r.retain(|x| x.id != id);
+            r.len() < before
+        });
+        if taken_back {
+            return false;
+        }
+        rx.await.unwrap_or(false)
     }
 
     /// Deletes the lists of batches found done after the commands that acknowledged them were built (an
@@ -747,7 +899,7 @@ impl Reliable {
     async fn strays(&self) -> Result<Vec<(String, String, Arc<str>)>> {
         let mut conn = self.conn.clone();
         let opts = redis::ScanOptions::default()
-            .with_pattern(format!("{}*", self.working_prefix))
+            .with_pattern(format!("{}*", self.batch_prefix))
             .with_count(1000);
         let mut found: Vec<String> = Vec::new();
         {
@@ -761,7 +913,7 @@ impl Reliable {
         Ok(found
             .into_iter()
             .filter_map(|key| {
-                let rest = key.strip_prefix(&self.working_prefix)?;
+                let rest = key.strip_prefix(&self.batch_prefix)?;
                 let (queue, n) = rest.rsplit_once(":@")?;
                 let n: u64 = n.parse().ok()?;
                 (!h.knows(n)).then(|| {
@@ -782,7 +934,7 @@ impl Reliable {
         let strays = match self.strays().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(error = %e, pattern = %format!("{}*", self.working_prefix),
+                tracing::error!(error = %e, pattern = %format!("{}*", self.batch_prefix),
                     "cannot SCAN for this process's stray batch lists; only the ones it knows are pushed back");
                 Vec::new()
             }
@@ -892,7 +1044,7 @@ impl Fetch for Reliable {
     }
 
     fn working_prefix(&self) -> Option<String> {
-        Some(self.working_prefix.clone())
+        Some(self.batch_prefix.clone())
     }
 
     fn take_dead(&self) -> u64 {
@@ -944,6 +1096,17 @@ async fn push_back(
         }
     }
     Ok((moved, String::new()))
+}
+
+/// One field of the batch script's records as bytes: its numbers come back as integer replies, its
+/// messages and tags as bulk strings.
+fn reply_bytes(v: redis::Value) -> Vec<u8> {
+    match v {
+        redis::Value::Int(n) => n.to_string().into_bytes(),
+        redis::Value::BulkString(b) => b,
+        redis::Value::SimpleString(s) => s.into_bytes(),
+        _ => Vec::new(),
+    }
 }
 
 /// Names the keys among `keys` that are neither lists nor absent, with their types.

@@ -140,7 +140,7 @@ fn list_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
 /// shutdown sweep would push back).
 fn held_jids(c: &mut redis::Connection, identity: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let lists: Vec<String> = c.keys(format!("oxidekiq:working:{identity}:*")).unwrap();
+    let lists: Vec<String> = c.keys(format!("oxidekiq:batch:{identity}:*")).unwrap();
     for k in lists {
         let items: Vec<Vec<u8>> = c.lrange(&k, 0, -1).unwrap();
         let done: HashSet<String> = c.smembers(oxidekiq::keys::acks_of(&k)).unwrap();
@@ -156,7 +156,7 @@ fn held_jids(c: &mut redis::Connection, identity: &str) -> Vec<String> {
 
 /// The bytes stored for a unit fetched by `ME`: its batch list at its place.
 fn stored(c: &mut redis::Connection, u: &oxidekiq::fetch::UnitOfWork) -> Vec<u8> {
-    let t = oxidekiq::retry::Token::of(&oxidekiq::keys::working_prefix(ME), &u.queue, u.id);
+    let t = oxidekiq::retry::Token::of(&oxidekiq::keys::batch_prefix(ME), &u.queue, u.id);
     c.lindex(&t.working, t.id as isize).unwrap()
 }
 
@@ -626,8 +626,11 @@ puts [e.jid, e["error_class"], e.item["args"][0].to_s, e.at.to_i > 0].join("|")"
 
 /// A process killed mid-batch (its batch lists hold done and unfinished jobs, one list filled by a fetch
 /// whose reply never came) beside a process of an older version killed too (its working hash and
-/// landing list): one pass, a grace after the first, pushes back exactly the unfinished jobs of both
-/// layouts, each once, in the order their queue served them, and leaves no key of theirs behind.
+/// landing list) and one of the last release (its batch list under `oxidekiq:working:`, with its acks
+/// set): one pass, a grace after the first, pushes back exactly the unfinished jobs of the three
+/// layouts, each once, in the order their queue served them, and leaves no key of theirs behind. While
+/// this release's process holds jobs, no key of it matches `oxidekiq:working:*` (what the recovery of a
+/// release before the batch lists scans).
 #[tokio::test]
 async fn recovery_takes_back_the_unfinished_jobs_of_batch_lists_and_of_the_old_layout() {
     let redis = support::RedisServer::start();
@@ -643,7 +646,7 @@ async fn recovery_takes_back_the_unfinished_jobs_of_batch_lists_and_of_the_old_l
     killed.acknowledge(&got[..1]).await.unwrap();
     let mut conn = redis.async_conn().await;
     let token = oxidekiq::retry::Token::of(
-        &oxidekiq::keys::working_prefix(dead),
+        &oxidekiq::keys::batch_prefix(dead),
         &got[1].queue,
         got[1].id,
     );
@@ -658,25 +661,51 @@ async fn recovery_takes_back_the_unfinished_jobs_of_batch_lists_and_of_the_old_l
     drop(killed);
     assert_eq!(more.len(), 3);
     assert_eq!(held_jids(&mut c, dead), ["n2", "n3", "n4", "n5", "n6"]);
+    // Nothing of this release under the prefix the recovery of a release before the batch lists scans
+    // (it would read a batch list as the working hash of a queue `a:@<n>` and strand its jobs there).
+    let old_scan: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    assert!(old_scan.is_empty(), "{old_scan:?}");
     // The older version's process: a working hash and a landing list.
     let old = "oldhost:5:eeee";
     let _: () = c.hset(working(old, "a"), 7, job("w7", "a")).unwrap();
     let _: () = c.lpush(landing(old, "a"), job("l1", "a")).unwrap();
+    // A process of the last release killed mid-batch: its batch list under `oxidekiq:working:` as that
+    // release's fetch script wrote it (SORT .. STORE: the queue's order, its tail served first), the
+    // middle job done (its place in the acks set, as that release's ack wrote it).
+    let last = "lasthost:6:ffff";
+    let last_list = format!("oxidekiq:working:{last}:a:@3");
+    let _: () = c
+        .rpush(
+            &last_list,
+            vec![job("p2", "a"), job("p1", "a"), job("p0", "a")],
+        )
+        .unwrap();
+    let _: () = c.sadd(format!("oxidekiq:acks:{last}:a:@3"), 1).unwrap();
 
     let first = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(1))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((first.requeued, first.suspects), (0, 2));
+    assert_eq!((first.requeued, first.suspects), (0, 3));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let r = fetch::recover_orphans(&mut conn, ME, oxidekiq::time::now(), policy(1))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((r.requeued, r.killed), (7, 0));
+    assert_eq!((r.requeued, r.killed), (9, 0));
     let mut back = list_jids(&mut c, "queue:a");
     back.sort();
-    assert_eq!(back, ["l1", "n2", "n3", "n4", "n5", "n6", "w7"]);
+    assert_eq!(back, ["l1", "n2", "n3", "n4", "n5", "n6", "p0", "p2", "w7"]);
+    let last_served: Vec<String> = list_jids(&mut c, "queue:a")
+        .into_iter()
+        .filter(|j| j.starts_with('p'))
+        .rev()
+        .collect();
+    assert_eq!(
+        last_served,
+        ["p0", "p2"],
+        "the last release's list in its order"
+    );
     // The batch lists go back in the order the queue served them: served first again.
     let served: Vec<String> = list_jids(&mut c, "queue:a")
         .into_iter()
@@ -684,7 +713,7 @@ async fn recovery_takes_back_the_unfinished_jobs_of_batch_lists_and_of_the_old_l
         .rev()
         .collect();
     assert_eq!(served, ["n2", "n3", "n4", "n5", "n6"]);
-    let keys: Vec<String> = c.keys("oxidekiq:[wal]*").unwrap();
+    let keys: Vec<String> = c.keys("oxidekiq:[wabl]*").unwrap();
     assert!(keys.is_empty(), "{keys:?}");
     let dead_set: Vec<String> = c.zrange("dead", 0, -1).unwrap();
     assert_eq!(dead_set, ["dead-n1"], "the fate written is not undone");
@@ -742,7 +771,7 @@ async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
     let f = fetcher(&redis, &["a"], ME).await;
     let got = f.retrieve_work(10).await.unwrap();
     assert_eq!(got.len(), 2);
-    let stray = oxidekiq::keys::batch_list(&oxidekiq::keys::working_prefix(ME), "a", 999);
+    let stray = oxidekiq::keys::batch_list(&oxidekiq::keys::batch_prefix(ME), "a", 999);
     let _: () = c
         .rpush(&stray, vec![job("s0", "a"), job("s1", "a")])
         .unwrap();
@@ -859,4 +888,116 @@ async fn a_sweep_cut_off_from_redis_reports_an_outage() {
         let e = f.requeue_leftovers(everything).await.unwrap_err();
         assert!(e.is_outage(), "everything={everything}: {e}");
     }
+}
+
+/// Redis's count of read events (`INFO stats` `total_reads_processed`): one per round trip of a small
+/// pipeline.
+fn reads(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// A fetcher of queue `a` whose acks wait up to 30 s for a fetch to carry them.
+async fn patient_fetcher(redis: &support::RedisServer) -> std::sync::Arc<Reliable> {
+    std::sync::Arc::new(
+        fetcher(redis, &["a"], ME)
+            .await
+            .with_ride_wait(Duration::from_secs(30)),
+    )
+}
+
+/// Acknowledges `units` in a task of its own, returned once the ack waits for a fetch to carry it.
+async fn ack_waiting(
+    f: &std::sync::Arc<Reliable>,
+    units: Vec<oxidekiq::fetch::UnitOfWork>,
+) -> tokio::task::JoinHandle<oxidekiq::error::Result<()>> {
+    let acker = {
+        let f = f.clone();
+        tokio::spawn(async move { f.acknowledge(&units).await })
+    };
+    for _ in 0..3000 {
+        if f.riders() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(f.riders(), 1, "the ack waits for a fetch");
+    acker
+}
+
+/// An ack waiting when a fetch is built rides in the fetch's pipeline (issue 32: one round trip fewer
+/// per fetch under load): Redis sees one round trip for both, and once `acknowledge` returns the places
+/// are in the acks set (or the finished batch is gone). Before, the ack was a round trip of its own.
+#[tokio::test]
+async fn an_ack_rides_on_the_next_fetch_and_is_in_redis_when_it_returns() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 4);
+    let f = patient_fetcher(&redis).await;
+    let got = f.retrieve_work(2).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let acker = ack_waiting(&f, got[..1].to_vec()).await;
+    let before = reads(&mut c);
+    let more = f.retrieve_work(2).await.unwrap();
+    assert_eq!(more.len(), 2);
+    tokio::time::timeout(Duration::from_secs(10), acker)
+        .await
+        .expect("the ack ended with the fetch")
+        .unwrap()
+        .unwrap();
+    // The INFO itself is one read more.
+    assert_eq!(
+        reads(&mut c) - before,
+        2,
+        "the fetch and the ack in one round trip"
+    );
+    assert_eq!(held_jids(&mut c, ME), ["a1", "a2", "a3"]);
+    assert_eq!(f.outstanding(), 3);
+}
+
+/// An ack that no fetch carries (the queues are empty, or none comes in time) goes out on its own.
+#[tokio::test]
+async fn an_ack_no_fetch_carries_goes_out_alone() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 2);
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.retrieve_work(2).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), f.acknowledge(&got[..1]))
+        .await
+        .expect("the ack went out alone")
+        .unwrap();
+    assert_eq!(held_jids(&mut c, ME), ["a1"]);
+    assert_eq!(f.riders(), 0);
+}
+
+/// An ack refused by Redis (its acks set damaged: a string) fails only itself, never the fetch that
+/// carried it: the fetch hands out its jobs, and the ack, sent again on its own, reports the error.
+#[tokio::test]
+async fn a_refused_ack_riding_on_a_fetch_does_not_fail_the_fetch() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 5);
+    let f = patient_fetcher(&redis).await;
+    let got = f.retrieve_work(3).await.unwrap();
+    assert_eq!(got.len(), 3);
+    let lists: Vec<String> = c.keys(format!("oxidekiq:batch:{ME}:*")).unwrap();
+    let _: () = c
+        .set(oxidekiq::keys::acks_of(&lists[0]), "damaged")
+        .unwrap();
+    let acker = ack_waiting(&f, got[..1].to_vec()).await;
+    let more = f
+        .retrieve_work(2)
+        .await
+        .expect("the fetch is not failed by the ack");
+    assert_eq!(more.len(), 2);
+    let acked = tokio::time::timeout(Duration::from_secs(10), acker)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(acked.is_err(), "the refused ack is an error");
+    assert_eq!(f.outstanding(), 5, "nothing counted done");
 }

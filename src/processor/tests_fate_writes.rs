@@ -95,7 +95,7 @@ async fn a_retry_write_cut_off_by_the_deadline_leaves_the_job_in_one_place() {
     assert!(joined.is_ok(), "the launcher did not stop");
     let retry: Vec<String> = c.zrange("retry", 0, -1).unwrap();
     let queue: Vec<String> = c.lrange("queue:default", 0, -1).unwrap();
-    let working: Vec<String> = c.keys("oxidekiq:working:*").unwrap();
+    let working: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     assert_eq!(
         retry.len() + queue.len(),
         1,
@@ -138,7 +138,7 @@ async fn a_hand_off_retried_after_a_lost_reply_pushes_once() {
     let mut c = redis.conn();
     let raw =
         r#"{"class":"RubyOnly","args":[],"jid":"bbbbbbbbbbbbbbbbbbbbbbbb","queue":"default"}"#;
-    let prefix = "oxidekiq:working:testhost:1:abcdef:";
+    let prefix = "oxidekiq:batch:testhost:1:abcdef:";
     // The unit fetched under id 7 of batch 1: place 7 of the batch list.
     let working = oxidekiq::keys::batch_list(prefix, "default", 1);
     let _: () = c.rpush(&working, vec![raw; 8]).unwrap();
@@ -183,7 +183,7 @@ async fn a_fate_write_consumes_the_token_once_and_a_failed_one_keeps_it() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     let mut conn = redis.async_conn().await;
-    let working = "oxidekiq:working:testhost:1:abcdef:default:@1";
+    let working = "oxidekiq:batch:testhost:1:abcdef:default:@1";
     let raw = r#"{"class":"A","args":[],"jid":"cccccccccccccccccccccccc","queue":"default"}"#;
     // A batch list of four jobs: places 0 to 3 (0 is never written to here).
     let _: () = c.rpush(working, vec![raw; 4]).unwrap();

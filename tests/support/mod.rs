@@ -245,8 +245,9 @@ pub fn identity_of(conn: &mut redis::Connection, pid: u32, timeout: Duration) ->
 }
 
 /// The payloads held in one of oxidekiq's reliable-fetch keys, as a recovery would push them back: a batch
-/// list's jobs not marked done in its acks set (`oxidekiq:acks:...`), a working hash's values (older
-/// versions), a landing list's jobs (older versions). Empty for a key that is gone.
+/// list's jobs not marked done in its acks set (`oxidekiq:acks:...`; `oxidekiq:batch:...`, or
+/// `oxidekiq:working:...` of the last release), a working hash's values (older versions), a landing
+/// list's jobs. Empty for a key that is gone.
 pub fn held_in(conn: &mut redis::Connection, key: &str) -> Vec<String> {
     let kind: String = redis::cmd("TYPE").arg(key).query(conn).unwrap_or_default();
     match kind.as_str() {
@@ -258,7 +259,10 @@ pub fn held_in(conn: &mut redis::Connection, key: &str) -> Vec<String> {
                 .arg(-1)
                 .query(conn)
                 .unwrap_or_default();
-            let acks = match key.strip_prefix("oxidekiq:working:") {
+            let acks = match key
+                .strip_prefix("oxidekiq:batch:")
+                .or_else(|| key.strip_prefix("oxidekiq:working:"))
+            {
                 Some(rest) => format!("oxidekiq:acks:{rest}"),
                 None => return items,
             };
