@@ -48,7 +48,13 @@ begin
   pids << vg
   in_flight = lambda do
     (redis.keys("oxidekiq:working:*") + redis.keys("oxidekiq:landing:*")).sum do |k|
-      k.start_with?("oxidekiq:landing:") ? redis.llen(k) : redis.hlen(k)
+      # By the key's type: a key under these prefixes may change type or vanish between KEYS and the
+      # read (a WRONGTYPE here ended a run now and then).
+      case redis.type(k)
+      when "hash" then redis.hlen(k)
+      when "list" then redis.llen(k)
+      else 0
+      end
     end
   end
   Sidekiq::Client.push("class" => NoopJob, "args" => [0])
