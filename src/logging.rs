@@ -645,7 +645,9 @@ fn quote_tail(out: &mut String, start: usize) {
     let Some(value) = out.get(start..) else {
         return;
     };
-    if !value.contains([' ', '=', '"']) {
+    // A byte scan: the three are ASCII, so no byte of a multi-byte character matches, and a `char`
+    // pattern would decode every character of every value of every line.
+    if !value.bytes().any(|b| matches!(b, b' ' | b'=' | b'"')) {
         return;
     }
     let value = value.to_string();

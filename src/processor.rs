@@ -129,7 +129,7 @@ impl Processor {
             Err((bytes, error)) => {
                 let raw: Arc<[u8]> = Arc::from(bytes);
                 unit.share_raw(raw.clone());
-                let entry = self.work.insert(unit);
+                let entry = self.work.insert(unit, None);
                 run.entered(entry, &raw);
                 tracing::warn!(queue = %queue, error = %error, "undecodable job sent to the dead set");
                 let now = time::now();
@@ -160,7 +160,14 @@ impl Processor {
                 let job = Arc::new(job);
                 let raw: Arc<[u8]> = job.shared_raw();
                 unit.share_raw(raw.clone());
-                let entry = self.work.insert(unit);
+                // Sidekiq's `cancel!` reaches a plain async job through the heartbeat's check, which
+                // reads the job from its row; a worker that reads it itself, a synchronous one (its
+                // thread would run on) and a job without a worker are left alone.
+                let cancellable = self
+                    .registry
+                    .get(job.worker_class())
+                    .is_some_and(|e| !e.synchronous && !e.checks_cancel);
+                let entry = self.work.insert(unit, cancellable.then(|| job.clone()));
                 run.entered(entry, &raw);
                 // Clipped: a made-up class or jid can be megabytes, and it is on every line of the job.
                 let span = tracing::info_span!(
@@ -215,19 +222,18 @@ impl Processor {
         // the run state so that a panic's fate runs the hooks registered before it, too.
         let after = state.after.clone();
         let timeout = job_timeout(&job, entry);
-        // Sidekiq's `cancel!` reaches a plain async job through the heartbeat's check; a worker that
-        // reads it itself, a synchronous one (its thread would run on) and a job refused before its
-        // worker runs are left alone.
+        // Sidekiq's `cancel!` reaches a plain async job (its row says which, see `process_unit`); a
+        // job refused before its worker runs is left alone.
         let cancellable = entry.is_some_and(|e| !e.synchronous && !e.checks_cancel);
-        let guard = state
+        let cancel = state
             .held()
             .filter(|_| cancellable)
-            .map(|(seq, _)| self.work.cancellable(seq, job.jid()));
+            .map(|(seq, _)| (self.work.clone(), seq));
         // The cut (timeout, cancel) stops the worker only, inside the chain: every middleware sees its
         // outcome and settles (locks released or renewed, limits freed) as Ruby's `ensure` would.
         let cut = Cut {
             timeout: timeout.filter(|_| !entry.is_some_and(|e| e.synchronous)),
-            cancel: guard.as_ref().map(|g| g.signal.clone()),
+            cancel,
         };
         let result = match timeout {
             None => self.invoke(&job, &queue, entry, &after, cut).await,
@@ -236,7 +242,6 @@ impl Processor {
                     .await
             }
         };
-        drop(guard);
         if let Err(e) = &result
             && crate::otel::enabled()
             && let Some(cx) = crate::logging::current_otel()
@@ -815,7 +820,8 @@ pub(crate) use crate::error::catch_unwind;
 #[derive(Debug, Default)]
 struct Cut {
     timeout: Option<Duration>,
-    cancel: Option<Arc<tokio::sync::Notify>>,
+    /// The work table and the job's row there, whose cancel mark the heartbeat's check sets.
+    cancel: Option<(Arc<WorkTable>, u64)>,
 }
 
 /// The worker at the end of the chain under its [`Cut`]. Cutting here, not around the whole chain,
@@ -846,12 +852,15 @@ impl crate::middleware::Handler for Bounded {
                     )),
                 }
             };
-            let Some(signal) = &self.cut.cancel else {
+            let Some((work, seq)) = &self.cut.cancel else {
                 return run.await;
             };
+            // Biased, the worker first: the cancel wait is only polled (and only then costs anything)
+            // once the worker awaits.
             tokio::select! {
+                biased;
                 result = run => result,
-                _ = signal.notified() => {
+                _ = work.cancelled(*seq) => {
                     cancelled(ctx).await;
                     Ok(())
                 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::Notify;
 
 use crate::fetch::UnitOfWork;
+use crate::job::Job;
 use crate::keys;
 use crate::redis_conn::Conn;
 use crate::text::to_base36;
@@ -24,6 +25,11 @@ pub(crate) struct Running {
     pub run_at: i64,
     /// Sequence number of the row; its base-36 form is the Busy page's thread id.
     pub seq: u64,
+    /// Set for a job Sidekiq's `cancel!` can reach (a plain async job): the heartbeat's check reads its
+    /// jid here ([`WorkTable::check_cancels`]). Shared with the run, so a row costs no copy of the jid.
+    cancel: Option<Arc<Job>>,
+    /// Set by the heartbeat's check once the job's `it-<jid>` hash holds `cancelled`.
+    cancelled: bool,
 }
 
 impl Running {
@@ -40,36 +46,23 @@ pub(crate) struct WorkTable {
     map: Mutex<foldhash::HashMap<u64, Running>>,
     /// Next sequence number.
     next: AtomicU64,
-    /// Running jobs that Sidekiq's `cancel!` can reach (plain async jobs), by row: their jid and the
-    /// signal the heartbeat's check fires ([`WorkTable::check_cancels`]).
-    cancels: Mutex<foldhash::HashMap<u64, (String, Arc<Notify>)>>,
-}
-
-/// A running job's hold on its cancellation signal; leaves the table when dropped.
-#[derive(Debug)]
-pub(crate) struct CancelGuard<'t> {
-    table: &'t WorkTable,
-    seq: u64,
-    /// Fired once the job's `it-<jid>` hash holds `cancelled`.
-    pub signal: Arc<Notify>,
-}
-
-impl Drop for CancelGuard<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut c) = self.table.cancels.lock() {
-            c.remove(&self.seq);
-        }
-    }
+    /// Rung by the heartbeat's check when it marks a row cancelled: every job waiting for a cancel
+    /// ([`WorkTable::cancelled`]) looks at its own row then. One bell for the table, not a signal per
+    /// job: a job that ends before its first await point (most) never touches it.
+    bell: Notify,
 }
 
 impl WorkTable {
-    /// Adds a job that starts now; returns its row's sequence number.
-    pub(crate) fn insert(&self, unit: UnitOfWork) -> u64 {
+    /// Adds a job that starts now; returns its row's sequence number. `cancel` is the job when
+    /// Sidekiq's `cancel!` can reach it (a plain async job).
+    pub(crate) fn insert(&self, unit: UnitOfWork, cancel: Option<Arc<Job>>) -> u64 {
         let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let row = Running {
             unit,
             run_at: time::now() as i64,
             seq,
+            cancel,
+            cancelled: false,
         };
         if let Ok(mut m) = self.map.lock() {
             m.insert(seq, row);
@@ -99,54 +92,77 @@ impl WorkTable {
         self.map.lock().map(|m| m.len()).unwrap_or(0)
     }
 
-    /// Makes the running job of row `seq` reachable by Sidekiq's `cancel!` until the guard drops.
-    pub(crate) fn cancellable(&self, seq: u64, jid: &str) -> CancelGuard<'_> {
-        let signal = Arc::new(Notify::new());
-        if let Ok(mut c) = self.cancels.lock() {
-            c.insert(seq, (jid.to_string(), signal.clone()));
-        }
-        CancelGuard {
-            table: self,
-            seq,
-            signal,
+    /// Whether the heartbeat's check found row `seq`'s cancel mark.
+    fn is_cancelled(&self, seq: u64) -> bool {
+        self.map
+            .lock()
+            .map(|m| m.get(&seq).is_some_and(|r| r.cancelled))
+            .unwrap_or(false)
+    }
+
+    /// Resolves once Sidekiq's `cancel!` reached the job of row `seq` (a mark found before this is
+    /// first polled counts too). Polled only once the job's worker awaits: a job that returns at its
+    /// first poll pays nothing for being cancellable.
+    pub(crate) async fn cancelled(&self, seq: u64) {
+        loop {
+            let rung = self.bell.notified();
+            let mut rung = std::pin::pin!(rung);
+            // Listening before looking: a mark set between the look and the wait still wakes it.
+            rung.as_mut().enable();
+            if self.is_cancelled(seq) {
+                return;
+            }
+            rung.await;
         }
     }
 
     /// Sidekiq's `cancel!` for plain jobs: one pipelined `HGET it-<jid> cancelled` per cancellable
-    /// running job (none sent when there is none), firing the signal of each job whose hash holds the
-    /// mark; the job is dropped at its next await point. The heartbeat calls it once per beat.
+    /// running job (none sent when there is none), marking the row of each job whose hash holds the
+    /// mark and ringing the bell; the job is dropped at its next await point. The heartbeat calls it
+    /// once per beat.
     pub(crate) async fn check_cancels(&self, conn: &mut Conn) -> crate::error::Result<()> {
-        let rows: Vec<(u64, String)> = match self.cancels.lock() {
-            Ok(c) => c.iter().map(|(s, (j, _))| (*s, j.clone())).collect(),
+        let rows: Vec<(u64, Arc<Job>)> = match self.map.lock() {
+            Ok(m) => m
+                .values()
+                .filter(|r| !r.cancelled)
+                .filter_map(|r| r.cancel.clone().map(|j| (r.seq, j)))
+                .collect(),
             Err(_) => return Ok(()),
         };
         if rows.is_empty() {
             return Ok(());
         }
         let mut pipe = redis::pipe();
-        for (_, jid) in &rows {
-            pipe.cmd("HGET").arg(keys::iteration(jid)).arg("cancelled");
+        for (_, job) in &rows {
+            pipe.cmd("HGET")
+                .arg(keys::iteration(job.jid()))
+                .arg("cancelled");
         }
         // Each read on its own: an `it-<jid>` key of another type (a key of another app, a damaged
         // one) fails its own `HGET` only, not the check of every other running job.
         let marks: Vec<redis::RedisResult<Option<String>>> =
             pipe.ignore_errors().query_async(conn).await?;
-        if let Ok(c) = self.cancels.lock() {
-            for ((seq, jid), mark) in rows.iter().zip(marks) {
+        let mut rang = false;
+        if let Ok(mut m) = self.map.lock() {
+            for ((seq, job), mark) in rows.iter().zip(marks) {
                 let mark = match mark {
                     Ok(mark) => mark,
                     Err(e) => {
                         // Loud, naming the key: a beat's line per such job while it runs (rare).
-                        tracing::warn!(key = %keys::iteration(jid), error = %e,
+                        tracing::warn!(key = %keys::iteration(job.jid()), error = %e,
                             "cannot read Sidekiq's cancel mark (the key is not a hash): this running \
                              job cannot be cancelled");
                         None
                     }
                 };
-                if let (Some(_), Some((_, signal))) = (mark, c.get(seq)) {
-                    signal.notify_one();
+                if let (Some(_), Some(row)) = (mark, m.get_mut(seq)) {
+                    row.cancelled = true;
+                    rang = true;
                 }
             }
+        }
+        if rang {
+            self.bell.notify_waiters();
         }
         Ok(())
     }
