@@ -596,14 +596,14 @@ struct Share {
     max: usize,
 }
 
-/// How long a fetch loop whose last fetch found a backlog waits for half its share of slots to free
+/// How long a fetch loop whose last fetch found a backlog waits for its whole share of slots to free
 /// before it fetches fewer (tokio's timer rounds this up to its next millisecond tick).
 const GATHER: Duration = Duration::from_micros(500);
 
 /// Takes the free slots, at most the loop's share; waits for the first. `None` once quiet.
 ///
 /// `backlog`: the loop's last fetch got every job it asked for, so the queues hold more. Then a loop that
-/// finds fewer than half its share free waits up to [`GATHER`] for them. The fetch loops run on the
+/// finds less than its share free waits up to [`GATHER`] for it (the other loop's batch runs meanwhile). The fetch loops run on the
 /// control plane's own thread, beside the job runtime: without the wait, each loop took a slot the moment
 /// it freed and fetched it alone (20 000 no-op jobs at -c 200 went out in ~5 700 fetches, 3.5 a fetch),
 /// and a fetch's fixed cost, a Redis round trip and a script, was most of what a job cost oxidekiq and
@@ -623,7 +623,7 @@ async fn take_slots(
     tokio::task::yield_now().await;
     let mut permits = vec![first];
     grab_free(share, &mut permits);
-    let want = share.max.div_ceil(2);
+    let want = share.max;
     if backlog && permits.len() < want {
         // One wake-up when enough slots have freed (the semaphore hands them to this waiter as they
         // free), not one per slot. Given back at once: `grab_free` takes them one by one, with any
