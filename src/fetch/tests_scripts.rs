@@ -1001,3 +1001,39 @@ async fn a_refused_ack_riding_on_a_fetch_does_not_fail_the_fetch() {
     assert!(acked.is_err(), "the refused ack is an error");
     assert_eq!(f.outstanding(), 5, "nothing counted done");
 }
+
+/// A fetch that took an ack into its pipeline and is then dropped midway (the stop deadline cuts a
+/// fetch under way) leaves the ack to go out on its own: it returns once Redis has it, counted once.
+#[tokio::test]
+async fn an_ack_riding_on_a_fetch_dropped_midway_goes_out_alone() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 4);
+    let f = patient_fetcher(&redis).await;
+    let got = f.retrieve_work(2).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let first: Vec<String> = c.keys(format!("oxidekiq:batch:{ME}:*")).unwrap();
+    assert_eq!(first.len(), 1);
+    // Both jobs of the batch: the ack deletes it.
+    let acker = ack_waiting(&f, got.clone()).await;
+    // Redis holds every command for a while: the fetch is cut off before its reply.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(400)
+        .arg("ALL")
+        .query(&mut c)
+        .unwrap();
+    let cut = tokio::time::timeout(Duration::from_millis(50), f.retrieve_work(2)).await;
+    assert!(cut.is_err(), "the fetch was not cut off");
+    assert_eq!(f.riders(), 0, "the dropped fetch took the ack");
+    tokio::time::timeout(Duration::from_secs(10), acker)
+        .await
+        .expect("the ack went out alone")
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.outstanding(), 0, "the ack counted");
+    assert!(
+        !c.exists::<_, bool>(&first[0]).unwrap(),
+        "the finished batch is still in Redis"
+    );
+}
