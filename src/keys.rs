@@ -183,6 +183,13 @@ pub(crate) const HELD_PATTERN: &str = "oxidekiq:[blw][ao][nrt][cdk]*";
 /// recovery takes their jobs only once they stay so for a grace (see `fetch/recovery.rs` `ORPHAN_LUA`).
 pub(crate) const SUSPECTS: &str = "oxidekiq:suspects";
 
+/// The same marks for the processes that hold batch lists under [`BATCH`] (this release's). Apart from
+/// [`SUSPECTS`]: a recovery pass of an older release, which never sees `oxidekiq:batch:` keys, takes
+/// such a process for one that holds nothing and deletes its mark from [`SUSPECTS`] at every pass, so in
+/// a mixed fleet this release's passes found it unmarked each time and never reached the grace (its
+/// jobs stayed in its batch lists for as long as an older process ran). No older release reads this key.
+pub(crate) const BATCH_SUSPECTS: &str = "oxidekiq:suspects:batch";
+
 /// Hash of per-payload recovery counts (SHA1 of the payload → times recovered from a dead process).
 pub(crate) const RECOVERED: &str = "oxidekiq:recovered";
 

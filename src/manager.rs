@@ -635,6 +635,11 @@ async fn take_slots(
         }
         grab_free(share, &mut permits);
     }
+    // Quiet during the yield or the gather: no fetch after it (it would move jobs only to push them
+    // back, or block a quiet process for the block time). The slots go back with the permits.
+    if signal.is_quiet() {
+        return None;
+    }
     Some(permits)
 }
 
@@ -866,4 +871,41 @@ where
         delay *= 2;
     }
     Err(last.unwrap_or_else(|| crate::Error::Config("no attempt made".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shutdown::Shutdown;
+
+    /// Quiet comes while a loop with a backlog waits for slots to gather: it takes none and fetches
+    /// nothing more (it fetched once more after quiet, then pushed what it got back).
+    #[tokio::test(start_paused = true)]
+    async fn quiet_during_the_gather_ends_the_loop_without_a_fetch() {
+        let shutdown = Shutdown::new();
+        let mut signal = shutdown.signal();
+        let slots = Arc::new(Semaphore::new(10));
+        // Nine slots busy with running jobs: one free, fewer than half the share.
+        let busy = slots.clone().acquire_many_owned(9).await.unwrap();
+        let share = Share {
+            slots: slots.clone(),
+            max: 10,
+        };
+        let taker =
+            tokio::spawn(
+                async move { take_slots(&share, &mut signal, true).await.map(|p| p.len()) },
+            );
+        // Time is paused and these yields keep the runtime busy: the gather's timer cannot fire.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        shutdown.advance(Phase::Quiet);
+        assert_eq!(
+            taker.await.unwrap(),
+            None,
+            "slots taken for a fetch after quiet"
+        );
+        drop(busy);
+        assert_eq!(slots.available_permits(), 10, "a slot kept");
+    }
 }

@@ -15,7 +15,7 @@ use redis::{AsyncCommands, Script};
 
 use crate::error::Result;
 use crate::fleet::Fleet;
-use crate::keys::{self, RECOVERED, SUSPECTS};
+use crate::keys::{self, BATCH_SUSPECTS, RECOVERED, SUSPECTS};
 use crate::lua::{dead_trim, lua_common};
 use crate::redis_conn::Conn;
 use crate::shutdown::ShutdownSignal;
@@ -31,7 +31,7 @@ const RECOVERY_LOCK_TTL: Duration = Duration::from_secs(30);
 const SCAN_COUNT: usize = 1000;
 
 /// Orphan recovery of one process, deciding inside the script whether it is dead. KEYS[1] is its liveness
-/// key, KEYS[2] the hash of suspects (identity → Redis time in ms when first seen without a liveness key),
+/// key, KEYS[2] the hash of suspects (`suspects_of`; identity → Redis time in ms when first seen without a liveness key),
 /// KEYS[3] the recovery counts, KEYS[4] the dead set, then fours (held key: a batch list, a working hash of
 /// an older version or a landing list; its acks set, or the key itself when it has none; the queue its
 /// name gives as a batch list; the queue its name gives as a hash or landing list; see `move_back`): the
@@ -101,6 +101,7 @@ pub(crate) async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -
         .exists(&key)
         .pset_ex(&key, 1, ms)
         .hdel(SUSPECTS, identity)
+        .hdel(BATCH_SUSPECTS, identity)
         .query_async(conn)
         .await?;
     let mut replies = replies.into_iter();
@@ -111,8 +112,10 @@ pub(crate) async fn mark_alive(conn: &mut Conn, identity: &str, ttl: Duration) -
     if let Some(Err(e)) = replies.next() {
         return Err(e.into());
     }
-    if let Some(Err(e)) = replies.next() {
-        report_damaged(conn, SUSPECTS, &e.to_string()).await;
+    for hash in [SUSPECTS, BATCH_SUSPECTS] {
+        if let Some(Err(e)) = replies.next() {
+            report_damaged(conn, hash, &e.to_string()).await;
+        }
     }
     Ok(existed
         .transpose()
@@ -152,7 +155,8 @@ type Marks = std::collections::HashMap<String, (u64, tokio::time::Instant)>;
 /// What of recovery's own bookkeeping can be used in this pass.
 #[derive(Debug, Clone, Copy)]
 struct Bookkeeping {
-    /// `oxidekiq:suspects` is a hash (or absent): marks go there, else in [`MEMORY_MARKS`].
+    /// `oxidekiq:suspects` and `oxidekiq:suspects:batch` are hashes (or absent): marks go there, else in
+    /// [`MEMORY_MARKS`].
     suspects: bool,
     /// `oxidekiq:recovered` and `dead` are usable: a job recovered too often goes to the dead set.
     /// Without them every job is pushed back, uncounted (a job that kills every process it touches then
@@ -162,15 +166,18 @@ struct Bookkeeping {
 
 /// Checks the types of the keys a pass writes, reporting each damaged one.
 async fn bookkeeping(conn: &mut Conn) -> Result<Bookkeeping> {
-    let (suspects, recovered, dead): (String, String, String) = redis::pipe()
-        .cmd("TYPE")
-        .arg(SUSPECTS)
-        .cmd("TYPE")
-        .arg(RECOVERED)
-        .cmd("TYPE")
-        .arg(keys::DEAD)
-        .query_async(conn)
-        .await?;
+    let (suspects, batch_suspects, recovered, dead): (String, String, String, String) =
+        redis::pipe()
+            .cmd("TYPE")
+            .arg(SUSPECTS)
+            .cmd("TYPE")
+            .arg(BATCH_SUSPECTS)
+            .cmd("TYPE")
+            .arg(RECOVERED)
+            .cmd("TYPE")
+            .arg(keys::DEAD)
+            .query_async(conn)
+            .await?;
     let ok = |key: &str, kind: &str, want: &str| {
         let fine = kind == want || kind == "none";
         if !fine {
@@ -180,7 +187,7 @@ async fn bookkeeping(conn: &mut Conn) -> Result<Bookkeeping> {
         }
         fine
     };
-    let suspects = ok(SUSPECTS, &suspects, "hash");
+    let suspects = ok(SUSPECTS, &suspects, "hash") & ok(BATCH_SUSPECTS, &batch_suspects, "hash");
     let counts = ok(RECOVERED, &recovered, "hash") & ok(keys::DEAD, &dead, "zset");
     Ok(Bookkeeping { suspects, counts })
 }
@@ -393,7 +400,7 @@ async fn recover_locked(
             since.map_or_else(|| "m".to_string(), |ms| format!("m{ms}"))
         };
         let mut inv = script.key(keys::alive(&identity));
-        inv.key(SUSPECTS).key(RECOVERED).key(keys::DEAD);
+        inv.key(suspects_of(&held)).key(RECOVERED).key(keys::DEAD);
         for (key, acks, queue, hash_queue) in &held {
             inv.key(key).key(acks).key(queue).key(hash_queue);
         }
@@ -455,15 +462,28 @@ async fn recover_locked(
         }
         return Ok(total);
     }
-    let suspects: Vec<String> = conn.hkeys(SUSPECTS).await?;
-    let gone: Vec<&String> = suspects
-        .iter()
-        .filter(|s| !holders.iter().any(|i| i == *s))
-        .collect();
-    if !gone.is_empty() {
-        let _: () = conn.hdel(SUSPECTS, gone).await?;
+    for hash in [SUSPECTS, BATCH_SUSPECTS] {
+        let suspects: Vec<String> = conn.hkeys(hash).await?;
+        let gone: Vec<&String> = suspects
+            .iter()
+            .filter(|s| !holders.iter().any(|i| i == *s))
+            .collect();
+        if !gone.is_empty() {
+            let _: () = conn.hdel(hash, gone).await?;
+        }
     }
     Ok(total)
+}
+
+/// The suspects hash that dates a process's absence: [`BATCH_SUSPECTS`] for one that holds batch lists
+/// under `oxidekiq:batch:` (an older release's pass would delete its mark from [`SUSPECTS`]), else
+/// [`SUSPECTS`], which older releases share.
+fn suspects_of(held: &[HeldKey]) -> &'static str {
+    if held.iter().any(|k| k.0.starts_with(keys::BATCH)) {
+        BATCH_SUSPECTS
+    } else {
+        SUSPECTS
+    }
 }
 
 /// One pass, logged.

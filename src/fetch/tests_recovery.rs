@@ -210,3 +210,73 @@ async fn large_due_members_are_all_promoted() {
     jids.dedup();
     assert_eq!(jids.len(), n_big + n_small, "a job pushed twice or lost");
 }
+
+/// What a recovery pass of the last release (and of the one before it) does to the suspects hash at
+/// its end, as written in its `recover_locked` (3d24d66, src/fetch/recovery.rs:429-435): it SCANs only
+/// `oxidekiq:[lw][ao][nr][dk]ing:*`, counts as holders the identities of the keys found there, and
+/// deletes the mark of every other suspect from `oxidekiq:suspects`.
+fn last_release_pass_end(c: &mut redis::Connection) {
+    let found: Vec<String> = c
+        .scan_match::<_, String>("oxidekiq:[lw][ao][nr][dk]ing:*")
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let holders: Vec<String> = found
+        .iter()
+        .filter_map(|k| {
+            let rest = k
+                .strip_prefix("oxidekiq:working:")
+                .or_else(|| k.strip_prefix("oxidekiq:landing:"))?;
+            oxidekiq::keys::split_held(rest).map(|(id, _)| id.to_string())
+        })
+        .collect();
+    let suspects: Vec<String> = c.hkeys("oxidekiq:suspects").unwrap();
+    let gone: Vec<&String> = suspects.iter().filter(|s| !holders.contains(s)).collect();
+    if !gone.is_empty() {
+        let _: () = c.hdel("oxidekiq:suspects", gone).unwrap();
+    }
+}
+
+/// A mixed fleet: a process of this release is killed with jobs in its batch lists, and a process of
+/// the last release runs its recovery passes in between this release's. The last release never sees
+/// `oxidekiq:batch:` keys, so it took the dead process for no holder and deleted its suspect mark at
+/// every pass: this release's passes found it unmarked each time, marked it anew, and never reached
+/// the grace. Its jobs stayed in its batch list for as long as any process of the last release ran.
+#[tokio::test]
+async fn a_killed_process_of_this_release_is_recovered_while_the_last_release_runs_passes() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let dead = "deadhost:7:dddddddddddd";
+    let list = oxidekiq::keys::batch_list(&oxidekiq::keys::batch_prefix(dead), "default", 3);
+    let _: () = c.rpush(&list, JOB).unwrap();
+    let grace = Duration::from_millis(400);
+    // Its mark is one no older release deletes, and a beat of its own clears it.
+    pass(&mut conn, grace).await;
+    let batch_suspects = oxidekiq::keys::BATCH_SUSPECTS;
+    assert!(c.hexists::<_, _, bool>(batch_suspects, dead).unwrap());
+    fetch::mark_alive(&mut conn, dead, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(!c.hexists::<_, _, bool>(batch_suspects, dead).unwrap());
+    let _: () = c.del(oxidekiq::keys::alive(dead)).unwrap();
+    // Passes of both releases alternate (as their recovery loops do, each every two beats), over more
+    // than four graces.
+    for _ in 0..6 {
+        pass(&mut conn, grace).await;
+        let back: usize = c.llen("queue:default").unwrap();
+        if back > 0 {
+            break;
+        }
+        tokio::time::sleep(grace / 2 + Duration::from_millis(50)).await;
+        last_release_pass_end(&mut c);
+        tokio::time::sleep(grace / 2 + Duration::from_millis(50)).await;
+    }
+    let back: Vec<String> = c.lrange("queue:default", 0, -1).unwrap();
+    assert_eq!(
+        back,
+        vec![JOB.to_string()],
+        "the dead process's job is still stranded in its batch list"
+    );
+    assert!(!c.exists::<_, bool>(&list).unwrap());
+}

@@ -909,6 +909,27 @@ async fn patient_fetcher(redis: &support::RedisServer) -> std::sync::Arc<Reliabl
     )
 }
 
+/// `queued` jobs in queue `a`, of which a patient fetcher ([`patient_fetcher`]) takes `taken` in one
+/// batch: the fetcher, the jobs, and the one batch list in Redis.
+async fn one_batch_out(
+    redis: &support::RedisServer,
+    c: &mut redis::Connection,
+    queued: usize,
+    taken: usize,
+) -> (
+    std::sync::Arc<Reliable>,
+    Vec<oxidekiq::fetch::UnitOfWork>,
+    Vec<String>,
+) {
+    fill(c, "a", queued);
+    let f = patient_fetcher(redis).await;
+    let got = f.retrieve_work(taken).await.unwrap();
+    assert_eq!(got.len(), taken);
+    let lists: Vec<String> = c.keys(format!("oxidekiq:batch:{ME}:*")).unwrap();
+    assert_eq!(lists.len(), 1);
+    (f, got, lists)
+}
+
 /// Acknowledges `units` in a task of its own, returned once the ack waits for a fetch to carry it.
 async fn ack_waiting(
     f: &std::sync::Arc<Reliable>,
@@ -980,11 +1001,7 @@ async fn an_ack_no_fetch_carries_goes_out_alone() {
 async fn a_refused_ack_riding_on_a_fetch_does_not_fail_the_fetch() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    fill(&mut c, "a", 5);
-    let f = patient_fetcher(&redis).await;
-    let got = f.retrieve_work(3).await.unwrap();
-    assert_eq!(got.len(), 3);
-    let lists: Vec<String> = c.keys(format!("oxidekiq:batch:{ME}:*")).unwrap();
+    let (f, got, lists) = one_batch_out(&redis, &mut c, 5, 3).await;
     let _: () = c
         .set(oxidekiq::keys::acks_of(&lists[0]), "damaged")
         .unwrap();
@@ -1000,4 +1017,35 @@ async fn a_refused_ack_riding_on_a_fetch_does_not_fail_the_fetch() {
         .unwrap();
     assert!(acked.is_err(), "the refused ack is an error");
     assert_eq!(f.outstanding(), 5, "nothing counted done");
+}
+
+/// A fetch that took an ack into its pipeline and is then dropped midway (the stop deadline cuts a
+/// fetch under way) leaves the ack to go out on its own: it returns once Redis has it, counted once.
+#[tokio::test]
+async fn an_ack_riding_on_a_fetch_dropped_midway_goes_out_alone() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let (f, got, first) = one_batch_out(&redis, &mut c, 4, 2).await;
+    // Both jobs of the batch: the ack deletes it.
+    let acker = ack_waiting(&f, got.clone()).await;
+    // Redis holds every command for a while: the fetch is cut off before its reply.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(400)
+        .arg("ALL")
+        .query(&mut c)
+        .unwrap();
+    let cut = tokio::time::timeout(Duration::from_millis(50), f.retrieve_work(2)).await;
+    assert!(cut.is_err(), "the fetch was not cut off");
+    assert_eq!(f.riders(), 0, "the dropped fetch took the ack");
+    tokio::time::timeout(Duration::from_secs(10), acker)
+        .await
+        .expect("the ack went out alone")
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.outstanding(), 0, "the ack counted");
+    assert!(
+        !c.exists::<_, bool>(&first[0]).unwrap(),
+        "the finished batch is still in Redis"
+    );
 }
