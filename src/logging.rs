@@ -366,6 +366,10 @@ impl Subscriber for Logger {
         with_reused(&SCRATCH, |text| {
             text.clear();
             match self.format {
+                // A job's span (one per job) has its three values as plain strings, written bare.
+                LogFormat::Text if attrs.metadata().target() == JOB_TARGET => {
+                    attrs.record(&mut JobText(text))
+                }
                 LogFormat::Text => attrs.record(&mut SpanText(text)),
                 LogFormat::Json => attrs.record(&mut JsonFieldList(&mut json)),
             }
@@ -635,6 +639,31 @@ impl Visit for SpanText<'_> {
         if name != "message" {
             quote_tail(self.0, start);
         }
+    }
+}
+
+/// The target of a job's span (`class`, `jid`, `queue`, made by the processor for every job): its
+/// values come as `&str` and are written as a `%` value would be, bare unless [`quote_tail`] quotes
+/// them, without going through `core::fmt` (about a tenth of a no-op job's instructions went to
+/// formatting its span and its two lines).
+pub(crate) const JOB_TARGET: &str = "oxidekiq::job";
+
+/// A job span's fields as text: ` name=value`, a string bare (as `%` writes it), anything else as
+/// [`SpanText`] writes it.
+struct JobText<'a>(&'a mut String);
+
+impl Visit for JobText<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push(' ');
+        self.0.push_str(field.name());
+        self.0.push('=');
+        let start = self.0.len();
+        self.0.push_str(value);
+        quote_tail(self.0, start);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        SpanText(self.0).record_debug(field, value);
     }
 }
 
@@ -999,7 +1028,7 @@ struct JsonVisitor<'a>(&'a mut Map<String, Value>);
 
 impl Visit for JsonVisitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().into(), value.into());
+        self.0.insert(field.name().into(), json_text(field, value));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.0.insert(field.name().into(), value.into());
@@ -1025,12 +1054,16 @@ fn json_f64(value: f64) -> Value {
 
 /// A `Debug` value as its text, except `elapsed`, which is a number.
 fn json_debug(field: &Field, value: &dyn fmt::Debug) -> Value {
-    let text = format!("{value:?}");
+    json_text(field, &format!("{value:?}"))
+}
+
+/// A value's text as a JSON string, except `elapsed`, which is a number.
+fn json_text(field: &Field, text: &str) -> Value {
     if field.name() == "elapsed" {
         text.parse::<f64>()
             .ok()
             .and_then(serde_json::Number::from_f64)
-            .map_or_else(|| text.clone().into(), Into::into)
+            .map_or_else(|| text.into(), Into::into)
     } else {
         text.into()
     }
@@ -1046,6 +1079,51 @@ mod tests {
         let subscriber = Logger::new(LevelFilter::INFO, format, sink.clone());
         tracing::subscriber::with_default(subscriber, log);
         String::from_utf8(sink.lines.lock().unwrap().clone()).unwrap()
+    }
+
+    /// The processor's job span and lines (plain strings under [`JOB_TARGET`], `elapsed` as text)
+    /// print exactly what the same span and lines with `%` values print, in both formats: bare values,
+    /// quoted when they hold a space, `=` or `"`, escaped when they hold a control character.
+    #[test]
+    fn a_job_span_of_plain_strings_prints_as_its_display_values_would() {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            for (class, jid) in [
+                ("HardWorker", "abc123"),
+                ("X jid=1 INFO: done", "j\"q"),
+                ("Evil\nINFO: forged\u{1b}[31m", "é☃"),
+            ] {
+                let elapsed = crate::time::Secs3(0.0071);
+                let fast = captured(format, || {
+                    let span = tracing::info_span!(target: JOB_TARGET, "job", class = class, jid = jid, queue = "q");
+                    let _in = span.enter();
+                    tracing::info!(message = "start");
+                    tracing::info!(elapsed = elapsed.text().as_str(), message = "done");
+                    tracing::info!(user = "a b", "user line");
+                });
+                let display = captured(format, || {
+                    let span = tracing::info_span!("job", class = %class, jid = %jid, queue = %"q");
+                    let _in = span.enter();
+                    tracing::info!("start");
+                    tracing::info!(elapsed = %elapsed, "done");
+                    tracing::info!(user = "a b", "user line");
+                });
+                let strip = |t: &str| {
+                    t.lines()
+                        .map(|l| match format {
+                            // The time differs from one line to the next: compared from the pid on.
+                            LogFormat::Text => l.split_once(" pid=").unwrap().1.to_string(),
+                            LogFormat::Json => {
+                                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                                v.as_object_mut().unwrap().remove("time");
+                                v.to_string()
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(strip(&fast), strip(&display), "{format:?} {class:?}");
+                assert_eq!(strip(&fast).len(), 3);
+            }
+        }
     }
 
     #[test]

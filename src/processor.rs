@@ -170,11 +170,17 @@ impl Processor {
                 let entry = self.work.insert(unit, cancellable.then(|| job.clone()));
                 run.entered(entry, &raw);
                 // Clipped: a made-up class or jid can be megabytes, and it is on every line of the job.
+                let (class, jid) = (
+                    clip(job.worker_class(), NAME_CHARS),
+                    clip(job.jid(), NAME_CHARS),
+                );
+                // Plain strings under the job target: the logger writes them bare, without `core::fmt`.
                 let span = tracing::info_span!(
+                    target: crate::logging::JOB_TARGET,
                     "job",
-                    class = %clip(job.worker_class(), NAME_CHARS),
-                    jid = %clip(job.jid(), NAME_CHARS),
-                    queue = %queue,
+                    class = &*class,
+                    jid = &*jid,
+                    queue = &*queue,
                 );
                 // The consumer span, while tracing (docs/tracing.md): the job's own spans nest in it.
                 let traced = crate::otel::JobSpan::start(job.raw().as_bytes(), &queue);
@@ -216,7 +222,7 @@ impl Processor {
         }
         let start = Instant::now();
         state.started(start);
-        tracing::info!("start");
+        tracing::info!(message = "start");
         let entry = self.registry.get(job.worker_class());
         // What the chain's middleware ask to run once a failure's fate is written (`fail`); kept in
         // the run state so that a panic's fate runs the hooks registered before it, too.
@@ -256,7 +262,10 @@ impl Processor {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
                 state.settle(&self);
-                tracing::info!(elapsed = %crate::time::Secs3(elapsed), "done");
+                tracing::info!(
+                    elapsed = crate::time::Secs3(elapsed).text().as_str(),
+                    message = "done"
+                );
                 return true;
             }
             Err(e) => e,

@@ -70,11 +70,13 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 /// 10^12 s): `{:.3}` itself.
 pub(crate) struct Secs3(pub(crate) f64);
 
-impl std::fmt::Display for Secs3 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Secs3 {
+    /// The text, without `core::fmt` in range (a log line's field takes it as a `&str`: see
+    /// [`Secs3Text`]).
+    pub(crate) fn text(&self) -> Secs3Text {
         let ms = (self.0 * 1000.0).round();
         if !(0.0..1e15).contains(&ms) {
-            return write!(f, "{:.3}", self.0);
+            return Secs3Text::Wide(format!("{:.3}", self.0));
         }
         // In range: a whole number of milliseconds below 10^15, exact in both types.
         let ms = ms as u64;
@@ -96,8 +98,35 @@ impl std::fmt::Display for Secs3 {
             }
             secs /= 10;
         }
-        // Digits and a dot: ASCII, so this never fails.
-        f.write_str(std::str::from_utf8(buf.get(at..).unwrap_or_default()).unwrap_or_default())
+        Secs3Text::Short(buf, at as u8)
+    }
+}
+
+/// [`Secs3`]'s text: on the stack for any duration a job can take, formatted by `{:.3}` otherwise.
+pub(crate) enum Secs3Text {
+    /// The digits from the index onwards.
+    Short([u8; 24], u8),
+    /// Out of range (negative, NaN, over 10^12 s).
+    Wide(String),
+}
+
+impl Secs3Text {
+    /// The text.
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            // Digits and a dot: ASCII, so this never fails.
+            Secs3Text::Short(buf, at) => {
+                std::str::from_utf8(buf.get(usize::from(*at)..).unwrap_or_default())
+                    .unwrap_or_default()
+            }
+            Secs3Text::Wide(s) => s,
+        }
+    }
+}
+
+impl std::fmt::Display for Secs3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text().as_str())
     }
 }
 
