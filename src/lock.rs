@@ -5,8 +5,8 @@
 //!
 //! - **Acquire** is one command, `SET oxidekiq:lock:<key> <token> NX PX <ttl>` (`keys::lock`): it
 //!   succeeds only when nobody holds the key, and the lock frees itself after `ttl` even if its holder
-//!   dies. The token is 128 random bits in lowercase hex, fresh for every acquisition, so a holder can
-//!   prove the lock is still its own. A lock taken for a job ([`RedisLock::held_by`]) stores
+//!   dies. The token is 32 lowercase hex digits, never the same twice: 64 random bits drawn once per
+//!   process, then a 64-bit counter, so a holder can prove the lock is still its own. A lock taken for a job ([`RedisLock::held_by`]) stores
 //!   `<token>:<jid>`, so a busy lock names its holder in logs (one `GET`, only when the lock was busy).
 //! - **Release** and **extend** are Lua scripts that compare the stored token with ours before they
 //!   `DEL` or `PEXPIRE`. A plain `DEL` would be a read-then-write race: a holder whose lock expired could
@@ -62,7 +62,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{ErrorKind, ServerErrorKind};
@@ -93,20 +93,43 @@ pub const EXTEND_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
 static RELEASE_SHA: LazyLock<String> = LazyLock::new(|| script_sha1(RELEASE_SCRIPT));
 static EXTEND_SHA: LazyLock<String> = LazyLock::new(|| script_sha1(EXTEND_SCRIPT));
 
-/// Number of random bytes in a token: 128 bits, 32 hex characters.
-const TOKEN_BYTES: usize = 16;
+/// Hex digits in a token: a 16-digit process prefix, then a 16-digit counter.
+const TOKEN_LEN: usize = 32;
 
-/// A fresh random token: 128 bits from the thread's CSPRNG, lowercase hex.
+/// Where tokens come from: this process's prefix, 64 random bits in hex drawn at its first lock, and
+/// the count of tokens it made. A token only has to differ from every other token a holder of the same
+/// key may still hold: within a process the counter sees to that (it would take 2^64 acquisitions to
+/// come back), across processes and runs the prefix (two processes draw the same one with a chance of
+/// one in 2^64). A token then costs one atomic add, where drawing 128 bits from the thread's CSPRNG
+/// for every acquisition cost several times the rest of a lock's making.
+struct TokenSource {
+    /// The 16 hex digits every token of this process starts with.
+    prefix: [u8; 16],
+    /// Tokens made so far (it starts at a random value: the token after a restart never follows one
+    /// before it).
+    next: AtomicU64,
+}
+
+static TOKENS: LazyLock<TokenSource> = LazyLock::new(|| {
+    let mut prefix = [0u8; 16];
+    hex_into(&mut prefix, &rand::random::<u64>().to_be_bytes());
+    TokenSource {
+        prefix,
+        next: AtomicU64::new(rand::random()),
+    }
+});
+
+/// A fresh token ([`TokenSource`]): 32 lowercase hex digits, unique across processes and runs.
 pub(crate) fn new_token() -> String {
-    let mut s = String::with_capacity(TOKEN_BYTES * 2);
+    let mut s = String::with_capacity(TOKEN_LEN);
     push_token(&mut s);
     s
 }
 
 /// The value a lock taken for the job `jid` stores: `<token>:<jid>`, built in one allocation (it is
-/// made for every locked job).
+/// made for every locked job, and for every run of an until-executed job).
 pub(crate) fn job_value(jid: &str) -> String {
-    let mut s = String::with_capacity(TOKEN_BYTES * 2 + 1 + jid.len());
+    let mut s = String::with_capacity(TOKEN_LEN + 1 + jid.len());
     push_token(&mut s);
     s.push(':');
     s.push_str(jid);
@@ -115,8 +138,30 @@ pub(crate) fn job_value(jid: &str) -> String {
 
 /// Appends a fresh token ([`new_token`]) to `out`.
 fn push_token(out: &mut String) {
-    let bytes: [u8; TOKEN_BYTES] = rand::random();
-    push_hex(out, &bytes);
+    let token = token_digits();
+    out.push_str(as_text(&token));
+}
+
+/// The digits of a fresh token ([`TokenSource`]).
+fn token_digits() -> [u8; TOKEN_LEN] {
+    let tokens = &*TOKENS;
+    let mut out = [0u8; TOKEN_LEN];
+    out[..16].copy_from_slice(&tokens.prefix);
+    let n = tokens.next.fetch_add(1, Ordering::Relaxed);
+    hex_into(&mut out[16..], &n.to_be_bytes());
+    out
+}
+
+/// Writes `bytes` in lowercase hex into `out` (twice as long).
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
+    }
+}
+
+/// Hex digits as text (they are ASCII: never empty for want of UTF-8).
+fn as_text(digits: &[u8]) -> &str {
+    std::str::from_utf8(digits).unwrap_or_default()
 }
 
 /// Each byte's two lowercase hex digits, for [`push_hex`].
@@ -140,9 +185,7 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     let mut buf = [0u8; 64];
     for chunk in bytes.chunks(buf.len() / 2) {
         let text = &mut buf[..chunk.len() * 2];
-        for (pair, &b) in text.chunks_exact_mut(2).zip(chunk) {
-            pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
-        }
+        hex_into(text, chunk);
         // Hex digits are ASCII: this never fails.
         out.push_str(std::str::from_utf8(text).unwrap_or_default());
     }
@@ -606,15 +649,20 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_128_bit_hex_and_fresh() {
-        let a = new_token();
-        let b = new_token();
-        assert_eq!(a.len(), 32);
-        assert!(
-            a.chars()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-        );
-        assert_ne!(a, b);
+    fn tokens_are_32_lowercase_hex_digits_and_never_repeat() {
+        let tokens: Vec<String> = (0..10_000).map(|_| new_token()).collect();
+        for t in &tokens {
+            assert_eq!(t.len(), 32, "{t}");
+            assert!(
+                t.chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+                "{t}"
+            );
+        }
+        let distinct: std::collections::HashSet<&String> = tokens.iter().collect();
+        assert_eq!(distinct.len(), tokens.len());
+        // Every token of this process shares its prefix; the counter makes the difference.
+        assert!(tokens.iter().all(|t| t[..16] == tokens[0][..16]));
     }
 
     #[test]
