@@ -563,7 +563,9 @@ impl LockGuard {
             key: std::mem::take(&mut self.key),
             token: std::mem::take(&mut self.token),
         };
-        locks.batcher().release_detached(&self.conn, req).await;
+        if let Some(rest) = locks.batcher().release_detached(&self.conn, req) {
+            rest.await;
+        }
     }
 
     /// [`LockGuard::release`] for a job's lock: a failure is logged, not returned. The key then expires
