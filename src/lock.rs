@@ -61,8 +61,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use redis::{ErrorKind, ServerErrorKind};
@@ -72,7 +72,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::lock_batch::Locks;
+use crate::lock_batch::{Detached, Locks};
 use crate::redis_conn::Conn;
 
 // Their home is below the locks (a script's SHA1 with the scripts, a TTL in ms with the time); kept at
@@ -140,6 +140,14 @@ pub(crate) fn job_value(jid: &str) -> String {
 fn push_token(out: &mut String) {
     let token = token_digits();
     out.push_str(as_text(&token));
+}
+
+/// A job's lock value (`<token>:<jid>`, [`job_value`]) with a fresh token, for another attempt.
+fn with_fresh_token(value: &str) -> String {
+    let mut v = String::with_capacity(value.len());
+    push_token(&mut v);
+    v.push_str(value.get(TOKEN_LEN..).unwrap_or_default());
+    v
 }
 
 /// The digits of a fresh token ([`TokenSource`]).
@@ -276,8 +284,9 @@ pub struct RedisLock {
     key: String,
     /// TTL and waiting behaviour.
     opts: LockOptions,
-    /// The job a lock is taken for: its values are then `<token>:<jid>` ([`RedisLock::held_by`]).
-    jid: Option<String>,
+    /// For a lock taken for a job ([`RedisLock::held_by`]): a value, `<token>:<jid>`, whose token no
+    /// attempt has used yet; every attempt uses a token once.
+    value: Option<String>,
     /// Acquire and release go through this batch task ([`crate::lock_batch`]).
     batched: Option<Locks>,
 }
@@ -294,7 +303,7 @@ impl RedisLock {
             conn,
             key: full_key,
             opts,
-            jid: None,
+            value: None,
             batched: None,
         }
     }
@@ -310,7 +319,7 @@ impl RedisLock {
     /// Takes the lock for the job `jid`: the stored value is `<token>:<jid>`, so whoever finds it busy
     /// can name the holder ([`RedisLock::holder_jid`]).
     pub fn held_by(mut self, jid: &str) -> Self {
-        self.jid = Some(jid.to_string());
+        self.value = Some(job_value(jid));
         self
     }
 
@@ -326,43 +335,84 @@ impl RedisLock {
 
     /// One attempt, one `SET NX PX`: the guard if the lock was free, `None` at once if someone holds it.
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        let token = match &self.jid {
-            Some(jid) => job_value(jid),
+        // The stored value is left for `try_lock_owned`; this attempt gets a token of its own.
+        let value = match &self.value {
+            Some(unspent) => with_fresh_token(unspent),
             None => new_token(),
         };
-        let mut conn = self.conn.clone();
-        let (set, key, token) = if let Some(locks) = &self.batched {
-            // The request owns the key and the value and comes back with its answer: they go into
-            // the guard without another copy.
-            let req = crate::lock_batch::Acquire {
-                key: self.key.clone(),
-                value: token,
-                ttl_ms: ttl_ms(self.opts.ttl),
-            };
-            let (set, req) = locks.batcher().acquire_owned(&conn, req).await;
-            (set?, req.key, req.value)
-        } else {
-            let set = redis::cmd("SET")
-                .arg(&self.key)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms(self.opts.ttl))
-                .query_async::<Option<redis::Value>>(&mut conn)
-                .await?
-                .is_some();
-            (set, self.key.clone(), token)
-        };
-        crate::prom::metrics().lock_attempt(set);
+        let (set, key, token) = self.attempt(self.key.clone(), value).await?;
         Ok(set.then(|| LockGuard {
-            conn,
+            conn: self.conn.clone(),
             key,
             token,
             ttl: self.opts.ttl,
-            lost: Arc::new(AtomicBool::new(false)),
+            lost: OnceLock::new(),
             keeper: None,
             batched: self.batched.clone(),
         }))
+    }
+
+    /// [`RedisLock::try_lock`] that gives the lock up: its key and value (the one [`held_by`] made,
+    /// whose token no attempt has used) go into the guard without a copy (a job's lock, taken once per
+    /// job); `Err` gives it back when someone else holds it.
+    ///
+    /// [`held_by`]: RedisLock::held_by
+    pub(crate) async fn try_lock_owned(mut self) -> Result<std::result::Result<LockGuard, Self>> {
+        let key = std::mem::take(&mut self.key);
+        let job = self.value.is_some();
+        let value = self.value.take().unwrap_or_else(new_token);
+        let (set, key, value) = self.attempt(key, value).await?;
+        if set {
+            return Ok(Ok(LockGuard {
+                conn: self.conn,
+                key,
+                token: value,
+                ttl: self.opts.ttl,
+                lost: OnceLock::new(),
+                keeper: None,
+                batched: self.batched,
+            }));
+        }
+        self.key = key;
+        // Its token was used: a later attempt needs another.
+        self.value = job.then(|| with_fresh_token(&value));
+        Ok(Err(self))
+    }
+
+    /// One `SET key value NX PX ttl`, batched or alone; whether it set the key, with the key and the
+    /// value back.
+    async fn attempt(&self, key: String, value: String) -> Result<(bool, String, String)> {
+        let (set, key, value) = match &self.batched {
+            Some(locks) => {
+                // The request owns the key and the value and comes back with its answer: they go
+                // into the guard without another copy.
+                let req = crate::lock_batch::Acquire {
+                    key,
+                    value,
+                    ttl_ms: ttl_ms(self.opts.ttl),
+                };
+                let (set, req) = locks.batcher().acquire_owned(&self.conn, req).await;
+                (set?, req.key, req.value)
+            }
+            // Boxed, as every path a job's lock does not take: the futures of redis-rs's commands
+            // would otherwise make every locked job's future (allocated and moved per job) larger.
+            None => Box::pin(self.set_alone(key, value)).await?,
+        };
+        crate::prom::metrics().lock_attempt(set);
+        Ok((set, key, value))
+    }
+
+    /// The `SET NX PX` of an attempt, sent alone.
+    async fn set_alone(&self, key: String, value: String) -> Result<(bool, String, String)> {
+        let reply = redis::cmd("SET")
+            .arg(&key)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms(self.opts.ttl))
+            .query_async::<Option<redis::Value>>(&mut self.conn.clone())
+            .await?;
+        Ok((reply.is_some(), key, value))
     }
 
     /// Waits for the lock: retries every `poll` (jittered) until it is free, or fails with
@@ -390,10 +440,10 @@ impl RedisLock {
     /// The token of the current holder, `None` when the lock is free (for logs and tests).
     pub async fn holder(&self) -> Result<Option<String>> {
         let mut conn = self.conn.clone();
-        Ok(redis::cmd("GET")
-            .arg(&self.key)
-            .query_async(&mut conn)
-            .await?)
+        let mut get = redis::cmd("GET");
+        get.arg(&self.key);
+        // Boxed: read only when a lock is busy (see `try_lock`).
+        Ok(Box::pin(get.query_async(&mut conn)).await?)
     }
 
     /// The jid of the current holder when it took the lock with [`RedisLock::held_by`]; `None` when the
@@ -431,8 +481,9 @@ pub struct LockGuard {
     token: String,
     /// The TTL set on acquisition and on every extension.
     ttl: Duration,
-    /// Set by the keeper when it finds the lock no longer ours.
-    lost: Arc<AtomicBool>,
+    /// Set by the keeper when it finds the lock no longer ours; made when a keeper starts (most
+    /// guards never run one).
+    lost: OnceLock<Arc<AtomicBool>>,
     /// The extension task, once [`LockGuard::keep_alive`] started it.
     keeper: Option<Keeper>,
     /// Released through this batch task ([`RedisLock::batched`]).
@@ -447,7 +498,7 @@ impl LockGuard {
             key,
             token,
             ttl,
-            lost: Arc::new(AtomicBool::new(false)),
+            lost: OnceLock::new(),
             keeper: None,
             batched: None,
         }
@@ -466,7 +517,7 @@ impl LockGuard {
     /// True once the keeper found the lock gone or someone else's, or could not extend it for a whole
     /// TTL. Always false without a keeper (nobody checks).
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
+        self.lost.get().is_some_and(|l| l.load(Ordering::SeqCst))
     }
 
     /// Starts the keeper: every `ttl / 3` it resets the TTL while the lock is still ours. Calling it
@@ -501,7 +552,8 @@ impl LockGuard {
         let keeper = async {
             let started = Instant::now();
             tokio::time::sleep(keeper_period(self.ttl)).await;
-            self.extender(started).await;
+            // Boxed: made only once the first pause has passed (see `try_lock`).
+            Box::pin(self.extender(started)).await;
         };
         tokio::pin!(fut);
         tokio::select! {
@@ -519,14 +571,14 @@ impl LockGuard {
             self.key.clone(),
             self.token.clone(),
             self.ttl,
-            Arc::clone(&self.lost),
+            Arc::clone(self.lost.get_or_init(Arc::default)),
             started,
         )
     }
 
     /// Extends the lock once by its TTL; false if it is no longer ours.
     pub async fn extend(&mut self) -> Result<bool> {
-        extend(&mut self.conn, &self.key, &self.token, self.ttl).await
+        Box::pin(extend(&mut self.conn, &self.key, &self.token, self.ttl)).await
     }
 
     /// Stops the keeper and releases the lock; true if our token was still there and was deleted,
@@ -544,7 +596,7 @@ impl LockGuard {
             };
             return locks.batcher().release(&self.conn, req).await;
         }
-        release(&mut self.conn, &self.key, &self.token).await
+        Box::pin(release(&mut self.conn, &self.key, &self.token)).await
     }
 
     /// [`LockGuard::release_logged`] without waiting for Redis, for a job's lock whose job has ended: a
@@ -552,20 +604,24 @@ impl LockGuard {
     /// (`lock_batch`), which sends it with the next batch and logs its outcome the same way; the
     /// launcher flushes that queue before the process exits. Any other guard is released and logged
     /// here.
-    pub(crate) async fn release_detached(mut self) {
-        if self.keeper.is_some() {
-            return self.release_logged().await;
+    pub(crate) async fn release_detached(self) {
+        if let Some(rest) = self.queue_release() {
+            rest.await;
         }
-        let Some(locks) = self.batched.take() else {
-            return self.release_logged().await;
+    }
+
+    /// Queues the release on the batch task ([`LockGuard::release_detached`]); what is left to await
+    /// when it cannot be queued (a keeper task runs, the guard is not batched, the task is gone), boxed:
+    /// a job's lock never takes that path, and its future stays small.
+    fn queue_release(mut self) -> Option<Detached> {
+        let Some(locks) = self.batched.take().filter(|_| self.keeper.is_none()) else {
+            return Some(Box::pin(self.release_logged()));
         };
         let req = crate::lock_batch::Release {
             key: std::mem::take(&mut self.key),
             token: std::mem::take(&mut self.token),
         };
-        if let Some(rest) = locks.batcher().release_detached(&self.conn, req) {
-            rest.await;
-        }
+        locks.batcher().release_detached(&self.conn, req)
     }
 
     /// [`LockGuard::release`] for a job's lock: a failure is logged, not returned. The key then expires
