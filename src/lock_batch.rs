@@ -647,23 +647,29 @@ fn run(queue: Arc<Mutex<Queue>>, mut wire: Wire) -> impl Future<Output = ()> + S
 enum Wire {
     /// The shared connection, through redis-rs (TLS, Sentinel).
     Shared(Conn),
-    /// A connection of the task's own, made by `dialer` on first use and after a failure
-    /// (`redis_conn::resp`).
-    Own {
-        dialer: Dialer,
-        conn: Option<RespConn>,
-        /// The batch's commands as RESP, kept between batches for its capacity.
-        buf: Vec<u8>,
-    },
+    /// A connection of the task's own (`redis_conn::resp`).
+    Own(Box<OwnWire>),
+}
+
+/// The batch task's own connection, made by `dialer` on first use and after a failure.
+#[derive(Debug)]
+struct OwnWire {
+    dialer: Dialer,
+    conn: Option<RespConn>,
+    /// The batch's commands as RESP, kept between batches for its capacity.
+    buf: Vec<u8>,
+    /// The last TTL argument written.
+    ttl: TtlArg,
 }
 
 impl Wire {
     fn own(dialer: Dialer) -> Wire {
-        Wire::Own {
+        Wire::Own(Box::new(OwnWire {
             dialer,
             conn: None,
             buf: Vec::with_capacity(4096),
-        }
+            ttl: TtlArg::default(),
+        }))
     }
 
     /// One round trip: the releases (one `EVALSHA`, or `EVAL` with the body when `by_sha` is false),
@@ -684,15 +690,20 @@ impl Wire {
                 add_sets(&mut pipe, acquires);
                 Ok(pipe.query_async(conn).await?)
             }
-            Wire::Own { dialer, conn, buf } => {
+            Wire::Own(own) => {
+                let OwnWire {
+                    dialer,
+                    conn,
+                    buf,
+                    ttl,
+                } = &mut **own;
                 buf.clear();
                 let replies = usize::from(!releases.is_empty()) + acquires.len();
                 if !releases.is_empty() {
                     write_release(buf, releases, by_sha);
                 }
-                let mut ttl = TtlText::default();
                 for a in acquires {
-                    write_set(buf, a, &mut ttl);
+                    write_set(buf, a, ttl);
                 }
                 if replies == 0 {
                     return Ok(Vec::new());
@@ -734,29 +745,30 @@ fn write_release(out: &mut Vec<u8>, reqs: &[Release], by_sha: bool) {
     }
 }
 
-/// `SET <key> <value> NX PX <ttl>` as RESP; `ttl` keeps the digits of the last TTL written (the
-/// acquires of a batch mostly share one).
-fn write_set(out: &mut Vec<u8>, r: &Acquire, ttl: &mut TtlText) {
+/// `SET <key> <value> NX PX <ttl>` as RESP; `ttl` keeps the last TTL argument written (the acquires
+/// of a batch mostly share one).
+fn write_set(out: &mut Vec<u8>, r: &Acquire, ttl: &mut TtlArg) {
     let ms = r.ttl_ms.max(1);
-    if ttl.len == 0 || ttl.ms != ms {
-        let text = resp::decimal(&mut ttl.digits, ms);
-        ttl.len = text.len();
-        ttl.ms = ms;
+    if ttl.ms != Some(ms) {
+        ttl.bytes.clear();
+        resp::arg_u64(&mut ttl.bytes, ms);
+        ttl.ms = Some(ms);
     }
-    out.reserve(48 + r.key.len() + r.value.len() + ttl.len);
+    out.reserve(32 + r.key.len() + r.value.len() + ttl.bytes.len());
     out.extend_from_slice(b"*6\r\n$3\r\nSET\r\n");
     resp::arg(out, r.key.as_bytes());
     resp::arg(out, r.value.as_bytes());
     out.extend_from_slice(b"$2\r\nNX\r\n$2\r\nPX\r\n");
-    resp::arg(out, &ttl.digits[ttl.digits.len() - ttl.len..]);
+    out.extend_from_slice(&ttl.bytes);
 }
 
-/// A TTL's decimal digits (at the end of `digits`), kept between the `SET`s of a batch.
-#[derive(Default)]
-struct TtlText {
-    ms: u64,
-    digits: [u8; 20],
-    len: usize,
+/// A TTL as a RESP argument, kept from one `SET` to the next.
+#[derive(Debug, Default)]
+struct TtlArg {
+    /// The TTL it holds, in ms.
+    ms: Option<u64>,
+    /// `$<len>\r\n<digits>\r\n`.
+    bytes: Vec<u8>,
 }
 
 /// The error of a caller whose batch task went away before answering (its runtime shutting down): the
