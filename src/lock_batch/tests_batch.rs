@@ -700,3 +700,30 @@ async fn a_reply_that_comes_after_the_timeout_is_never_read_as_the_next_batch_s(
     assert_eq!(next, held.as_deref() == Some("next"), "{held:?}");
     assert!(held.is_some());
 }
+
+#[tokio::test]
+async fn its_own_connection_goes_through_a_unix_socket_when_the_url_names_one() {
+    let dir = crate::test_support::temp_dir("lock-unix");
+    let socket = dir.join("redis.sock");
+    let server = RedisServer::start_with(&["--unixsocket", socket.to_str().unwrap()]);
+    let conn = server.async_conn().await;
+    let url = format!("redis+unix://{}", socket.display());
+    let dialer = Dialer::of(&redis::Client::open(url.as_str()).unwrap());
+    assert!(
+        dialer.is_some(),
+        "a unix socket is dialed, not left to redis-rs"
+    );
+    let locks = Locks::dialing(conn.clone(), dialer);
+    assert!(
+        locks
+            .batcher()
+            .acquire(&conn, acq("oxidekiq:lock:unix", "t"))
+            .await
+            .unwrap()
+    );
+    let mut c = server.conn();
+    assert_eq!(get(&mut c, "oxidekiq:lock:unix").as_deref(), Some("t"));
+    // The connection the batch used is the socket's (CLIENT LIST shows its peer as the path).
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
+    assert!(clients.lines().any(|l| l.contains("addr=/")), "{clients}");
+}
