@@ -186,9 +186,8 @@ static HEX_PAIRS: [[u8; 2]; 256] = {
 
 /// Appends `bytes` in lowercase hex to `out`: what `crate::job::hex` writes, through a buffer on the
 /// stack and one copy instead of a `char` push (with its capacity check) per digit. Each byte's pair
-/// of digits is one load from a table indexed by the byte (no bounds check): it runs twice for every
-/// locked job (its token and its key's SHA1), where computing each digit cost about 18 instructions a
-/// byte.
+/// of digits is one load from a table indexed by the byte ([`hex_into`], no bounds check): it runs for
+/// every job locked by its arguments (its key's SHA1), and tokens are written the same way.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     let mut buf = [0u8; 64];
     for chunk in bytes.chunks(buf.len() / 2) {

@@ -5,12 +5,12 @@
 //! # Why
 //!
 //! On the shared connection every reply goes through redis-rs's generic parser on the connection's
-//! driver task, and every command through a `Cmd`, a pipeline buffer and a channel hop to that task:
-//! measured with callgrind, about 1 500 instructions for each `+OK` a locked job's `SET` gets back, and
-//! as much again to build and send it. The replies a lock batch gets are few and simple (`+OK`, a nil, an
-//! integer, a short bulk string): read here by hand, they cost a few dozen instructions each. Anything
-//! else (an error, an array) goes through redis-rs's own parser ([`redis::parse_redis_value`]), so a
-//! caller gets the same [`redis::Value`] and the same errors (`NOSCRIPT`, `OOM`, ...) either way.
+//! driver task, and every command through a `Cmd`, a pipeline buffer and a channel hop to that task: for
+//! a locked job's `SET` and its `+OK`, that machinery cost more than the rest of the lock's work in the
+//! process (`bench/results/redis-per-job.md`, session 12). The replies a lock batch gets are few and
+//! simple (`+OK`, a nil, an integer, a short bulk string) and are read here by hand. Anything else (an
+//! error, an array) goes through redis-rs's own parser ([`redis::parse_redis_value`]), so a caller gets
+//! the same [`redis::Value`] and the same errors (`NOSCRIPT`, `OOM`, ...) either way.
 //!
 //! # What it supports
 //!
