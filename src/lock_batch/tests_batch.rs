@@ -727,3 +727,19 @@ async fn its_own_connection_goes_through_a_unix_socket_when_the_url_names_one() 
     let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
     assert!(clients.lines().any(|l| l.contains("addr=/")), "{clients}");
 }
+
+#[tokio::test]
+async fn its_own_connection_to_a_database_redis_lacks_fails_each_batch_naming_the_select() {
+    let server = RedisServer::start();
+    let conn = server.async_conn().await;
+    // Redis has 16 databases by default: 99 is refused.
+    let url = format!("redis://127.0.0.1:{}/99", server.port);
+    let locks = Locks::dialing(conn.clone(), Dialer::of(&redis::Client::open(url).unwrap()));
+    let e = locks
+        .batcher()
+        .acquire(&conn, acq("oxidekiq:lock:db99", "t"))
+        .await
+        .expect_err("no database, no lock");
+    assert!(e.to_string().contains("cannot select its database"), "{e}");
+    assert_eq!(get(&mut server.conn(), "oxidekiq:lock:db99"), None);
+}

@@ -162,13 +162,31 @@ impl Dialer {
             replies += 1;
         }
         if replies > 0 {
-            for reply in conn.exchange_now(&hello, replies).await? {
+            let got = conn.exchange_now(&hello, replies).await?;
+            // One reply per command sent, `AUTH`'s first.
+            let commands = [(self.password.is_some(), true), (self.db != 0, false)];
+            let sent = commands
+                .iter()
+                .filter(|(sent, _)| *sent)
+                .map(|&(_, auth)| auth);
+            for (auth, reply) in sent.zip(got) {
                 if let Value::ServerError(e) = reply {
                     // `AUTH`'s error names the user at most (`WRONGPASS invalid username-password
                     // pair`), never the password.
+                    let (kind, what) = if auth {
+                        (
+                            redis::ErrorKind::AuthenticationFailed,
+                            "the lock connection was refused",
+                        )
+                    } else {
+                        (
+                            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                            "the lock connection cannot select its database",
+                        )
+                    };
                     return Err(Error::Redis(redis::RedisError::from((
-                        redis::ErrorKind::AuthenticationFailed,
-                        "the lock connection was refused",
+                        kind,
+                        what,
                         format!("{}: {e}", conn.server),
                     ))));
                 }
