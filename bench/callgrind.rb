@@ -7,9 +7,10 @@
 #   KIND=activejob-locale ruby bench/callgrind.rb # the ActiveJob payload with an extra {"locale" => "en"} hash
 #   KIND=unique ruby bench/callgrind.rb          # UniqueNoopJob (KIND=sequential: SequentialNoopJob)
 #   OXIDEKIQ_BIN=... OUT=/tmp/cg.out CONC=200 ruby bench/callgrind.rb
-#   NATIVE=1 ruby bench/callgrind.rb             # no valgrind: peak RSS (VmHWM) of the same drain, and
+#   NATIVE=1 ruby bench/callgrind.rb             # no valgrind: peak RSS (VmHWM) of the same drain, the
 #                                                # user/system CPU per job of oxidekiq and Redis (rough:
-#                                                # the drain's end is polled, the box is not kept quiet)
+#                                                # the drain's end is polled, the box is not kept quiet),
+#                                                # and oxidekiq's voluntary context switches per job
 #   REDIS=1 ruby bench/callgrind.rb              # count redis-server's instructions per job instead
 #                                                # (oxidekiq runs natively; OUT is Redis's profile;
 #                                                # it includes this script's polling, a few commands
@@ -66,17 +67,21 @@ begin
   counted ||= vg unless native
   callgrind_on(counted) if counted
   cpu0 = [cpu_times(vg), cpu_times(redis_pid)]
+  switches0 = voluntary_switches(vg)
   t0 = now
   redis.rename("bench:staging", "queue:default")
   wait_until("the drain", 1800) { redis.llen("queue:default").zero? && in_flight.call.zero? }
   secs = now - t0
   cpu1 = [cpu_times(vg), cpu_times(redis_pid)]
+  switches = (voluntary_switches(vg) - switches0).to_f / JOBS
   sleep 1 # the log writer's last batch
   if native && !REDIS_CG
     us = ->(i, k) { (cpu1[i][k] - cpu0[i][k]) * 1e6 / JOBS }
     printf("%s: %d jobs, -c %d: peak RSS %.1f MB (%.1f MB after the probe job), %.2f s; CPU us/job " \
-           "(user/system, polled every 0.1 s): oxidekiq %.1f/%.1f, Redis %.1f/%.1f\n",
-           KIND, JOBS, CONC, hwm.call("VmHWM"), rss_idle, secs, us.call(0, 0), us.call(0, 1), us.call(1, 0), us.call(1, 1))
+           "(user/system, polled every 0.1 s): oxidekiq %.1f/%.1f, Redis %.1f/%.1f; oxidekiq's voluntary " \
+           "context switches per job %.3f\n",
+           KIND, JOBS, CONC, hwm.call("VmHWM"), rss_idle, secs, us.call(0, 0), us.call(0, 1), us.call(1, 0), us.call(1, 1),
+           switches)
     Process.kill("TERM", vg)
     Process.wait(vg)
     pids.delete(vg)

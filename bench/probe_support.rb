@@ -74,6 +74,16 @@ module ProbeSupport
     system("callgrind_control", "-i", "on", pid.to_s, out: File::NULL) or raise "callgrind_control -i on failed"
   end
 
+  # Voluntary context switches of every thread of process `pid` so far (a thread that blocked: parked,
+  # waiting for a socket or a lock), from /proc/<pid>/task/*/status.
+  def voluntary_switches(pid)
+    Dir["/proc/#{pid}/task/*/status"].sum do |f|
+      File.read(f)[/^voluntary_ctxt_switches:\s+(\d+)/, 1].to_i
+    rescue Errno::ENOENT
+      0
+    end
+  end
+
   # [user, system] CPU seconds of process `pid` so far (utime and stime, fields 14-15 of proc(5)).
   def cpu_times(pid)
     ticks = Etc.sysconf(Etc::SC_CLK_TCK).to_f

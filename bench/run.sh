@@ -33,7 +33,11 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 fi
 export OXIDEKIQ_BIN="${OXIDEKIQ_BIN:-$root/target/release/oxidekiq}"
 export RUSTY_BIN="$root/bench/rusty/target/release/rusty-sidekiq-bench"
-for bin in "$OXIDEKIQ_BIN" "$RUSTY_BIN"; do
+needed=("$OXIDEKIQ_BIN")
+# rusty-sidekiq's binary only when it runs (SYSTEMS=oxidekiq with SKIP_BUILD=1 needs no build of it).
+systems="${SYSTEMS:-oxidekiq,ruby,rusty}"
+case ",${systems// /}," in *,rusty,*) needed+=("$RUSTY_BIN") ;; esac
+for bin in "${needed[@]}"; do
   [ -x "$bin" ] || { echo "error: $bin is missing (run without SKIP_BUILD)" >&2; exit 1; }
 done
 

@@ -224,6 +224,7 @@ impl Launcher {
             Conns {
                 control: conn,
                 jobs: job_conn,
+                lock_dialer: target.dialer(),
             },
             fetch,
             fleet,
@@ -300,8 +301,11 @@ impl Drop for JobRuntime {
 struct Conns {
     /// The control plane's: heartbeat, fetch, acks, push-back, poller, recovery, `--http`.
     control: Conn,
-    /// The jobs': fate writes, [`JobContext::redis`](crate::JobContext::redis), job locks.
+    /// The jobs': fate writes, [`JobContext::redis`](crate::JobContext::redis), job locks (without a
+    /// dialer).
     jobs: Conn,
+    /// How the job locks' batch task connects on its own (a plain-text server, `redis_conn::resp`).
+    lock_dialer: Option<redis_conn::resp::Dialer>,
 }
 
 /// Everything the running launcher owns.
@@ -340,6 +344,7 @@ impl Parts {
         let Conns {
             control: conn,
             jobs: job_conn,
+            lock_dialer,
         } = conns;
         let shutdown = Shutdown::new();
         let signal = shutdown.signal();
@@ -349,7 +354,7 @@ impl Parts {
         // One batch task for every job's lock commands, over the jobs' connection. Spawned here, on the
         // control plane's runtime, so the stop's flush of lock releases never waits on a blocked job
         // runtime: left to its first use, it would start on the job runtime (a lock job's thread).
-        let locks = Locks::new(job_conn.clone());
+        let locks = Locks::dialing(job_conn.clone(), lock_dialer);
         locks.batcher();
         let processor = Processor {
             registry: registry.freeze()?,

@@ -5,8 +5,8 @@
 //!
 //! - **Acquire** is one command, `SET oxidekiq:lock:<key> <token> NX PX <ttl>` (`keys::lock`): it
 //!   succeeds only when nobody holds the key, and the lock frees itself after `ttl` even if its holder
-//!   dies. The token is 128 random bits in lowercase hex, fresh for every acquisition, so a holder can
-//!   prove the lock is still its own. A lock taken for a job ([`RedisLock::held_by`]) stores
+//!   dies. The token is 32 lowercase hex digits, never the same twice: 64 random bits drawn once per
+//!   process, then a 64-bit counter, so a holder can prove the lock is still its own. A lock taken for a job ([`RedisLock::held_by`]) stores
 //!   `<token>:<jid>`, so a busy lock names its holder in logs (one `GET`, only when the lock was busy).
 //! - **Release** and **extend** are Lua scripts that compare the stored token with ours before they
 //!   `DEL` or `PEXPIRE`. A plain `DEL` would be a read-then-write race: a holder whose lock expired could
@@ -61,8 +61,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::LazyLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use redis::{ErrorKind, ServerErrorKind};
@@ -72,7 +72,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::lock_batch::Locks;
+use crate::lock_batch::{Detached, Locks};
 use crate::redis_conn::Conn;
 
 // Their home is below the locks (a script's SHA1 with the scripts, a TTL in ms with the time); kept at
@@ -93,20 +93,43 @@ pub const EXTEND_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
 static RELEASE_SHA: LazyLock<String> = LazyLock::new(|| script_sha1(RELEASE_SCRIPT));
 static EXTEND_SHA: LazyLock<String> = LazyLock::new(|| script_sha1(EXTEND_SCRIPT));
 
-/// Number of random bytes in a token: 128 bits, 32 hex characters.
-const TOKEN_BYTES: usize = 16;
+/// Hex digits in a token: a 16-digit process prefix, then a 16-digit counter.
+const TOKEN_LEN: usize = 32;
 
-/// A fresh random token: 128 bits from the thread's CSPRNG, lowercase hex.
+/// Where tokens come from: this process's prefix, 64 random bits in hex drawn at its first lock, and
+/// the count of tokens it made. A token only has to differ from every other token a holder of the same
+/// key may still hold: within a process the counter sees to that (it would take 2^64 acquisitions to
+/// come back), across processes and runs the prefix (two processes draw the same one with a chance of
+/// one in 2^64). A token then costs one atomic add, where drawing 128 bits from the thread's CSPRNG
+/// for every acquisition cost several times the rest of a lock's making.
+struct TokenSource {
+    /// The 16 hex digits every token of this process starts with.
+    prefix: [u8; 16],
+    /// Tokens made so far (it starts at a random value: the token after a restart never follows one
+    /// before it).
+    next: AtomicU64,
+}
+
+static TOKENS: LazyLock<TokenSource> = LazyLock::new(|| {
+    let mut prefix = [0u8; 16];
+    hex_into(&mut prefix, &rand::random::<u64>().to_be_bytes());
+    TokenSource {
+        prefix,
+        next: AtomicU64::new(rand::random()),
+    }
+});
+
+/// A fresh token ([`TokenSource`]): 32 lowercase hex digits, unique across processes and runs.
 pub(crate) fn new_token() -> String {
-    let mut s = String::with_capacity(TOKEN_BYTES * 2);
+    let mut s = String::with_capacity(TOKEN_LEN);
     push_token(&mut s);
     s
 }
 
 /// The value a lock taken for the job `jid` stores: `<token>:<jid>`, built in one allocation (it is
-/// made for every locked job).
+/// made for every locked job, and for every run of an until-executed job).
 pub(crate) fn job_value(jid: &str) -> String {
-    let mut s = String::with_capacity(TOKEN_BYTES * 2 + 1 + jid.len());
+    let mut s = String::with_capacity(TOKEN_LEN + 1 + jid.len());
     push_token(&mut s);
     s.push(':');
     s.push_str(jid);
@@ -115,8 +138,38 @@ pub(crate) fn job_value(jid: &str) -> String {
 
 /// Appends a fresh token ([`new_token`]) to `out`.
 fn push_token(out: &mut String) {
-    let bytes: [u8; TOKEN_BYTES] = rand::random();
-    push_hex(out, &bytes);
+    let token = token_digits();
+    out.push_str(as_text(&token));
+}
+
+/// A job's lock value (`<token>:<jid>`, [`job_value`]) with a fresh token, for another attempt.
+fn with_fresh_token(value: &str) -> String {
+    let mut v = String::with_capacity(value.len());
+    push_token(&mut v);
+    v.push_str(value.get(TOKEN_LEN..).unwrap_or_default());
+    v
+}
+
+/// The digits of a fresh token ([`TokenSource`]).
+fn token_digits() -> [u8; TOKEN_LEN] {
+    let tokens = &*TOKENS;
+    let mut out = [0u8; TOKEN_LEN];
+    out[..16].copy_from_slice(&tokens.prefix);
+    let n = tokens.next.fetch_add(1, Ordering::Relaxed);
+    hex_into(&mut out[16..], &n.to_be_bytes());
+    out
+}
+
+/// Writes `bytes` in lowercase hex into `out` (twice as long).
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
+    }
+}
+
+/// Hex digits as text (they are ASCII: never empty for want of UTF-8).
+fn as_text(digits: &[u8]) -> &str {
+    std::str::from_utf8(digits).unwrap_or_default()
 }
 
 /// Each byte's two lowercase hex digits, for [`push_hex`].
@@ -133,16 +186,13 @@ static HEX_PAIRS: [[u8; 2]; 256] = {
 
 /// Appends `bytes` in lowercase hex to `out`: what `crate::job::hex` writes, through a buffer on the
 /// stack and one copy instead of a `char` push (with its capacity check) per digit. Each byte's pair
-/// of digits is one load from a table indexed by the byte (no bounds check): it runs twice for every
-/// locked job (its token and its key's SHA1), where computing each digit cost about 18 instructions a
-/// byte.
+/// of digits is one load from a table indexed by the byte ([`hex_into`], no bounds check): it runs for
+/// every job locked by its arguments (its key's SHA1), and tokens are written the same way.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     let mut buf = [0u8; 64];
     for chunk in bytes.chunks(buf.len() / 2) {
         let text = &mut buf[..chunk.len() * 2];
-        for (pair, &b) in text.chunks_exact_mut(2).zip(chunk) {
-            pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
-        }
+        hex_into(text, chunk);
         // Hex digits are ASCII: this never fails.
         out.push_str(std::str::from_utf8(text).unwrap_or_default());
     }
@@ -233,8 +283,9 @@ pub struct RedisLock {
     key: String,
     /// TTL and waiting behaviour.
     opts: LockOptions,
-    /// The job a lock is taken for: its values are then `<token>:<jid>` ([`RedisLock::held_by`]).
-    jid: Option<String>,
+    /// For a lock taken for a job ([`RedisLock::held_by`]): a value, `<token>:<jid>`, whose token no
+    /// attempt has used yet; every attempt uses a token once.
+    value: Option<String>,
     /// Acquire and release go through this batch task ([`crate::lock_batch`]).
     batched: Option<Locks>,
 }
@@ -251,7 +302,7 @@ impl RedisLock {
             conn,
             key: full_key,
             opts,
-            jid: None,
+            value: None,
             batched: None,
         }
     }
@@ -267,7 +318,7 @@ impl RedisLock {
     /// Takes the lock for the job `jid`: the stored value is `<token>:<jid>`, so whoever finds it busy
     /// can name the holder ([`RedisLock::holder_jid`]).
     pub fn held_by(mut self, jid: &str) -> Self {
-        self.jid = Some(jid.to_string());
+        self.value = Some(job_value(jid));
         self
     }
 
@@ -283,43 +334,97 @@ impl RedisLock {
 
     /// One attempt, one `SET NX PX`: the guard if the lock was free, `None` at once if someone holds it.
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        let token = match &self.jid {
-            Some(jid) => job_value(jid),
+        // The stored value is left for `try_lock_owned`; this attempt gets a token of its own.
+        let value = match &self.value {
+            Some(unspent) => with_fresh_token(unspent),
             None => new_token(),
         };
-        let mut conn = self.conn.clone();
-        let (set, key, token) = if let Some(locks) = &self.batched {
-            // The request owns the key and the value and comes back with its answer: they go into
-            // the guard without another copy.
-            let req = crate::lock_batch::Acquire {
-                key: self.key.clone(),
-                value: token,
-                ttl_ms: ttl_ms(self.opts.ttl),
-            };
-            let (set, req) = locks.batcher().acquire_owned(&conn, req).await;
-            (set?, req.key, req.value)
-        } else {
-            let set = redis::cmd("SET")
-                .arg(&self.key)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms(self.opts.ttl))
-                .query_async::<Option<redis::Value>>(&mut conn)
-                .await?
-                .is_some();
-            (set, self.key.clone(), token)
-        };
-        crate::prom::metrics().lock_attempt(set);
+        let (set, key, token) = self.attempt(self.key.clone(), value).await?;
         Ok(set.then(|| LockGuard {
-            conn,
+            conn: self.conn.clone(),
             key,
             token,
             ttl: self.opts.ttl,
-            lost: Arc::new(AtomicBool::new(false)),
+            lost: OnceLock::new(),
             keeper: None,
             batched: self.batched.clone(),
         }))
+    }
+
+    /// [`RedisLock::try_lock`] that gives the lock up: its key and value (the one [`held_by`] made,
+    /// whose token no attempt has used) go into the guard without a copy (a job's lock, taken once per
+    /// job); `Err` gives it back when someone else holds it.
+    ///
+    /// [`held_by`]: RedisLock::held_by
+    pub(crate) async fn try_lock_owned(mut self) -> Result<std::result::Result<LockGuard, Self>> {
+        let key = std::mem::take(&mut self.key);
+        let job = self.value.is_some();
+        let value = self.value.take().unwrap_or_else(new_token);
+        // `attempt`, inline: one future less to build and poll for every locked job.
+        let (set, key, value) = match &self.batched {
+            Some(locks) => {
+                let req = crate::lock_batch::Acquire {
+                    key,
+                    value,
+                    ttl_ms: ttl_ms(self.opts.ttl),
+                };
+                let (set, req) = locks.batcher().acquire_owned(&self.conn, req).await;
+                (set?, req.key, req.value)
+            }
+            None => Box::pin(self.set_alone(key, value)).await?,
+        };
+        crate::prom::metrics().lock_attempt(set);
+        if set {
+            return Ok(Ok(LockGuard {
+                conn: self.conn,
+                key,
+                token: value,
+                ttl: self.opts.ttl,
+                lost: OnceLock::new(),
+                keeper: None,
+                batched: self.batched,
+            }));
+        }
+        self.key = key;
+        // Its token was used: a later attempt needs another.
+        self.value = job.then(|| with_fresh_token(&value));
+        Ok(Err(self))
+    }
+
+    /// One `SET key value NX PX ttl`, batched or alone; whether it set the key, with the key and the
+    /// value back.
+    async fn attempt(&self, key: String, value: String) -> Result<(bool, String, String)> {
+        let (set, key, value) = match &self.batched {
+            Some(locks) => {
+                // The request owns the key and the value and comes back with its answer: they go
+                // into the guard without another copy.
+                let req = crate::lock_batch::Acquire {
+                    key,
+                    value,
+                    ttl_ms: ttl_ms(self.opts.ttl),
+                };
+                let (set, req) = locks.batcher().acquire_owned(&self.conn, req).await;
+                (set?, req.key, req.value)
+            }
+            // Boxed, as every path a job's lock does not take: the futures of redis-rs's commands
+            // would otherwise make every locked job's future (allocated and moved per job) larger.
+            None => Box::pin(self.set_alone(key, value)).await?,
+        };
+        crate::prom::metrics().lock_attempt(set);
+        Ok((set, key, value))
+    }
+
+    /// The `SET NX PX` of an attempt, sent alone.
+    async fn set_alone(&self, key: String, value: String) -> Result<(bool, String, String)> {
+        let reply = redis::cmd("SET")
+            .arg(&key)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms(self.opts.ttl))
+            .query_async::<Option<redis::Value>>(&mut self.conn.clone())
+            .await?;
+        Ok((reply.is_some(), key, value))
     }
 
     /// Waits for the lock: retries every `poll` (jittered) until it is free, or fails with
@@ -347,10 +452,10 @@ impl RedisLock {
     /// The token of the current holder, `None` when the lock is free (for logs and tests).
     pub async fn holder(&self) -> Result<Option<String>> {
         let mut conn = self.conn.clone();
-        Ok(redis::cmd("GET")
-            .arg(&self.key)
-            .query_async(&mut conn)
-            .await?)
+        let mut get = redis::cmd("GET");
+        get.arg(&self.key);
+        // Boxed: read only when a lock is busy (see `try_lock`).
+        Ok(Box::pin(get.query_async(&mut conn)).await?)
     }
 
     /// The jid of the current holder when it took the lock with [`RedisLock::held_by`]; `None` when the
@@ -388,8 +493,9 @@ pub struct LockGuard {
     token: String,
     /// The TTL set on acquisition and on every extension.
     ttl: Duration,
-    /// Set by the keeper when it finds the lock no longer ours.
-    lost: Arc<AtomicBool>,
+    /// Set by the keeper when it finds the lock no longer ours; made when a keeper starts (most
+    /// guards never run one).
+    lost: OnceLock<Arc<AtomicBool>>,
     /// The extension task, once [`LockGuard::keep_alive`] started it.
     keeper: Option<Keeper>,
     /// Released through this batch task ([`RedisLock::batched`]).
@@ -404,7 +510,7 @@ impl LockGuard {
             key,
             token,
             ttl,
-            lost: Arc::new(AtomicBool::new(false)),
+            lost: OnceLock::new(),
             keeper: None,
             batched: None,
         }
@@ -423,7 +529,7 @@ impl LockGuard {
     /// True once the keeper found the lock gone or someone else's, or could not extend it for a whole
     /// TTL. Always false without a keeper (nobody checks).
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
+        self.lost.get().is_some_and(|l| l.load(Ordering::SeqCst))
     }
 
     /// Starts the keeper: every `ttl / 3` it resets the TTL while the lock is still ours. Calling it
@@ -458,7 +564,8 @@ impl LockGuard {
         let keeper = async {
             let started = Instant::now();
             tokio::time::sleep(keeper_period(self.ttl)).await;
-            self.extender(started).await;
+            // Boxed: made only once the first pause has passed (see `try_lock`).
+            Box::pin(self.extender(started)).await;
         };
         tokio::pin!(fut);
         tokio::select! {
@@ -476,14 +583,14 @@ impl LockGuard {
             self.key.clone(),
             self.token.clone(),
             self.ttl,
-            Arc::clone(&self.lost),
+            Arc::clone(self.lost.get_or_init(Arc::default)),
             started,
         )
     }
 
     /// Extends the lock once by its TTL; false if it is no longer ours.
     pub async fn extend(&mut self) -> Result<bool> {
-        extend(&mut self.conn, &self.key, &self.token, self.ttl).await
+        Box::pin(extend(&mut self.conn, &self.key, &self.token, self.ttl)).await
     }
 
     /// Stops the keeper and releases the lock; true if our token was still there and was deleted,
@@ -501,7 +608,7 @@ impl LockGuard {
             };
             return locks.batcher().release(&self.conn, req).await;
         }
-        release(&mut self.conn, &self.key, &self.token).await
+        Box::pin(release(&mut self.conn, &self.key, &self.token)).await
     }
 
     /// [`LockGuard::release_logged`] without waiting for Redis, for a job's lock whose job has ended: a
@@ -509,18 +616,24 @@ impl LockGuard {
     /// (`lock_batch`), which sends it with the next batch and logs its outcome the same way; the
     /// launcher flushes that queue before the process exits. Any other guard is released and logged
     /// here.
-    pub(crate) async fn release_detached(mut self) {
-        if self.keeper.is_some() {
-            return self.release_logged().await;
+    pub(crate) async fn release_detached(self) {
+        if let Some(rest) = self.queue_release() {
+            rest.await;
         }
-        let Some(locks) = self.batched.take() else {
-            return self.release_logged().await;
+    }
+
+    /// Queues the release on the batch task ([`LockGuard::release_detached`]); what is left to await
+    /// when it cannot be queued (a keeper task runs, the guard is not batched, the task is gone), boxed:
+    /// a job's lock never takes that path, and its future stays small.
+    fn queue_release(mut self) -> Option<Detached> {
+        let Some(locks) = self.batched.take().filter(|_| self.keeper.is_none()) else {
+            return Some(Box::pin(self.release_logged()));
         };
         let req = crate::lock_batch::Release {
             key: std::mem::take(&mut self.key),
             token: std::mem::take(&mut self.token),
         };
-        locks.batcher().release_detached(&self.conn, req).await;
+        locks.batcher().release_detached(&self.conn, req)
     }
 
     /// [`LockGuard::release`] for a job's lock: a failure is logged, not returned. The key then expires
@@ -606,15 +719,20 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_128_bit_hex_and_fresh() {
-        let a = new_token();
-        let b = new_token();
-        assert_eq!(a.len(), 32);
-        assert!(
-            a.chars()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-        );
-        assert_ne!(a, b);
+    fn tokens_are_32_lowercase_hex_digits_and_never_repeat() {
+        let tokens: Vec<String> = (0..10_000).map(|_| new_token()).collect();
+        for t in &tokens {
+            assert_eq!(t.len(), 32, "{t}");
+            assert!(
+                t.chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+                "{t}"
+            );
+        }
+        let distinct: std::collections::HashSet<&String> = tokens.iter().collect();
+        assert_eq!(distinct.len(), tokens.len());
+        // Every token of this process shares its prefix; the counter makes the difference.
+        assert!(tokens.iter().all(|t| t[..16] == tokens[0][..16]));
     }
 
     #[test]

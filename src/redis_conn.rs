@@ -27,6 +27,8 @@ use crate::error::{Error, Result};
 use crate::prom::count_error;
 use crate::redact::redact_url;
 
+pub(crate) mod resp;
+
 /// The handle every part of oxidekiq talks to Redis through; cheap to clone.
 ///
 /// A [`ConnectionManager`] to the configured server, or, with Sentinel, a
@@ -159,6 +161,16 @@ impl Target {
                     crate::sentinel::Follower::connect(master.clone(), cfg).await?,
                 )),
             }),
+        }
+    }
+
+    /// How a task that speaks RESP itself connects (the job locks' batch task, [`resp`]): to the
+    /// plain-text server of the URL; `None` for TLS and Sentinel, whose commands stay on the shared
+    /// connection.
+    pub(crate) fn dialer(&self) -> Option<resp::Dialer> {
+        match self {
+            Target::Url(client) => resp::Dialer::of(client),
+            Target::Sentinel(_) => None,
         }
     }
 

@@ -196,3 +196,7 @@ async fn gem_locked<'a>(ctx: &'a JobContext, rest: Next<'a>) -> JobResult {
 // Moved from tests/limits.rs: concurrency and rate limits on a real Redis (needs crate-internal items).
 #[cfg(test)]
 mod tests_limits;
+
+// The lock middleware's futures, measured against a real connection (needs crate-internal items).
+#[cfg(test)]
+mod tests_lock_futures;

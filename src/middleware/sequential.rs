@@ -48,7 +48,7 @@ use tokio::time::Instant;
 use super::lock_key::{Keyed, LockKey};
 use super::{BoxFuture, Next, ServerMiddleware};
 use crate::error::{Error, JobError, JobResult};
-use crate::lock::{LockOptions, RedisLock};
+use crate::lock::{LockGuard, LockOptions, RedisLock};
 use crate::worker::JobContext;
 
 /// The `error_class` of a job that waited for its lock until the timeout.
@@ -137,34 +137,48 @@ impl ServerMiddleware for SequentialJob {
             let lock = RedisLock::at(ctx.redis(), key, self.opts)
                 .held_by(ctx.jid())
                 .batched(ctx.locks());
-            let started = Instant::now();
-            match lock.lock().await {
-                Ok(guard) => {
-                    let waited = started.elapsed();
-                    if waited >= self.opts.poll {
-                        let waited = format_args!("{:.3}", waited.as_secs_f64());
-                        tracing::info!(lock = %guard.key(), waited, "lock acquired");
-                    }
-                    let result = guard.hold_while(next.run(ctx)).await;
-                    guard.release_detached().await;
-                    result
-                }
-                Err(Error::LockNotAcquired(_)) => {
-                    // Read only now, on the way to the retry path, to name the holder in the error.
-                    let holder = lock.holder_jid().await.ok().flatten();
-                    Err(JobError::new(
-                        LOCK_NOT_ACQUIRED,
-                        format!(
-                            "{} still held by {} after waiting {:.3}s",
-                            lock.key(),
-                            holder.as_deref().unwrap_or("another job"),
-                            started.elapsed().as_secs_f64()
-                        ),
-                    ))
-                }
-                Err(e) => Err(JobError::from(e)),
-            }
+            let guard = match lock.try_lock_owned().await.map_err(JobError::from)? {
+                Ok(guard) => guard,
+                // Boxed: only a job whose lock is busy waits (see `RedisLock::try_lock`).
+                Err(lock) => Box::pin(self.wait(lock)).await?,
+            };
+            let result = guard.hold_while(next.run(ctx)).await;
+            guard.release_detached().await;
+            result
         })
+    }
+}
+
+impl SequentialJob {
+    /// A job whose lock was busy at its first attempt: waits for it ([`RedisLock::lock`]) up to the
+    /// timeout, counted from then (a round trip later than the job's start), then fails into the
+    /// retry path naming the holder.
+    async fn wait(&self, lock: RedisLock) -> Result<LockGuard, JobError> {
+        let started = Instant::now();
+        match lock.lock().await {
+            Ok(guard) => {
+                let waited = started.elapsed();
+                if waited >= self.opts.poll {
+                    let waited = format_args!("{:.3}", waited.as_secs_f64());
+                    tracing::info!(lock = %guard.key(), waited, "lock acquired");
+                }
+                Ok(guard)
+            }
+            Err(Error::LockNotAcquired(_)) => {
+                // Read only now, on the way to the retry path, to name the holder in the error.
+                let holder = lock.holder_jid().await.ok().flatten();
+                Err(JobError::new(
+                    LOCK_NOT_ACQUIRED,
+                    format!(
+                        "{} still held by {} after waiting {:.3}s",
+                        lock.key(),
+                        holder.as_deref().unwrap_or("another job"),
+                        started.elapsed().as_secs_f64()
+                    ),
+                ))
+            }
+            Err(e) => Err(JobError::from(e)),
+        }
     }
 }
 

@@ -178,38 +178,47 @@ impl ServerMiddleware for UniqueJob {
                 .batched(ctx.locks());
             // One `SET NX PX` on the way in, one `EVALSHA` on the way out, each sent in a batch with
             // the other jobs' (`lock_batch`); the release is queued, not waited for (the job is over).
-            // The holder is read only when the lock is busy.
-            if let Some(guard) = lock.try_lock().await.map_err(JobError::from)? {
-                let result = guard.hold_while(next.run(ctx)).await;
-                guard.release_detached().await;
-                return result;
-            }
-            let key = lock.key();
-            let holder = lock.holder_jid().await.map_err(JobError::from)?;
-            let holder_shown = holder.as_deref().unwrap_or("unknown");
-            if holder.as_deref() == Some(ctx.jid()) {
-                // An earlier run of this same job died holding the lock; skipping would lose the job.
-                tracing::info!(lock = %key, "lock still held by an earlier run of this job: rescheduled");
-                return Err(JobError::reschedule(
-                    self.ttl.as_secs_f64(),
-                    format!("{key} still held by an earlier run of this job"),
-                ));
-            }
-            match self.on_conflict {
-                OnConflict::Skip => {
-                    tracing::info!(lock = %key, holder = %holder_shown, "skipped duplicate");
-                    Ok(())
+            match lock.try_lock_owned().await.map_err(JobError::from)? {
+                Ok(guard) => {
+                    let result = guard.hold_while(next.run(ctx)).await;
+                    guard.release_detached().await;
+                    result
                 }
-                OnConflict::Reschedule(delay) => Err(JobError::reschedule(
-                    delay.as_secs_f64(),
-                    format!("duplicate: {key} is held by {holder_shown}"),
-                )),
-                OnConflict::Fail => Err(JobError::new(
-                    DUPLICATE_ERROR_CLASS,
-                    format!("duplicate: {key} is held by {holder_shown}"),
-                )),
+                // Boxed: a duplicate's path is not every job's (see `RedisLock::try_lock`).
+                Err(lock) => Box::pin(self.duplicate(ctx, lock)).await,
             }
         })
+    }
+}
+
+impl UniqueJob {
+    /// A job whose lock someone holds: the holder is read, then [`OnConflict`] decides.
+    async fn duplicate(&self, ctx: &JobContext, lock: RedisLock) -> JobResult {
+        let key = lock.key();
+        let holder = lock.holder_jid().await.map_err(JobError::from)?;
+        let holder_shown = holder.as_deref().unwrap_or("unknown");
+        if holder.as_deref() == Some(ctx.jid()) {
+            // An earlier run of this same job died holding the lock; skipping would lose the job.
+            tracing::info!(lock = %key, "lock still held by an earlier run of this job: rescheduled");
+            return Err(JobError::reschedule(
+                self.ttl.as_secs_f64(),
+                format!("{key} still held by an earlier run of this job"),
+            ));
+        }
+        match self.on_conflict {
+            OnConflict::Skip => {
+                tracing::info!(lock = %key, holder = %holder_shown, "skipped duplicate");
+                Ok(())
+            }
+            OnConflict::Reschedule(delay) => Err(JobError::reschedule(
+                delay.as_secs_f64(),
+                format!("duplicate: {key} is held by {holder_shown}"),
+            )),
+            OnConflict::Fail => Err(JobError::new(
+                DUPLICATE_ERROR_CLASS,
+                format!("duplicate: {key} is held by {holder_shown}"),
+            )),
+        }
     }
 }
 

@@ -207,8 +207,7 @@ pub(crate) async fn claim(
     let Some((key, ttl)) = unique_lock(job)? else {
         return Ok(None);
     };
-    let bytes: [u8; 16] = rand::random();
-    let value = format!("{}:{}", crate::job::hex(&bytes), job.jid());
+    let value = lock::job_value(job.jid());
     let mut inv = CLAIM.prepare_invoke();
     inv.key(&key).arg(job.jid()).arg(&value).arg(ttl_ms(ttl));
     match inv.invoke_async::<i64>(&mut conn.clone()).await {

@@ -1,0 +1,619 @@
+//! A connection that one task owns and speaks RESP on by hand: the job locks' batch task
+//! (`lock_batch`) writes a whole batch of commands into one buffer and reads their replies straight
+//! from the socket.
+//!
+//! # Why
+//!
+//! On the shared connection every reply goes through redis-rs's generic parser on the connection's
+//! driver task, and every command through a `Cmd`, a pipeline buffer and a channel hop to that task: for
+//! a locked job's `SET` and its `+OK`, that machinery cost more than the rest of the lock's work in the
+//! process (`bench/results/redis-per-job.md`, session 12). The replies a lock batch gets are few and
+//! simple (`+OK`, a nil, an integer, a short bulk string) and are read here by hand. Anything else (an
+//! error, an array) goes through redis-rs's own parser ([`redis::parse_redis_value`]), so a caller gets
+//! the same [`redis::Value`] and the same errors (`NOSCRIPT`, `OOM`, ...) either way.
+//!
+//! # What it supports
+//!
+//! Plain TCP and Unix sockets (`redis://`, `redis+unix://`), with the URL's user, password and
+//! database. A `rediss://` URL and Sentinel have no [`Dialer`] ([`super::Target::dialer`] gives
+//! `None`): their lock commands stay on the shared connection. It speaks RESP2 whatever protocol the
+//! URL asks for (no `HELLO`): the replies read here are the same in both.
+//!
+//! # Failures
+//!
+//! The connection is made by its owner on first use and again after any failure. A failure while a
+//! batch is on the wire (a write or read error, no reply within [`RESPONSE_TIMEOUT`], a reply that is
+//! not RESP) fails that exchange and drops the connection, so a late reply is never read as the next
+//! batch's. Errors name the server, never the password.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use crate::error::{Error, Result};
+
+/// How long a connection (with its `AUTH` and `SELECT`) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the replies of one exchange may take: as long as the shared connection's response
+/// timeout.
+pub(crate) const RESPONSE_TIMEOUT: Duration = super::RESPONSE_TIMEOUT;
+
+/// The deepest array [`reply_end`] follows (the replies read here are flat; this only bounds a
+/// hostile or broken server).
+const MAX_DEPTH: usize = 8;
+
+/// Where and how to connect: the parts of a `redis://` or `redis+unix://` URL a connection needs.
+#[derive(Clone)]
+pub(crate) struct Dialer {
+    /// The server's address.
+    addr: Addr,
+    /// The database to `SELECT` (0: none sent).
+    db: i64,
+    /// The ACL user, sent with the password.
+    username: Option<String>,
+    /// The password: `AUTH` is sent when there is one.
+    password: Option<String>,
+}
+
+/// A server address a [`Dialer`] connects to.
+#[derive(Debug, Clone)]
+enum Addr {
+    Tcp(String, u16),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("Dialer")
+            .field("addr", &self.addr)
+            .field("db", &self.db)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dialer {
+    /// The dialer of a client's plain-text server; `None` for TLS (left to redis-rs, see the module
+    /// documentation).
+    pub(crate) fn of(client: &redis::Client) -> Option<Dialer> {
+        let info = client.get_connection_info();
+        let addr = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+            _ => return None,
+        };
+        let settings = info.redis_settings();
+        Some(Dialer {
+            addr,
+            db: settings.db(),
+            username: settings.username().map(str::to_string),
+            password: settings.password().map(str::to_string),
+        })
+    }
+
+    /// The server, for errors: `host:port` or the socket's path, never a password.
+    fn server(&self) -> String {
+        match &self.addr {
+            Addr::Tcp(host, port) if host.contains(':') => format!("[{host}]:{port}"),
+            Addr::Tcp(host, port) => format!("{host}:{port}"),
+            Addr::Unix(path) => path.display().to_string(),
+        }
+    }
+
+    /// Connects, authenticates and selects the database, within [`CONNECT_TIMEOUT`].
+    pub(crate) async fn connect(&self) -> Result<RespConn> {
+        match tokio::time::timeout(CONNECT_TIMEOUT, self.connect_now()).await {
+            Ok(r) => r,
+            Err(_) => Err(self.error(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no connection within {CONNECT_TIMEOUT:?}"),
+            ))),
+        }
+    }
+
+    async fn connect_now(&self) -> Result<RespConn> {
+        let stream = match &self.addr {
+            Addr::Tcp(host, port) => {
+                let s = tokio::net::TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(|e| self.error(e))?;
+                // Batches are written whole: nothing gains from Nagle's delay.
+                s.set_nodelay(true).map_err(|e| self.error(e))?;
+                Stream::Tcp(s)
+            }
+            Addr::Unix(path) => Stream::Unix(
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| self.error(e))?,
+            ),
+        };
+        let mut conn = RespConn {
+            stream,
+            server: self.server(),
+            buf: Vec::with_capacity(4096),
+            start: 0,
+        };
+        let mut hello = Vec::new();
+        let mut replies = 0;
+        if let Some(password) = &self.password {
+            match &self.username {
+                Some(user) => {
+                    command(&mut hello, 3);
+                    arg(&mut hello, b"AUTH");
+                    arg(&mut hello, user.as_bytes());
+                }
+                None => {
+                    command(&mut hello, 2);
+                    arg(&mut hello, b"AUTH");
+                }
+            }
+            arg(&mut hello, password.as_bytes());
+            replies += 1;
+        }
+        if self.db != 0 {
+            command(&mut hello, 2);
+            arg(&mut hello, b"SELECT");
+            arg_int(&mut hello, self.db);
+            replies += 1;
+        }
+        if replies > 0 {
+            let got = conn.exchange_now(&hello, replies).await?;
+            // One reply per command sent, `AUTH`'s first.
+            let commands = [(self.password.is_some(), true), (self.db != 0, false)];
+            let sent = commands
+                .iter()
+                .filter(|(sent, _)| *sent)
+                .map(|&(_, auth)| auth);
+            for (auth, reply) in sent.zip(got) {
+                if let Value::ServerError(e) = reply {
+                    // `AUTH`'s error names the user at most (`WRONGPASS invalid username-password
+                    // pair`), never the password.
+                    let (kind, what) = if auth {
+                        (
+                            redis::ErrorKind::AuthenticationFailed,
+                            "the lock connection was refused",
+                        )
+                    } else {
+                        (
+                            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                            "the lock connection cannot select its database",
+                        )
+                    };
+                    return Err(Error::Redis(redis::RedisError::from((
+                        kind,
+                        what,
+                        format!("{}: {e}", conn.server),
+                    ))));
+                }
+            }
+        }
+        Ok(conn)
+    }
+
+    /// An I/O error of connecting to this server, naming it.
+    fn error(&self, e: std::io::Error) -> Error {
+        io_error(&self.server(), e)
+    }
+}
+
+/// An I/O error on the lock connection to `server`, as a Redis error (it reads as a dropped
+/// connection, `is_connection_dropped`, for a broken pipe or a reset).
+fn io_error(server: &str, e: std::io::Error) -> Error {
+    let kind = e.kind();
+    Error::Redis(redis::RedisError::from(std::io::Error::new(
+        kind,
+        format!("lock connection to {server}: {e}"),
+    )))
+}
+
+/// A protocol error: the server sent something that is not RESP.
+fn protocol_error(server: &str, what: &str) -> Error {
+    Error::Redis(redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "lock connection: not a RESP reply",
+        format!("{server}: {what}"),
+    )))
+}
+
+/// The socket under a [`RespConn`].
+#[derive(Debug)]
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// One connection, made by [`Dialer::connect`]; its owner drops it after any error.
+#[derive(Debug)]
+pub(crate) struct RespConn {
+    /// The socket.
+    stream: Stream,
+    /// The server, for errors.
+    server: String,
+    /// Bytes read and not yet parsed, from `start` on.
+    buf: Vec<u8>,
+    /// Where the next reply starts in `buf`.
+    start: usize,
+}
+
+impl RespConn {
+    /// Writes `commands` (RESP, built with [`command`] and [`arg`]) and reads `replies` replies, one
+    /// per command, within [`RESPONSE_TIMEOUT`]. An `Err` leaves the connection unusable: drop it.
+    pub(crate) async fn exchange(&mut self, commands: &[u8], replies: usize) -> Result<Vec<Value>> {
+        match tokio::time::timeout(RESPONSE_TIMEOUT, self.exchange_now(commands, replies)).await {
+            Ok(r) => r,
+            Err(_) => Err(io_error(
+                &self.server,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no reply within {RESPONSE_TIMEOUT:?}"),
+                ),
+            )),
+        }
+    }
+
+    async fn exchange_now(&mut self, commands: &[u8], replies: usize) -> Result<Vec<Value>> {
+        self.stream
+            .write_all(commands)
+            .await
+            .map_err(|e| io_error(&self.server, e))?;
+        let mut out = Vec::with_capacity(replies);
+        while out.len() < replies {
+            match read_reply(&self.buf[self.start..]) {
+                Ok(Some((value, len))) => {
+                    self.start += len;
+                    out.push(value);
+                }
+                Ok(None) => self.fill().await?,
+                Err(what) => return Err(protocol_error(&self.server, what)),
+            }
+        }
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        Ok(out)
+    }
+
+    /// Reads more bytes after those not yet parsed (moved to the front first).
+    async fn fill(&mut self) -> Result<()> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(4096);
+        }
+        let n = self
+            .stream
+            .read_buf(&mut self.buf)
+            .await
+            .map_err(|e| io_error(&self.server, e))?;
+        if n == 0 {
+            return Err(io_error(
+                &self.server,
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "the server closed the connection",
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Appends the header of a command of `args` arguments (`*<args>\r\n`); [`arg`] each argument next.
+pub(crate) fn command(out: &mut Vec<u8>, args: usize) {
+    header(out, b'*', args as u64);
+}
+
+/// Appends one argument (`$<len>\r\n<bytes>\r\n`).
+pub(crate) fn arg(out: &mut Vec<u8>, bytes: &[u8]) {
+    header(out, b'$', bytes.len() as u64);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one unsigned integer argument, in decimal.
+pub(crate) fn arg_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    arg(out, decimal(&mut digits, n));
+}
+
+/// Appends one integer argument, in decimal.
+pub(crate) fn arg_int(out: &mut Vec<u8>, n: i64) {
+    let mut digits = [0u8; 21];
+    let len = {
+        let mut abs = [0u8; 20];
+        let text = decimal(&mut abs, n.unsigned_abs());
+        let start = digits.len() - text.len();
+        digits[start..].copy_from_slice(text);
+        text.len()
+    };
+    let start = digits.len() - len - usize::from(n < 0);
+    if n < 0 {
+        digits[start] = b'-';
+    }
+    arg(out, &digits[start..]);
+}
+
+/// Appends `<kind><n>\r\n` in one copy (a RESP array or bulk string header).
+fn header(out: &mut Vec<u8>, kind: u8, n: u64) {
+    // Lengths below 100 (nearly all) are written without the general conversion.
+    if n < 10 {
+        out.extend_from_slice(&[kind, b'0' + n as u8, b'\r', b'\n']);
+    } else if n < 100 {
+        out.extend_from_slice(&[
+            kind,
+            b'0' + (n / 10) as u8,
+            b'0' + (n % 10) as u8,
+            b'\r',
+            b'\n',
+        ]);
+    } else {
+        let mut digits = [0u8; 20];
+        out.push(kind);
+        out.extend_from_slice(decimal(&mut digits, n));
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// `n`'s decimal digits, written at the end of `buf`.
+pub(crate) fn decimal(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// The first reply in `b` and its length; `None` while it is incomplete. The replies a lock batch
+/// expects are read here (`+OK`, another simple string, an integer, a bulk string or nil); an error
+/// or an array goes to redis-rs's parser once whole. `Err` names what is not RESP2.
+fn read_reply(b: &[u8]) -> std::result::Result<Option<(Value, usize)>, &'static str> {
+    let Some(line) = line_end(b)? else {
+        return Ok(None);
+    };
+    let text = &b[1..line];
+    let after = line + 2;
+    let value = match b[0] {
+        b'+' if text == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(String::from_utf8_lossy(text).into_owned()),
+        b':' => Value::Int(int(text)?),
+        b'$' => {
+            let len = int(text)?;
+            if len < 0 {
+                return Ok(Some((Value::Nil, after)));
+            }
+            let end = usize::try_from(len)
+                .ok()
+                .and_then(|n| after.checked_add(n))
+                .ok_or("bulk length out of range")?;
+            if b.len() < end + 2 {
+                return Ok(None);
+            }
+            if &b[end..end + 2] != b"\r\n" {
+                return Err("bulk string without its CRLF");
+            }
+            return Ok(Some((Value::BulkString(b[after..end].to_vec()), end + 2)));
+        }
+        b'-' | b'*' => {
+            let Some(end) = reply_end(b, 0)? else {
+                return Ok(None);
+            };
+            let value = redis::parse_redis_value(&b[..end]).map_err(|_| "unreadable reply")?;
+            return Ok(Some((value, end)));
+        }
+        _ => return Err("unexpected reply type"),
+    };
+    Ok(Some((value, after)))
+}
+
+/// Where the reply starting `b` ends (RESP2: simple string, error, integer, bulk string, array);
+/// `None` while incomplete.
+fn reply_end(b: &[u8], depth: usize) -> std::result::Result<Option<usize>, &'static str> {
+    if depth > MAX_DEPTH {
+        return Err("arrays nested too deep");
+    }
+    let Some(line) = line_end(b)? else {
+        return Ok(None);
+    };
+    let after = line + 2;
+    match b[0] {
+        b'+' | b'-' | b':' => Ok(Some(after)),
+        b'$' => {
+            let len = int(&b[1..line])?;
+            if len < 0 {
+                return Ok(Some(after));
+            }
+            let end = usize::try_from(len)
+                .ok()
+                .and_then(|n| after.checked_add(n + 2))
+                .ok_or("bulk length out of range")?;
+            Ok((b.len() >= end).then_some(end))
+        }
+        b'*' => {
+            let mut at = after;
+            for _ in 0..int(&b[1..line])?.max(0) {
+                match reply_end(&b[at..], depth + 1)? {
+                    Some(len) => at += len,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(at))
+        }
+        _ => Err("unexpected reply type"),
+    }
+}
+
+/// The index of the `\r` ending the first line of `b`; `None` while it is incomplete.
+fn line_end(b: &[u8]) -> std::result::Result<Option<usize>, &'static str> {
+    match b.iter().position(|&c| c == b'\n') {
+        None => Ok(None),
+        Some(0 | 1) => Err("empty line"),
+        Some(n) if b[n - 1] == b'\r' => Ok(Some(n - 1)),
+        Some(_) => Err("line without CR"),
+    }
+}
+
+/// A decimal integer of a reply line.
+fn int(text: &[u8]) -> std::result::Result<i64, &'static str> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or("not an integer")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every prefix of `bytes` is incomplete; the whole reads as `want`, `bytes.len()` long.
+    fn reads_as(bytes: &[u8], want: &Value) {
+        for n in 0..bytes.len() {
+            assert!(
+                matches!(read_reply(&bytes[..n]), Ok(None)),
+                "{:?} of {:?}",
+                &bytes[..n],
+                bytes
+            );
+        }
+        let mut longer = bytes.to_vec();
+        longer.extend_from_slice(b"+OK\r\n");
+        let (got, len) = read_reply(&longer).unwrap().unwrap();
+        assert_eq!(&got, want, "{bytes:?}");
+        assert_eq!(len, bytes.len());
+        // What redis-rs's own parser reads from the same bytes.
+        assert_eq!(&redis::parse_redis_value(bytes).unwrap(), want, "{bytes:?}");
+    }
+
+    #[test]
+    fn the_replies_of_a_lock_batch_read_as_redis_rs_reads_them() {
+        reads_as(b"+OK\r\n", &Value::Okay);
+        reads_as(b"+QUEUED\r\n", &Value::SimpleString("QUEUED".into()));
+        reads_as(b":0\r\n", &Value::Int(0));
+        reads_as(b":-12\r\n", &Value::Int(-12));
+        reads_as(b"$-1\r\n", &Value::Nil);
+        reads_as(b"$0\r\n\r\n", &Value::BulkString(Vec::new()));
+        reads_as(b"$3\r\n1\r0\r\n", &Value::BulkString(b"1\r0".to_vec()));
+        reads_as(b"*-1\r\n", &Value::Nil);
+        reads_as(
+            b"*2\r\n:1\r\n*1\r\n$1\r\nx\r\n",
+            &Value::Array(vec![
+                Value::Int(1),
+                Value::Array(vec![Value::BulkString(b"x".to_vec())]),
+            ]),
+        );
+    }
+
+    #[test]
+    fn an_error_reply_is_redis_rs_s_own_error() {
+        let bytes = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
+        let (v, len) = read_reply(bytes).unwrap().unwrap();
+        assert_eq!(len, bytes.len());
+        let Value::ServerError(e) = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(e.kind(), Some(redis::ServerErrorKind::NoScript));
+        assert!(matches!(read_reply(&bytes[..10]), Ok(None)));
+    }
+
+    #[test]
+    fn what_is_not_resp2_is_an_error_not_a_wait() {
+        for bad in [
+            &b"?what\r\n"[..],
+            b"\r\n",
+            b"+OK\n",
+            b":x\r\n",
+            b"$3\r\nabcde\r\n",
+            b"$99999999999999999999\r\n",
+            b"%1\r\n+a\r\n+b\r\n",
+        ] {
+            assert!(read_reply(bad).is_err(), "{bad:?}");
+        }
+        let deep = format!("{}:1\r\n", "*1\r\n".repeat(MAX_DEPTH + 2));
+        assert!(read_reply(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn commands_are_written_as_resp_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        command(&mut out, 5);
+        arg(&mut out, b"SET");
+        arg(&mut out, b"k\r\n");
+        arg_int(&mut out, 1234567890);
+        arg_int(&mut out, -5);
+        arg_u64(&mut out, u64::MAX);
+        assert_eq!(
+            out,
+            b"*5\r\n$3\r\nSET\r\n$3\r\nk\r\n\r\n$10\r\n1234567890\r\n$2\r\n-5\r\n\
+              $20\r\n18446744073709551615\r\n"
+        );
+        let mut zero = Vec::new();
+        arg_int(&mut zero, 0);
+        assert_eq!(zero, b"$1\r\n0\r\n");
+        let mut max = Vec::new();
+        arg_int(&mut max, i64::MIN);
+        assert_eq!(max, b"$20\r\n-9223372036854775808\r\n");
+    }
+
+    #[test]
+    fn a_dialer_shows_no_password() {
+        let client = redis::Client::open("redis://app:s3cret@127.0.0.1:6390/2").unwrap();
+        let d = Dialer::of(&client).unwrap();
+        assert_eq!(d.db, 2);
+        assert_eq!(d.username.as_deref(), Some("app"));
+        assert!(!format!("{d:?}").contains("s3cret"));
+        assert_eq!(d.server(), "127.0.0.1:6390");
+        let tls = redis::Client::open("rediss://127.0.0.1:6390#insecure").unwrap();
+        assert!(Dialer::of(&tls).is_none());
+    }
+}
