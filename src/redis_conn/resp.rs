@@ -21,7 +21,8 @@
 //!
 //! # Failures
 //!
-//! The connection is made by its owner on first use and again after any failure. A failure while a
+//! The connection is made by its owner on first use, again after any failure, and again when it was
+//! found closed before a batch ([`RespConn::is_open`]: nothing was sent on it). A failure while a
 //! batch is on the wire (a write or read error, no reply within [`RESPONSE_TIMEOUT`], a reply that is
 //! not RESP) fails that exchange and drops the connection, so a late reply is never read as the next
 //! batch's. Errors name the server, never the password.
@@ -281,6 +282,27 @@ pub(crate) struct RespConn {
 }
 
 impl RespConn {
+    /// False once the server closed the connection (or sent something nobody asked for) while it sat
+    /// between exchanges: Redis's `timeout` closes an idle client, and so do `CLIENT KILL` and a
+    /// restart. The lock connection is idle whenever no locked job runs; without this look, the
+    /// first batch after a quiet spell would be written into a closed socket and fail every job in
+    /// it, though a new connection would have carried it. One non-blocking `recv(MSG_PEEK)`, which
+    /// reads the socket itself, not tokio's idea of its readiness (that may not have seen the close).
+    pub(crate) fn is_open(&self) -> bool {
+        // Every reply asked for was read: bytes left over were not asked for.
+        if self.start != self.buf.len() {
+            return false;
+        }
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let peeked = match &self.stream {
+            Stream::Tcp(s) => socket2::SockRef::from(s).peek(&mut byte),
+            Stream::Unix(s) => socket2::SockRef::from(s).peek(&mut byte),
+        };
+        // `Ok(0)` is the server's close, `Ok(_)` bytes nobody asked for, any other error a broken
+        // socket: only "nothing to read yet" leaves it usable.
+        matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
     /// Writes `commands` (RESP, built with [`command`] and [`arg`]) and reads `replies` replies, one
     /// per command, within [`RESPONSE_TIMEOUT`]. An `Err` leaves the connection unusable: drop it.
     pub(crate) async fn exchange(&mut self, commands: &[u8], replies: usize) -> Result<Vec<Value>> {
