@@ -763,6 +763,50 @@ async fn its_own_connection_goes_through_a_unix_socket_when_the_url_names_one() 
     assert!(clients.lines().any(|l| l.contains("addr=/")), "{clients}");
 }
 
+/// The `id=` of the one client whose line in `CLIENT LIST` contains `addr`.
+fn client_id(c: &mut redis::Connection, addr: &str) -> String {
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(c).unwrap();
+    let ours: Vec<&str> = clients.lines().filter(|l| l.contains(addr)).collect();
+    assert_eq!(ours.len(), 1, "{clients}");
+    ours[0].split(' ').next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn its_own_connection_found_open_before_a_batch_is_kept_over_tcp_and_unix_sockets() {
+    let dir = crate::test_support::temp_dir("lock-reuse");
+    let socket = dir.join("redis.sock");
+    let server = RedisServer::start_with(&["--unixsocket", socket.to_str().unwrap()]);
+    let conn = server.async_conn().await;
+    let mut c = server.conn();
+    for (url, addr) in [
+        (
+            format!("redis+unix://{}", socket.display()),
+            "addr=/".to_string(),
+        ),
+        // Named by its database: the shared connection and this test's are in 0.
+        (format!("{}/5", server.url()), "db=5".to_string()),
+    ] {
+        let dialer = Dialer::of(&redis::Client::open(url.as_str()).unwrap());
+        let locks = Locks::dialing(conn.clone(), dialer);
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let key = format!("oxidekiq:lock:reuse:{i}");
+            assert!(
+                locks
+                    .batcher()
+                    .acquire(&conn, acq(&key, "t"))
+                    .await
+                    .unwrap()
+            );
+            ids.push(client_id(&mut c, &addr));
+        }
+        // The look before each batch (`RespConn::is_open`) finds an open socket open: one
+        // connection for every batch, not one each.
+        assert!(ids.iter().all(|id| *id == ids[0]), "{url}: {ids:?}");
+        drop(locks);
+    }
+}
+
 #[tokio::test]
 async fn its_own_connection_to_a_database_redis_lacks_fails_each_batch_naming_the_select() {
     let server = RedisServer::start();
