@@ -431,20 +431,26 @@ impl RedisLock {
     /// [`Error::LockNotAcquired`] once `timeout` has passed.
     pub async fn lock(&self) -> Result<LockGuard> {
         let start = Instant::now();
-        let deadline = start + self.opts.timeout;
+        // `None`: a timeout past what an `Instant` can hold (`Duration::MAX`, "as long as it
+        // takes") waits without a deadline instead of overflowing.
+        let deadline = start.checked_add(self.opts.timeout);
         loop {
             if let Some(guard) = self.try_lock().await? {
                 return Ok(guard);
             }
             let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::LockNotAcquired(format!(
-                    "{} still held by another holder after waiting {:?}",
-                    self.key,
-                    now - start
-                )));
-            }
-            let pause = jittered(self.opts.poll).min(deadline - now);
+            let pause = jittered(self.opts.poll);
+            let pause = match deadline {
+                Some(deadline) if now >= deadline => {
+                    return Err(Error::LockNotAcquired(format!(
+                        "{} still held by another holder after waiting {:?}",
+                        self.key,
+                        now - start
+                    )));
+                }
+                Some(deadline) => pause.min(deadline - now),
+                None => pause,
+            };
             tokio::time::sleep(pause).await;
         }
     }

@@ -708,9 +708,11 @@ impl Wire {
                 if replies == 0 {
                     return Ok(Vec::new());
                 }
+                // A connection the server closed while it sat idle is replaced before anything is
+                // written on it: the batch then fails only when Redis cannot be reached.
                 let mut c = match conn.take() {
-                    Some(c) => c,
-                    None => dialer.connect().await?,
+                    Some(c) if c.is_open() => c,
+                    _ => dialer.connect().await?,
                 };
                 let got = c.exchange(buf, replies).await;
                 // After a failure, whatever was on the wire must not be read as the next batch's

@@ -171,6 +171,36 @@ async fn blocking_lock_times_out_with_lock_not_acquired_naming_the_key() {
 }
 
 #[tokio::test]
+async fn a_lock_told_to_wait_without_limit_waits_for_its_holder_instead_of_panicking() {
+    let server = support::RedisServer::start();
+    let conn = server.async_conn().await;
+    let held = RedisLock::new(conn.clone(), "forever", LockOptions::default())
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    // `Duration::MAX`: "as long as it takes" (`SequentialJob::timeout` takes the same value).
+    let waiter = RedisLock::new(
+        conn,
+        "forever",
+        LockOptions {
+            timeout: Duration::MAX,
+            ..opts(30_000, 20, 0)
+        },
+    );
+    let waiting = tokio::spawn(async move { waiter.lock().await.map(|g| g.token().to_string()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "still waiting for the holder");
+    assert!(held.release().await.unwrap());
+    let token = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("taken once released")
+        .expect("no panic")
+        .unwrap();
+    assert_eq!(token.len(), 32);
+}
+
+#[tokio::test]
 async fn a_holder_that_never_releases_blocks_others_no_longer_than_the_ttl() {
     let server = support::RedisServer::start();
     let conn = server.async_conn().await;

@@ -555,32 +555,53 @@ async fn a_batch_whose_task_is_dropped_unanswered_fails_its_callers_instead_of_h
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn its_own_connection_killed_by_the_server_fails_one_batch_then_reconnects() {
     let server = RedisServer::start();
     let conn = server.async_conn().await;
     let mut c = server.conn();
     let locks = locks_over("own", &conn, &server);
-    let batcher = locks.batcher();
     assert!(
-        batcher
+        locks
+            .batcher()
             .acquire(&conn, acq("oxidekiq:lock:before", "t"))
             .await
             .unwrap()
     );
-    let _: () = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .arg("SKIPME")
-        .arg("yes")
-        .query(&mut c)
-        .unwrap();
+    let redis = |c: &mut redis::Connection, args: &[&str]| {
+        let _: redis::Value = redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap();
+    };
+    // Writes wait in Redis, so the batch is on the wire when its connection is killed (killed while
+    // idle, it would be replaced before the batch, see below).
+    redis(&mut c, &["CLIENT", "PAUSE", "10000", "WRITE"]);
+    let on_the_wire = tokio::spawn({
+        let (locks, conn) = (locks.clone(), conn.clone());
+        async move {
+            locks
+                .batcher()
+                .acquire(&conn, acq("oxidekiq:lock:after", "t"))
+                .await
+        }
+    });
+    let waited = std::time::Instant::now();
+    loop {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
+        if list.contains("cmd=set") {
+            break;
+        }
+        assert!(waited.elapsed() < Duration::from_secs(5), "{list}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis(
+        &mut c,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    );
     // The batch on the dead connection fails: nobody is told acquired without Redis's answer.
-    let e = batcher
-        .acquire(&conn, acq("oxidekiq:lock:after", "t"))
+    let e = on_the_wire
         .await
+        .unwrap()
         .expect_err("a killed connection answers nothing");
+    redis(&mut c, &["CLIENT", "UNPAUSE"]);
     assert!(
         e.to_string()
             .contains(&format!("lock connection to 127.0.0.1:{}", server.port)),
@@ -589,12 +610,26 @@ async fn its_own_connection_killed_by_the_server_fails_one_batch_then_reconnects
     assert_eq!(get(&mut c, "oxidekiq:lock:after"), None);
     // The next batch connects again.
     assert!(
-        batcher
+        locks
+            .batcher()
             .acquire(&conn, acq("oxidekiq:lock:after", "t"))
             .await
             .unwrap()
     );
     assert_eq!(get(&mut c, "oxidekiq:lock:after").as_deref(), Some("t"));
+    // Killed while idle: nothing was on the wire, so nothing fails; the batch goes over a new
+    // connection.
+    redis(
+        &mut c,
+        &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+    );
+    assert!(
+        locks
+            .batcher()
+            .acquire(&conn, acq("oxidekiq:lock:idle-kill", "t"))
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test]
@@ -728,6 +763,50 @@ async fn its_own_connection_goes_through_a_unix_socket_when_the_url_names_one() 
     assert!(clients.lines().any(|l| l.contains("addr=/")), "{clients}");
 }
 
+/// The `id=` of the one client whose line in `CLIENT LIST` contains `addr`.
+fn client_id(c: &mut redis::Connection, addr: &str) -> String {
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(c).unwrap();
+    let ours: Vec<&str> = clients.lines().filter(|l| l.contains(addr)).collect();
+    assert_eq!(ours.len(), 1, "{clients}");
+    ours[0].split(' ').next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn its_own_connection_found_open_before_a_batch_is_kept_over_tcp_and_unix_sockets() {
+    let dir = crate::test_support::temp_dir("lock-reuse");
+    let socket = dir.join("redis.sock");
+    let server = RedisServer::start_with(&["--unixsocket", socket.to_str().unwrap()]);
+    let conn = server.async_conn().await;
+    let mut c = server.conn();
+    for (url, addr) in [
+        (
+            format!("redis+unix://{}", socket.display()),
+            "addr=/".to_string(),
+        ),
+        // Named by its database: the shared connection and this test's are in 0.
+        (format!("{}/5", server.url()), "db=5".to_string()),
+    ] {
+        let dialer = Dialer::of(&redis::Client::open(url.as_str()).unwrap());
+        let locks = Locks::dialing(conn.clone(), dialer);
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let key = format!("oxidekiq:lock:reuse:{i}");
+            assert!(
+                locks
+                    .batcher()
+                    .acquire(&conn, acq(&key, "t"))
+                    .await
+                    .unwrap()
+            );
+            ids.push(client_id(&mut c, &addr));
+        }
+        // The look before each batch (`RespConn::is_open`) finds an open socket open: one
+        // connection for every batch, not one each.
+        assert!(ids.iter().all(|id| *id == ids[0]), "{url}: {ids:?}");
+        drop(locks);
+    }
+}
+
 #[tokio::test]
 async fn its_own_connection_to_a_database_redis_lacks_fails_each_batch_naming_the_select() {
     let server = RedisServer::start();
@@ -742,4 +821,56 @@ async fn its_own_connection_to_a_database_redis_lacks_fails_each_batch_naming_th
         .expect_err("no database, no lock");
     assert!(e.to_string().contains("cannot select its database"), "{e}");
     assert_eq!(get(&mut server.conn(), "oxidekiq:lock:db99"), None);
+}
+
+#[tokio::test]
+async fn its_own_connection_closed_by_redis_while_idle_is_replaced_before_the_next_batch() {
+    let server = RedisServer::start();
+    let conn = server.async_conn().await;
+    let locks = locks_over("own", &conn, &server);
+    let batcher = locks.batcher();
+    assert!(
+        batcher
+            .acquire(&conn, acq("oxidekiq:lock:idle:before", "t"))
+            .await
+            .unwrap()
+    );
+    // Redis's `timeout` (common on hosted Redis) closes a connection idle that long: the lock
+    // connection is idle whenever no locked job runs.
+    let config_timeout = |secs: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("timeout")
+            .arg(secs)
+            .query(&mut server.conn())
+            .unwrap();
+    };
+    config_timeout("1");
+    let clients = || -> usize {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut server.conn())
+            .unwrap();
+        list.lines().count()
+    };
+    // Until Redis has closed it (and the shared connection, idle too): only the asking one is left.
+    let waited = std::time::Instant::now();
+    while clients() > 1 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "redis closes idle clients"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    config_timeout("0");
+    // Nothing was sent on the closed connection: the batch goes over a new one and gets Redis's
+    // answer, rather than failing every locked job that starts after a quiet spell.
+    let after = batcher
+        .acquire(&conn, acq("oxidekiq:lock:idle:after", "t"))
+        .await;
+    assert!(matches!(after, Ok(true)), "{after:?}");
+    assert_eq!(
+        get(&mut server.conn(), "oxidekiq:lock:idle:after").as_deref(),
+        Some("t")
+    );
 }

@@ -21,7 +21,8 @@
 //!
 //! # Failures
 //!
-//! The connection is made by its owner on first use and again after any failure. A failure while a
+//! The connection is made by its owner on first use, again after any failure, and again when it was
+//! found closed before a batch ([`RespConn::is_open`]: nothing was sent on it). A failure while a
 //! batch is on the wire (a write or read error, no reply within [`RESPONSE_TIMEOUT`], a reply that is
 //! not RESP) fails that exchange and drops the connection, so a late reply is never read as the next
 //! batch's. Errors name the server, never the password.
@@ -138,10 +139,22 @@ impl Dialer {
             buf: Vec::with_capacity(4096),
             start: 0,
         };
+        if self.log_in(&mut conn, true).await? == LogIn::WithoutUser {
+            // Redis before 6 has no users: `AUTH <user> <password>` has one argument too many
+            // there, and redis-rs (the shared connection) then logs in with the password alone.
+            self.log_in(&mut conn, false).await?;
+        }
+        Ok(conn)
+    }
+
+    /// Sends `AUTH` (naming the URL's user when `with_user`) when the URL has a password, and
+    /// `SELECT` when it names a database other than 0; one round trip.
+    async fn log_in(&self, conn: &mut RespConn, with_user: bool) -> Result<LogIn> {
         let mut hello = Vec::new();
         let mut replies = 0;
+        let user = self.username.as_deref().filter(|_| with_user);
         if let Some(password) = &self.password {
-            match &self.username {
+            match user {
                 Some(user) => {
                     command(&mut hello, 3);
                     arg(&mut hello, b"AUTH");
@@ -161,44 +174,63 @@ impl Dialer {
             arg_int(&mut hello, self.db);
             replies += 1;
         }
-        if replies > 0 {
-            let got = conn.exchange_now(&hello, replies).await?;
-            // One reply per command sent, `AUTH`'s first.
-            let commands = [(self.password.is_some(), true), (self.db != 0, false)];
-            let sent = commands
-                .iter()
-                .filter(|(sent, _)| *sent)
-                .map(|&(_, auth)| auth);
-            for (auth, reply) in sent.zip(got) {
-                if let Value::ServerError(e) = reply {
-                    // `AUTH`'s error names the user at most (`WRONGPASS invalid username-password
-                    // pair`), never the password.
-                    let (kind, what) = if auth {
-                        (
-                            redis::ErrorKind::AuthenticationFailed,
-                            "the lock connection was refused",
-                        )
-                    } else {
-                        (
-                            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                            "the lock connection cannot select its database",
-                        )
-                    };
-                    return Err(Error::Redis(redis::RedisError::from((
-                        kind,
-                        what,
-                        format!("{}: {e}", conn.server),
-                    ))));
-                }
-            }
+        if replies == 0 {
+            return Ok(LogIn::Done);
         }
-        Ok(conn)
+        let got = conn.exchange_now(&hello, replies).await?;
+        // One reply per command sent, `AUTH`'s first.
+        let commands = [(self.password.is_some(), true), (self.db != 0, false)];
+        let sent = commands
+            .iter()
+            .filter(|(sent, _)| *sent)
+            .map(|&(_, auth)| auth);
+        for (auth, reply) in sent.zip(got) {
+            let Value::ServerError(e) = reply else {
+                continue;
+            };
+            // Redis before 6 (redis-rs's test for it); the `SELECT` after it failed too.
+            if auth
+                && user.is_some()
+                && e.details()
+                    .is_some_and(|d| d.contains("wrong number of arguments for 'auth' command"))
+            {
+                return Ok(LogIn::WithoutUser);
+            }
+            // `AUTH`'s error names the user at most (`WRONGPASS invalid username-password pair`),
+            // never the password.
+            let (kind, what) = if auth {
+                (
+                    redis::ErrorKind::AuthenticationFailed,
+                    "the lock connection was refused",
+                )
+            } else {
+                (
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                    "the lock connection cannot select its database",
+                )
+            };
+            return Err(Error::Redis(redis::RedisError::from((
+                kind,
+                what,
+                format!("{}: {e}", conn.server),
+            ))));
+        }
+        Ok(LogIn::Done)
     }
 
     /// An I/O error of connecting to this server, naming it.
     fn error(&self, e: std::io::Error) -> Error {
         io_error(&self.server(), e)
     }
+}
+
+/// How [`Dialer::log_in`] went, when Redis did not refuse it.
+#[derive(Debug, PartialEq, Eq)]
+enum LogIn {
+    /// Logged in, database selected.
+    Done,
+    /// Redis does not know users (before 6): log in again with the password alone.
+    WithoutUser,
 }
 
 /// An I/O error on the lock connection to `server`, as a Redis error (it reads as a dropped
@@ -281,6 +313,27 @@ pub(crate) struct RespConn {
 }
 
 impl RespConn {
+    /// False once the server closed the connection (or sent something nobody asked for) while it sat
+    /// between exchanges: Redis's `timeout` closes an idle client, and so do `CLIENT KILL` and a
+    /// restart. The lock connection is idle whenever no locked job runs; without this look, the
+    /// first batch after a quiet spell would be written into a closed socket and fail every job in
+    /// it, though a new connection would have carried it. One non-blocking `recv(MSG_PEEK)`, which
+    /// reads the socket itself, not tokio's idea of its readiness (that may not have seen the close).
+    pub(crate) fn is_open(&self) -> bool {
+        // Every reply asked for was read: bytes left over were not asked for.
+        if self.start != self.buf.len() {
+            return false;
+        }
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let peeked = match &self.stream {
+            Stream::Tcp(s) => socket2::SockRef::from(s).peek(&mut byte),
+            Stream::Unix(s) => socket2::SockRef::from(s).peek(&mut byte),
+        };
+        // `Ok(0)` is the server's close, `Ok(_)` bytes nobody asked for, any other error a broken
+        // socket: only "nothing to read yet" leaves it usable.
+        matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
     /// Writes `commands` (RESP, built with [`command`] and [`arg`]) and reads `replies` replies, one
     /// per command, within [`RESPONSE_TIMEOUT`]. An `Err` leaves the connection unusable: drop it.
     pub(crate) async fn exchange(&mut self, commands: &[u8], replies: usize) -> Result<Vec<Value>> {
@@ -603,6 +656,96 @@ mod tests {
         let mut max = Vec::new();
         arg_int(&mut max, i64::MIN);
         assert_eq!(max, b"$20\r\n-9223372036854775808\r\n");
+    }
+
+    /// A front on a free port for the Redis at `port` that answers `AUTH <user> <password>` as
+    /// Redis before 6 does (it has no users: the command has one argument too many) and passes every
+    /// other command through, one at a time.
+    async fn redis5_front(port: u16) -> (u16, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            loop {
+                let (mut client, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut redis = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .unwrap();
+                    let (mut asked, mut answered) = (Vec::new(), Vec::new());
+                    loop {
+                        let (command, len) = loop {
+                            if let Ok(Some(whole)) = read_reply(&asked) {
+                                break whole;
+                            }
+                            if client.read_buf(&mut asked).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                        };
+                        let bytes: Vec<u8> = asked.drain(..len).collect();
+                        let auth_with_user = matches!(&command, Value::Array(a)
+                            if a.len() == 3
+                                && matches!(&a[0], Value::BulkString(b) if b.eq_ignore_ascii_case(b"AUTH")));
+                        if auth_with_user {
+                            let refusal = b"-ERR wrong number of arguments for 'auth' command\r\n";
+                            client.write_all(refusal).await.unwrap();
+                            continue;
+                        }
+                        redis.write_all(&bytes).await.unwrap();
+                        let len = loop {
+                            if let Ok(Some((_, len))) = read_reply(&answered) {
+                                break len;
+                            }
+                            if redis.read_buf(&mut answered).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                        };
+                        let reply: Vec<u8> = answered.drain(..len).collect();
+                        client.write_all(&reply).await.unwrap();
+                    }
+                });
+            }
+        });
+        (front, task)
+    }
+
+    #[tokio::test]
+    async fn on_redis_before_6_a_url_with_a_user_logs_in_with_the_password_alone_as_redis_rs_does()
+    {
+        const PASSWORD: &str = "r5-s3cret";
+        let server = crate::test_support::RedisServer::start_with(&["--requirepass", PASSWORD]);
+        let (front, task) = redis5_front(server.port).await;
+        // Heroku's URLs named a user (`h`) while its Redis had none.
+        let url = format!("redis://h:{PASSWORD}@127.0.0.1:{front}/2");
+        let client = redis::Client::open(url.as_str()).unwrap();
+        // redis-rs's own connection logs in: it tries again without the user.
+        let mut shared = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("oxidekiq:lock:r5")
+            .arg("t")
+            .query_async(&mut shared)
+            .await
+            .unwrap();
+        // So must the lock connection: else the shared connection works and every locked job fails.
+        let mut conn = Dialer::of(&client).unwrap().connect().await.unwrap();
+        let mut get = Vec::new();
+        command(&mut get, 2);
+        arg(&mut get, b"GET");
+        arg(&mut get, b"oxidekiq:lock:r5");
+        // Seen in the same database: the `SELECT` went through after the second `AUTH`.
+        assert_eq!(
+            conn.exchange(&get, 1).await.unwrap(),
+            vec![Value::BulkString(b"t".to_vec())]
+        );
+        // A wrong password is still refused, and still not shown.
+        let wrong = format!("redis://h:not-{PASSWORD}@127.0.0.1:{front}/2");
+        let e = Dialer::of(&redis::Client::open(wrong.as_str()).unwrap())
+            .unwrap()
+            .connect()
+            .await
+            .expect_err("a wrong password is refused");
+        assert!(e.to_string().contains("was refused"), "{e}");
+        assert!(!format!("{e} {e:?}").contains(PASSWORD), "{e:?}");
+        task.abort();
     }
 
     #[test]
