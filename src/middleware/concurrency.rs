@@ -316,7 +316,7 @@ impl ServerMiddleware for ConcurrencyLimit {
             let holder = limits::holder_id(ctx.jid());
             let mut conn = ctx.redis();
             let start = Instant::now();
-            let deadline = start + self.wait;
+            let deadline = limits::deadline(start, self.wait);
             let max_poll = self.poll.saturating_mul(8);
             let mut attempt = 0;
             loop {

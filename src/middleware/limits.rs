@@ -6,8 +6,20 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::JobError;
 use crate::worker::JobContext;
+
+/// When a job that started waiting for its limit at `start` stops waiting: `start + wait`, or a century
+/// on for a wait no clock can add (`wait(Duration::MAX)`: "as long as it takes"), which would panic.
+pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    start
+        .checked_add(wait)
+        .or_else(|| start.checked_add(CENTURY))
+        .unwrap_or(start)
+}
 
 /// A duration drawn uniformly from `lo..=hi` (`lo` when `hi <= lo`).
 pub(crate) fn uniform(lo: Duration, hi: Duration) -> Duration {

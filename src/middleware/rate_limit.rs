@@ -214,7 +214,7 @@ impl ServerMiddleware for RateLimit {
             let start_id = limits::holder_id(ctx.jid());
             let mut conn = ctx.redis();
             let start = Instant::now();
-            let deadline = start + self.wait;
+            let deadline = limits::deadline(start, self.wait);
             loop {
                 let left =
                     match start_key(&mut conn, &key, &start_id, self.limit, self.period).await {

@@ -630,3 +630,60 @@ async fn a_holder_killed_with_sigkill_frees_its_slot_within_the_lease() {
     assert!(starts[1] - starts[0] >= 300.0);
     assert_each_ran_once(&mut c, &waiters);
 }
+
+/// A limit told to wait "as long as it takes" (`wait(Duration::MAX)`) waits for the slot or the window
+/// instead of panicking on `Instant` overflow (which made the job fail into the retry set as a panic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_told_to_wait_without_end_wait_for_their_turn_instead_of_panicking() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = redis.async_conn().await;
+    // acct-9's only slot is held for a second; the window of "ten" (here one start a second) is full for a second.
+    assert!(
+        concurrency::try_acquire(&mut conn, "acct-9", "outsider", 1, Duration::from_secs(1))
+            .await
+            .unwrap()
+    );
+    let period = Duration::from_secs(1);
+    assert_eq!(
+        rate_limit::try_start(&mut conn, "ten", "outsider", 1, period)
+            .await
+            .unwrap(),
+        None
+    );
+    let mut r = Registry::new();
+    r.register(ConcJob).with_key(
+        ConcurrencyLimit::new(1)
+            .wait(Duration::MAX)
+            .poll(Duration::from_millis(20)),
+        |(_, account)| format!("acct-{account}"),
+    );
+    r.register(RateJob)
+        .with(RateLimit::new("ten", 1, period).wait(Duration::MAX));
+    let handle = start(&redis.url(), "default", 2, r).await;
+    let conc = r#"{"class":"ConcJob","args":[1,"9"],"jid":"c00000000000000000000009","queue":"default","retry":3,"created_at":1700000000.5,"enqueued_at":1700000000.5}"#;
+    let rate = r#"{"class":"RateJob","args":[1],"jid":"r00000000000000000000009","queue":"default","retry":3,"created_at":1700000000.5,"enqueued_at":1700000000.5}"#;
+    push(&mut c, "default", vec![conc.to_string(), rate.to_string()]);
+    wait_for("both jobs to run", Duration::from_secs(10), || {
+        c.hlen::<_, usize>("runs").unwrap() == 2
+    })
+    .await;
+    handle.stop().await.unwrap();
+    assert_each_ran_once(
+        &mut c,
+        &[
+            "c00000000000000000000009".to_string(),
+            "r00000000000000000000009".to_string(),
+        ],
+    );
+    assert_eq!(
+        c.zcard::<_, usize>("retry").unwrap(),
+        0,
+        "no panic, no retry"
+    );
+    assert_eq!(
+        c.zcard::<_, usize>("schedule").unwrap(),
+        0,
+        "waited, not rescheduled"
+    );
+}
