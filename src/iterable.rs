@@ -15,7 +15,7 @@
 //! [`JobError::requeue`] error: the processor pushes the payload back to its queue with a new
 //! `enqueued_at` as a fate write (in one script with the job's working entry, so no crash between two
 //! steps can lose it), without a retry. A `cancelled` field (Ruby's `cancel!`, or
-//! [`crate::client::cancel`]) seen at the start or at a flush ends the job as done: `UNLINK`, no
+//! [`Client::cancel`](crate::client::Client::cancel)) seen at the start or at a flush ends the job as done: `UNLINK`, no
 //! retry, no failure.
 //!
 //! Unlike 8.1.7, a hash holding `cancelled` but no `c` (a job cancelled before its first flush) is

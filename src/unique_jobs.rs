@@ -3,12 +3,12 @@
 //! would (docs/unique-jobs-protocol.md, proven against the recordings in `fixtures/unique-jobs-*`).
 //!
 //! Layer 6 (locks), after `lock`: it uses the connection, the retry set's dead writer and the fleet
-//! survey below it; the job chain calls [`execute`] around the rest of a job's chain.
+//! survey below it; the job chain calls `execute` around the rest of a job's chain.
 //!
 //! # Steps
 //!
-//! Each step of the gem is one call of a script of ours (never the gem's): [`QUEUE_LUA`] (the gem's
-//! `queue`), [`LOCK_LUA`] (`lock`), [`UNLOCK_LUA`] (`unlock`, with the wake-up push `LPUSH
+//! Each step of the gem is one call of a script of ours (never the gem's): `QUEUE_LUA` (the gem's
+//! `queue`), `LOCK_LUA` (`lock`), `UNLOCK_LUA` (`unlock`, with the wake-up push `LPUSH
 //! <d>:QUEUED 1`, `PEXPIRE 5000`), each writing the gem's changelog entry and `PUBLISH`. Between
 //! `queue` and `lock` the gem moves a token from `:QUEUED` to `:PRIMED` with `BLMOVE`; a blocking
 //! command would stall every job sharing the connection, so the move is an `LMOVE` tried again every
@@ -22,7 +22,7 @@
 //! - `until_executed`: the lock taken at push is checked; released after success; after a failure
 //!   7.1 and 8.0 release it, 8.1 keeps it for the retry.
 //! - `while_executing`: perform under `<d>:RUN`; released after the run, whatever its end. A job that
-//!   cannot take `:RUN` meets the `on_conflict` server strategy ([`Strategy`]).
+//!   cannot take `:RUN` meets the `on_conflict` server strategy (`Strategy`).
 //! - `until_and_while_executing`: unlock `<d>`, then as `while_executing`; a failure re-locks `<d>`.
 //! - `until_expired`: checked, never released (the keys expire).
 //!
@@ -675,7 +675,7 @@ pub struct GemVersion {
 }
 
 impl GemVersion {
-    /// Follows `forced` if given, else what [`detect`] reads at the first gem job.
+    /// Follows `forced` if given, else what `detect` reads at the first gem job.
     pub fn new(forced: Option<UniqueJobsGem>) -> Self {
         GemVersion {
             forced,
