@@ -646,7 +646,7 @@ impl Visit for SpanText<'_> {
 /// values come as `&str` and are written as a `%` value would be, bare unless [`quote_tail`] quotes
 /// them, without going through `core::fmt` (about a tenth of a no-op job's instructions went to
 /// formatting its span and its two lines).
-pub(crate) const JOB_TARGET: &str = "oxidekiq::job";
+pub(crate) const JOB_TARGET: &str = concat!(env!("CARGO_CRATE_NAME"), "::job");
 
 /// A job span's fields as text: ` name=value`, a string bare (as `%` writes it), anything else as
 /// [`SpanText`] writes it.
