@@ -7,7 +7,7 @@
 //! with backoff, while the other queues are served.
 //!
 //! Strategies, each in its own file:
-//! - [`reliable`] (the default): a fetched job is always somewhere in Redis, in a working hash of this
+//! - [`reliable`] (the default): a fetched job is always somewhere in Redis, in a batch list of this
 //!   process until its fate is written; [`recovery`] pushes back the jobs of processes that died.
 //! - [`basic`]: Sidekiq's open-source `BRPOP`; a killed process loses its running jobs.
 //!
@@ -50,14 +50,14 @@ pub(crate) const BATCH_BYTES: usize = 32 * 1024 * 1024;
 const MAX_STALL: Duration = Duration::from_secs(30);
 
 /// One fetched job, from its fetch to its acknowledgement or push-back (Ruby's `UnitOfWork`): the queue
-/// it came from, its id in this process's working hash (0 with basic fetch), and its exact bytes. The
+/// it came from, its id in this process's batch lists (0 with basic fetch), and its exact bytes. The
 /// bytes arrive owned (the reply's buffer) and are shared once decoded ([`UnitOfWork::share_raw`]), so
 /// the same value goes to the job, the work table and the acker without a copy.
 #[derive(Debug, Clone)]
 pub(crate) struct UnitOfWork {
     /// Queue name, without `queue:`.
     pub queue: Arc<str>,
-    /// Field of the job in this process's working hash (0 with basic fetch).
+    /// The job's batch number and place in its batch list (`keys::PLACE_BITS`; 0 with basic fetch).
     pub id: u64,
     /// The payload exactly as stored.
     raw: Raw,

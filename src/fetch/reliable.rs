@@ -1,17 +1,35 @@
 //! Reliable fetch (the default): a fetched job is always somewhere in Redis.
 //!
-//! One Lua script copies up to the number of free slots (at most [`MAX_BATCH`], and about
-//! [`BATCH_BYTES`] of payload) from the queues' served ends into batch lists of this process (one per
-//! queue and fetch: `oxidekiq:batch:<identity>:<queue>:@<batch>`), in the queue's order, and only then
-//! trims them from their queue; the same pipeline reads the lists back. No payload goes through Lua
-//! (where Redis would hash every byte): `SORT .. BY nosort LIMIT .. STORE` copies them inside Redis, so
-//! Redis's cost per job barely grows with the payload (bench/results/redis-per-job.md). A job's id is its
-//! batch number and its place in the list. A job stays in its list until its fate is in Redis: the ack
-//! adds its place to the list's acks set (`oxidekiq:acks:...`), or, once every job of the batch is done,
-//! deletes the list and the set with one `DEL`, whatever the payloads. A payload over the size limit
-//! never leaves Redis: the script moves it to the dead set with the error appended. When every queue is
-//! empty the fetcher blocks on `BLMOVE` into a batch list of its own (atomic too); an idle process costs
-//! Redis almost nothing and a new job starts at once.
+//! A fetch copies up to the number of free slots (at most [`MAX_BATCH`], and about [`BATCH_BYTES`] of
+//! payload) from a queue's served end into a batch list of this process (one per queue and fetch:
+//! `oxidekiq:batch:<identity>:<queue>:@<batch>`), and only then trims them from the queue; the same
+//! round trip reads the list back. `SORT <queue> BY nosort DESC LIMIT 0 <n> STORE <list>` does the copy
+//! inside Redis: no payload goes through Lua (where Redis would copy and hash every byte), so Redis's
+//! cost per job barely grows with the payload (bench/results/redis-per-job.md), and the list holds the
+//! jobs in serve order, the one the queue served first at its head. A job's id is its batch number and
+//! its place (its index) in the list. It stays there until its fate is in Redis: the ack adds its place
+//! to the list's acks set (`oxidekiq:acks:...`), or, once every job of the batch is done, deletes the list
+//! and the set with one `DEL`, whatever the payloads. Every push-back of such a list goes from its tail,
+//! so the queue serves the jobs again in the order it served them.
+//!
+//! Two paths, the same lists:
+//! - **The fast path**, when the round's first queue is expected to fill the batch (its last look took
+//!   every job asked) and its landing list is known empty: one transaction, `MULTI; SORT ..; LTRIM
+//!   <queue> 0 -(n+1); EVAL <guard>; LRANGE <list> 0 -1; EXEC`. The `SORT`'s count is how many it took
+//!   (a short queue gives what it has, and the `LTRIM` empties it). The guard ([`GUARD_LUA`], two calls)
+//!   lets the `LRANGE` read the list only when `MEMORY USAGE` of it is within the payload limit, so no
+//!   payload over the limit is ever read; otherwise the batch goes back to its queue, in its order, and
+//!   the fetch takes the script path. It costs Redis less than the script (two Lua calls where the
+//!   script makes three per queue, no landing lists looked at; bench/results/redis-per-job.md).
+//! - **The script path** ([`FETCH_LUA`]), otherwise: after a short look, over several queues in the
+//!   round's order (each queue's landing list first), when a queue's batch could hold a payload over the
+//!   limit (the script then reads that queue job by job and moves such a payload to the dead set, the
+//!   error appended, without it leaving Redis), and for good once Redis refused a command of the fast
+//!   path (an ACL).
+//!
+//! When every queue is empty the fetcher blocks on `BLMOVE` into a landing list of its own (atomic
+//! too); an idle process costs Redis almost nothing and a new job starts at once. A queue key of the
+//! wrong type pauses that queue alone (see [`super::Stalls`]), on either path.
 //!
 //! The fetcher keeps the batch lists whose jobs it handed out and, apart, the lists of fetches whose
 //! reply never came (an error, a cancelled fetch): [`Fetch::reconcile`] and the quiet/shutdown sweeps
@@ -379,6 +397,9 @@ struct QueueState {
     /// Counts the starts and ends of blocking waits on the queue: a look at the landing list sent
     /// before one of them does not clear `landing`.
     waits: u64,
+    /// Bytes a job of the last fast-path batch took in Redis (`MEMORY USAGE` of the batch over its
+    /// count; 0 before one): sizes the next batch ([`fast_batch`]).
+    job_bytes: usize,
 }
 
 impl Default for QueueState {
@@ -387,6 +408,7 @@ impl Default for QueueState {
             full: true,
             landing: false,
             waits: 0,
+            job_bytes: 0,
         }
     }
 }
@@ -483,6 +505,22 @@ enum Fast {
     /// Nothing taken, the queue as it was: this fetch goes through the script (the batch could hold a
     /// payload over the limit, or Redis refused a command of the fast path).
     Script,
+}
+
+/// About how many bytes one fast-path batch copies: `SORT .. STORE` holds a copy of every job of the
+/// batch at once before it builds the list, and Redis's cost per job of it grows with the batch's size
+/// (16 KB payloads: 5-6 µs a job in batches of 50, 10-20 µs in batches of 200; 4 KB: 2 µs in batches of
+/// 50, 4 µs in batches of 200; bench/results/redis-per-job.md).
+const FAST_BATCH_BYTES: usize = 512 * 1024;
+
+/// Jobs one fast-path batch asks for: the free slots (at most [`MAX_BATCH`]), and no more than about
+/// [`FAST_BATCH_BYTES`] of jobs of `job_bytes` each (the last batch's; 0: not known yet), at least 8.
+fn fast_batch(max: usize, job_bytes: usize) -> usize {
+    let max = max.clamp(1, MAX_BATCH);
+    match FAST_BATCH_BYTES.checked_div(job_bytes) {
+        Some(n) => max.min(n.max(8)),
+        None => max,
+    }
 }
 
 /// Replies of the fast path's transaction before the riding acks': `MULTI`, four `QUEUED`, `EXEC`.
@@ -724,7 +762,8 @@ impl Reliable {
     /// count is how many it took: a queue shorter than n gives what it has, and the `LTRIM` empties it.
     /// Nothing runs between the copy and the trim, so the list holds exactly the jobs the queue lost.
     async fn fetch_fast(&self, queue: &Arc<str>, max: usize) -> Result<Fast> {
-        let n = max.clamp(1, MAX_BATCH);
+        let job_bytes = self.with_queue(queue, |s| s.job_bytes).unwrap_or(0);
+        let n = fast_batch(max, job_bytes);
         // Two batch numbers: the list, and the one the guard moves it to when it must not be read.
         let batch = self.next_batch.fetch_add(2, Ordering::Relaxed) + 1;
         let list = self.lists(queue, batch);
@@ -825,8 +864,9 @@ impl Reliable {
                 Vec::new()
             }
         };
+        let mut copied = 0;
         match guard {
-            Some(redis::Value::Int(_)) => {}
+            Some(redis::Value::Int(mem)) => copied = usize::try_from(mem).unwrap_or(0),
             Some(redis::Value::Array(parts)) => {
                 let mut parts = parts.into_iter().map(reply_bytes);
                 let tag = parts.next().unwrap_or_default();
@@ -881,7 +921,12 @@ impl Reliable {
             tracing::warn!(queue = %queue, expected = taken, read = jobs.len(),
                 "a batch list changed between the fetch and its read");
         }
-        self.with_queue(queue, |s| s.full = taken >= n);
+        self.with_queue(queue, |s| {
+            s.full = taken >= n;
+            if taken > 0 {
+                s.job_bytes = copied / taken;
+            }
+        });
         self.stalls.unstall(std::slice::from_ref(queue), &[]);
         self.open(batch, list, jobs.len());
         let base = batch << keys::PLACE_BITS;
@@ -1500,12 +1545,12 @@ impl Fetch for Reliable {
     }
 
     /// Each loop holds the slots it fetches for, so together they never hold more fetched jobs than
-    /// there are free slots, while their round trips overlap. A loop per 100 slots (at most 4): a
-    /// fetch's fixed cost (a script, a round trip) is most of Redis's cost per job at small payloads, so
-    /// the fewer, larger batches (two of 100 at -c 200, where four of 50 were 25-55 a fetch) cost
-    /// Redis less per job, and two batches still overlap one being fetched with one being run.
+    /// there are free slots, while their round trips overlap. A loop per 200 slots (at most 4): a
+    /// fetch's fixed cost (a round trip, a transaction or a script) is most of Redis's cost per job at
+    /// small payloads, so one batch of 200 at -c 200 costs Redis less per job than two of 100, and the
+    /// processors' throughput does not depend on the overlap at that size (bench/results/fetch-loops.md).
     fn fetch_loops(&self, concurrency: usize) -> usize {
-        (concurrency / 100).clamp(1, 4)
+        (concurrency / 200).clamp(1, 4)
     }
 
     fn cancel_safe(&self) -> bool {

@@ -309,3 +309,30 @@ async fn a_job_left_in_a_landing_list_is_served_before_the_fast_path_resumes() {
     assert_eq!(jids(&got), named(4, 7));
     assert_eq!(calls(&mut c, "multi"), 2, "then the fast path");
 }
+
+/// Big payloads make smaller fast-path batches: a batch's copy costs Redis more per job the bigger it
+/// is, so once a batch shows the queue's jobs are 20 KB each, the next asks for about 512 KiB of them,
+/// not every free slot; the jobs still go out in order, none twice.
+#[tokio::test]
+async fn a_queue_of_big_payloads_is_fetched_in_batches_of_about_half_a_megabyte() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    for i in 0..200 {
+        let payload = format!(
+            r#"{{"class":"A","args":["{}"],"jid":"a{i}","queue":"a"}}"#,
+            "x".repeat(20_000)
+        );
+        let _: () = c.lpush("queue:a", payload).unwrap();
+    }
+    let f = fetcher(&redis, &["a"], ME).await;
+    let first = f.retrieve_work(100).await.unwrap();
+    assert_eq!(jids(&first), named(0, 100), "no size known yet: every slot");
+    let second = f.retrieve_work(100).await.unwrap();
+    assert!(
+        (16..=32).contains(&second.len()),
+        "{} jobs of 20 KB",
+        second.len()
+    );
+    assert_eq!(jids(&second), named(100, 100 + second.len()));
+    assert_eq!(calls(&mut c, "multi"), 2, "both through the fast path");
+}
