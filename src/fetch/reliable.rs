@@ -511,7 +511,7 @@ enum Fast {
 /// batch at once before it builds the list, and Redis's cost per job of it grows with the batch's size
 /// (16 KB payloads: 5-6 µs a job in batches of 50, 10-20 µs in batches of 200; 4 KB: 2 µs in batches of
 /// 50, 4 µs in batches of 200; bench/results/redis-per-job.md).
-const FAST_BATCH_BYTES: usize = 512 * 1024;
+const FAST_BATCH_BYTES: usize = 256 * 1024;
 
 /// Jobs one fast-path batch asks for: the free slots (at most [`MAX_BATCH`]), and no more than about
 /// [`FAST_BATCH_BYTES`] of jobs of `job_bytes` each (the last batch's; 0: not known yet), at least 8.
