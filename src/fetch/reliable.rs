@@ -507,20 +507,33 @@ enum Fast {
     Script,
 }
 
-/// About how many bytes one fast-path batch copies: `SORT .. STORE` holds a copy of every job of the
-/// batch at once before it builds the list, and Redis's cost per job of it grows with the batch's size
-/// (16 KB payloads: 5-6 µs a job in batches of 50, 10-20 µs in batches of 200; 4 KB: 2 µs in batches of
-/// 50, 4 µs in batches of 200; bench/results/redis-per-job.md).
+/// About how many bytes one fast-path batch copies, unless that is fewer than [`FAST_BATCH_JOBS`] jobs:
+/// `SORT .. STORE` holds a copy of every job of the batch at once before it builds the list, and Redis's
+/// cost per job of it grows with the batch (4 KB payloads: 2 µs a job in batches of 50, 4 µs in batches of
+/// 200; 16 KB: 5-6 µs in batches of 50, 10-20 µs in batches of 200), while a batch's fixed cost (the
+/// guard, the `LTRIM`, a round trip) is spread over fewer jobs the smaller it is
+/// (bench/results/redis-per-job.md).
 const FAST_BATCH_BYTES: usize = 256 * 1024;
 
-/// Jobs one fast-path batch asks for: the free slots (at most [`MAX_BATCH`]), and no more than about
-/// [`FAST_BATCH_BYTES`] of jobs of `job_bytes` each (the last batch's; 0: not known yet), at least 8.
+/// Jobs a fast-path batch may hold past [`FAST_BATCH_BYTES`], within [`FAST_BATCH_MAX_BYTES`].
+const FAST_BATCH_JOBS: usize = 64;
+
+/// The most bytes a fast-path batch copies, whatever its count (it holds at least 8 jobs).
+const FAST_BATCH_MAX_BYTES: usize = 1024 * 1024;
+
+/// Jobs one fast-path batch asks for: the free slots (at most [`MAX_BATCH`]), and, for jobs of
+/// `job_bytes` each (the last batch's; 0: not known yet), about [`FAST_BATCH_BYTES`] of them or
+/// [`FAST_BATCH_JOBS`], whichever is more, within [`FAST_BATCH_MAX_BYTES`] and no fewer than 8.
 fn fast_batch(max: usize, job_bytes: usize) -> usize {
     let max = max.clamp(1, MAX_BATCH);
-    match FAST_BATCH_BYTES.checked_div(job_bytes) {
-        Some(n) => max.min(n.max(8)),
-        None => max,
+    if job_bytes == 0 {
+        return max;
     }
+    let n = (FAST_BATCH_BYTES / job_bytes)
+        .max(FAST_BATCH_JOBS)
+        .min(FAST_BATCH_MAX_BYTES / job_bytes)
+        .max(8);
+    max.min(n)
 }
 
 /// Replies of the fast path's transaction before the riding acks': `MULTI`, four `QUEUED`, `EXEC`.
