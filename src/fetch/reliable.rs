@@ -936,8 +936,8 @@ impl Reliable {
         }
         self.with_queue(queue, |s| {
             s.full = taken >= n;
-            if taken > 0 {
-                s.job_bytes = copied / taken;
+            if let Some(per_job) = copied.checked_div(taken) {
+                s.job_bytes = per_job;
             }
         });
         self.stalls.unstall(std::slice::from_ref(queue), &[]);
