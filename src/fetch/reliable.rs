@@ -20,7 +20,8 @@
 //!   lets the `LRANGE` read the list only when `MEMORY USAGE` of it is within the payload limit, so no
 //!   payload over the limit is ever read; otherwise the batch goes back to its queue, in its order, and
 //!   the fetch takes the script path. It costs Redis less than the script (two Lua calls where the
-//!   script makes three per queue, no landing lists looked at; bench/results/redis-per-job.md).
+//!   script makes three per queue, no landing lists looked at; bench/results/redis-per-job.md). A queue
+//!   of big payloads gets smaller batches ([`fast_batch`]): the copy's cost per job grows with its size.
 //! - **The script path** ([`FETCH_LUA`]), otherwise: after a short look, over several queues in the
 //!   round's order (each queue's landing list first), when a queue's batch could hold a payload over the
 //!   limit (the script then reads that queue job by job and moves such a payload to the dead set, the
