@@ -727,6 +727,13 @@ impl Reliable {
                 Fast::Took(_) | Fast::Script => {}
             }
         }
+        // Batches of the first queue's jobs sized as the fast path sizes them: a queue of big payloads,
+        // whose batch of every free slot could pass the payload limit, is then copied whole by the
+        // script (and found full, the fast path's again) rather than read job by job through Lua.
+        let max = match order.first() {
+            Some(first) => fast_batch(max, self.with_queue(first, |s| s.job_bytes).unwrap_or(0)),
+            None => max,
+        };
         self.fetch_batch(order, max).await
     }
 
@@ -878,6 +885,10 @@ impl Reliable {
                 Vec::new()
             }
         };
+        let taken = match sorted {
+            Some(redis::Value::Int(c)) => usize::try_from(c).unwrap_or(0),
+            _ => 0,
+        };
         let mut copied = 0;
         match guard {
             Some(redis::Value::Int(mem)) => copied = usize::try_from(mem).unwrap_or(0),
@@ -887,8 +898,16 @@ impl Reliable {
                 let what = String::from_utf8_lossy(&parts.next().unwrap_or_default()).into_owned();
                 match tag.as_slice() {
                     // Nothing read, the queue as it was: the script reads it job by job.
+                    // Its size per job sizes the next batches (the script's too).
                     b"over" => {
-                        self.with_queue(queue, |s| s.full = false);
+                        let per_job = what
+                            .parse::<usize>()
+                            .ok()
+                            .and_then(|m| m.checked_div(taken));
+                        self.with_queue(queue, |s| {
+                            s.full = false;
+                            s.job_bytes = per_job.unwrap_or(s.job_bytes);
+                        });
                         return Ok(Fast::Script);
                     }
                     b"refused" => {
@@ -926,10 +945,6 @@ impl Reliable {
                 }
             }
         }
-        let taken = match sorted {
-            Some(redis::Value::Int(c)) => usize::try_from(c).unwrap_or(0),
-            _ => 0,
-        };
         if taken != jobs.len() {
             // Only a recovery that judged this process dead touches its lists in between.
             tracing::warn!(queue = %queue, expected = taken, read = jobs.len(),

@@ -336,3 +336,36 @@ async fn a_queue_of_big_payloads_is_fetched_in_batches_of_about_a_megabyte() {
     assert_eq!(jids(&second), named(100, 100 + second.len()));
     assert_eq!(calls(&mut c, "multi"), 2, "both through the fast path");
 }
+
+/// A queue whose batch of every free slot would pass the payload limit though no job does (200 jobs of
+/// 100 KB: 20 MB against a 16 MiB limit): the first batch is put back, and from then on the queue goes
+/// out in batches of about 1 MiB, copied whole (the script's, then the fast path's), not read job by
+/// job through Lua; in order, none to the dead set.
+#[tokio::test]
+async fn a_queue_whose_full_batch_passes_the_limit_goes_out_in_smaller_batches_copied_whole() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    for i in 0..220 {
+        let payload = format!(
+            r#"{{"class":"A","args":["{}"],"jid":"a{i}","queue":"a"}}"#,
+            "x".repeat(100_000)
+        );
+        let _: () = c.lpush("queue:a", payload).unwrap();
+    }
+    let f = fetcher(&redis, &["a"], ME).await.with_payload_limit(
+        16 * 1024 * 1024,
+        std::sync::Arc::new(oxidekiq::fleet::Fleet::new(Some(TimeFormat::Seconds))),
+    );
+    let first = f.retrieve_work(200).await.unwrap();
+    assert!((8..=12).contains(&first.len()), "{}", first.len());
+    assert_eq!(jids(&first), named(0, first.len()));
+    assert_eq!(calls(&mut c, "multi"), 1, "tried, and put back");
+    let second = f.retrieve_work(200).await.unwrap();
+    assert_eq!(
+        jids(&second),
+        named(first.len(), first.len() + second.len())
+    );
+    // The script found the queue full by a whole copy (read job by job, it would not have).
+    assert_eq!(calls(&mut c, "multi"), 2, "the fast path again");
+    assert_eq!(f.take_dead(), 0);
+}
