@@ -24,9 +24,9 @@
 //!   of big payloads gets smaller batches ([`fast_batch`]): the copy's cost per job grows with its size.
 //! - **The script path** ([`FETCH_LUA`]), otherwise: after a short look, over several queues in the
 //!   round's order (each queue's landing list first), when a queue's batch could hold a payload over the
-//!   limit (the script then reads that queue job by job and moves such a payload to the dead set, the
-//!   error appended, without it leaving Redis), and for good once Redis refused a command of the fast
-//!   path (an ACL).
+//!   limit, and for good once Redis refused a command of the fast path (an ACL). Its batches are sized as
+//!   the fast path's; a copy that could still hold a payload over the limit is undone and that queue read
+//!   job by job, such a payload moved to the dead set, the error appended, without it leaving Redis.
 //!
 //! When every queue is empty the fetcher blocks on `BLMOVE` into a landing list of its own (atomic
 //! too); an idle process costs Redis almost nothing and a new job starts at once. A queue key of the
