@@ -7,10 +7,13 @@
 #
 # DESIGN=floor: what Redis must at least do to hand a job out, with no safety at all: `RPOP queue 100`.
 # DESIGN=basic: oxidekiq's basic fetch: one fetcher popping the free slots (`RPOP queue 50`), no ack.
-# DESIGN=script: oxidekiq's reliable fetch as it is in this tree (src/fetch/reliable.rs): the batch script,
-#   which never takes a payload into Lua, copies up to 50 jobs into a fresh batch list
-#   (`SORT queue BY nosort LIMIT .. STORE`, then `LTRIM`), and the same pipeline reads them (`LRANGE`,
-#   and one of the landing list's batch list, empty here);
+# DESIGN=script: oxidekiq's reliable fetch through its batch script as it is in this tree
+#   (src/fetch/reliable.rs), which never takes a payload into Lua: it copies up to BATCH jobs into a fresh
+#   batch list (`SORT queue BY nosort DESC LIMIT 0 n STORE`, then `LTRIM`), and the same pipeline reads
+#   them (`LRANGE`, and one of the landing list's batch list, empty here);
+# DESIGN=fast: oxidekiq's reliable fetch through its fast path (the same file): one transaction,
+#   `MULTI; SORT queue BY nosort DESC LIMIT 0 n STORE <list>; LTRIM; EVAL <guard>; LRANGE <list>; EXEC`,
+#   acknowledged as with DESIGN=script;
 #   once every job of a batch is done, one `DEL` of its list acknowledges them (ACK=sadd: each batch's
 #   jobs are first marked done by one `SADD` of their places to its acks set, as when a batch is
 #   acknowledged in parts, the worst case); the acks ride in the next fetch's pipeline, as oxidekiq's do
@@ -42,7 +45,7 @@ BATCH = Integer(ENV.fetch("BATCH", "50"))
 ACK_EVERY = [200, BATCH].max
 WORK = Dir.mktmpdir("oxidekiq-fetch-probe")
 OUT = ENV.fetch("OUT", File.join(WORK, "callgrind.out"))
-abort "DESIGN is floor, basic, script, old or lmove" unless %w[floor basic script old lmove].include?(DESIGN)
+abort "DESIGN is floor, basic, script, fast, old or lmove" unless %w[floor basic script fast old lmove].include?(DESIGN)
 abort "KIND is noop or activejob" unless %w[noop activejob].include?(KIND)
 
 # The raw string literal (r#"..."#) that follows `marker` in a Rust source file (at git revision `rev`
@@ -56,6 +59,7 @@ end
 
 rev = DESIGN == "old" ? OLD_REV : nil
 fetch_lua = rust_raw("src/lua.rs", "macro_rules! lua_common", rev) + rust_raw("src/fetch/reliable.rs", "const FETCH_LUA", rev)
+guard_lua = DESIGN == "fast" ? rust_raw("src/fetch/reliable.rs", "const GUARD_LUA") : nil
 
 # NoopJobs padded to about PAYLOAD KB each.
 def enqueue_padded(redis, jobs)
@@ -110,6 +114,26 @@ begin
         end
         raise "unexpected records #{flat.inspect}" if flat.each_slice(3).any? { |_, t, _| %w[dead err].include?(t) }
         jobs.each_with_index.map { |j, i| [list, i, j] }
+      when "fast"
+        # The payload limit as oxidekiq passes it (16 MiB, below the 32 MiB budget); the second batch
+        # number is where the guard would move a batch it must not let be read.
+        list = "oxidekiq:batch:probe:1:ab:default:@#{next_id}"
+        aside = "oxidekiq:batch:probe:1:ab:default:@#{next_id + 1}"
+        next_id += 2
+        riders = pending_acks
+        pending_acks = []
+        replies = redis.pipelined do |p|
+          p.call("MULTI")
+          p.call("SORT", queue, "BY", "nosort", "DESC", "LIMIT", 0, BATCH, "STORE", list)
+          p.call("LTRIM", queue, 0, -(BATCH + 1))
+          p.call("EVAL", guard_lua, 3, queue, list, aside, 16 * 1024 * 1024)
+          p.call("LRANGE", list, 0, -1)
+          p.call("EXEC")
+          riders.each { |cmd| cmd.(p) }
+        end
+        _taken, _trimmed, guard, jobs = replies[5]
+        raise "the guard answered #{guard.inspect}" unless guard.is_a?(Integer)
+        jobs.each_with_index.map { |j, i| [list, i, j] }
       when "old"
         flat = redis.evalsha(sha, keys: ["dead", working, "oxidekiq:landing:probe:default", queue],
                                   argv: [BATCH, next_id, 16 * 1024 * 1024, 32 * 1024 * 1024, "probe",
@@ -139,7 +163,7 @@ begin
     case DESIGN
     when "floor", "basic"
       nil
-    when "script"
+    when "script", "fast"
       # Sent with the next fetch (the last ones on their own once the queue is empty).
       held.group_by(&:first).each do |list, jobs|
         pending_acks << lambda do |p|

@@ -118,9 +118,10 @@ const BATCH_MARK: &str = ":@";
 pub(crate) const PLACE_BITS: u32 = 20;
 
 /// A batch list of reliable fetch: `oxidekiq:batch:<identity>:<queue>:@<batch>` (`batch_prefix` from
-/// [`batch_prefix`]), the jobs one fetch took from `queue`, in the queue's order (its tail is served
-/// first). The last release wrote them as `oxidekiq:working:<identity>:<queue>:@<batch>`, and the ones
-/// before it kept a working hash `oxidekiq:working:<identity>:<queue>`; recovery takes all three.
+/// [`batch_prefix`]), the jobs one fetch took from `queue`, in serve order (its head is the job the queue
+/// served first). The last release wrote them as `oxidekiq:working:<identity>:<queue>:@<batch>`, in the
+/// queue's order (its tail served first), and the ones before it kept a working hash
+/// `oxidekiq:working:<identity>:<queue>`; recovery takes all three, each in its order.
 pub(crate) fn batch_list(batch_prefix: &str, queue: &str, batch: u64) -> String {
     format!("{batch_prefix}{queue}{BATCH_MARK}{batch}")
 }

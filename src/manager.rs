@@ -603,11 +603,12 @@ const GATHER: Duration = Duration::from_micros(500);
 /// Takes the free slots, at most the loop's share; waits for the first. `None` once quiet.
 ///
 /// `backlog`: the loop's last fetch got every job it asked for, so the queues hold more. Then a loop that
-/// finds less than its share free waits up to [`GATHER`] for it (the other loop's batch runs meanwhile). The fetch loops run on the
-/// control plane's own thread, beside the job runtime: without the wait, each loop took a slot the moment
-/// it freed and fetched it alone (20 000 no-op jobs at -c 200 went out in ~5 700 fetches, 3.5 a fetch),
-/// and a fetch's fixed cost, a Redis round trip and a script, was most of what a job cost oxidekiq and
-/// Redis. An idle process (slots free, queues empty) never waits: an enqueued job starts at once.
+/// finds less than its share free waits up to [`GATHER`] for it (the jobs of its last batch, and of the
+/// other loops' batches, run meanwhile). The fetch loops run on the control plane's own thread, beside
+/// the job runtime: without the wait, each loop took a slot the moment it freed and fetched it alone
+/// (20 000 no-op jobs at -c 200 went out in ~5 700 fetches, 3.5 a fetch), and a fetch's fixed cost, a
+/// Redis round trip and a script, was most of what a job cost oxidekiq and Redis. An idle process (slots
+/// free, queues empty) never waits: an enqueued job starts at once.
 async fn take_slots(
     share: &Share,
     signal: &mut ShutdownSignal,

@@ -404,6 +404,58 @@ fn check_never_reads_payloads_over_the_limit_and_route_0_reads_a_bounded_amount_
     assert_eq!(conn.llen::<_, usize>("queue:default").unwrap(), 24);
 }
 
+/// The peak resident memory of process `pid` in kB (`VmHWM`).
+fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Payloads over the limit (the default 16 MiB) among a backlog of small jobs, so that the batches the
+/// worker fetches through its fast path (one transaction while a queue holds a backlog) hold them: they
+/// reach the dead set without the worker ever reading one (its peak RSS stays below one payload, and
+/// Redis sends it less than one in all), every small job runs once, and nothing stays held.
+#[test]
+fn payloads_over_the_limit_in_a_backlog_reach_the_dead_set_unread() {
+    const MB: usize = 1 << 20;
+    let redis = support::RedisServer::start();
+    let mut conn = redis.conn();
+    let mut bigs = 0;
+    for i in 0..600 {
+        let job = if i % 300 == 120 {
+            bigs += 1;
+            big_job("default", &format!("big{i}"), 64 * MB)
+        } else {
+            big_job("default", &format!("small{i}"), 10)
+        };
+        let _: () = conn.lpush("queue:default", job).unwrap();
+    }
+    let before = info_field(&mut conn, "stats", "total_net_output_bytes");
+    let mut ox = support::Oxidekiq::start(&redis.url(), &["-q", "default", "-c", "200"]);
+    let drained = support::wait_until(PATIENCE, || {
+        let processed: u64 = conn.get("stat:processed").unwrap_or(0);
+        conn.llen::<_, usize>("queue:default").unwrap() == 0 && processed >= 600
+    });
+    let peak_kb = peak_rss_kb(ox.pid());
+    ox.signal("TERM");
+    assert!(ox.wait_exit(PATIENCE).is_some(), "the worker stopped");
+    let sent = info_field(&mut conn, "stats", "total_net_output_bytes") - before;
+    assert!(drained, "{}", ox.log());
+    let dead: Vec<Vec<u8>> = conn.zrange("dead", 0, -1).unwrap();
+    assert_eq!(dead.len(), bigs, "every big payload in the dead set");
+    let failed: u64 = conn.get("stat:failed").unwrap();
+    assert_eq!(failed, bigs as u64, "and only those failed");
+    let held: Vec<String> = conn.keys("oxidekiq:batch:*").unwrap();
+    assert!(held.is_empty(), "{held:?}");
+    eprintln!("peak RSS {peak_kb} kB, redis sent {sent} bytes");
+    // One of them read would have sent 64 MiB and grown the worker by as much.
+    assert!(sent < 16 * MB as u64, "redis sent {sent} bytes");
+    assert!(peak_kb < 64 * 1024, "the worker peaked at {peak_kb} kB");
+}
+
 #[test]
 fn subcommand_flags_are_taken_after_the_subcommand_name_too() {
     let redis = support::RedisServer::start();

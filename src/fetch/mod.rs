@@ -7,7 +7,7 @@
 //! with backoff, while the other queues are served.
 //!
 //! Strategies, each in its own file:
-//! - [`reliable`] (the default): a fetched job is always somewhere in Redis, in a working hash of this
+//! - [`reliable`] (the default): a fetched job is always somewhere in Redis, in a batch list of this
 //!   process until its fate is written; [`recovery`] pushes back the jobs of processes that died.
 //! - [`basic`]: Sidekiq's open-source `BRPOP`; a killed process loses its running jobs.
 //!
@@ -50,14 +50,14 @@ pub(crate) const BATCH_BYTES: usize = 32 * 1024 * 1024;
 const MAX_STALL: Duration = Duration::from_secs(30);
 
 /// One fetched job, from its fetch to its acknowledgement or push-back (Ruby's `UnitOfWork`): the queue
-/// it came from, its id in this process's working hash (0 with basic fetch), and its exact bytes. The
+/// it came from, its id in this process's batch lists (0 with basic fetch), and its exact bytes. The
 /// bytes arrive owned (the reply's buffer) and are shared once decoded ([`UnitOfWork::share_raw`]), so
 /// the same value goes to the job, the work table and the acker without a copy.
 #[derive(Debug, Clone)]
 pub(crate) struct UnitOfWork {
     /// Queue name, without `queue:`.
     pub queue: Arc<str>,
-    /// Field of the job in this process's working hash (0 with basic fetch).
+    /// The job's batch number and place in its batch list (`keys::PLACE_BITS`; 0 with basic fetch).
     pub id: u64,
     /// The payload exactly as stored.
     raw: Raw,
@@ -350,20 +350,23 @@ impl Stalls {
 }
 
 /// Pushes every job of a working hash (newest id first, so the oldest is served first), landing list or
-/// batch list `src` to the served end of queue `qkey` (`RPUSH`, as Sidekiq's `bulk_requeue`; a batch
-/// list from head to tail, so its tail, taken first from the queue, is served first again), counting
-/// recoveries in hash `counts` when `limit` >= 0: a job recovered more than `limit` times goes to dead
-/// set `dead` instead, annotated. A batch list comes with its acks set `acks` (for the other keys `acks`
-/// is `src` itself): the places in it are done and skipped, and each job moved is added to it before
-/// the next, so a move cut short never moves a job twice. A hash goes to `qhash` (the whole rest of its
-/// key names its queue; `qkey` is the queue a batch list's name gives, which differs only for a queue
-/// named like `<q>:@<digits>`). Every write comes before the matching removal and goes through `pcall`: a
-/// write that fails stops the move and removes only what was already written elsewhere. Used by the
-/// shutdown sweep ([`reliable`]) and orphan recovery ([`recovery`]); needs `lua_common`.
+/// batch list `src` to the served end of queue `qkey` (`RPUSH`, as Sidekiq's `bulk_requeue`), so that the
+/// job its queue served first is served first again: a landing list and a batch list of the last release
+/// (`oxidekiq:working:`) keep their queue's order (their tail was served first) and go from head to tail;
+/// a batch list of this release (`oxidekiq:batch:`, `desc` true) holds its jobs in serve order (its head
+/// was served first) and goes from tail to head. Counts recoveries in hash `counts` when `limit` >= 0: a
+/// job recovered more than `limit` times goes to dead set `dead` instead, annotated. A batch list comes
+/// with its acks set `acks` (for the other keys `acks` is `src` itself): the places in it (list
+/// indexes, whatever the order) are done and skipped, and each job moved is added to it before the
+/// next, so a move cut short never moves a job twice. A hash goes to `qhash` (the whole rest of its key
+/// names its queue; `qkey` is the queue a batch list's name gives, which differs only for a queue named
+/// like `<q>:@<digits>`). Every write comes before the matching removal and goes through `pcall`: a write
+/// that fails stops the move and removes only what was already written elsewhere. Used by the shutdown
+/// sweep ([`reliable`]) and orphan recovery ([`recovery`]); needs `lua_common`.
 macro_rules! lua_move_back {
     () => {
         r#"
-local function move_back(src, acks, qkey, qhash, limit, counts, dead, score, trim_before, dead_max, failed_at, why)
+local function move_back(src, acks, qkey, qhash, desc, limit, counts, dead, score, trim_before, dead_max, failed_at, why)
   local t = kind(src)
   local fields, jobs = nil, {}
   local batch = acks ~= src
@@ -385,7 +388,9 @@ local function move_back(src, acks, qkey, qhash, limit, counts, dead, score, tri
     return 0, 0, src .. ' is a ' .. t .. ', not a hash or a list'
   end
   local moved, killed, done, err = 0, 0, 0, nil
-  for i = 1, #jobs do
+  local from, to, step = 1, #jobs, 1
+  if batch and desc then from, to, step = #jobs, 1, -1 end
+  for i = from, to, step do
     local j = jobs[i]
     local place = tostring(i - 1)
     if not (batch and redis.call('SISMEMBER', acks, place) == 1) then
@@ -406,9 +411,9 @@ local function move_back(src, acks, qkey, qhash, limit, counts, dead, score, tri
         if h then redis.pcall('HINCRBY', counts, h, 1) end
         moved = moved + 1
       end
-      if batch and i < #jobs then redis.call('SADD', acks, place) end
+      if batch and done + 1 < #jobs then redis.call('SADD', acks, place) end
     end
-    done = i
+    done = done + 1
   end
   if done == #jobs then
     redis.call('DEL', src)
@@ -431,6 +436,10 @@ use lua_move_back;
 // Moved from tests/fetch_scripts.rs: the fetch, acknowledge, requeue and recovery scripts on a real Redis (needs crate-internal items).
 #[cfg(test)]
 mod tests_scripts;
+
+// The fast path of reliable fetch on a real Redis.
+#[cfg(test)]
+mod tests_fast;
 
 // Moved from tests/recovery.rs: recovering a dead process's jobs on a real Redis (needs crate-internal items).
 #[cfg(test)]

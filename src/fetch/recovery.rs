@@ -38,7 +38,8 @@ const SCAN_COUNT: usize = 1000;
 /// keys found by the SCAN in Rust, passed here whole. ARGV: grace in ms, recovery limit, dead score,
 /// `failed_at` text, dead trim score, dead max size, identity, and the suspect mark kept by the caller
 /// when the suspects hash cannot be used (a key of the wrong type: `m` for no mark yet, `m<ms>` for a
-/// mark; empty when the hash is used). A process whose key exists is alive (its suspect mark goes); one
+/// mark; empty when the hash is used), and one letter per held key, `d` for a batch list of this release
+/// (its head served first), `a` for any other key (see `move_back`). A process whose key exists is alive (its suspect mark goes); one
 /// first seen without it is only marked; only one still without it a grace later (measured by Redis's
 /// own clock) has its jobs pushed back. So a process that merely could not beat (a Redis stall longer
 /// than the TTL) re-sets its key on its next beat and keeps its jobs. Returns {state (0 alive, 1
@@ -74,8 +75,11 @@ end
 if now_ms - since < tonumber(ARGV[1]) then return {1, 0, 0, '', now_ms, damaged} end
 local limit = tonumber(ARGV[2])
 local moved, killed, errs = 0, 0, {}
+local n = 0
 for i = 5, #KEYS, 4 do
-  local m, k, err = move_back(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], limit, KEYS[3], KEYS[4], ARGV[3], ARGV[5], tonumber(ARGV[6]), ARGV[4],
+  n = n + 1
+  local desc = string.sub(ARGV[9], n, n) == 'd'
+  local m, k, err = move_back(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], desc, limit, KEYS[3], KEYS[4], ARGV[3], ARGV[5], tonumber(ARGV[6]), ARGV[4],
     'sent to the dead set so it does not take down another process (last owner ' .. who .. ')')
   moved = moved + m
   killed = killed + k
@@ -275,9 +279,21 @@ enum Layout {
     Landing,
 }
 
-/// One held key of a process found by the scan: the key, its acks set (the key itself when it has none),
-/// the queue a batch list goes back to, and the queue a working hash or landing list goes back to.
-type HeldKey = (String, String, String, String);
+/// One held key of a process found by the scan.
+#[derive(Debug)]
+struct HeldKey {
+    /// The key.
+    key: String,
+    /// Its acks set (the key itself when it has none).
+    acks: String,
+    /// The queue a batch list goes back to.
+    queue: String,
+    /// The queue a working hash or landing list goes back to.
+    hash_queue: String,
+    /// A batch list of this release (`oxidekiq:batch:`): its head was served first. The last release's
+    /// batch lists (`oxidekiq:working:`) keep their queue's order (their tail was served first).
+    serve_order: bool,
+}
 
 /// The batch lists, working keys (of older releases) and landing lists of every process but this one,
 /// by process.
@@ -334,17 +350,18 @@ async fn held_by_others(
             Layout::Landing => None,
         };
         let acks = batch.map_or_else(|| key.clone(), |_| keys::acks_of(&key));
-        let held = (
-            key.clone(),
+        let held = HeldKey {
+            key: key.clone(),
             acks,
-            keys::queue(batch.unwrap_or(queue)),
+            queue: keys::queue(batch.unwrap_or(queue)),
             // A key under `oxidekiq:batch:` of another type than a list (none is written so) still
             // goes to the queue its name gives, not to `<queue>:@<n>`.
-            keys::queue(match kind {
+            hash_queue: keys::queue(match kind {
                 Layout::Batch => batch.unwrap_or(queue),
                 _ => queue,
             }),
-        );
+            serve_order: matches!(kind, Layout::Batch),
+        };
         let identity = identity.to_string();
         match by_process.iter_mut().find(|(i, _)| *i == identity) {
             Some((_, keys)) => keys.push(held),
@@ -353,7 +370,8 @@ async fn held_by_others(
     }
     // Newest batch first: each is pushed to the served end, so the oldest is served first again.
     let batch_of = |k: &HeldKey| {
-        k.0.rsplit_once(":@")
+        k.key
+            .rsplit_once(":@")
             .and_then(|(_, n)| n.parse::<u64>().ok())
             .unwrap_or(0)
     };
@@ -401,8 +419,13 @@ async fn recover_locked(
         };
         let mut inv = script.key(keys::alive(&identity));
         inv.key(suspects_of(&held)).key(RECOVERED).key(keys::DEAD);
-        for (key, acks, queue, hash_queue) in &held {
-            inv.key(key).key(acks).key(queue).key(hash_queue);
+        let mut orders = String::with_capacity(held.len());
+        for h in &held {
+            inv.key(&h.key)
+                .key(&h.acks)
+                .key(&h.queue)
+                .key(&h.hash_queue);
+            orders.push(if h.serve_order { 'd' } else { 'a' });
         }
         inv.arg(grace_ms)
             .arg(limit)
@@ -411,7 +434,8 @@ async fn recover_locked(
             .arg(&trim_before)
             .arg(dead_max)
             .arg(&identity)
-            .arg(&mark);
+            .arg(&mark)
+            .arg(&orders);
         let (state, moved, killed, err, redis_ms, damaged): (u8, u64, u64, String, u64, String) =
             inv.invoke_async(conn).await?;
         if !damaged.is_empty() {
@@ -479,7 +503,7 @@ async fn recover_locked(
 /// under `oxidekiq:batch:` (an older release's pass would delete its mark from [`SUSPECTS`]), else
 /// [`SUSPECTS`], which older releases share.
 fn suspects_of(held: &[HeldKey]) -> &'static str {
-    if held.iter().any(|k| k.0.starts_with(keys::BATCH)) {
+    if held.iter().any(|k| k.key.starts_with(keys::BATCH)) {
         BATCH_SUSPECTS
     } else {
         SUSPECTS

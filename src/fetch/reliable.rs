@@ -1,17 +1,36 @@
 //! Reliable fetch (the default): a fetched job is always somewhere in Redis.
 //!
-//! One Lua script copies up to the number of free slots (at most [`MAX_BATCH`], and about
-//! [`BATCH_BYTES`] of payload) from the queues' served ends into batch lists of this process (one per
-//! queue and fetch: `oxidekiq:batch:<identity>:<queue>:@<batch>`), in the queue's order, and only then
-//! trims them from their queue; the same pipeline reads the lists back. No payload goes through Lua
-//! (where Redis would hash every byte): `SORT .. BY nosort LIMIT .. STORE` copies them inside Redis, so
-//! Redis's cost per job barely grows with the payload (bench/results/redis-per-job.md). A job's id is its
-//! batch number and its place in the list. A job stays in its list until its fate is in Redis: the ack
-//! adds its place to the list's acks set (`oxidekiq:acks:...`), or, once every job of the batch is done,
-//! deletes the list and the set with one `DEL`, whatever the payloads. A payload over the size limit
-//! never leaves Redis: the script moves it to the dead set with the error appended. When every queue is
-//! empty the fetcher blocks on `BLMOVE` into a batch list of its own (atomic too); an idle process costs
-//! Redis almost nothing and a new job starts at once.
+//! A fetch copies up to the number of free slots (at most [`MAX_BATCH`], and about [`BATCH_BYTES`] of
+//! payload) from a queue's served end into a batch list of this process (one per queue and fetch:
+//! `oxidekiq:batch:<identity>:<queue>:@<batch>`), and only then trims them from the queue; the same
+//! round trip reads the list back. `SORT <queue> BY nosort DESC LIMIT 0 <n> STORE <list>` does the copy
+//! inside Redis: no payload goes through Lua (where Redis would copy and hash every byte), so Redis's
+//! cost per job barely grows with the payload (bench/results/redis-per-job.md), and the list holds the
+//! jobs in serve order, the one the queue served first at its head. A job's id is its batch number and
+//! its place (its index) in the list. It stays there until its fate is in Redis: the ack adds its place
+//! to the list's acks set (`oxidekiq:acks:...`), or, once every job of the batch is done, deletes the list
+//! and the set with one `DEL`, whatever the payloads. Every push-back of such a list goes from its tail,
+//! so the queue serves the jobs again in the order it served them.
+//!
+//! Two paths, the same lists:
+//! - **The fast path**, when the round's first queue is expected to fill the batch (its last look took
+//!   every job asked) and its landing list is known empty: one transaction, `MULTI; SORT ..; LTRIM
+//!   <queue> 0 -(n+1); EVAL <guard>; LRANGE <list> 0 -1; EXEC`. The `SORT`'s count is how many it took
+//!   (a short queue gives what it has, and the `LTRIM` empties it). The guard ([`GUARD_LUA`], two calls)
+//!   lets the `LRANGE` read the list only when `MEMORY USAGE` of it is within the payload limit, so no
+//!   payload over the limit is ever read; otherwise the batch goes back to its queue, in its order, and
+//!   the fetch takes the script path. It costs Redis less than the script (two Lua calls where the
+//!   script makes three per queue, no landing lists looked at; bench/results/redis-per-job.md). A queue
+//!   of big payloads gets smaller batches ([`fast_batch`]): the copy's cost per job grows with its size.
+//! - **The script path** ([`FETCH_LUA`]), otherwise: after a short look, over several queues in the
+//!   round's order (each queue's landing list first), when a queue's batch could hold a payload over the
+//!   limit, and for good once Redis refused a command of the fast path (an ACL). Its batches are sized as
+//!   the fast path's; a copy that could still hold a payload over the limit is undone and that queue read
+//!   job by job, such a payload moved to the dead set, the error appended, without it leaving Redis.
+//!
+//! When every queue is empty the fetcher blocks on `BLMOVE` into a landing list of its own (atomic
+//! too); an idle process costs Redis almost nothing and a new job starts at once. A queue key of the
+//! wrong type pauses that queue alone (see [`super::Stalls`]), on either path.
 //!
 //! The fetcher keeps the batch lists whose jobs it handed out and, apart, the lists of fetches whose
 //! reply never came (an error, a cancelled fetch): [`Fetch::reconcile`] and the quiet/shutdown sweeps
@@ -22,7 +41,7 @@
 //! are pushed back by [`super::recovery`]. The lists live under `oxidekiq:batch:`, a prefix no older
 //! release scans (see `keys::BATCH`).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,23 +55,26 @@ use crate::lua::{dead_trim, lua_common, script_error};
 use crate::redis_conn::Conn;
 use crate::time::{self, score};
 
-/// The batch fetch. KEYS[1] is the dead set, then four keys per queue, in the round's order: its
-/// landing list (where a blocking wait put a job) and the batch list this fetch fills from it, then its
-/// queue and the batch list this fetch fills from that (`oxidekiq:batch:<identity>:<queue>:@<batch>`,
-/// new for every fetch). Takes up to ARGV[1] jobs, each queue's landing list first, from the sources'
-/// served ends into their batch lists, in the source's own order (so a batch list's tail is the job
-/// served first), and only then trims them from their source; the caller reads the lists in the same
-/// pipeline. No payload enters Lua (Lua hashes every byte of every string it is handed):
-/// `SORT <source> BY nosort LIMIT .. STORE <batch list>` copies the jobs inside Redis, and `MEMORY USAGE`
-/// of the copy bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes (0: no
-/// limit), or pass the batch budget ARGV[3] (or when an ACL refuses `SORT` or `MEMORY`), is it undone
-/// and the source read job by job as before: such
-/// a job goes straight to the dead set, annotated with an error naming this fetch (ARGV[4], the
-/// process's identity and the batch number) and the job's place in it, so identical payloads stay
-/// distinct members (score ARGV[5], `failed_at` text ARGV[6], trimmed by ARGV[7] and ARGV[8]), and the
-/// batch stops once it holds ARGV[3] bytes. A queue whose key has the wrong type is skipped with an
-/// error; the others are served. Returns records: source number (1-based: queue i's landing list is
-/// 2i-1, its queue 2i), "n", count in its batch list | number, "dead", size | number, "err", message.
+/// The batch fetch of the script path (see the module docs for when it runs). KEYS[1] is the dead set,
+/// then four keys per queue, in the round's order: its landing list (where a blocking wait put a job) and
+/// the batch list this fetch fills from it, then its queue and the batch list this fetch fills from that
+/// (`oxidekiq:batch:<identity>:<queue>:@<batch>`, new for every fetch). Takes up to ARGV[1] jobs, each
+/// queue's landing list first, from the sources' served ends into their batch lists, in serve order
+/// (the job its source served first at the list's head), and only then trims them from their source;
+/// the caller reads the lists in the same pipeline. No payload enters Lua (Lua hashes every byte of every
+/// string it is handed): `SORT <source> BY nosort DESC LIMIT 0 <n> STORE <batch list>` copies the
+/// source's last n jobs (fewer if it has fewer) inside Redis without asking its length, and `MEMORY
+/// USAGE` of the copy bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes
+/// (0: no limit), or pass the batch budget ARGV[3] (or when an ACL refuses `SORT` or `MEMORY`), is it
+/// undone and the source read job by job: such a job goes straight to the dead set, annotated with an
+/// error naming this fetch (ARGV[4], the process's identity and the batch number) and the job's place
+/// in it, so identical payloads stay distinct members (score ARGV[5], `failed_at` text ARGV[6], trimmed
+/// by ARGV[7] and ARGV[8]), and the batch stops once it holds ARGV[3] bytes. A queue whose key has the
+/// wrong type is skipped with an error; the others are served. Returns records: source number
+/// (1-based: queue i's landing list is 2i-1, its queue 2i), tag, value: "n" (the copy took every job
+/// asked: the source may hold more), "p" (the copy took fewer: the source is empty now) or "s" (read
+/// job by job), each with the count in its batch list; "dead", size; "err", message; and last 0,
+/// "seen", how many sources were looked at (the fetch stops once it holds ARGV[1] jobs).
 /// Numbers go back as integer replies and constant arguments as strings: every number Lua turns into a
 /// string is a `printf` of a double, a few thousand instructions each, at a fixed cost per fetch.
 const FETCH_LUA: &str = concat!(
@@ -72,43 +94,45 @@ local out = {}
 local taken, bytes = 0, 0
 local cap = budget
 if limit > 0 and limit < cap then cap = limit end
-local skip = 0
+local skip, seen = 0, 0
 for i = 1, ns do
   if taken >= max or bytes >= budget then break end
+  seen = i
   if i ~= skip then
-  local q = i
   local src, dest = KEYS[2 * i], KEYS[2 * i + 1]
-  local err, done = nil, 0
-  local n = redis.pcall('LLEN', src)
-  if failed(n) then
-    err = src .. ' is a ' .. kind(src) .. ', not a list: ' .. n.err
-    n = 0
-  end
-  local k = math.min(n, max - taken)
-  local fast = false
-  if k > 0 then
-    -- The copy, then its size: every job in it is at most the copy's size, so a copy within the limit
-    -- (and the budget) holds no job over the limit.
-    -- A SORT or MEMORY refused (an ACL: SORT is @dangerous) must neither stop the fetch nor abort the
-    -- script with the copy made and the source untrimmed (a push-back of that copy would queue every
-    -- job twice): the copy is undone and the source read job by job below, sizes measured in Lua.
-    local mem = cap + 1
-    if not failed(redis.pcall('SORT', src, 'BY', 'nosort', 'LIMIT', n - k, k, 'STORE', dest)) then
-      mem = redis.pcall('MEMORY', 'USAGE', dest, 'SAMPLES', '0') or 0
-      if failed(mem) then mem = cap + 1 end
-    end
-    if mem <= cap and bytes + mem <= budget then
-      fast = true
-      done = k
-      taken = taken + k
-      bytes = bytes + mem
+  local want = max - taken
+  local err, kept, tag, slow = nil, 0, 's', false
+  -- The copy, then its size: every job in it is at most the copy's size, so a copy within the limit
+  -- (and the budget) holds no job over the limit. A SORT or MEMORY refused (an ACL: SORT is
+  -- @dangerous) must neither stop the fetch nor abort the script with the copy made and the source
+  -- untrimmed (a push-back of that copy would queue every job twice): the copy is undone and the
+  -- source read job by job below, sizes measured in Lua.
+  local c = redis.pcall('SORT', src, 'BY', 'nosort', 'DESC', 'LIMIT', '0', want, 'STORE', dest)
+  if failed(c) then
+    -- A hash or a string (SORT refuses them), else a refusal.
+    local t = kind(src)
+    if t == 'list' then slow = true elseif t ~= 'none' then err = src .. ' is a ' .. t .. ', not a list: ' .. c.err end
+  elseif c > 0 then
+    local mem = redis.pcall('MEMORY', 'USAGE', dest, 'SAMPLES', '0')
+    if type(mem) == 'number' and mem <= cap and bytes + mem <= budget then
+      local r = redis.pcall('LTRIM', src, '0', -(c + 1))
+      if failed(r) then
+        -- A set or a sorted set: SORT copied its members, which are no jobs of ours.
+        redis.call('DEL', dest)
+        err = src .. ' is a ' .. kind(src) .. ', not a list: ' .. r.err
+      else
+        kept, taken, bytes = c, taken + c, bytes + mem
+        if c == want then tag = 'n' else tag = 'p' end
+      end
     else
       redis.call('DEL', dest)
+      local t = kind(src)
+      if t == 'list' then slow = true else err = src .. ' is a ' .. t .. ', not a list' end
     end
   end
   -- The rare way: read from the tail (RPOP's end, served first) in chunks sized by the largest job seen
   -- so far, so a run of huge payloads is read one at a time, never all at once.
-  local read, biggest, more, kept = 0, 0, k > 0 and not fast, 0
+  local read, biggest, more, done = 0, 0, slow, 0
   while more and not err and taken < max and bytes < budget do
     local chunk = max - taken
     if biggest == 0 then chunk = 1
@@ -126,9 +150,9 @@ for i = 1, ns do
         local msg = 'payload of ' .. size .. ' bytes is over the ' .. limit .. '-byte limit (fetch ' .. nonce .. '.' .. taken .. ')'
         err = to_dead(dead, annotate(job, 'Oxidekiq::InvalidPayload', msg, failed_at), score, trim_before, dead_max)
         if err then break end
-        out[#out + 1] = q; out[#out + 1] = 'dead'; out[#out + 1] = size
+        out[#out + 1] = i; out[#out + 1] = 'dead'; out[#out + 1] = size
       else
-        local r = redis.pcall('LPUSH', dest, job)
+        local r = redis.pcall('RPUSH', dest, job)
         if failed(r) then err = dest .. ' is a ' .. kind(dest) .. ', not a list: ' .. r.err; break end
         kept = kept + 1
       end
@@ -137,34 +161,74 @@ for i = 1, ns do
     end
   end
   if done > 0 then redis.call('LTRIM', src, '0', -(done + 1)) end
-  if fast then kept = k end
-  if kept > 0 then out[#out + 1] = q; out[#out + 1] = 'n'; out[#out + 1] = kept end
+  if kept > 0 then out[#out + 1] = i; out[#out + 1] = tag; out[#out + 1] = kept end
   if err then
-    out[#out + 1] = q; out[#out + 1] = 'err'; out[#out + 1] = err
+    out[#out + 1] = i; out[#out + 1] = 'err'; out[#out + 1] = err
     -- A landing list that fails skips its queue too (as one error of the queue).
     if i % 2 == 1 then skip = i + 1 end
   end
   end
 end
+out[#out + 1] = 0; out[#out + 1] = 'seen'; out[#out + 1] = seen
 return out
 "#
 );
 
-/// Pushes every job of this process's own batch list KEYS[1] not in its acks set KEYS[2] (or of its
-/// landing list KEYS[1], given as KEYS[2] too) back to queue KEYS[3], without counting it as a recovery (so no counts hash and no dead set: KEYS[1] stands in for
-/// both, never touched with a limit of -1). Returns {moved, error}.
+/// The guard of the fast path, run inside its transaction (`MULTI`; `SORT` of up to n jobs of queue
+/// KEYS[1] into batch list KEYS[2]; `LTRIM` of as many off the queue; this; `LRANGE` of the batch list;
+/// `EXEC`): the transaction reads the batch list only if this left it there. Returns `MEMORY USAGE` of
+/// the list (0 when the `SORT` copied nothing) when it holds no job over ARGV[1] bytes (the payload
+/// limit or the batch budget, whichever is lower): every job in it is at most that size. Otherwise
+/// nothing of the list is read: `{'over', size}` (or `{'refused', error}`, `MEMORY` refused by an ACL)
+/// once it is moved aside (to batch list KEYS[3], so that a failure from here on leaves it in a key of
+/// this process, which the sweeps and recovery find) and from there back to the queue's served end in
+/// its order (the queue is as it was; the caller fetches through [`FETCH_LUA`], which reads such a queue
+/// job by job); `{'stuck', error}` when a push back failed midway (the rest waits in KEYS[3]). When the
+/// queue is no list (the `LTRIM` failed; `SORT` copies a set or a sorted set), the copy is deleted:
+/// `{'type', type}`. Sent whole with `EVAL` (a few hundred bytes), never `EVALSHA`: inside a transaction
+/// a `NOSCRIPT` would come after the `SORT` and `LTRIM` ran, and the `LRANGE` would read an unguarded
+/// list. Every call goes through `pcall`: an error this script raised would leave that read unguarded too.
+const GUARD_LUA: &str = r#"
+local q, b, aside = KEYS[1], KEYS[2], KEYS[3]
+local mem = redis.pcall('MEMORY', 'USAGE', b, 'SAMPLES', '0')
+if not mem then return 0 end
+local t = redis.pcall('TYPE', q)
+t = type(t) == 'table' and t.ok
+if t and t ~= 'list' and t ~= 'none' then
+  redis.pcall('DEL', b)
+  return {'type', t}
+end
+if t and type(mem) == 'number' and mem <= tonumber(ARGV[1]) then return mem end
+local from = aside
+local r = redis.pcall('RENAME', b, aside)
+if type(r) == 'table' and r.err then from = b end
+while true do
+  local r = redis.pcall('LMOVE', from, q, 'RIGHT', 'RIGHT')
+  if not r then break end
+  if type(r) == 'table' and r.err then return {'stuck', r.err} end
+end
+if type(mem) == 'number' then return {'over', mem} end
+return {'refused', type(mem) == 'table' and mem.err or 'no size'}
+"#;
+
+/// Pushes every job of this process's own batch list KEYS[1] (in serve order, as every list of this
+/// release) not in its acks set KEYS[2] (or of its landing list KEYS[1], given as KEYS[2] too) back to
+/// queue KEYS[3], so that it serves them again in the order it served them, without counting it as a
+/// recovery (so no counts hash and no dead set: KEYS[1] stands in for both, never touched with a limit
+/// of -1). Returns {moved, error}.
 const MOVE_BACK_LUA: &str = concat!(
     lua_common!(),
     super::lua_move_back!(),
     r#"
-local m, _, err = move_back(KEYS[1], KEYS[2], KEYS[3], KEYS[3], -1, KEYS[1], KEYS[1], '0', '0', 0, '', '')
+local m, _, err = move_back(KEYS[1], KEYS[2], KEYS[3], KEYS[3], true, -1, KEYS[1], KEYS[1], '0', '0', 0, '', '')
 return {m, err or ''}
 "#
 );
 
-/// Pushes back the jobs at places ARGV of batch list KEYS[1] to the served end of queue KEYS[3], each only
-/// if it is still there (the list reaches its place and acks set KEYS[2] does not hold it), the push
-/// before the place is added to the acks set. Returns {moved, error}.
+/// Pushes back the jobs at places ARGV of batch list KEYS[1] to the served end of queue KEYS[3], in the
+/// order given (the caller gives the last served first, so the first served is served first again),
+/// each only if it is still there (the list reaches its place and acks set KEYS[2] does not hold it),
+/// the push before the place is added to the acks set. Returns {moved, error}.
 const PUSH_BACK_LUA: &str = concat!(
     lua_common!(),
     r#"
@@ -315,6 +379,39 @@ pub(crate) struct Reliable {
     /// Fetch loops in a blocking wait now: while one is, the queues were empty and no fetch is due soon,
     /// so an ack goes out at once.
     waiting: AtomicUsize,
+    /// What the fetcher knows of each queue, to choose a fetch's path.
+    queues: foldhash::HashMap<Arc<str>, Mutex<QueueState>>,
+    /// The fast path may be used: false for good once Redis refused one of its commands (an ACL, a
+    /// command renamed away), which would refuse it again.
+    fast: AtomicBool,
+}
+
+/// What the fetcher knows of one queue, to choose the path of a fetch that starts with it.
+#[derive(Debug)]
+struct QueueState {
+    /// The last look at it took every job asked for, by a copy within the limits: the fast path is
+    /// expected to fill its batch, with no payload over the limit. True at first.
+    full: bool,
+    /// Its landing list may hold a job: a blocking wait on the queue ran since the script path last
+    /// looked at the list. The fast path does not look at landing lists.
+    landing: bool,
+    /// Counts the starts and ends of blocking waits on the queue: a look at the landing list sent
+    /// before one of them does not clear `landing`.
+    waits: u64,
+    /// Bytes a job of the last fast-path batch took in Redis (`MEMORY USAGE` of the batch over its
+    /// count; 0 before one): sizes the next batch ([`fast_batch`]).
+    job_bytes: usize,
+}
+
+impl Default for QueueState {
+    fn default() -> Self {
+        QueueState {
+            full: true,
+            landing: false,
+            waits: 0,
+            job_bytes: 0,
+        }
+    }
 }
 
 /// One ack's commands, built by [`Reliable::ack`].
@@ -371,6 +468,118 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// Marks a queue's landing list as possibly holding a job from the start of a blocking wait on the queue
+/// to its end, however it ends (a job, a timeout, an error, the wait dropped).
+struct LandingWait<'a> {
+    fetcher: &'a Reliable,
+    queue: &'a str,
+}
+
+impl<'a> LandingWait<'a> {
+    fn new(fetcher: &'a Reliable, queue: &'a str) -> Self {
+        fetcher.with_queue(queue, QueueState::wait);
+        LandingWait { fetcher, queue }
+    }
+}
+
+impl Drop for LandingWait<'_> {
+    fn drop(&mut self) {
+        self.fetcher.with_queue(self.queue, QueueState::wait);
+    }
+}
+
+impl QueueState {
+    /// A blocking wait on the queue starts or ends: its landing list may hold a job.
+    fn wait(&mut self) {
+        self.landing = true;
+        self.waits += 1;
+    }
+}
+
+/// What a fast-path fetch did.
+#[derive(Debug)]
+enum Fast {
+    /// Jobs taken from the queue, in the order it served them (none: it was empty).
+    Took(Vec<UnitOfWork>),
+    /// The queue's key is no list: paused, nothing taken.
+    Stalled,
+    /// Nothing taken, the queue as it was: this fetch goes through the script (the batch could hold a
+    /// payload over the limit, or Redis refused a command of the fast path).
+    Script,
+}
+
+/// About how many bytes one fast-path batch copies, unless that is fewer than [`FAST_BATCH_JOBS`] jobs:
+/// `SORT .. STORE` holds a copy of every job of the batch at once before it builds the list, and Redis's
+/// cost per job of it grows with the batch (4 KB payloads: 2 µs a job in batches of 50, 4 µs in batches of
+/// 200; 16 KB: 5-6 µs in batches of 50, 10-20 µs in batches of 200), while a batch's fixed cost (the
+/// guard, the `LTRIM`, a round trip) is spread over fewer jobs the smaller it is
+/// (bench/results/redis-per-job.md).
+const FAST_BATCH_BYTES: usize = 256 * 1024;
+
+/// Jobs a fast-path batch may hold past [`FAST_BATCH_BYTES`], within [`FAST_BATCH_MAX_BYTES`].
+const FAST_BATCH_JOBS: usize = 64;
+
+/// The most bytes a fast-path batch copies, whatever its count (it holds at least 8 jobs).
+const FAST_BATCH_MAX_BYTES: usize = 1024 * 1024;
+
+/// Jobs one fast-path batch asks for: the free slots (at most [`MAX_BATCH`]), and, for jobs of
+/// `job_bytes` each (the last batch's; 0: not known yet), about [`FAST_BATCH_BYTES`] of them or
+/// [`FAST_BATCH_JOBS`], whichever is more, within [`FAST_BATCH_MAX_BYTES`] and no fewer than 8.
+fn fast_batch(max: usize, job_bytes: usize) -> usize {
+    let max = max.clamp(1, MAX_BATCH);
+    if job_bytes == 0 {
+        return max;
+    }
+    let n = (FAST_BATCH_BYTES / job_bytes)
+        .max(FAST_BATCH_JOBS)
+        .min(FAST_BATCH_MAX_BYTES / job_bytes)
+        .max(8);
+    max.min(n)
+}
+
+/// Replies of the fast path's transaction before the riding acks': `MULTI`, four `QUEUED`, `EXEC`.
+const FAST_REPLIES: usize = 6;
+
+/// What one run of the batch script reported, by source (its place in the round's sources).
+#[derive(Debug, Default)]
+struct ScriptReport {
+    /// Jobs in each source's batch list.
+    counts: Vec<usize>,
+    /// How each source's jobs were taken: `n` a copy of every job asked, `p` a copy of fewer, `s`
+    /// job by job; none when it gave none.
+    tags: Vec<Option<u8>>,
+    /// The queues that failed (paused now).
+    failed: Vec<Arc<str>>,
+    /// The sources that failed.
+    failed_sources: Vec<usize>,
+    /// How many sources the script looked at, from the first.
+    seen: usize,
+    /// Whether anything happened: jobs, an oversized one sent to the dead set, an error.
+    busy: bool,
+}
+
+/// Answers the acks that rode on a fetch's pipeline (their replies follow the fetch's first `skip`):
+/// each true once Redis took every command of it.
+fn answer_riders(
+    riders: Vec<Rider>,
+    replies: &redis::RedisResult<Vec<redis::RedisResult<redis::Value>>>,
+    skip: usize,
+) {
+    let mut acked = match replies {
+        Ok(v) => v.get(skip..).unwrap_or_default().iter(),
+        Err(_) => [].iter(),
+    };
+    for r in riders {
+        // Every reply of this rider read (not `all`, which stops at the first error and would leave
+        // the rest to be read as the next rider's).
+        let mut ok = replies.is_ok();
+        for reply in acked.by_ref().take(r.cmds.len()) {
+            ok &= reply.is_ok();
+        }
+        let _ = r.sent.send(ok);
+    }
+}
+
 impl Reliable {
     /// A fetcher for `identity`'s process.
     pub(crate) fn new(
@@ -381,6 +590,11 @@ impl Reliable {
         block: Duration,
     ) -> Self {
         let order = QueueOrder::new(queues);
+        let states = order
+            .names()
+            .iter()
+            .map(|q| (q.clone(), Mutex::new(QueueState::default())))
+            .collect();
         Reliable {
             names: order.names().to_vec(),
             order,
@@ -401,6 +615,8 @@ impl Reliable {
             next_rider: AtomicU64::new(0),
             ride_wait: RIDE_WAIT,
             waiting: AtomicUsize::new(0),
+            queues: states,
+            fast: AtomicBool::new(true),
         }
     }
 
@@ -427,6 +643,19 @@ impl Reliable {
     pub(crate) fn with_ride_wait(mut self, wait: Duration) -> Self {
         self.ride_wait = wait;
         self
+    }
+
+    /// For tests: every fetch goes through the batch script (as after Redis refused the fast path).
+    #[cfg(test)]
+    pub(crate) fn script_only(self) -> Self {
+        self.fast.store(false, Ordering::Relaxed);
+        self
+    }
+
+    /// For tests: `queue` is expected to fill a batch, as after another fetch loop's look found it full.
+    #[cfg(test)]
+    pub(crate) fn expect_full(&self, queue: &str) {
+        self.with_queue(queue, |s| s.full = true);
     }
 
     /// For tests: how many acks wait for a fetch to carry them.
@@ -463,7 +692,7 @@ impl Reliable {
 
     async fn fetch(&self, max: usize) -> Result<Vec<UnitOfWork>> {
         let order = self.stalls.usable(self.order.next());
-        let (got, busy) = self.fetch_batch(&order, max).await?;
+        let (got, busy) = self.fetch_round(&order, max).await?;
         // Something happened (jobs, an oversized one sent to the dead set, a queue error): come back at
         // once rather than block. Blocking would pull the next job through `BLMOVE`, whose reply carries
         // the payload: an oversized one would be read into memory.
@@ -477,6 +706,273 @@ impl Reliable {
             return Ok(self.fetch_batch(&order, max).await?.0);
         }
         Ok(Vec::new())
+    }
+
+    /// One fetch over the round's queues: the fast path when the first queue is expected to fill the
+    /// batch, else (or when the fast path took nothing) the script. The jobs, and whether anything
+    /// happened at all.
+    async fn fetch_round(&self, order: &[Arc<str>], max: usize) -> Result<(Vec<UnitOfWork>, bool)> {
+        if let Some(first) = order.first()
+            && self.fast_fits(first)
+        {
+            match self.fetch_fast(first, max).await? {
+                Fast::Took(units) if !units.is_empty() => return Ok((units, true)),
+                // The first queue is paused now: the others are served as if it had been before.
+                Fast::Stalled => {
+                    let rest = self.stalls.usable(order.to_vec());
+                    return Ok((self.fetch_batch(&rest, max).await?.0, true));
+                }
+                // The first queue was empty (the others, and the landing lists, may not be), or the
+                // batch could hold a payload over the limit, or the fast path was refused.
+                Fast::Took(_) | Fast::Script => {}
+            }
+        }
+        // Batches of the first queue's jobs sized as the fast path sizes them: a queue of big payloads,
+        // whose batch of every free slot could pass the payload limit, is then copied whole by the
+        // script (and found full, the fast path's again) rather than read job by job through Lua.
+        let max = match order.first() {
+            Some(first) => fast_batch(max, self.with_queue(first, |s| s.job_bytes).unwrap_or(0)),
+            None => max,
+        };
+        self.fetch_batch(order, max).await
+    }
+
+    /// Runs `f` on `queue`'s state (none for a queue not configured).
+    fn with_queue<T>(&self, queue: &str, f: impl FnOnce(&mut QueueState) -> T) -> Option<T> {
+        let state = self.queues.get(queue)?;
+        let mut state = state.lock().ok()?;
+        Some(f(&mut state))
+    }
+
+    /// Whether a fetch whose round starts with `queue` takes the fast path.
+    fn fast_fits(&self, queue: &str) -> bool {
+        self.fast.load(Ordering::Relaxed)
+            && self
+                .with_queue(queue, |s| s.full && !s.landing)
+                .unwrap_or(false)
+    }
+
+    /// The most payload bytes one fetch takes (it always takes one job).
+    fn budget(&self) -> usize {
+        BATCH_BYTES.max(self.max_payload_bytes)
+    }
+
+    /// The most bytes a batch list's copy may hold for the fast path to read it: the payload limit, or
+    /// the budget when there is no limit.
+    fn cap(&self) -> usize {
+        match self.max_payload_bytes {
+            0 => self.budget(),
+            limit => limit.min(self.budget()),
+        }
+    }
+
+    /// Turns the fast path off for good, once: Redis refused one of its commands.
+    fn refuse_fast(&self, why: &str) {
+        if self.fast.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                error = why,
+                "redis refused a command of the fast fetch path; this process fetches through the batch script from now on"
+            );
+        }
+    }
+
+    /// The fast path: one transaction takes up to `max` jobs of `queue` into a new batch list and reads
+    /// them, no script between them but a guard of two calls ([`GUARD_LUA`]):
+    /// `MULTI; SORT queue:<q> BY nosort DESC LIMIT 0 <n> STORE <list>; LTRIM queue:<q> 0 -(n+1);
+    /// EVAL <guard>; LRANGE <list> 0 -1; EXEC`, with the acks waiting for a fetch after it. The `SORT`'s
+    /// count is how many it took: a queue shorter than n gives what it has, and the `LTRIM` empties it.
+    /// Nothing runs between the copy and the trim, so the list holds exactly the jobs the queue lost.
+    async fn fetch_fast(&self, queue: &Arc<str>, max: usize) -> Result<Fast> {
+        let job_bytes = self.with_queue(queue, |s| s.job_bytes).unwrap_or(0);
+        let n = fast_batch(max, job_bytes);
+        // Two batch numbers: the list, and the one the guard moves it to when it must not be read.
+        let batch = self.next_batch.fetch_add(2, Ordering::Relaxed) + 1;
+        let list = self.lists(queue, batch);
+        let aside = self.lists(queue, batch + 1);
+        let mut reservation =
+            Reservation::new(self, vec![list.clone(), aside.clone()], (batch, batch + 2));
+        let qkey = keys::queue(queue);
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI")
+            .cmd("SORT")
+            .arg(&qkey)
+            .arg("BY")
+            .arg("nosort")
+            .arg("DESC")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(n)
+            .arg("STORE")
+            .arg(&list.0)
+            .cmd("LTRIM")
+            .arg(&qkey)
+            .arg(0)
+            .arg(-(n as i64) - 1)
+            .cmd("EVAL")
+            .arg(GUARD_LUA)
+            .arg(3)
+            .arg(&qkey)
+            .arg(&list.0)
+            .arg(&aside.0)
+            .arg(self.cap())
+            .cmd("LRANGE")
+            .arg(&list.0)
+            .arg(0)
+            .arg(-1)
+            .cmd("EXEC");
+        let riders = self.take_riders();
+        for r in &riders {
+            add_acks(&mut pipe, &r.cmds, false);
+        }
+        pipe.ignore_errors();
+        let replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
+            pipe.query_async(&mut self.conn.clone()).await;
+        answer_riders(riders, &replies, FAST_REPLIES);
+        let mut replies = replies?;
+        replies.truncate(FAST_REPLIES);
+        let exec = match replies.pop() {
+            Some(Ok(redis::Value::Array(items))) => items,
+            Some(Err(e)) if e.code() == Some("EXECABORT") => {
+                // Refused before it ran (nothing happened): by an ACL or a command renamed away for
+                // good, or for now (a replica after a failover, out of memory).
+                reservation.answered = true;
+                let first = replies
+                    .into_iter()
+                    .skip(1)
+                    .find_map(|r| r.err())
+                    .unwrap_or(e);
+                if matches!(first.code(), Some("NOPERM") | Some("ERR")) {
+                    self.refuse_fast(&first.to_string());
+                    return Ok(Fast::Script);
+                }
+                return Err(first.into());
+            }
+            Some(Err(e)) => return Err(e.into()),
+            _ => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "the fast fetch's transaction answered no array",
+                ))
+                .into());
+            }
+        };
+        reservation.answered = true;
+        let mut exec = exec.into_iter();
+        let (sorted, trimmed, guard, read) = (exec.next(), exec.next(), exec.next(), exec.next());
+        if let Some(redis::Value::ServerError(e)) = trimmed {
+            // The queue is no list: a hash or a string (the `SORT` failed too), or a set or a sorted set
+            // (`SORT` copied its members, which the guard deleted). Whatever this fetch's lists hold is a
+            // copy, no job: deleted.
+            let e = redis::RedisError::from(e);
+            let msg = describe(&self.conn, std::slice::from_ref(&qkey), &e).await;
+            self.stalls.stall(queue, &msg);
+            let _ = redis::cmd("DEL")
+                .arg(&list.0)
+                .arg(&aside.0)
+                .query_async::<()>(&mut self.conn.clone())
+                .await;
+            return Ok(Fast::Stalled);
+        }
+        let jobs: Vec<Vec<u8>> = match read {
+            Some(v @ redis::Value::Array(_)) => {
+                redis::from_redis_value(v).map_err(redis::RedisError::from)?
+            }
+            _ => {
+                // Not read (never seen): whatever the list holds goes back with the next sweep.
+                if let Ok(mut h) = self.held.lock() {
+                    h.lost.push(list.clone());
+                }
+                Vec::new()
+            }
+        };
+        let taken = match sorted {
+            Some(redis::Value::Int(c)) => usize::try_from(c).unwrap_or(0),
+            _ => 0,
+        };
+        let mut copied = 0;
+        match guard {
+            Some(redis::Value::Int(mem)) => copied = usize::try_from(mem).unwrap_or(0),
+            Some(redis::Value::Array(parts)) => {
+                let mut parts = parts.into_iter().map(reply_bytes);
+                let tag = parts.next().unwrap_or_default();
+                let what = String::from_utf8_lossy(&parts.next().unwrap_or_default()).into_owned();
+                match tag.as_slice() {
+                    // Nothing read, the queue as it was: the script reads it job by job.
+                    // Its size per job sizes the next batches (the script's too).
+                    b"over" => {
+                        let per_job = what
+                            .parse::<usize>()
+                            .ok()
+                            .and_then(|m| m.checked_div(taken));
+                        self.with_queue(queue, |s| {
+                            s.full = false;
+                            s.job_bytes = per_job.unwrap_or(s.job_bytes);
+                        });
+                        return Ok(Fast::Script);
+                    }
+                    b"refused" => {
+                        self.refuse_fast(&what);
+                        return Ok(Fast::Script);
+                    }
+                    b"type" => {
+                        self.stalls
+                            .stall(queue, &format!("{qkey} is a {what}, not a list"));
+                        return Ok(Fast::Stalled);
+                    }
+                    _ => {
+                        // "stuck": a push back failed midway; the rest waits in the aside list, which
+                        // goes back now (or with the next sweep).
+                        tracing::error!(queue = %queue, error = %what,
+                            "the fast fetch could not put a batch back into its queue");
+                        let (_, kept, _) = self.move_back(vec![aside]).await;
+                        if let Ok(mut h) = self.held.lock() {
+                            h.lost.extend(kept);
+                        }
+                        return Ok(Fast::Script);
+                    }
+                }
+            }
+            other => {
+                // The guard failed (never seen: every call in it is a `pcall`). What the list held was
+                // read, and is handed out; what may wait in the aside list goes back with the next sweep.
+                let what = match other {
+                    Some(redis::Value::ServerError(e)) => redis::RedisError::from(e).to_string(),
+                    _ => "no reply".into(),
+                };
+                self.refuse_fast(&what);
+                if let Ok(mut h) = self.held.lock() {
+                    h.lost.push(aside);
+                }
+            }
+        }
+        if taken != jobs.len() {
+            // Only a recovery that judged this process dead touches its lists in between.
+            tracing::warn!(queue = %queue, expected = taken, read = jobs.len(),
+                "a batch list changed between the fetch and its read");
+        }
+        self.with_queue(queue, |s| {
+            s.full = taken >= n;
+            if let Some(per_job) = copied.checked_div(taken) {
+                s.job_bytes = per_job;
+            }
+        });
+        self.stalls.unstall(std::slice::from_ref(queue), &[]);
+        self.open(batch, list, jobs.len());
+        let base = batch << keys::PLACE_BITS;
+        Ok(Fast::Took(
+            jobs.into_iter()
+                .enumerate()
+                .map(|(place, raw)| UnitOfWork::new(queue.clone(), base | place as u64, raw))
+                .collect(),
+        ))
+    }
+
+    /// The acks waiting for a fetch to carry them, taken for this one.
+    fn take_riders(&self) -> Vec<Rider> {
+        self.riders
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
     }
 
     /// One run of the batch script, with the batch lists read in the same pipeline: the jobs it handed
@@ -509,6 +1005,12 @@ impl Reliable {
             .collect();
         let range = (first, first + lists.len() as u64);
         let mut reservation = Reservation::new(self, lists.clone(), range);
+        // Blocking waits counted before the script looks at the landing lists: one that starts or ends
+        // after this may put a job there that the script did not see.
+        let waits: Vec<u64> = order
+            .iter()
+            .map(|q| self.with_queue(q, |s| s.waits).unwrap_or(0))
+            .collect();
         let now = time::now();
         let (trim_before, dead_max) = dead_trim(now);
         let mut pipe = redis::pipe();
@@ -519,7 +1021,7 @@ impl Reliable {
         }
         eval.arg(max)
             .arg(self.max_payload_bytes)
-            .arg(BATCH_BYTES.max(self.max_payload_bytes))
+            .arg(self.budget())
             .arg(format!("{}/{first}", self.identity))
             .arg(score(now))
             .arg(self.fleet.time_format().value(now).to_string())
@@ -532,11 +1034,7 @@ impl Reliable {
         // and if this fetch fails or is dropped they go out on their own (`Reliable::ack`). Each reply
         // is read on its own (`ignore_errors`), so an ack refused (its acks set damaged) fails only
         // that ack, never the fetch, and a fetch that fails fails no ack that Redis took.
-        let riders = self
-            .riders
-            .lock()
-            .map(|mut r| std::mem::take(&mut *r))
-            .unwrap_or_default();
+        let riders = self.take_riders();
         for r in &riders {
             add_acks(&mut pipe, &r.cmds, false);
         }
@@ -554,14 +1052,7 @@ impl Reliable {
             };
         }
         let fetch_replies = 1 + lists.len();
-        let mut acked = match &replies {
-            Ok(v) => v.get(fetch_replies..).unwrap_or_default().iter(),
-            Err(_) => [].iter(),
-        };
-        for r in riders {
-            let ok = replies.is_ok() && acked.by_ref().take(r.cmds.len()).all(|x| x.is_ok());
-            let _ = r.sent.send(ok);
-        }
+        answer_riders(riders, &replies, fetch_replies);
         let replies = replies?;
         let mut replies = replies.into_iter().take(fetch_replies);
         let flat: Vec<Vec<u8>> = match replies.next().transpose()? {
@@ -576,41 +1067,61 @@ impl Reliable {
         for v in replies {
             read.push(redis::from_redis_value(v?).map_err(redis::RedisError::from)?);
         }
-        let busy = !flat.is_empty();
-        let (counts, failed) = self.read_reply(flat, &sources);
+        let report = self.read_reply(flat, &sources);
+        let busy = report.busy;
+        self.note_looks(order, &report, &waits);
         let mut out = Vec::new();
         for (i, jobs) in read.into_iter().enumerate() {
             let (Some((q, _)), Some(list)) = (sources.get(i), lists.get(i)) else {
                 continue;
             };
-            if counts.get(i).copied().unwrap_or(0) != jobs.len() {
+            let expected = report.counts.get(i).copied().unwrap_or(0);
+            if expected != jobs.len() {
                 // Only a recovery that judged this process dead touches its lists in between.
-                tracing::warn!(queue = %q, expected = counts.get(i).copied().unwrap_or(0),
-                    read = jobs.len(), "a batch list changed between the fetch and its read");
+                tracing::warn!(queue = %q, expected, read = jobs.len(),
+                    "a batch list changed between the fetch and its read");
             }
             let batch = first + i as u64;
             self.open(batch, list.clone(), jobs.len());
-            // The list's tail is the job its source served first: handed out in that order.
+            // The list's head is the job its source served first: handed out in that order.
             let base = batch << keys::PLACE_BITS;
-            for (place, raw) in jobs.into_iter().enumerate().rev() {
+            for (place, raw) in jobs.into_iter().enumerate() {
                 out.push(UnitOfWork::new(q.clone(), base | place as u64, raw));
             }
         }
         reservation.answered = true;
         // With fewer than `max` taken, the script looked at every queue of the round.
         if out.len() < max {
-            self.stalls.unstall(order, &failed);
+            self.stalls.unstall(order, &report.failed);
         }
         Ok((out, busy))
     }
 
+    /// What the batch script's look at the round's queues says of them: a queue whose copy took every
+    /// job asked is expected to fill the next batch (the fast path's), one it found short, empty, or
+    /// read job by job is not; a landing list it looked at without an error is empty, unless a
+    /// blocking wait began or ended since `waits` were counted.
+    fn note_looks(&self, order: &[Arc<str>], report: &ScriptReport, waits: &[u64]) {
+        for (j, q) in order.iter().enumerate() {
+            let (landing, queue) = (2 * j, 2 * j + 1);
+            let looked =
+                |source: usize| source < report.seen && !report.failed_sources.contains(&source);
+            let before = waits.get(j).copied().unwrap_or(0);
+            self.with_queue(q, |s| {
+                if looked(landing) && s.waits == before {
+                    s.landing = false;
+                }
+                if looked(queue) {
+                    s.full = report.tags.get(queue).copied().flatten() == Some(b'n');
+                }
+            });
+        }
+    }
+
     /// Reads the batch script's records: how many jobs each source's batch list holds (by its place in
-    /// the round's sources), and the queues that failed (paused here).
-    fn read_reply(
-        &self,
-        flat: Vec<Vec<u8>>,
-        sources: &[(Arc<str>, String)],
-    ) -> (Vec<usize>, Vec<Arc<str>>) {
+    /// the round's sources), how it took them, the queues that failed (paused here), and how many
+    /// sources it looked at.
+    fn read_reply(&self, flat: Vec<Vec<u8>>, sources: &[(Arc<str>, String)]) -> ScriptReport {
         let index = |q: &[u8]| {
             std::str::from_utf8(q)
                 .ok()
@@ -624,15 +1135,30 @@ impl Reliable {
                 .map(|(name, _)| name.clone())
                 .unwrap_or_else(|| Arc::from(String::from_utf8_lossy(q).as_ref()))
         };
-        let mut counts = vec![0; sources.len()];
-        let mut failed: Vec<Arc<str>> = Vec::new();
+        let number = |b: &[u8]| {
+            std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+                .unwrap_or(0)
+        };
+        let mut report = ScriptReport {
+            counts: vec![0; sources.len()],
+            tags: vec![None; sources.len()],
+            busy: false,
+            ..ScriptReport::default()
+        };
         let mut it = flat.into_iter();
         while let (Some(q), Some(tag), Some(body)) = (it.next(), it.next(), it.next()) {
             match tag.as_slice() {
+                b"seen" => {
+                    report.seen = number(&body);
+                    continue;
+                }
                 b"err" => {
                     let queue = name_of(&q);
                     self.stalls.stall(&queue, &String::from_utf8_lossy(&body));
-                    failed.push(queue);
+                    report.failed.push(queue);
+                    report.failed_sources.push(index(&q));
                 }
                 b"dead" => {
                     self.dead.fetch_add(1, Ordering::Relaxed);
@@ -641,23 +1167,25 @@ impl Reliable {
                         "payload over the size limit sent to the dead set without being read");
                 }
                 _ => {
-                    let n = std::str::from_utf8(&body)
-                        .ok()
-                        .and_then(|s| s.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if let Some(c) = counts.get_mut(index(&q)) {
-                        *c += n;
+                    let i = index(&q);
+                    if let Some(c) = report.counts.get_mut(i) {
+                        *c += number(&body);
+                    }
+                    if let Some(t) = report.tags.get_mut(i) {
+                        *t = tag.first().copied();
                     }
                 }
             }
+            report.busy = true;
         }
-        (counts, failed)
+        report
     }
 
     /// Blocks until a job arrives on the first queue of the round (moving it into its landing list) or
     /// the block time passes. True when a job landed. The landing list is swept by name
     /// ([`Fetch::requeue_leftovers`]), so a wait cut short, or one that Redis served after its reply
-    /// was no longer awaited, strands nothing.
+    /// was no longer awaited, strands nothing; and the fast path keeps off the queue until the script
+    /// has looked at its landing list since.
     async fn wait_for_work(&self, order: &[Arc<str>]) -> Result<bool> {
         let Some(first) = order.first() else {
             tokio::time::sleep(self.block.min(Duration::from_millis(500))).await;
@@ -674,6 +1202,7 @@ impl Reliable {
             format!("{}{first}", self.landing_prefix),
         );
         let _waiting = Waiting::new(&self.waiting);
+        let _landing = LandingWait::new(self, first);
         // The payload comes back in the reply; the batch script copies it out of the landing list (an
         // oversized one goes to the dead set there).
         let moved: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("BLMOVE")
@@ -695,8 +1224,9 @@ impl Reliable {
         }
     }
 
-    /// The jobs by batch: (batch number, places from the list's head, so that jobs pushed back in this
-    /// order are served in the order their queue served them).
+    /// The jobs by batch, the newest batch first, each batch's places from its list's tail (a list holds
+    /// its jobs in serve order): pushed back in this order, each to the served end of its queue, they
+    /// are served again in the order their queue served them.
     fn by_batch(done: &[UnitOfWork]) -> Vec<(u64, Vec<u64>)> {
         let mut out: Vec<(u64, Vec<u64>)> = Vec::new();
         for u in done {
@@ -707,9 +1237,10 @@ impl Reliable {
             }
         }
         for (_, places) in &mut out {
-            places.sort_unstable();
+            places.sort_unstable_by_key(|p| std::cmp::Reverse(*p));
             places.dedup();
         }
+        out.sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
         out
     }
 
@@ -948,6 +1479,7 @@ impl Reliable {
                 lost.push(s);
             }
         }
+        newest_first(&mut lost);
         let (moved, kept, errors) = self.move_back(lost).await;
         if let Ok(mut h) = self.held.lock() {
             h.lost.extend(kept);
@@ -972,7 +1504,7 @@ impl Reliable {
             Err(e) => errors.push(e),
         }
         if everything {
-            let open: Vec<_> = match self.held.lock() {
+            let mut open: Vec<_> = match self.held.lock() {
                 Ok(mut h) => h
                     .open
                     .drain()
@@ -980,6 +1512,7 @@ impl Reliable {
                     .collect(),
                 Err(_) => return Err(poisoned()),
             };
+            newest_first(&mut open);
             let (m, kept, errs) = self.move_back(open).await;
             moved += m;
             errors.extend(errs);
@@ -990,6 +1523,17 @@ impl Reliable {
         }
         sweep_result(moved, errors)
     }
+}
+
+/// Orders batch lists the newest batch first: pushed back in this order, each to the served end of its
+/// queue, the oldest batch's jobs are served first again.
+fn newest_first(lists: &mut [(String, String, Arc<str>)]) {
+    let batch = |key: &str| {
+        key.rsplit_once(":@")
+            .and_then(|(_, n)| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    lists.sort_by_key(|l| std::cmp::Reverse(batch(&l.0)));
 }
 
 /// A sweep's outcome: `moved` when nothing failed; else the first outage among `errors` (so the sweep
@@ -1030,12 +1574,12 @@ impl Fetch for Reliable {
     }
 
     /// Each loop holds the slots it fetches for, so together they never hold more fetched jobs than
-    /// there are free slots, while their round trips overlap. A loop per 100 slots (at most 4): a
-    /// fetch's fixed cost (a script, a round trip) is most of Redis's cost per job at small payloads, so
-    /// the fewer, larger batches (two of 100 at -c 200, where four of 50 were 25-55 a fetch) cost
-    /// Redis less per job, and two batches still overlap one being fetched with one being run.
+    /// there are free slots, while their round trips overlap. A loop per 200 slots (at most 4): a
+    /// fetch's fixed cost (a round trip, a transaction or a script) is most of Redis's cost per job at
+    /// small payloads, so one batch of 200 at -c 200 costs Redis less per job than two of 100, and the
+    /// processors' throughput does not depend on the overlap at that size (bench/results/fetch-loops.md).
     fn fetch_loops(&self, concurrency: usize) -> usize {
-        (concurrency / 100).clamp(1, 4)
+        (concurrency / 200).clamp(1, 4)
     }
 
     fn cancel_safe(&self) -> bool {

@@ -18,10 +18,10 @@ use redis::Commands;
 use serde_json::Value;
 
 /// An identity in the `host:pid:hex` shape recovery parses.
-const ME: &str = "testhost:1:aaaa";
+pub(super) const ME: &str = "testhost:1:aaaa";
 
 /// A fetcher of queue `a` connected as a user whose ACL refuses `command` and allows everything else.
-async fn limited_fetcher(
+pub(super) async fn limited_fetcher(
     redis: &support::RedisServer,
     c: &mut redis::Connection,
     command: &str,
@@ -54,7 +54,7 @@ async fn limited_fetcher(
 
 /// A fetch of queue `a` whose reply never comes: cut short while Redis holds writes (`CLIENT PAUSE`),
 /// then run by Redis once the pause ends, so its jobs sit in a batch list recorded as lost.
-async fn lose_a_fetch(c: &mut redis::Connection, f: &Reliable) {
+pub(super) async fn lose_a_fetch(c: &mut redis::Connection, f: &Reliable) {
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(1000)
@@ -69,7 +69,7 @@ async fn lose_a_fetch(c: &mut redis::Connection, f: &Reliable) {
     assert!(ran, "the fetch ran once the pause ended");
 }
 
-fn queues(names: &[&str]) -> Vec<QueueWeight> {
+pub(super) fn queues(names: &[&str]) -> Vec<QueueWeight> {
     names
         .iter()
         .map(|n| QueueWeight {
@@ -79,7 +79,7 @@ fn queues(names: &[&str]) -> Vec<QueueWeight> {
         .collect()
 }
 
-async fn conns(redis: &support::RedisServer) -> (Conn, Conn) {
+pub(super) async fn conns(redis: &support::RedisServer) -> (Conn, Conn) {
     let client = redis::Client::open(redis.url()).unwrap();
     let conn = redis_conn::connect(&client).await.unwrap();
     let blocking = redis_conn::connect_blocking(&client, Duration::from_millis(200))
@@ -88,7 +88,11 @@ async fn conns(redis: &support::RedisServer) -> (Conn, Conn) {
     (conn, blocking)
 }
 
-async fn fetcher(redis: &support::RedisServer, names: &[&str], identity: &str) -> Reliable {
+pub(super) async fn fetcher(
+    redis: &support::RedisServer,
+    names: &[&str],
+    identity: &str,
+) -> Reliable {
     let (conn, blocking) = conns(redis).await;
     Reliable::new(
         &queues(names),
@@ -100,7 +104,7 @@ async fn fetcher(redis: &support::RedisServer, names: &[&str], identity: &str) -
 }
 
 /// Pushes `n` jobs to `queue:<q>`, with jids `<q>0`, `<q>1`, ... (`<q>0` served first).
-fn fill(c: &mut redis::Connection, q: &str, n: usize) {
+pub(super) fn fill(c: &mut redis::Connection, q: &str, n: usize) {
     for i in 0..n {
         let _: () = c
             .lpush(format!("queue:{q}"), job(&format!("{q}{i}"), q))
@@ -114,16 +118,16 @@ async fn basic(redis: &support::RedisServer, names: &[&str]) -> Basic {
     Basic::new(&queues(names), conn, blocking, Duration::from_millis(200))
 }
 
-fn job(jid: &str, queue: &str) -> String {
+pub(super) fn job(jid: &str, queue: &str) -> String {
     format!(r#"{{"class":"A","args":[1],"jid":"{jid}","queue":"{queue}","retry":true}}"#)
 }
 
-fn jid_of(raw: &[u8]) -> String {
+pub(super) fn jid_of(raw: &[u8]) -> String {
     let v: Value = serde_json::from_slice(raw).unwrap();
     v["jid"].as_str().unwrap().to_string()
 }
 
-fn landing(identity: &str, q: &str) -> String {
+pub(super) fn landing(identity: &str, q: &str) -> String {
     format!("oxidekiq:landing:{identity}:{q}")
 }
 
@@ -131,14 +135,14 @@ fn working(identity: &str, q: &str) -> String {
     format!("oxidekiq:working:{identity}:{q}")
 }
 
-fn list_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
+pub(super) fn list_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
     let items: Vec<Vec<u8>> = c.lrange(key, 0, -1).unwrap();
     items.iter().map(|r| jid_of(r)).collect()
 }
 
 /// The jids in `identity`'s batch lists not marked done in their acks sets (what a recovery or a
 /// shutdown sweep would push back).
-fn held_jids(c: &mut redis::Connection, identity: &str) -> Vec<String> {
+pub(super) fn held_jids(c: &mut redis::Connection, identity: &str) -> Vec<String> {
     let mut out = Vec::new();
     let lists: Vec<String> = c.keys(format!("oxidekiq:batch:{identity}:*")).unwrap();
     for k in lists {
@@ -155,7 +159,7 @@ fn held_jids(c: &mut redis::Connection, identity: &str) -> Vec<String> {
 }
 
 /// The bytes stored for a unit fetched by `ME`: its batch list at its place.
-fn stored(c: &mut redis::Connection, u: &oxidekiq::fetch::UnitOfWork) -> Vec<u8> {
+pub(super) fn stored(c: &mut redis::Connection, u: &oxidekiq::fetch::UnitOfWork) -> Vec<u8> {
     let t = oxidekiq::retry::Token::of(&oxidekiq::keys::batch_prefix(ME), &u.queue, u.id);
     c.lindex(&t.working, t.id as isize).unwrap()
 }
@@ -166,15 +170,15 @@ fn hash_jids(c: &mut redis::Connection, key: &str) -> Vec<String> {
 }
 
 /// A full queue that is not first, when the first queue already filled part of the batch: exactly `max`
-/// are taken, each under its own id and stored byte for byte at its place, and the rest stay in their
-/// queue.
+/// are taken by the batch script, each under its own id and stored byte for byte at its place, and the
+/// rest stay in their queue.
 #[tokio::test]
 async fn a_full_later_queue_fills_only_the_rest_of_the_batch() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     fill(&mut c, "a", 3);
     fill(&mut c, "b", 5);
-    let f = fetcher(&redis, &["a", "b"], ME).await;
+    let f = fetcher(&redis, &["a", "b"], ME).await.script_only();
     let got = f.retrieve_work(4).await.unwrap();
     assert_eq!(got.len(), 4, "a batch of 4");
     let ids: HashSet<u64> = got.iter().map(|u| u.id).collect();
