@@ -14,13 +14,15 @@
 //!
 //! Two paths, the same lists:
 //! - **The fast path**, when the round's first queue is expected to fill the batch (its last look took
-//!   every job asked) and its landing list is known empty: one transaction, `MULTI; SORT ..; LTRIM
-//!   <queue> 0 -(n+1); EVAL <guard>; LRANGE <list> 0 -1; EXEC`. The `SORT`'s count is how many it took
-//!   (a short queue gives what it has, and the `LTRIM` empties it). The guard ([`GUARD_LUA`], two calls)
-//!   lets the `LRANGE` read the list only when `MEMORY USAGE` of it is within the payload limit, so no
-//!   payload over the limit is ever read; otherwise the batch goes back to its queue, in its order, and
-//!   the fetch takes the script path. It costs Redis less than the script (two Lua calls where the
-//!   script makes three per queue, no landing lists looked at; bench/results/redis-per-job.md). A queue
+//!   every job asked) and its landing list is known empty: one transaction, `MULTI; SORT ..; EVAL
+//!   <guard>; LRANGE <list> 0 -1; EXEC`. The `SORT`'s count is how many it took (a queue shorter than n
+//!   gives what it has). The guard ([`GUARD_LUA`], three calls) trims those jobs off the queue
+//!   (`LTRIM <queue> 0 -(c+1)`, c the copy's length) only when the copy is there and `MEMORY USAGE` of it
+//!   is within the payload limit, so the `LRANGE` never reads a payload over the limit, and a copy that
+//!   failed (a `SORT` refused when the transaction runs) removes nothing; otherwise the copy is deleted,
+//!   the queue left as it was, and the fetch takes the script path. It costs Redis less than the script
+//!   (no landing lists looked at; bench/results/redis-per-job.md measured it with the `LTRIM` a command
+//!   of the transaction, beside a guard of two calls, before the `LLEN` and the trim moved in). A queue
 //!   of big payloads gets smaller batches ([`fast_batch`]): the copy's cost per job grows with its size.
 //! - **The script path** ([`FETCH_LUA`]), otherwise: after a short look, over several queues in the
 //!   round's order (each queue's landing list first), when a queue's batch could hold a payload over the
@@ -175,40 +177,42 @@ return out
 );
 
 /// The guard of the fast path, run inside its transaction (`MULTI`; `SORT` of up to n jobs of queue
-/// KEYS[1] into batch list KEYS[2]; `LTRIM` of as many off the queue; this; `LRANGE` of the batch list;
-/// `EXEC`): the transaction reads the batch list only if this left it there. Returns `MEMORY USAGE` of
-/// the list (0 when the `SORT` copied nothing) when it holds no job over ARGV[1] bytes (the payload
-/// limit or the batch budget, whichever is lower): every job in it is at most that size. Otherwise
-/// nothing of the list is read: `{'over', size}` (or `{'refused', error}`, `MEMORY` refused by an ACL)
-/// once it is moved aside (to batch list KEYS[3], so that a failure from here on leaves it in a key of
-/// this process, which the sweeps and recovery find) and from there back to the queue's served end in
-/// its order (the queue is as it was; the caller fetches through [`FETCH_LUA`], which reads such a queue
-/// job by job); `{'stuck', error}` when a push back failed midway (the rest waits in KEYS[3]). When the
-/// queue is no list (the `LTRIM` failed; `SORT` copies a set or a sorted set), the copy is deleted:
-/// `{'type', type}`. Sent whole with `EVAL` (a few hundred bytes), never `EVALSHA`: inside a transaction
-/// a `NOSCRIPT` would come after the `SORT` and `LTRIM` ran, and the `LRANGE` would read an unguarded
-/// list. Every call goes through `pcall`: an error this script raised would leave that read unguarded too.
+/// KEYS[1] into batch list KEYS[2]; this; `LRANGE` of the batch list; `EXEC`): it trims the queue of the
+/// jobs the copy holds, and only when the copy is there and holds no job over ARGV[1] bytes (the payload
+/// limit or the batch budget, whichever is lower: every job in it is at most `MEMORY USAGE` of it).
+/// Returns that size (0 when the `SORT` copied nothing, or failed: then nothing is trimmed). Otherwise
+/// the copy is deleted and the queue left as it was, so the `LRANGE` reads nothing: `{'over', size}`,
+/// `{'refused', error}` (`MEMORY`, `LLEN` or `LTRIM` refused, an ACL) or `{'type', type}` (the queue is
+/// no list: `SORT` copies a set or a sorted set, which `LTRIM` refuses). The trim is here, not a command
+/// of the transaction: a command of a transaction that fails when it runs (a `SORT` refused by an ACL
+/// changed after it was queued) does not stop the others, and an `LTRIM` beside it would remove jobs
+/// no list holds. Sent whole with `EVAL` (a few hundred bytes), never `EVALSHA`: inside a transaction a
+/// `NOSCRIPT` would come after the `SORT` ran, and the `LRANGE` would read an unguarded list of jobs still
+/// queued. Every call goes through `pcall`, and no value is used before its type is checked: an error
+/// this script raised would leave that read unguarded too.
 const GUARD_LUA: &str = r#"
-local q, b, aside = KEYS[1], KEYS[2], KEYS[3]
+local q, b = KEYS[1], KEYS[2]
 local mem = redis.pcall('MEMORY', 'USAGE', b, 'SAMPLES', '0')
 if not mem then return 0 end
+local why = nil
+if type(mem) == 'number' and mem <= tonumber(ARGV[1]) then
+  local n = redis.pcall('LLEN', b)
+  if type(n) == 'number' then
+    local r = redis.pcall('LTRIM', q, '0', -(n + 1))
+    if type(r) ~= 'table' or not r.err then return mem end
+    why = r.err
+  else
+    why = n.err
+  end
+elseif type(mem) == 'table' then
+  why = mem.err
+end
+redis.pcall('DEL', b)
+if not why then return {'over', mem} end
 local t = redis.pcall('TYPE', q)
 t = type(t) == 'table' and t.ok
-if t and t ~= 'list' and t ~= 'none' then
-  redis.pcall('DEL', b)
-  return {'type', t}
-end
-if t and type(mem) == 'number' and mem <= tonumber(ARGV[1]) then return mem end
-local from = aside
-local r = redis.pcall('RENAME', b, aside)
-if type(r) == 'table' and r.err then from = b end
-while true do
-  local r = redis.pcall('LMOVE', from, q, 'RIGHT', 'RIGHT')
-  if not r then break end
-  if type(r) == 'table' and r.err then return {'stuck', r.err} end
-end
-if type(mem) == 'number' then return {'over', mem} end
-return {'refused', type(mem) == 'table' and mem.err or 'no size'}
+if t and t ~= 'list' and t ~= 'none' then return {'type', t} end
+return {'refused', tostring(why)}
 "#;
 
 /// Pushes every job of this process's own batch list KEYS[1] (in serve order, as every list of this
@@ -537,8 +541,8 @@ fn fast_batch(max: usize, job_bytes: usize) -> usize {
     max.min(n)
 }
 
-/// Replies of the fast path's transaction before the riding acks': `MULTI`, four `QUEUED`, `EXEC`.
-const FAST_REPLIES: usize = 6;
+/// Replies of the fast path's transaction before the riding acks': `MULTI`, three `QUEUED`, `EXEC`.
+const FAST_REPLIES: usize = 5;
 
 /// What one run of the batch script reported, by source (its place in the round's sources).
 #[derive(Debug, Default)]
@@ -777,20 +781,18 @@ impl Reliable {
     }
 
     /// The fast path: one transaction takes up to `max` jobs of `queue` into a new batch list and reads
-    /// them, no script between them but a guard of two calls ([`GUARD_LUA`]):
-    /// `MULTI; SORT queue:<q> BY nosort DESC LIMIT 0 <n> STORE <list>; LTRIM queue:<q> 0 -(n+1);
-    /// EVAL <guard>; LRANGE <list> 0 -1; EXEC`, with the acks waiting for a fetch after it. The `SORT`'s
-    /// count is how many it took: a queue shorter than n gives what it has, and the `LTRIM` empties it.
-    /// Nothing runs between the copy and the trim, so the list holds exactly the jobs the queue lost.
+    /// them, no script between them but a guard of a few calls ([`GUARD_LUA`]):
+    /// `MULTI; SORT queue:<q> BY nosort DESC LIMIT 0 <n> STORE <list>; EVAL <guard>; LRANGE <list> 0 -1;
+    /// EXEC`, with the acks waiting for a fetch after it. The `SORT`'s count is how many it took (a queue
+    /// shorter than n gives what it has); the guard trims exactly the jobs the list holds off the queue,
+    /// only once the copy is there and within the limit. Nothing runs between the copy and the trim, so
+    /// the list holds exactly the jobs the queue lost, and a copy that failed removes nothing.
     async fn fetch_fast(&self, queue: &Arc<str>, max: usize) -> Result<Fast> {
         let job_bytes = self.with_queue(queue, |s| s.job_bytes).unwrap_or(0);
         let n = fast_batch(max, job_bytes);
-        // Two batch numbers: the list, and the one the guard moves it to when it must not be read.
-        let batch = self.next_batch.fetch_add(2, Ordering::Relaxed) + 1;
+        let batch = self.next_batch.fetch_add(1, Ordering::Relaxed) + 1;
         let list = self.lists(queue, batch);
-        let aside = self.lists(queue, batch + 1);
-        let mut reservation =
-            Reservation::new(self, vec![list.clone(), aside.clone()], (batch, batch + 2));
+        let mut reservation = Reservation::new(self, vec![list.clone()], (batch, batch + 1));
         let qkey = keys::queue(queue);
         let mut pipe = redis::pipe();
         pipe.cmd("MULTI")
@@ -804,16 +806,11 @@ impl Reliable {
             .arg(n)
             .arg("STORE")
             .arg(&list.0)
-            .cmd("LTRIM")
-            .arg(&qkey)
-            .arg(0)
-            .arg(-(n as i64) - 1)
             .cmd("EVAL")
             .arg(GUARD_LUA)
-            .arg(3)
+            .arg(2)
             .arg(&qkey)
             .arg(&list.0)
-            .arg(&aside.0)
             .arg(self.cap())
             .cmd("LRANGE")
             .arg(&list.0)
@@ -858,47 +855,34 @@ impl Reliable {
         };
         reservation.answered = true;
         let mut exec = exec.into_iter();
-        let (sorted, trimmed, guard, read) = (exec.next(), exec.next(), exec.next(), exec.next());
-        if let Some(redis::Value::ServerError(e)) = trimmed {
-            // The queue is no list: a hash or a string (the `SORT` failed too), or a set or a sorted set
-            // (`SORT` copied its members, which the guard deleted). Whatever this fetch's lists hold is a
-            // copy, no job: deleted.
+        let (sorted, guard, read) = (exec.next(), exec.next(), exec.next());
+        if let Some(redis::Value::ServerError(e)) = sorted {
+            // The copy failed, so the guard trimmed nothing: the queue is as it was. Its key is a hash
+            // or a string (`WRONGTYPE`), or Redis refused the `SORT` when the transaction ran (an ACL
+            // changed after it was queued).
             let e = redis::RedisError::from(e);
-            let msg = describe(&self.conn, std::slice::from_ref(&qkey), &e).await;
-            self.stalls.stall(queue, &msg);
-            let _ = redis::cmd("DEL")
-                .arg(&list.0)
-                .arg(&aside.0)
-                .query_async::<()>(&mut self.conn.clone())
-                .await;
-            return Ok(Fast::Stalled);
+            if e.code() == Some("WRONGTYPE") {
+                let msg = describe(&self.conn, std::slice::from_ref(&qkey), &e).await;
+                self.stalls.stall(queue, &msg);
+                return Ok(Fast::Stalled);
+            }
+            self.refuse_fast(&e.to_string());
+            return Ok(Fast::Script);
         }
-        let jobs: Vec<Vec<u8>> = match read {
-            Some(v @ redis::Value::Array(_)) => {
-                redis::from_redis_value(v).map_err(redis::RedisError::from)?
-            }
-            _ => {
-                // Not read (never seen): whatever the list holds goes back with the next sweep.
-                if let Ok(mut h) = self.held.lock() {
-                    h.lost.push(list.clone());
-                }
-                Vec::new()
-            }
-        };
         let taken = match sorted {
             Some(redis::Value::Int(c)) => usize::try_from(c).unwrap_or(0),
             _ => 0,
         };
-        let mut copied = 0;
-        match guard {
-            Some(redis::Value::Int(mem)) => copied = usize::try_from(mem).unwrap_or(0),
+        let copied = match guard {
+            Some(redis::Value::Int(mem)) => usize::try_from(mem).unwrap_or(0),
             Some(redis::Value::Array(parts)) => {
+                // The copy is deleted and the queue as it was: nothing taken.
                 let mut parts = parts.into_iter().map(reply_bytes);
                 let tag = parts.next().unwrap_or_default();
                 let what = String::from_utf8_lossy(&parts.next().unwrap_or_default()).into_owned();
                 match tag.as_slice() {
-                    // Nothing read, the queue as it was: the script reads it job by job.
-                    // Its size per job sizes the next batches (the script's too).
+                    // The script reads the queue job by job. Its size per job sizes the next batches
+                    // (the script's too).
                     b"over" => {
                         let per_job = what
                             .parse::<usize>()
@@ -910,41 +894,53 @@ impl Reliable {
                         });
                         return Ok(Fast::Script);
                     }
-                    b"refused" => {
-                        self.refuse_fast(&what);
-                        return Ok(Fast::Script);
-                    }
                     b"type" => {
                         self.stalls
                             .stall(queue, &format!("{qkey} is a {what}, not a list"));
                         return Ok(Fast::Stalled);
                     }
                     _ => {
-                        // "stuck": a push back failed midway; the rest waits in the aside list, which
-                        // goes back now (or with the next sweep).
-                        tracing::error!(queue = %queue, error = %what,
-                            "the fast fetch could not put a batch back into its queue");
-                        let (_, kept, _) = self.move_back(vec![aside]).await;
-                        if let Ok(mut h) = self.held.lock() {
-                            h.lost.extend(kept);
-                        }
+                        self.refuse_fast(&what);
                         return Ok(Fast::Script);
                     }
                 }
             }
             other => {
-                // The guard failed (never seen: every call in it is a `pcall`). What the list held was
-                // read, and is handed out; what may wait in the aside list goes back with the next sweep.
+                // The guard failed (never seen: every call in it is a `pcall`, every value checked),
+                // so nothing was trimmed; what the list held was read, and is a copy of jobs still
+                // queued: deleted, never handed out (it would run them twice).
                 let what = match other {
                     Some(redis::Value::ServerError(e)) => redis::RedisError::from(e).to_string(),
                     _ => "no reply".into(),
                 };
                 self.refuse_fast(&what);
-                if let Ok(mut h) = self.held.lock() {
-                    h.lost.push(aside);
-                }
+                let _ = redis::cmd("DEL")
+                    .arg(&list.0)
+                    .query_async::<()>(&mut self.conn.clone())
+                    .await;
+                return Ok(Fast::Script);
             }
-        }
+        };
+        let jobs: Vec<Vec<u8>> = match read {
+            Some(v @ redis::Value::Array(_)) => match redis::from_redis_value(v) {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    // Trimmed off the queue, never handed out: the list goes back with the next sweep.
+                    if let Ok(mut h) = self.held.lock() {
+                        h.lost.push(list.clone());
+                    }
+                    return Err(redis::RedisError::from(e).into());
+                }
+            },
+            _ => {
+                // Not read (an ACL changed after the transaction was queued): whatever the list holds
+                // goes back with the next sweep.
+                if let Ok(mut h) = self.held.lock() {
+                    h.lost.push(list.clone());
+                }
+                Vec::new()
+            }
+        };
         if taken != jobs.len() {
             // Only a recovery that judged this process dead touches its lists in between.
             tracing::warn!(queue = %queue, expected = taken, read = jobs.len(),

@@ -369,3 +369,123 @@ async fn a_queue_whose_full_batch_passes_the_limit_goes_out_in_smaller_batches_c
     assert_eq!(calls(&mut c, "multi"), 2, "the fast path again");
     assert_eq!(f.take_dead(), 0);
 }
+
+/// A TCP proxy in front of `redis` that, once armed, holds back the bytes of the first `EXEC` it sees
+/// from the client (everything before it goes on): the transaction is queued in Redis and waits for
+/// its `EXEC` until the test releases it, so a change made meanwhile (an ACL) lands between the
+/// queueing and the run of the transaction, as it may when a pipeline reaches Redis in two reads.
+struct ExecGate {
+    url: String,
+    /// Sends the "held" signal's sender and the release's receiver to the proxy.
+    arm: tokio::sync::mpsc::UnboundedSender<Gate>,
+}
+
+/// The proxy's signal that it holds an `EXEC`, and the test's release of it.
+type Gate = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::sync::oneshot::Receiver<()>,
+);
+
+impl ExecGate {
+    async fn start(redis: &support::RedisServer) -> ExecGate {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let target = redis.url().trim_start_matches("redis://").to_string();
+        let (arm, armed) = tokio::sync::mpsc::unbounded_channel::<Gate>();
+        let armed = std::sync::Arc::new(tokio::sync::Mutex::new(armed));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&target).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+                let armed = armed.clone();
+                tokio::spawn(async move {
+                    const EXEC: &[u8] = b"*1\r\n$4\r\nEXEC\r\n";
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let chunk = &buf[..n];
+                        let at = chunk.windows(EXEC.len()).position(|w| w == EXEC);
+                        let gate = match at {
+                            Some(_) => armed.lock().await.try_recv().ok(),
+                            None => None,
+                        };
+                        match (at, gate) {
+                            (Some(at), Some((held, release))) => {
+                                sw.write_all(&chunk[..at]).await.unwrap();
+                                sw.flush().await.unwrap();
+                                let _ = held.send(());
+                                let _ = release.await;
+                                sw.write_all(&chunk[at..]).await.unwrap();
+                            }
+                            _ => sw.write_all(chunk).await.unwrap(),
+                        }
+                    }
+                });
+            }
+        });
+        ExecGate { url, arm }
+    }
+}
+
+/// An ACL that comes to refuse `SORT` while a fast fetch's transaction is queued (an operator applying
+/// `-@dangerous` to a running worker's user; a pipeline that reaches Redis in two reads leaves that
+/// window): Redis runs the transaction's other commands and answers the `SORT` with `NOPERM`. No job
+/// may leave the queue without its copy in a batch list: every job is fetched once, or still queued.
+#[tokio::test]
+async fn a_sort_refused_when_the_fast_transaction_runs_removes_no_job_from_its_queue() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 5);
+    let gate = ExecGate::start(&redis).await;
+    let client = redis::Client::open(gate.url.as_str()).unwrap();
+    let conn = oxidekiq::redis_conn::connect(&client).await.unwrap();
+    let (_, blocking) = conns(&redis).await;
+    let f = std::sync::Arc::new(Reliable::new(
+        &queues(&["a"]),
+        ME,
+        conn,
+        blocking,
+        Duration::from_millis(200),
+    ));
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+    gate.arm.send((held_tx, release_rx)).unwrap();
+    let fetch = tokio::spawn({
+        let f = f.clone();
+        async move { f.retrieve_work(5).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), held_rx)
+        .await
+        .expect("the fast fetch's EXEC reached the proxy")
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-sort")
+        .query(&mut c)
+        .unwrap();
+    release_tx.send(()).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .unwrap()
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("+@all")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(calls(&mut c, "multi"), 1, "through the fast path");
+    let mut all = got.map(|u| jids(&u)).unwrap_or_default();
+    let held = held_jids(&mut c, ME);
+    assert_eq!(all, held, "every job fetched is held");
+    all.extend(drain(&mut c, "a"));
+    all.sort();
+    assert_eq!(all, named(0, 5), "each job fetched or queued, once");
+}
