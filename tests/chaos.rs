@@ -474,7 +474,9 @@ struct Fault {
     what: String,
     /// The most jobs held at once in the snapshots taken around the fault.
     inflight: usize,
-    /// Every jid seen held in those snapshots.
+    /// Every jid seen held in those snapshots, and every jid whose run count rose between them (a
+    /// job that started in between, or whose last write was answered only after the fault: a job
+    /// fetched while the first snapshot read the keys is in neither).
     jids: HashSet<String>,
 }
 
@@ -645,6 +647,8 @@ struct Run<'a> {
     logs: Vec<(String, String)>,
     /// When `route ChaosJob 0` ran (epoch seconds), if it did.
     rolled_back_at: Option<f64>,
+    /// `chaos:runs` as [`Run::held_before`] read it, for the fault's snapshot after.
+    runs_before: Option<HashMap<String, u64>>,
     /// Keys damaged and not repaired yet.
     damaged: Vec<Damage>,
 }
@@ -765,11 +769,28 @@ impl<'a> Run<'a> {
         );
         let mut jids: HashSet<String> = before.1.into_iter().collect();
         jids.extend(after.1);
+        let inflight = before.0.max(after.0).max(jids.len());
+        // Jobs that ran during the fault (the bound above stays what the keys held).
+        if let Some(runs_before) = self.runs_before.take() {
+            let runs: HashMap<String, u64> = self.c.hgetall("chaos:runs").unwrap_or_default();
+            jids.extend(
+                runs.into_iter()
+                    .filter(|(j, n)| runs_before.get(j).is_none_or(|b| n > b))
+                    .map(|(j, _)| j),
+            );
+        }
         self.faults.push(Fault {
             what,
-            inflight: before.0.max(after.0).max(jids.len()),
+            inflight,
             jids,
         });
+    }
+
+    /// The snapshot before a fault: what the keys hold (as [`held`]), and each job's run count, so
+    /// that the snapshot after also counts the jobs that ran in between.
+    fn held_before(&mut self, pid: Option<u32>) -> (usize, Vec<String>) {
+        self.runs_before = Some(self.c.hgetall("chaos:runs").unwrap_or_default());
+        held(&mut self.c, pid)
     }
 
     fn push(&mut self, jobs: &[JobSpec]) {
@@ -797,7 +818,7 @@ impl<'a> Run<'a> {
         let Some(mut p) = self.procs[slot].take() else {
             return;
         };
-        let before = held(&mut self.c, Some(p.proc.pid()));
+        let before = self.held_before(Some(p.proc.pid()));
         p.proc.kill_9();
         self.snapshot_fault(format!("kill {}", p.identity), Some(p.proc.pid()), before);
         self.scan_log(&p);
@@ -816,7 +837,7 @@ impl<'a> Run<'a> {
             .collect();
         // The snapshot right before, then every kill in one round trip: a job fetched between the
         // two is the only one that can run twice without being seen in flight.
-        let before = held(&mut self.c, None);
+        let before = self.held_before(None);
         let mut pipe = redis::pipe();
         for id in &ids {
             pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(*id);
@@ -826,7 +847,7 @@ impl<'a> Run<'a> {
     }
 
     fn stall(&mut self) {
-        let before = held(&mut self.c, None);
+        let before = self.held_before(None);
         let pid = self.redis.pid();
         signal_pid(pid, "STOP");
         let guard = ContOnDrop(pid);
@@ -850,7 +871,7 @@ impl<'a> Run<'a> {
         let Some(mut p) = self.procs[slot].take() else {
             return;
         };
-        let before = held(&mut self.c, None);
+        let before = self.held_before(None);
         let pid = self.redis.pid();
         signal_pid(pid, "STOP");
         let guard = ContOnDrop(pid);
@@ -1580,6 +1601,7 @@ fn run_seed(seed: u64) -> Outcome {
         payload_fields: HashSet::new(),
         idle_cpu: None,
         rolled_back_at: None,
+        runs_before: None,
         damaged: Vec::new(),
     };
     run.route_rust_queue();
