@@ -360,20 +360,7 @@ impl RedisLock {
         let key = std::mem::take(&mut self.key);
         let job = self.value.is_some();
         let value = self.value.take().unwrap_or_else(new_token);
-        // `attempt`, inline: one future less to build and poll for every locked job.
-        let (set, key, value) = match &self.batched {
-            Some(locks) => {
-                let req = crate::lock_batch::Acquire {
-                    key,
-                    value,
-                    ttl_ms: ttl_ms(self.opts.ttl),
-                };
-                let (set, req) = locks.batcher().acquire_owned(&self.conn, req).await;
-                (set?, req.key, req.value)
-            }
-            None => Box::pin(self.set_alone(key, value)).await?,
-        };
-        crate::prom::metrics().lock_attempt(set);
+        let (set, key, value) = self.attempt(key, value).await?;
         if set {
             return Ok(Ok(LockGuard {
                 conn: self.conn,

@@ -1,5 +1,5 @@
 //! The fast path of reliable fetch against a real `redis-server`: one transaction (`SORT .. DESC ..
-//! STORE` into a batch list, `LTRIM` of the queue, a guard, `LRANGE` of the list) instead of the batch
+//! STORE` into a batch list, a guard that trims the queue, `LRANGE` of the list) instead of the batch
 //! script, and every way it can end (a short queue, a queue key of the wrong type, a command refused, a
 //! batch over the payload limit, a reply lost).
 //!
@@ -178,8 +178,8 @@ async fn a_wrong_type_queue_key_met_by_the_fast_path_is_untouched_and_stalls_alo
 }
 
 /// A Redis whose ACL refuses a command of the fast path (`SORT` or `EVAL`: the transaction is refused
-/// before it runs; `MEMORY`, inside the guard: the batch is put back) serves each job once, in order,
-/// through the batch script, and the process does not try the fast path again.
+/// before it runs; `MEMORY`, inside the guard: the copy is deleted, the queue untouched) serves each
+/// job once, in order, through the batch script, and the process does not try the fast path again.
 #[tokio::test]
 async fn a_refused_command_of_the_fast_path_switches_the_process_to_the_script_for_good() {
     for command in ["sort", "eval", "memory"] {
@@ -238,7 +238,7 @@ async fn payloads_over_the_limit_in_a_fast_batch_go_to_the_dead_set_unread() {
     assert_eq!(dead_jids, ["big0", "big1"]);
     assert_eq!(held_jids(&mut c, ME), ["s0", "s1", "s2"]);
     assert!(!c.exists::<_, bool>("queue:a").unwrap());
-    // Read job by job last time: the script again, not a transaction that would only be put back.
+    // Read job by job last time: the script again, not a transaction whose copy the guard would only delete.
     fill(&mut c, "a", 3);
     let got = f.retrieve_work(10).await.unwrap();
     assert_eq!(jids(&got), named(0, 3));
@@ -310,6 +310,17 @@ async fn a_job_left_in_a_landing_list_is_served_before_the_fast_path_resumes() {
     assert_eq!(calls(&mut c, "multi"), 2, "then the fast path");
 }
 
+/// Pushes `n` jobs `a0`, `a1`, ... to queue `a`, each padded by an argument of `pad` bytes.
+fn push_padded(c: &mut redis::Connection, n: usize, pad: usize) {
+    for i in 0..n {
+        let payload = format!(
+            r#"{{"class":"A","args":["{}"],"jid":"a{i}","queue":"a"}}"#,
+            "x".repeat(pad)
+        );
+        let _: () = c.lpush("queue:a", payload).unwrap();
+    }
+}
+
 /// Big payloads make smaller fast-path batches: a batch's copy costs Redis more per job the bigger it
 /// is, so once a batch shows the queue's jobs are 20 KB each, the next asks for about 1 MiB of them (64
 /// jobs would be more), not every free slot; the jobs still go out in order, none twice.
@@ -317,13 +328,7 @@ async fn a_job_left_in_a_landing_list_is_served_before_the_fast_path_resumes() {
 async fn a_queue_of_big_payloads_is_fetched_in_batches_of_about_a_megabyte() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    for i in 0..300 {
-        let payload = format!(
-            r#"{{"class":"A","args":["{}"],"jid":"a{i}","queue":"a"}}"#,
-            "x".repeat(20_000)
-        );
-        let _: () = c.lpush("queue:a", payload).unwrap();
-    }
+    push_padded(&mut c, 300, 20_000);
     let f = fetcher(&redis, &["a"], ME).await;
     let first = f.retrieve_work(100).await.unwrap();
     assert_eq!(jids(&first), named(0, 100), "no size known yet: every slot");
@@ -338,20 +343,14 @@ async fn a_queue_of_big_payloads_is_fetched_in_batches_of_about_a_megabyte() {
 }
 
 /// A queue whose batch of every free slot would pass the payload limit though no job does (200 jobs of
-/// 100 KB: 20 MB against a 16 MiB limit): the first batch is put back, and from then on the queue goes
+/// 100 KB: 20 MB against a 16 MiB limit): the first copy is deleted (the queue untouched), and from then on the queue goes
 /// out in batches of about 1 MiB, copied whole (the script's, then the fast path's), not read job by
 /// job through Lua; in order, none to the dead set.
 #[tokio::test]
 async fn a_queue_whose_full_batch_passes_the_limit_goes_out_in_smaller_batches_copied_whole() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    for i in 0..220 {
-        let payload = format!(
-            r#"{{"class":"A","args":["{}"],"jid":"a{i}","queue":"a"}}"#,
-            "x".repeat(100_000)
-        );
-        let _: () = c.lpush("queue:a", payload).unwrap();
-    }
+    push_padded(&mut c, 220, 100_000);
     let f = fetcher(&redis, &["a"], ME).await.with_payload_limit(
         16 * 1024 * 1024,
         std::sync::Arc::new(oxidekiq::fleet::Fleet::new(Some(TimeFormat::Seconds))),
@@ -359,7 +358,11 @@ async fn a_queue_whose_full_batch_passes_the_limit_goes_out_in_smaller_batches_c
     let first = f.retrieve_work(200).await.unwrap();
     assert!((8..=12).contains(&first.len()), "{}", first.len());
     assert_eq!(jids(&first), named(0, first.len()));
-    assert_eq!(calls(&mut c, "multi"), 1, "tried, and put back");
+    assert_eq!(
+        calls(&mut c, "multi"),
+        1,
+        "tried; the copy deleted, the queue untouched"
+    );
     let second = f.retrieve_work(200).await.unwrap();
     assert_eq!(
         jids(&second),
