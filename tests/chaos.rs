@@ -633,10 +633,9 @@ struct Run<'a> {
     identities: Vec<(String, u32)>,
     /// Recoveries of a process that was alive (logged by another one), after a stall.
     live_recovered: usize,
-    /// The identities alive when Redis was stopped.
-    alive_at_stall: Vec<String>,
-    /// When Redis resumed after the stall (epoch seconds).
-    stall_end: Option<f64>,
+    /// Each time Redis resumed after being stopped (a stall, or a stop in a stall; epoch seconds),
+    /// with the identities alive through it. The last one also tells how long Redis has been up.
+    stalls: Vec<(f64, Vec<String>)>,
     /// Jobs pushed so far.
     pushed: Vec<JobSpec>,
     /// CPU share of the last process while idle at the end (a core = 1.0).
@@ -746,11 +745,9 @@ impl<'a> Run<'a> {
                     .is_some_and(|t| t >= end - 1.0 && t <= end + liveness_ttl().as_secs_f64())
             };
             if line.contains("recovered jobs of a process that died")
-                && self.stall_end.is_some_and(in_window)
-                && self
-                    .alive_at_stall
-                    .iter()
-                    .any(|a| line.contains(&format!("process={a}")))
+                && self.stalls.iter().any(|(end, alive)| {
+                    in_window(*end) && alive.iter().any(|a| line.contains(&format!("process={a}")))
+                })
             {
                 self.live_recovered += 1;
             }
@@ -856,14 +853,19 @@ impl<'a> Run<'a> {
         // The connection may have timed out on its side; a fresh one is simpler.
         self.c = self.redis.conn();
         self.snapshot_fault("redis stall".into(), None, before);
-        // Any recovery of these (alive) processes that follows takes jobs they are running.
-        self.stall_end = Some(now());
-        self.alive_at_stall = self
+        self.resumed();
+    }
+
+    /// Notes that Redis just resumed: any recovery of the processes alive now that follows takes
+    /// jobs they are running, and their beats lapsed while Redis was stopped.
+    fn resumed(&mut self) {
+        let alive = self
             .procs
             .iter()
             .flatten()
             .map(|p| p.identity.clone())
             .collect();
+        self.stalls.push((now(), alive));
     }
 
     fn stop_in_stall(&mut self, slot: usize) {
@@ -881,6 +883,9 @@ impl<'a> Run<'a> {
             .wait_exit(Duration::from_secs(STOP_TIMEOUT_SECS) + STOP_IN_STALL_MARGIN)
             .is_some();
         drop(guard);
+        // Redis was stopped as long as the stop took, past the liveness TTL when it took long: the
+        // other processes' beats lapsed as in a stall.
+        self.resumed();
         if !exited {
             self.findings.push(format!(
                 "STOP HANG (redis down): {} still running {}s after TERM (-t {STOP_TIMEOUT_SECS}) while Redis was stopped",
@@ -955,7 +960,7 @@ impl<'a> Run<'a> {
     /// last ten seconds, is a starved control plane (its liveness key lapsed while it ran). Checked before each kill, client kill and quiet,
     /// and before the stop.
     fn check_beats(&mut self) {
-        let redis_up_since = self.stall_end.map_or(f64::MIN, |t| t);
+        let redis_up_since = self.stalls.last().map_or(f64::MIN, |(end, _)| *end);
         if now() - redis_up_since < 10.0 {
             return;
         }
@@ -1594,8 +1599,7 @@ fn run_seed(seed: u64) -> Outcome {
         findings: Vec::new(),
         identities: Vec::new(),
         live_recovered: 0,
-        alive_at_stall: Vec::new(),
-        stall_end: None,
+        stalls: Vec::new(),
         pushed: Vec::new(),
         logs: Vec::new(),
         payload_fields: HashSet::new(),
