@@ -197,6 +197,9 @@ fn orphan_recovery_goes_on_when_its_batch_suspects_hash_has_the_wrong_type() {
 fn orphan_recovery_goes_on_when_its_lock_key_is_not_a_lock() {
     killed_process_jobs_are_recovered_despite(
         |c| {
+            // The killed process may have held the lock (a string with a TTL) when it died: replaced,
+            // not pushed onto.
+            let _: () = c.del("oxidekiq:recovery-lock").unwrap();
             let _: () = c.rpush("oxidekiq:recovery-lock", "x").unwrap();
             let _: () = c.set("oxidekiq:recovered", "x").unwrap();
         },
@@ -421,6 +424,7 @@ async fn a_wrong_typed_schedule_set_pins_no_processor_and_loses_no_job() {
         jids_in(&mut c, "schedule") == want
     })
     .await;
+    // The write marks each job done in its batch list in the same script: nothing is held after it.
     assert!(held_jids(&mut c).is_empty());
     handle.stop().await.unwrap();
 }
