@@ -253,29 +253,34 @@ pub fn held_in(conn: &mut redis::Connection, key: &str) -> Vec<String> {
     match kind.as_str() {
         "hash" => redis::cmd("HVALS").arg(key).query(conn).unwrap_or_default(),
         "list" => {
+            let all = |conn: &mut redis::Connection| -> Vec<String> {
+                redis::cmd("LRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(-1)
+                    .query(conn)
+                    .unwrap_or_default()
+            };
             let acks = match key
                 .strip_prefix("oxidekiq:batch:")
                 .or_else(|| key.strip_prefix("oxidekiq:working:"))
             {
                 Some(rest) => format!("oxidekiq:acks:{rest}"),
-                None => {
-                    return redis::cmd("LRANGE")
-                        .arg(key)
-                        .arg(0)
-                        .arg(-1)
-                        .query(conn)
-                        .unwrap_or_default();
-                }
+                None => return all(conn),
             };
             // Read together (MULTI): the last ack deletes the list and its acks set in one `DEL`, and
             // read apart, a list read before that `DEL` with its acks set read after it would show
-            // every job of a finished batch as held.
-            let (items, done): (Vec<String>, Vec<usize>) = redis::pipe()
+            // every job of a finished batch as held. An acks set that cannot be read (a damaged key)
+            // marks nothing done: every job of the list counts as held.
+            let (items, done): (Vec<String>, Vec<usize>) = match redis::pipe()
                 .atomic()
                 .lrange(key, 0, -1)
                 .smembers(&acks)
                 .query(conn)
-                .unwrap_or_default();
+            {
+                Ok(read) => read,
+                Err(_) => (all(conn), Vec::new()),
+            };
             items
                 .into_iter()
                 .enumerate()
