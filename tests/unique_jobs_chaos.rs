@@ -142,6 +142,7 @@ async fn chaos_child_process() {
     let Ok(url) = std::env::var("UNIQUE_CHAOS_CHILD_URL") else {
         return;
     };
+    quiet_chaos_panics();
     let slots = std::env::var("UNIQUE_CHAOS_CHILD_SLOTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -414,8 +415,27 @@ async fn unaccounted(c: &mut oxidekiq::worker::Conn, pushed: &[Pushed]) -> Vec<S
         .collect()
 }
 
+/// The workers' own panics are expected: one line each instead of the default hook's backtrace (CI
+/// sets `RUST_BACKTRACE`), so that a failure's message is not buried under them in CI's excerpt.
+/// Every other panic goes to the default hook.
+fn quiet_chaos_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() == Some(&"chaos panic") {
+                let at = info.location().map(ToString::to_string).unwrap_or_default();
+                eprintln!("(the expected chaos panic at {at})");
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gem_locks_are_never_left_held_never_overlap_and_lose_no_job() {
+    quiet_chaos_panics();
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let seeds: Vec<u64> = match env("UNIQUE_CHAOS_SEED") {
         Some(s) => vec![s],
