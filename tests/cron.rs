@@ -47,11 +47,28 @@ fn assert_once_per_tick(
     before: &[String],
 ) -> usize {
     let mut conn = redis.conn();
-    let claimed: Vec<(String, f64)> = claims(&mut conn, job_key)
-        .into_iter()
-        .filter(|(m, _)| !before.contains(m))
-        .collect();
-    let jobs: usize = conn.llen(format!("queue:{queue}")).unwrap();
+    // The claims and the queue in one MULTI, while the schedulers keep enqueuing; and read again for
+    // up to 3 s while they differ: the gem claims a tick and pushes its job in two commands, which a
+    // read can fall between. A job too many or too few stays so, and fails below.
+    let read = |conn: &mut redis::Connection| {
+        let (claimed, jobs): (Vec<(String, f64)>, usize) = redis::pipe()
+            .atomic()
+            .zrange_withscores(format!("{job_key}:enqueued"), 0, -1)
+            .llen(format!("queue:{queue}"))
+            .query(conn)
+            .unwrap();
+        let claimed: Vec<(String, f64)> = claimed
+            .into_iter()
+            .filter(|(m, _)| !before.contains(m))
+            .collect();
+        (claimed, jobs)
+    };
+    let (mut claimed, mut jobs) = read(&mut conn);
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while jobs != claimed.len() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        (claimed, jobs) = read(&mut conn);
+    }
     assert_eq!(
         jobs,
         claimed.len(),

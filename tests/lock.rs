@@ -218,7 +218,8 @@ async fn a_holder_that_never_releases_blocks_others_no_longer_than_the_ttl() {
     assert_eq!(other.holder().await.unwrap().as_deref(), Some(got.token()));
 }
 
-#[tokio::test]
+// Two runtime threads: the loop's blocking GETs must not hold the keeper off its 100 ms renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keeper_holds_a_short_ttl_lock_through_long_work_and_release_deletes_it() {
     let server = support::RedisServer::start();
     let lock = RedisLock::new(server.async_conn().await, "k", opts(300, 10, 1_000));

@@ -225,9 +225,13 @@ async fn three_sequential_reports_all_run_one_after_another_never_overlapping() 
         log.contains("class=SequentialReportJob")
     };
     assert!(took(&a) && took(&b), "one process took every job");
+    // The last release is sent by the lock batch task after the job's end was logged: waited for.
     assert!(
-        !c.exists::<_, bool>("oxidekiq:lock:SequentialReportJob")
-            .unwrap()
+        wait_until(Duration::from_secs(5), || {
+            !c.exists::<_, bool>("oxidekiq:lock:SequentialReportJob")
+                .unwrap()
+        }),
+        "the lock stayed after the last report"
     );
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
 }
@@ -269,13 +273,16 @@ async fn a_process_killed_while_holding_a_lock_blocks_others_no_longer_than_the_
         "the waiter did not get the lock within the ttl of the crash"
     );
     let blocked = killed_at.elapsed();
+    // The TTL, the waiter's poll and this test's log poll, with room for a loaded machine.
     assert!(
-        blocked <= ttl + Duration::from_millis(1500),
+        blocked <= ttl + Duration::from_secs(3),
         "blocked {blocked:?} after the crash, ttl {ttl:?}"
     );
-    // The keeper renews every ttl/3, so at least 2/3 of the TTL was left at the crash.
+    // The keeper renews every ttl/3, so at least 2/3 of the TTL was left at the crash (less a keeper
+    // running late on a loaded machine): a lock freed by the crash itself would let the waiter in at
+    // once.
     assert!(
-        blocked >= ttl / 2,
+        blocked >= ttl / 3,
         "the lock was free too soon: {blocked:?}"
     );
 }

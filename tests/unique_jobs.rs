@@ -431,11 +431,24 @@ async fn replay_with(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let mut diff;
     loop {
-        let queued: usize = c.llen("queue:default").await.unwrap();
+        // The job is done when it is in no list: not queued, not in a landing list (a blocking fetch
+        // takes a job there the moment it is pushed, before a batch list holds it), not in a batch
+        // list; one MULTI, so it cannot be read between two of them. The queue alone read as done a
+        // job still in a landing list, and in the cases whose keys end as they began the stop then
+        // pushed it back unrun.
+        let (queued, batches, landing): (usize, Vec<String>, Vec<String>) = redis::pipe()
+            .atomic()
+            .llen("queue:default")
+            .keys("oxidekiq:batch:*")
+            .keys("oxidekiq:landing:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let idle = queued == 0 && batches.is_empty() && landing.is_empty();
         let mut got = snapshot(&mut c).await;
         without_per_push_options(&mut got, &want);
         diff = differences(&want, &got);
-        if (queued == 0 && diff.is_empty()) || tokio::time::Instant::now() > deadline {
+        if (idle && diff.is_empty()) || tokio::time::Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
