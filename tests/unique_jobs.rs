@@ -436,15 +436,7 @@ async fn replay_with(
         // list; one MULTI, so it cannot be read between two of them. The queue alone read as done a
         // job still in a landing list, and in the cases whose keys end as they began the stop then
         // pushed it back unrun.
-        let (queued, batches, landing): (usize, Vec<String>, Vec<String>) = redis::pipe()
-            .atomic()
-            .llen("queue:default")
-            .keys("oxidekiq:batch:*")
-            .keys("oxidekiq:landing:*")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let idle = queued == 0 && batches.is_empty() && landing.is_empty();
+        let idle = support::nothing_in_flight(&mut c, "default").await;
         let mut got = snapshot(&mut c).await;
         without_per_push_options(&mut got, &want);
         diff = differences(&want, &got);

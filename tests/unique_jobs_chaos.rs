@@ -298,15 +298,7 @@ async fn one_seed(seed: u64) {
         // and the lists after the fetch took it, the job in neither. Either gap read as idle while the
         // rerun, and with it the release of the lock the killed run took, was still to come (CI failed
         // so: `...:RUN:LOCKED still held`).
-        let (queued, working, landing): (usize, Vec<String>, Vec<String>) = redis::pipe()
-            .atomic()
-            .llen("queue:chaos")
-            .keys("oxidekiq:batch:*")
-            .keys("oxidekiq:landing:*")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let idle = queued == 0 && working.is_empty() && landing.is_empty();
+        let idle = support::nothing_in_flight(&mut c, "chaos").await;
         if (idle && unexplained.is_empty()) || tokio::time::Instant::now() > deadline {
             break;
         }

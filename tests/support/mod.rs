@@ -244,6 +244,22 @@ pub fn identity_of(conn: &mut redis::Connection, pid: u32, timeout: Duration) ->
     found.unwrap_or_else(|| panic!("no process with pid {pid} in `processes`"))
 }
 
+/// Whether no job is on its way through `queue`: the queue is empty and no batch list or landing list
+/// (where a blocking fetch puts a job before a batch list holds it) exists. One MULTI: read apart, a
+/// job moving between them (recovery pushing a killed process's batch back to the queue, a fetch taking
+/// it from there) could be in none of the reads.
+pub async fn nothing_in_flight(c: &mut oxidekiq::worker::Conn, queue: &str) -> bool {
+    let (queued, batches, landing): (usize, Vec<String>, Vec<String>) = redis::pipe()
+        .atomic()
+        .llen(format!("queue:{queue}"))
+        .keys("oxidekiq:batch:*")
+        .keys("oxidekiq:landing:*")
+        .query_async(c)
+        .await
+        .unwrap();
+    queued == 0 && batches.is_empty() && landing.is_empty()
+}
+
 /// The payloads held in one of oxidekiq's reliable-fetch keys, as a recovery would push them back: a batch
 /// list's jobs not marked done in its acks set (`oxidekiq:acks:...`; `oxidekiq:batch:...`, or
 /// `oxidekiq:working:...` of the last release), a working hash's values (older versions), a landing
