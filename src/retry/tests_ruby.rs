@@ -475,7 +475,9 @@ async fn retry_n_is_exhausted_after_n_retries_and_the_job_dies() {
             oxidekiq::scheduled::enqueue_due(&mut conn, "retry", now(), TimeFormat::Seconds)
                 .await
                 .unwrap();
-        assert_eq!(moved, 1);
+        // The process's own scheduled poller may have moved the entry, due now, first (0); never
+        // more than this one. The next wait (a run more, a new entry, or death) sees it moved.
+        assert!(moved <= 1, "moved {moved}");
     }
     wait_for("death", Duration::from_secs(10), || {
         c.zcard::<_, usize>("dead").unwrap() == 1
