@@ -711,15 +711,9 @@ async fn a_reply_that_comes_after_the_timeout_is_never_read_as_the_next_batch_s(
             .await
             .unwrap()
     );
-    let url = server.url();
-    let stall = std::thread::spawn(move || {
-        let mut s = redis::Client::open(url).unwrap().get_connection().unwrap();
-        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg(resp::RESPONSE_TIMEOUT.as_secs() + 1)
-            .query(&mut s);
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Returns once Redis is seen stalled (not after a guessed delay); long enough that the acquire
+    // below is sent well inside it.
+    let stall = crate::test_support::stall(&server.url(), resp::RESPONSE_TIMEOUT.as_secs() + 2);
     let late = batcher
         .acquire(&conn, acq("oxidekiq:lock:late", "late"))
         .await;

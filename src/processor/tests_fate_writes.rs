@@ -42,25 +42,6 @@ fn config(url: &str, timeout: u64) -> Config {
     }
 }
 
-/// Starts `DEBUG SLEEP secs` on a connection of its own and returns once Redis is seen stalled (a PING
-/// on another connection, opened beforehand, gets no answer within 200 ms).
-fn stall(url: &str, secs: u64) -> std::thread::JoinHandle<()> {
-    let mut probe = redis::Client::open(url).unwrap().get_connection().unwrap();
-    probe
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let u = url.to_string();
-    let t = std::thread::spawn(move || {
-        let mut c = redis::Client::open(u).unwrap().get_connection().unwrap();
-        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut c);
-    });
-    let stalled = support::wait_until(Duration::from_secs(10), || {
-        redis::cmd("PING").query::<String>(&mut probe).is_err()
-    });
-    assert!(stalled, "redis never stalled");
-    t
-}
-
 /// A job fails while the process stops and Redis is stalled: its retry write is in flight when the
 /// deadline aborts its task. Redis runs the write once the stall ends; the shutdown's push-back must not
 /// put the job back in its queue as well.
@@ -88,7 +69,7 @@ async fn a_retry_write_cut_off_by_the_deadline_leaves_the_job_in_one_place() {
     // write, sent inside the stall, is cut off by the abort, and Redis runs it once the stall ends,
     // within the clean-up's 3 s (`CLEANUP_MIN`), just before the clean-up's push-back.
     handle.send(Control::Stop);
-    let stalled = stall(&redis.url(), 4);
+    let stalled = support::stall(&redis.url(), 4);
     RELEASE.store(true, Ordering::SeqCst);
     let joined = tokio::time::timeout(Duration::from_secs(60), handle.join()).await;
     stalled.join().unwrap();
@@ -156,7 +137,7 @@ async fn a_hand_off_retried_after_a_lost_reply_pushes_once() {
     };
     // Stalled for 7 s: the push waits, Redis runs it at the end of the stall, and its reply comes after
     // the 5 s response timeout, so the hand-off tries again.
-    let stalled = stall(&redis.url(), 7);
+    let stalled = support::stall(&redis.url(), 7);
     let handed = p.hand_off(&job, Some(&token), &Default::default()).await;
     stalled.join().unwrap();
     assert_eq!(handed, Some(true));

@@ -386,9 +386,13 @@ async fn retry_now_from_ruby_runs_again_in_rust_with_the_retry_count_real_sideki
     assert_eq!(rust["error_message"], ruby["error_message"]);
     assert_eq!(rust["queue"], ruby["queue"]);
     let ruby_delay = f(&ruby["at"]) - f(&ruby["retried_at"]);
-    for d in [delay, ruby_delay] {
-        assert!((15.0..=24.01).contains(&d), "count 0 backoff: {d}");
-    }
+    assert!((15.0..=24.01).contains(&delay), "count 0 backoff: {delay}");
+    // Sidekiq 6.4 reads the clock twice, for `retried_at` and then for the retry's time: a pause
+    // between the two on a loaded machine adds to its delay, up to half a second allowed here.
+    assert!(
+        (15.0..=24.5).contains(&ruby_delay),
+        "Ruby's count 0 backoff: {ruby_delay}"
+    );
     let mut rust_keys: Vec<&String> = rust["item"].as_object().unwrap().keys().collect();
     let mut ruby_keys: Vec<&String> = ruby["item"].as_object().unwrap().keys().collect();
     rust_keys.sort();

@@ -244,6 +244,25 @@ pub fn identity_of(conn: &mut redis::Connection, pid: u32, timeout: Duration) ->
     found.unwrap_or_else(|| panic!("no process with pid {pid} in `processes`"))
 }
 
+/// Starts `DEBUG SLEEP secs` on a connection of its own and returns once Redis is seen stalled (a PING
+/// on another connection, opened beforehand, gets no answer within 200 ms).
+pub fn stall(url: &str, secs: u64) -> std::thread::JoinHandle<()> {
+    let mut probe = redis::Client::open(url).unwrap().get_connection().unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let u = url.to_string();
+    let t = std::thread::spawn(move || {
+        let mut c = redis::Client::open(u).unwrap().get_connection().unwrap();
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut c);
+    });
+    let stalled = wait_until(Duration::from_secs(10), || {
+        redis::cmd("PING").query::<String>(&mut probe).is_err()
+    });
+    assert!(stalled, "redis never stalled");
+    t
+}
+
 /// Whether no job is on its way through `queue`: the queue is empty and no batch list or landing list
 /// (where a blocking fetch puts a job before a batch list holds it) exists. One MULTI: read apart, a
 /// job moving between them (recovery pushing a killed process's batch back to the queue, a fetch taking
