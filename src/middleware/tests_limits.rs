@@ -522,11 +522,11 @@ async fn local_concurrency_caps_a_class_inside_one_process() {
     assert!(keys.is_empty(), "{keys:?}");
 }
 
-/// The limit the SIGKILL test's holder and waiters share: one holder, a 1 s lease.
 /// The SIGKILL test's lease: long enough that a holder process descheduled for a moment on a loaded
 /// machine (it renews every third of it) keeps its slot.
 const KILL_LEASE: Duration = Duration::from_secs(3);
 
+/// The limit the SIGKILL test's holder and waiters share: one holder, a [`KILL_LEASE`] lease.
 fn kill_limit() -> ConcurrencyLimit {
     ConcurrencyLimit::new(1)
         .key("kill")
