@@ -8,7 +8,7 @@
 # DESIGN=floor: what Redis must at least do to hand a job out, with no safety at all: `RPOP queue 100`.
 # DESIGN=basic: oxidekiq's basic fetch: one fetcher popping the free slots (`RPOP queue 50`), no ack.
 # DESIGN=script: oxidekiq's reliable fetch through its batch script as it is in this tree
-#   (src/fetch/reliable.rs), which never takes a payload into Lua: it copies up to BATCH jobs into a fresh
+#   (src/processing/fetch/reliable.rs), which never takes a payload into Lua: it copies up to BATCH jobs into a fresh
 #   batch list (`SORT queue BY nosort DESC LIMIT 0 n STORE`, then `LTRIM`), and the same pipeline reads
 #   them (`LRANGE`, and one of the landing list's batch list, empty here);
 # DESIGN=fast: oxidekiq's reliable fetch through its fast path (the same file): one transaction,
@@ -58,8 +58,8 @@ def rust_raw(path, marker, rev = nil)
 end
 
 rev = DESIGN == "old" ? OLD_REV : nil
-fetch_lua = rust_raw("src/lua.rs", "macro_rules! lua_common", rev) + rust_raw("src/fetch/reliable.rs", "const FETCH_LUA", rev)
-guard_lua = DESIGN == "fast" ? rust_raw("src/fetch/reliable.rs", "const GUARD_LUA") : nil
+fetch_lua = rust_raw("src/connection/lua.rs", "macro_rules! lua_common", rev) + rust_raw("src/processing/fetch/reliable.rs", "const FETCH_LUA", rev)
+guard_lua = DESIGN == "fast" ? rust_raw("src/processing/fetch/reliable.rs", "const GUARD_LUA") : nil
 
 # NoopJobs padded to about PAYLOAD KB each.
 def enqueue_padded(redis, jobs)
@@ -109,7 +109,7 @@ begin
                                 Time.now.to_f.to_s, Time.now.to_f.to_s, "0", 10_000])
           p.lrange(landed, 0, -1)
           p.lrange(list, 0, -1)
-          # The acks waiting for a fetch ride in its pipeline (src/fetch/reliable.rs `Reliable::ride`).
+          # The acks waiting for a fetch ride in its pipeline (src/processing/fetch/reliable.rs `Reliable::ride`).
           riders.each { |cmd| cmd.(p) }
         end
         raise "unexpected records #{flat.inspect}" if flat.each_slice(3).any? { |_, t, _| %w[dead err].include?(t) }

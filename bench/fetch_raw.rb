@@ -12,7 +12,7 @@
 #
 # DESIGN=floor: `RPOP queue:x BATCH`, no safety (bench/floor.rb pops 100).
 # DESIGN=fast: oxidekiq's fast path: `MULTI; SORT .. BY nosort DESC LIMIT 0 BATCH STORE <list>; LTRIM;
-#   EVAL <the guard of src/fetch/reliable.rs>; LRANGE <list>; EXEC`.
+#   EVAL <the guard of src/processing/fetch/reliable.rs>; LRANGE <list>; EXEC`.
 # DESIGN=script: oxidekiq's batch script (its `FETCH_LUA`, sent with `EVALSHA`) over the queue and an empty
 #   landing list, and `LRANGE` of both batch lists.
 # DESIGN=chunkN: the same with one `SORT` and one `LRANGE` per N jobs of the batch (one list each; the guard
@@ -28,8 +28,8 @@ def rust_raw(path, marker)
   from = src.index('r#"', src.index(marker)) + 3
   src[from...src.index('"#', from)]
 end
-GUARD = rust_raw("src/fetch/reliable.rs", "const GUARD_LUA")
-SCRIPT = rust_raw("src/lua.rs", "macro_rules! lua_common") + rust_raw("src/fetch/reliable.rs", "const FETCH_LUA")
+GUARD = rust_raw("src/processing/fetch/reliable.rs", "const GUARD_LUA")
+SCRIPT = rust_raw("src/connection/lua.rs", "macro_rules! lua_common") + rust_raw("src/processing/fetch/reliable.rs", "const FETCH_LUA")
 
 SOCK = TCPSocket.new("127.0.0.1", port)
 SOCK.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1)

@@ -30,10 +30,10 @@ module Oxidekiq
   ROUTES_KEY = "oxidekiq:routes"
   SERVING_PREFIX = "oxidekiq:serving:"
   RUST_SUFFIX = "_rust"
-  # Seconds a process keeps the route table and the liveness answers (src/migrate/route.rs
+  # Seconds a process keeps the route table and the liveness answers (src/processing/migrate/route.rs
   # RUBY_REFRESH_SECS must match).
   REFRESH = 3.0
-  # Payload keys of Ruby-side contracts oxidekiq cannot honour (src/migrate/check.rs Contract, those
+  # Payload keys of Ruby-side contracts oxidekiq cannot honour (src/processing/migrate/check.rs Contract, those
   # not `honoured`), but a sidekiq-unique-jobs `lock` without `lock_digest`: the gem's client
   # middleware may add the digest after this one runs, so it is not tested here; oxidekiq hands such
   # a job to Ruby (--handoff) or fails it, never runs it unlocked.

@@ -219,7 +219,7 @@ impl clap::builder::TypedValueParser for SentinelValue {
     }
 }
 
-/// `--fetch` values: the names of the strategies `src/fetch/` registers.
+/// `--fetch` values: the names of the strategies `src/processing/fetch/` registers.
 fn fetch_value(arg: &str) -> Result<FetchMode, String> {
     FetchMode::named(arg).ok_or_else(|| {
         let names: Vec<&str> = crate::fetch::strategy_names().collect();

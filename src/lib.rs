@@ -54,66 +54,43 @@
 //! of their API; the others are the runtime's own.
 //!
 //! The modules are split by concept and named after Sidekiq's own files, so `fetch/` reads next to
-//! `fetch.rb`. They form a ladder (docs/layout.md), each layer using only those below it, bottom to top:
-//!
-//! 1. support: `error`, `keys`, `time`, `shutdown`, `text`, `redact`, `logging`, `prom`;
-//! 2. the payload: [`job`] (with its one-pass header reader), `activejob`;
-//! 3. Redis access: `lua`, `sentinel`, `redis_conn`;
-//! 4. settings: [`config`];
-//! 5. Sidekiq's data: `metrics`, `retry`, `fleet`, `scheduled`;
-//! 6. locks: `lock_batch`, [`lock`];
-//! 7. the job chain: [`worker`], `blocking`, [`iterable`], [`middleware`], [`registry`], [`client`];
-//! 8. processing: `fetch`, `work_table`, `migrate`, `processor`, `manager`;
-//! 9. operations: `heartbeat`, `http`;
-//! 10. wiring: [`launcher`], [`cli`] (and `fuzzing`, built only by `cargo fuzz`).
-//!
-//! A lower layer that needs something from above takes a value or a trait object (the connection is
-//! built from a URL, the lock middleware get the lock batcher from the job's context); only the
-//! [`launcher`] knows everything. `tests/layers.rs` checks the ladder against every `crate::` path.
+//! `fetch.rb`. `src/` shows the ladder of docs/layout.md: one folder a layer, each using only the
+//! folders below it (`support/`, `payload/`, `connection/`, `config/`, `sidekiq/`, `locks/`, `chain/`,
+//! `processing/`, `ops/`), and the wiring at the root ([`launcher`], [`cli`]); the `mod` block below is
+//! that list, and `tests/layers.rs` checks it against every `crate::` path. A lower layer that needs
+//! something from above takes a value or a trait object (the connection is built from a URL, the lock
+//! middleware get the lock batcher from the job's context); only the [`launcher`] knows everything.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub(crate) mod activejob;
-pub(crate) mod blocking;
+// The ladder of docs/layout.md, bottom to top: one folder a layer (`config` is a layer and a module),// the wiring (`launcher`, `cli`) at the root. Each module keeps its old path: the crate's own code and
+// applications name `crate::keys`, `oxidekiq::client`, through the re-exports below.
+mod chain;
 pub mod cli;
-pub mod client;
 pub mod config;
-pub mod cron;
-pub mod error;
-pub(crate) mod fetch;
-pub(crate) mod fleet;
-pub(crate) mod heartbeat;
-pub(crate) mod http;
-pub mod iterable;
-pub mod job;
-pub(crate) mod keys;
+mod connection;
 pub mod launcher;
-pub mod lock;
-pub(crate) mod lock_batch;
-pub(crate) mod logging;
-pub(crate) mod lua;
-pub(crate) mod manager;
-pub(crate) mod metrics;
-pub mod middleware;
-pub(crate) mod migrate;
-pub(crate) mod otel;
-pub(crate) mod processor;
-pub(crate) mod prom;
-pub(crate) mod queue_gauges;
-pub(crate) mod redact;
-pub(crate) mod redis_conn;
-pub mod registry;
-pub(crate) mod retry;
-pub(crate) mod routes;
-pub(crate) mod scheduled;
-pub(crate) mod sentinel;
-pub(crate) mod shutdown;
-pub(crate) mod text;
-pub(crate) mod time;
-pub mod unique_jobs;
-pub(crate) mod work_table;
-pub mod worker;
+mod locks;
+mod ops;
+mod payload;
+mod processing;
+mod sidekiq;
+mod support;
+
+pub(crate) use chain::blocking;
+pub use chain::{client, iterable, middleware, registry, worker};
+pub(crate) use connection::{lua, redis_conn, sentinel};
+pub(crate) use locks::lock_batch;
+pub use locks::{lock, unique_jobs};
+pub use ops::cron;
+pub(crate) use ops::{heartbeat, http, queue_gauges};
+pub(crate) use payload::activejob;
+pub use payload::job;
+pub(crate) use processing::{fetch, manager, migrate, processor, work_table};
+pub(crate) use sidekiq::{fleet, metrics, retry, routes, scheduled};
+pub use support::error;
+pub(crate) use support::{keys, logging, otel, prom, redact, shutdown, text, time};
 
 // Tests moved in from tests/ (they need crate-internal items) start their own redis-server and Ruby
 // through the integration tests' own harness, and keep their `oxidekiq::` paths.

@@ -22,7 +22,7 @@
 //!   `disable!` returned and before `enable!` started;
 //! - **missed tick**: a tick nobody claimed although, over its whole claim window (a tick `T` of a
 //!   schedule of period `p` is the latest, so claimable, from `T + 1 s` to `T + 1 s + p`, see
-//!   `src/cron/mod.rs`), widened by [`WINDOW_SLACK`] on each side: some process was polling (an
+//!   `src/ops/cron/mod.rs`), widened by [`WINDOW_SLACK`] on each side: some process was polling (an
 //!   `oxidekiq` from [`START_SLACK`] after it registered until the instant it was killed, TERMed or
 //!   quieted; the gem's poller only for 2-second schedules, as it cannot win consecutive 1-second
 //!   ticks: its `not_enqueued_after?` guard), Redis was not paused, and the schedule was enabled (from

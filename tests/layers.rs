@@ -19,9 +19,17 @@ fn root() -> PathBuf {
 /// A module's place: its layer (1 at the bottom) and its position on the layer's line.
 type Place = (usize, usize);
 
-/// The table of `docs/layout.md`: each row `| <n> <name> | `a`, `b` | ... |`, bottom first.
+/// The table of `docs/layout.md`: each row `| <n> <folder> | `a`, `b` | ... |`, bottom first. The
+/// folder is where the layer's modules live under `src/` (`wiring` is the root itself; a layer whose
+/// folder is also its one module, `config`, is that module's folder).
 fn ladder(doc: &str) -> Result<BTreeMap<String, Place>, String> {
+    ladder_and_folders(doc).map(|(places, _)| places)
+}
+
+/// [`ladder`], with each layer's folder (index 0 is layer 1).
+fn ladder_and_folders(doc: &str) -> Result<(BTreeMap<String, Place>, Vec<String>), String> {
     let mut places = BTreeMap::new();
+    let mut folders = Vec::new();
     let mut layers = 0;
     for line in doc.lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
@@ -34,6 +42,7 @@ fn ladder(doc: &str) -> Result<BTreeMap<String, Place>, String> {
             continue;
         };
         layers += 1;
+        folders.push(cells[1].split_whitespace().nth(1).unwrap_or("").to_string());
         if layer != layers {
             return Err(format!("layer {layer} is row {layers} of the table"));
         }
@@ -58,7 +67,7 @@ fn ladder(doc: &str) -> Result<BTreeMap<String, Place>, String> {
     if places.is_empty() {
         return Err("no ladder table found".into());
     }
-    Ok(places)
+    Ok((places, folders))
 }
 
 /// `text` with comments and string and char literals blanked (each replaced by spaces, newlines
@@ -232,7 +241,17 @@ fn closing(code: &str, from: usize, open: char, close: char) -> usize {
     code.len()
 }
 
-/// Each `crate::` path in `code`: (line, the first name after `crate::`, the path as written).
+/// The path at the start of `s` (`keys`, `support::keys::hex`), without a trailing `::{...}`.
+fn path_prefix(s: &str) -> String {
+    let p: String = s
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+        .collect();
+    p.trim_end_matches(':').to_string()
+}
+
+/// Each `crate::` path in `code`: (line, the names after `crate::` up to a group or an item's end,
+/// as `a::b`, and the path as written).
 fn crate_paths(code: &str) -> Vec<(usize, String, String)> {
     let mut found = Vec::new();
     let mut at = 0;
@@ -256,11 +275,7 @@ fn crate_paths(code: &str) -> Vec<(usize, String, String)> {
                     '{' => depth += 1,
                     '}' => depth -= 1,
                     ',' if depth == 0 => {
-                        let name: String = element
-                            .trim()
-                            .chars()
-                            .take_while(|c| c.is_alphanumeric() || *c == '_')
-                            .collect();
+                        let name = path_prefix(element.trim());
                         if !name.is_empty() {
                             found.push((line, name, written.clone()));
                         }
@@ -272,10 +287,7 @@ fn crate_paths(code: &str) -> Vec<(usize, String, String)> {
                 element.push(c);
             }
         } else {
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
+            let name = path_prefix(rest);
             let written: String = rest
                 .chars()
                 .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
@@ -288,9 +300,15 @@ fn crate_paths(code: &str) -> Vec<(usize, String, String)> {
     found
 }
 
-/// The crate's top-level modules (lib.rs `mod` items that are not test-only) and the names its root
-/// re-exports (`pub use client::{Client, ..}`), each with its module.
-fn crate_root(lib: &str) -> (BTreeSet<String>, BTreeMap<String, String>) {
+/// The crate's modules and the names its root re-exports (`pub use client::{Client, ..}`), each with
+/// its module. A module is a `mod` item of lib.rs that is not test-only, or, for an item naming one of
+/// the layer `folders`, each module that folder's `mod.rs` declares (`mods`, the text of those files)
+/// and lib.rs re-exports (`pub(crate) use support::{keys, ..}`).
+fn crate_root(
+    lib: &str,
+    folders: &BTreeSet<String>,
+    mods: &dyn Fn(&str) -> String,
+) -> (BTreeSet<String>, BTreeMap<String, String>) {
     let (code, _) = without_tests(&code_only(lib));
     let mut modules = BTreeSet::new();
     let mut reexports = BTreeMap::new();
@@ -301,10 +319,23 @@ fn crate_root(lib: &str) -> (BTreeSet<String>, BTreeMap<String, String>) {
         };
         let rest = words[i + 1..].join(" ");
         if words[i] == "mod" {
-            modules.insert(rest);
+            if folders.contains(&rest) && !rest.is_empty() {
+                let (inner, _) = without_tests(&code_only(&mods(&rest)));
+                for st in inner.split(';') {
+                    let w: Vec<&str> = st.split_whitespace().collect();
+                    if let Some(k) = w.iter().position(|w| *w == "mod") {
+                        modules.insert(w[k + 1..].join(" "));
+                    }
+                }
+            } else {
+                modules.insert(rest);
+            }
         } else if words[..i].iter().any(|w| w.starts_with("pub")) {
             // `client::{Client,NewJob}` or `cli::run`: the module, then the names.
             let (module, names) = rest.split_once("::").unwrap_or((&rest, ""));
+            if folders.contains(module) {
+                continue; // the layer's modules, re-exported at their old paths
+            }
             let names = names.rsplit("::").next().unwrap_or("");
             for name in names.trim_matches(|c| c == '{' || c == '}').split(',') {
                 let name = name.rsplit(" as ").next().unwrap_or(name).trim();
@@ -349,15 +380,27 @@ struct Use {
     at: String,
 }
 
-/// Every use between two different top-level modules of `src/`, and the names no rule resolved.
-fn uses(src: &Path) -> (BTreeSet<String>, Vec<Use>, Vec<String>) {
+/// What the tree says of the modules: every use between two different modules of `src/`, the names no
+/// rule resolved, and the folder each module's code lives in (`""` for the root of `src/`).
+#[derive(Debug, Default)]
+struct Tree {
+    modules: BTreeSet<String>,
+    uses: Vec<Use>,
+    unresolved: Vec<String>,
+    folder_of: BTreeMap<String, String>,
+}
+
+/// Reads `src` with the layer `folders` of docs/layout.md.
+fn tree(src: &Path, folders: &BTreeSet<String>) -> Tree {
     let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    let (modules, reexports) = crate_root(&lib);
+    let mods =
+        |folder: &str| std::fs::read_to_string(src.join(folder).join("mod.rs")).unwrap_or_default();
+    let (modules, reexports) = crate_root(&lib, folders, &mods);
     let mut files = Vec::new();
     library_files(src, &mut files);
     let mut test_only = BTreeSet::new();
     let mut found = Vec::new();
-    let mut unresolved = Vec::new();
+    let mut out = Tree::default();
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
         let (code, tests) = without_tests(&code_only(&text));
@@ -366,30 +409,48 @@ fn uses(src: &Path) -> (BTreeSet<String>, Vec<Use>, Vec<String>) {
         }
         found.push((file.clone(), code));
     }
-    let mut all = Vec::new();
     for (file, code) in found {
         let rel = file.strip_prefix(src).unwrap();
-        let first = rel
+        let parts: Vec<String> = rel
             .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let top = first.trim_end_matches(".rs").to_string();
-        if test_only.contains(&file) || top == "lib" || !modules.contains(&top) {
+            .map(|c| {
+                c.as_os_str()
+                    .to_string_lossy()
+                    .trim_end_matches(".rs")
+                    .to_string()
+            })
+            .collect();
+        // `src/<layer>/<module>...` or `src/<module>...`.
+        let (folder, top) =
+            if parts.len() > 1 && folders.contains(&parts[0]) && !modules.contains(&parts[0]) {
+                (parts[0].clone(), parts[1].clone())
+            } else {
+                (String::new(), parts[0].clone())
+            };
+        if test_only.contains(&file) || top == "lib" || top == "mod" || !modules.contains(&top) {
             continue;
         }
-        for (line, name, written) in crate_paths(&code) {
+        out.folder_of.entry(top.clone()).or_insert(folder);
+        for (line, path, written) in crate_paths(&code) {
+            let mut segs = path.split("::");
+            let first = segs.next().unwrap_or("").to_string();
+            // `crate::support::keys` names the module through its folder.
+            let name = if folders.contains(&first) && !modules.contains(&first) {
+                segs.next().unwrap_or("").to_string()
+            } else {
+                first
+            };
             let to = if modules.contains(&name) {
                 name.clone()
             } else if let Some(m) = reexports.get(&name) {
                 m.clone()
             } else {
-                unresolved.push(format!("src/{}:{line}: {written}", rel.display()));
+                out.unresolved
+                    .push(format!("src/{}:{line}: {written}", rel.display()));
                 continue;
             };
             if to != top {
-                all.push(Use {
+                out.uses.push(Use {
                     from: top.clone(),
                     to,
                     at: format!("src/{}:{line}: {written}", rel.display()),
@@ -397,7 +458,8 @@ fn uses(src: &Path) -> (BTreeSet<String>, Vec<Use>, Vec<String>) {
             }
         }
     }
-    (modules, all, unresolved)
+    out.modules = modules;
+    out
 }
 
 /// The breaches of `ladder` among `uses`: paths up the ladder, or right inside a layer.
@@ -423,21 +485,23 @@ fn breaches(ladder: &BTreeMap<String, Place>, uses: &[Use]) -> Vec<String> {
 #[test]
 fn every_module_uses_only_the_layers_below_it_in_docs_layout() {
     let doc = std::fs::read_to_string(root().join("docs/layout.md")).unwrap();
-    let ladder = ladder(&doc).unwrap();
-    let (modules, uses, unresolved) = uses(&root().join("src"));
+    let (ladder, folders) = ladder_and_folders(&doc).unwrap();
+    let folder_set = layer_folders(&ladder, &folders);
+    let t = tree(&root().join("src"), &folder_set);
     assert!(
-        unresolved.is_empty(),
-        "crate:: paths naming neither a module nor a root re-export (teach this test): {unresolved:#?}"
+        t.unresolved.is_empty(),
+        "crate:: paths naming neither a module nor a root re-export (teach this test): {:#?}",
+        t.unresolved
     );
     let placed: BTreeSet<String> = ladder.keys().cloned().collect();
-    let unplaced: Vec<_> = modules.difference(&placed).collect();
-    let gone: Vec<_> = placed.difference(&modules).collect();
+    let unplaced: Vec<_> = t.modules.difference(&placed).collect();
+    let gone: Vec<_> = placed.difference(&t.modules).collect();
     assert!(
         unplaced.is_empty() && gone.is_empty(),
-        "docs/layout.md's table must list each top-level module once: not listed {unplaced:?}, \
-         listed but not in lib.rs {gone:?}"
+        "docs/layout.md's table must list each module once: not listed {unplaced:?}, \
+         listed but not in src/ {gone:?}"
     );
-    let bad = breaches(&ladder, &uses);
+    let bad = breaches(&ladder, &t.uses);
     assert!(
         bad.is_empty(),
         "layers only point down (docs/layout.md); pass a value or a trait object instead, or move the \
@@ -445,7 +509,84 @@ fn every_module_uses_only_the_layers_below_it_in_docs_layout() {
         bad.join("\n")
     );
     // Not a vacuous pass: the library has many uses between modules.
-    assert!(uses.len() > 100, "only {} uses found", uses.len());
+    assert!(t.uses.len() > 100, "only {} uses found", t.uses.len());
+}
+
+#[test]
+fn each_module_lives_in_its_layers_folder() {
+    let doc = std::fs::read_to_string(root().join("docs/layout.md")).unwrap();
+    let (ladder, folders) = ladder_and_folders(&doc).unwrap();
+    let folder_set = layer_folders(&ladder, &folders);
+    let t = tree(&root().join("src"), &folder_set);
+    let misplaced = misplaced(&ladder, &folders, &t.folder_of);
+    assert!(
+        misplaced.is_empty(),
+        "src/ must show the ladder: each module in its layer's folder (docs/layout.md):\n{}",
+        misplaced.join("\n")
+    );
+    // The root holds the wiring and nothing else but the layer folders.
+    let mut root_entries: Vec<String> = std::fs::read_dir(root().join("src"))
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    root_entries.sort();
+    for e in &root_entries {
+        assert!(
+            e == "lib"
+                || folder_set.contains(e)
+                || ladder.contains_key(e) && folders[ladder[e].0 - 1] == *e
+                || ladder.get(e).is_some_and(|p| folders[p.0 - 1] == "wiring"),
+            "src/{e} is neither a layer's folder nor a module of the wiring"
+        );
+    }
+    assert!(
+        root_entries.len() <= 16,
+        "src/ has {} entries",
+        root_entries.len()
+    );
+}
+
+/// The folders that hold a layer's modules: each layer's, less `wiring` (the root) and a folder that is
+/// a module's own (`config`).
+fn layer_folders(ladder: &BTreeMap<String, Place>, folders: &[String]) -> BTreeSet<String> {
+    folders
+        .iter()
+        .filter(|f| *f != "wiring" && !ladder.contains_key(*f))
+        .cloned()
+        .collect()
+}
+
+/// The modules whose code is not in their layer's folder: `wiring` means the root of `src/`, and a
+/// layer whose folder is its module's own (`config`) counts as the root too.
+fn misplaced(
+    ladder: &BTreeMap<String, Place>,
+    folders: &[String],
+    folder_of: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (module, place) in ladder {
+        let want = folders[place.0 - 1].as_str();
+        let want = if want == "wiring" || want == module {
+            ""
+        } else {
+            want
+        };
+        match folder_of.get(module) {
+            Some(f) if f == want => {}
+            Some(f) => out.push(format!(
+                "{module} (layer {}) is in src/{f}, not src/{want}",
+                place.0
+            )),
+            None => {} // no library code (cfg-only modules): nothing to place
+        }
+    }
+    out
 }
 
 #[test]
@@ -470,16 +611,31 @@ mod tests { use crate::inner_test; }
 fn g() { crate::lua::lua_common!(); }
 "##;
     let (code, test_files) = without_tests(&code_only(text));
-    let names: Vec<String> = crate_paths(&code).into_iter().map(|(_, n, _)| n).collect();
+    let names: Vec<String> = crate_paths(&code)
+        .into_iter()
+        .map(|(_, n, _)| n.split("::").next().unwrap_or("").to_string())
+        .collect();
     assert_eq!(
         names,
         ["error", "keys", "job", "Launcher", "time", "lua"],
         "{code}"
     );
     assert_eq!(test_files, ["tests_file"]);
-    let lib = "pub mod a;\npub(crate) mod b;\n#[cfg(test)]\nmod t;\npub use a::x::{Y, Z};\npub use b::w;\n";
-    let (modules, reexports) = crate_root(lib);
-    assert_eq!(modules.into_iter().collect::<Vec<_>>(), ["a", "b"]);
+    let lib = "pub mod a;\npub(crate) mod b;\nmod layer;\n#[cfg(test)]\nmod t;\npub use a::x::{Y, Z};\npub use b::w;\npub(crate) use layer::{c, d};\n";
+    let folders: BTreeSet<String> = ["layer".to_string()].into();
+    let mods = |f: &str| {
+        assert_eq!(f, "layer");
+        "pub mod c;\npub(crate) mod d;\n#[cfg(test)]\nmod tests_e;\n".to_string()
+    };
+    let (modules, reexports) = crate_root(lib, &folders, &mods);
+    assert_eq!(
+        modules.into_iter().collect::<Vec<_>>(),
+        ["a", "b", "c", "d"]
+    );
+    assert!(
+        !reexports.contains_key("c"),
+        "a layer's modules are modules, not items"
+    );
     assert_eq!(reexports.get("Y").map(String::as_str), Some("a"));
     assert_eq!(reexports.get("w").map(String::as_str), Some("b"));
 }
@@ -507,5 +663,46 @@ fn a_use_up_the_ladder_or_right_inside_a_layer_is_a_breach() {
     assert!(
         ladder("| 1 x | `a` | layer 2 |").is_err(),
         "what a layer may use is said right"
+    );
+}
+
+#[test]
+fn a_module_outside_its_layers_folder_is_named() {
+    let doc = "| layer | modules | may use |\n|---|---|---|\n| 1 low | `a`, `b` | nothing |\n| 2 wiring | `c` | layer 1 |\n";
+    let (places, folders) = ladder_and_folders(doc).unwrap();
+    assert_eq!(folders, ["low", "wiring"]);
+    let at = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(m, f)| (m.to_string(), f.to_string()))
+            .collect()
+    };
+    assert!(
+        misplaced(
+            &places,
+            &folders,
+            &at(&[("a", "low"), ("b", "low"), ("c", "")])
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        misplaced(
+            &places,
+            &folders,
+            &at(&[("a", ""), ("b", "low"), ("c", "")])
+        )
+        .len(),
+        1,
+        "a at the root"
+    );
+    assert_eq!(
+        misplaced(
+            &places,
+            &folders,
+            &at(&[("a", "low"), ("b", "low"), ("c", "low")])
+        )
+        .len(),
+        1,
+        "wiring in a folder"
     );
 }

@@ -49,7 +49,7 @@ pub struct QueueWeight {
 }
 
 /// Which fetch strategy drains the queues, by its name in `crate::fetch`'s table of strategies (`--fetch
-/// NAME`). A new strategy needs no change here: it is a file in `src/fetch/` and a line in that table.
+/// NAME`). A new strategy needs no change here: it is a file in `src/processing/fetch/` and a line in that table.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct FetchMode(&'static str);
 
@@ -66,7 +66,7 @@ impl FetchMode {
     pub const RELIABLE: FetchMode = FetchMode("reliable");
     /// Sidekiq's open-source `BRPOP` fetch: a killed process loses its in-flight jobs.
     pub const BASIC: FetchMode = FetchMode("basic");
-    /// The names `--fetch` takes, in the order of the strategy table of `src/fetch/` (its test checks
+    /// The names `--fetch` takes, in the order of the strategy table of `src/processing/fetch/` (its test checks
     /// that they are the same): named here, below the fetch, so that the config checks a name without
     /// reaching up to the strategies themselves.
     pub(crate) const NAMES: [&'static str; 2] = ["reliable", "basic"];

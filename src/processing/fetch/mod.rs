@@ -12,7 +12,7 @@
 //! - [`basic`]: Sidekiq's open-source `BRPOP`; a killed process loses its running jobs.
 //!
 //! **Adding a strategy** is one new file and one line: implement [`Fetch`] for a type in
-//! `src/fetch/<name>.rs` (`retrieve_work`, `acknowledge`, `bulk_requeue`, and whichever of the other
+//! `src/processing/fetch/<name>.rs` (`retrieve_work`, `acknowledge`, `bulk_requeue`, and whichever of the other
 //! methods differ from their defaults), declare the file with `mod`, and add `("<name>", |s| ...)` to
 //! `STRATEGIES` below; `--fetch <name>` then selects it (the flag checks names against that table). Nothing
 //! outside this module branches on the mode: the launcher and the manager ask the
@@ -206,7 +206,7 @@ pub(crate) struct Setup<'a> {
 type Build = fn(Setup<'_>) -> Arc<dyn Fetch>;
 
 /// Every fetch strategy, by the name `--fetch` takes: the one place that maps a mode to its
-/// implementation. A new strategy is a file in `src/fetch/` implementing [`Fetch`], one line here, and
+/// implementation. A new strategy is a file in `src/processing/fetch/` implementing [`Fetch`], one line here, and
 /// its name in [`FetchMode::NAMES`] (the config, below, checks `--fetch` against it).
 const STRATEGIES: &[(&str, Build)] = &[
     ("reliable", |s| Arc::new(Reliable::from_setup(s))),

@@ -240,7 +240,8 @@ impl Fleet {
 mod tests {
     use super::*;
 
-    const S739: &str = include_str!("../fixtures/shared/sidekiq-7.3.9-server/heartbeat_info.json");
+    const S739: &str =
+        include_str!("../../fixtures/shared/sidekiq-7.3.9-server/heartbeat_info.json");
 
     fn info(version: Option<&str>) -> String {
         match version {

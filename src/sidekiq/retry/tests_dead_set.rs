@@ -1,7 +1,7 @@
 //! Every path that adds to the dead set trims it as Ruby's `DeadSet#kill` does (by age,
 //! `dead_timeout_in_seconds`, and by size, `dead_max_jobs`): the fate write, the fetch's oversized
 //! payload, orphan recovery's too-often-recovered job and the scheduled poller's non-job member all go
-//! through the one `to_dead` of `src/lua.rs`. Ruby trims the same seeded set in the same run, and each
+//! through the one `to_dead` of `src/connection/lua.rs`. Ruby trims the same seeded set in the same run, and each
 //! path must leave exactly what Ruby leaves.
 use crate::test_support as support;
 

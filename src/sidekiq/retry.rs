@@ -822,8 +822,9 @@ mod tests {
         let back = decompress_backtrace(&m["error_backtrace"]).unwrap();
         assert_eq!(back, lines[..3].to_vec());
         // Sidekiq 7.3.9 wrote this one (line-wrapped Base64); we read it too.
-        let fixture =
-            include_str!("../fixtures/shared/sidekiq-7.3.9-server/retry_after_first_failure.json");
+        let fixture = include_str!(
+            "../../fixtures/shared/sidekiq-7.3.9-server/retry_after_first_failure.json"
+        );
         let m: Map<String, Value> = serde_json::from_str(fixture.trim()).unwrap();
         let lines = decompress_backtrace(&m["error_backtrace"]).unwrap();
         assert!(!lines.is_empty() && lines.len() <= 5, "{lines:?}");
