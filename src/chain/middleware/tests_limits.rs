@@ -557,11 +557,17 @@ async fn a_holder_killed_with_sigkill_frees_its_slot_within_the_lease() {
     let mut c = redis.conn();
     let exe = std::env::current_exe().unwrap();
     let url = redis.url();
+    // The child test's name as the harness knows it: this module's path without the crate's name, so
+    // it follows the file wherever it moves.
+    let child = format!(
+        "{}::limits_holder_process",
+        module_path!().split_once("::").unwrap().1
+    );
     let mut holder = support::LoggedProcess::spawn(
         "limits-holder",
         &exe,
         &[
-            "middleware::tests_limits::limits_holder_process",
+            child.as_str(),
             "--exact",
             "--ignored",
             "--nocapture",
