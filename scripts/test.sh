@@ -6,10 +6,12 @@
 #    (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (tests enqueue as a Rails
 #    app would, run a real Ruby Sidekiq server beside ours and render the Sidekiq Web UI;
 #    ruby-activejob pulls in ruby-globalid) and openssl (throwaway TLS certificates).
-# 2. `cargo build --workspace`: the process-level tests run target/debug/oxidekiq, which
+# 2. `cargo build --workspace --tests`: the process-level tests run target/debug/oxidekiq, which
 #    `cargo test` alone does not build (it belongs to the `workers` crate). CARGO_TARGET_DIR is honoured.
-# 3. `cargo test --workspace`, then the payload fuzz target for FUZZ_SECONDS (30 s; 0 skips it),
-#    installing cargo-fuzz first if it is missing (scripts/fuzz.sh).
+# 3. The tests: `cargo nextest run --workspace` (every test binary side by side, .config/nextest.toml)
+#    and `cargo test --workspace --doc`; where cargo-nextest is missing, or OXIDEKIQ_CARGO_TEST=1, or
+#    with arguments, `cargo test --workspace` as before. Meanwhile the payload fuzz target builds in the
+#    background; it then runs for FUZZ_SECONDS (30 s; 0 skips it) (scripts/fuzz.sh).
 #
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test fixtures`).
 set -euo pipefail
@@ -25,23 +27,49 @@ redis-server --version
 ruby --version
 ruby -e 'require "sidekiq"; require "active_job"; puts "sidekiq #{Sidekiq::VERSION}, activejob #{ActiveJob.version}"'
 
-step "cargo build --workspace"
+step "cargo build --workspace --tests"
 cargo build --workspace
+cargo build --workspace --tests
 
-step "cargo test --workspace $*"
+# The fuzz target builds (release, instrumented) while the tests run: they wait far more than they
+# compute. FUZZ_SECONDS=0 skips it.
+fuzz_seconds=${FUZZ_SECONDS:-30}
+fuzz_build_log=$(mktemp "${TMPDIR:-/tmp}/oxidekiq-fuzz-build.XXXXXX")
+fuzz_build_pid=
+if [ "$fuzz_seconds" != "0" ]; then
+  step "building the fuzz target in the background"
+  bash scripts/fuzz.sh --build-only >"$fuzz_build_log" 2>&1 &
+  fuzz_build_pid=$!
+fi
+
 log=$(mktemp "${TMPDIR:-/tmp}/oxidekiq-test.XXXXXX")
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$fuzz_build_log"' EXIT
 set +e
-cargo test --workspace "$@" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+if [ $# -eq 0 ] && cargo nextest --version >/dev/null 2>&1 && [ -z "${OXIDEKIQ_CARGO_TEST:-}" ]; then
+  # Every test binary side by side (.config/nextest.toml), then the doctests, which nextest does not run.
+  step "cargo nextest run --workspace"
+  cargo nextest run --workspace 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  step "cargo test --workspace --doc"
+  cargo test --workspace --doc 2>&1 | tee -a "$log"
+  doc_status=${PIPESTATUS[0]}
+  [ "$status" -eq 0 ] && status=$doc_status
+else
+  step "cargo test --workspace $*"
+  cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+fi
 set -e
 
 # The payload decoder's fuzz target, for a short bounded time (FUZZ_SECONDS=0 skips it locally).
-fuzz_seconds=${FUZZ_SECONDS:-30}
 fuzz_status=0
-if [ "$fuzz_seconds" != "0" ]; then
-  step "fuzzing the payload decoder for ${fuzz_seconds}s"
-  bash scripts/fuzz.sh "$fuzz_seconds" || fuzz_status=$?
+if [ -n "$fuzz_build_pid" ]; then
+  wait "$fuzz_build_pid" || fuzz_status=$?
+  cat "$fuzz_build_log"
+  if [ "$fuzz_status" -eq 0 ]; then
+    step "fuzzing the payload decoder for ${fuzz_seconds}s"
+    bash scripts/fuzz.sh "$fuzz_seconds" || fuzz_status=$?
+  fi
   if [ "$fuzz_status" -ne 0 ]; then
     echo "FUZZ FAILED (exit $fuzz_status): see fuzz/artifacts/payload/"
     [ "$status" -eq 0 ] && status=$fuzz_status
@@ -56,12 +84,17 @@ while read -r line; do
     passed=$((passed + BASH_REMATCH[1]))
     failed=$((failed + BASH_REMATCH[2]))
     ignored=$((ignored + BASH_REMATCH[3]))
+  elif [[ $line =~ tests\ run:\ ([0-9]+)\ passed(,\ ([0-9]+)\ failed)? ]]; then
+    # nextest: "Summary [ 120.0s] 629 tests run: 629 passed, 4 skipped"
+    suites=$((suites + 1))
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + ${BASH_REMATCH[3]:-0}))
   fi
-done < <(grep '^test result:' "$log")
-echo "$suites test suites ($ignored tests ignored: child-process helpers run by other tests)"
+done < <(grep -E '^test result:|Summary \[.*tests run:' "$log")
+echo "$suites test runs ($ignored doctests ignored; nextest skips the child-process helpers that other tests run)"
 echo "summary: $passed passed, $failed failed"
 if [ "$status" -ne 0 ]; then
-  grep -E '^test .* FAILED$' "$log" | sed 's/^/  /' || true
+  grep -E '^test .* FAILED$|^\s+(FAIL|TIMEOUT|SIGSEGV|SIGABRT) \[' "$log" | sed 's/^/  /' || true
   grep -E '^error(\[|:)' "$log" | sed 's/^/  /' || true
   if [ "$fuzz_status" -ne 0 ] && [ "$status" -eq "$fuzz_status" ]; then
     echo "FAILED (the fuzz target exited with $status)"

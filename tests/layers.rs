@@ -706,3 +706,87 @@ fn a_module_outside_its_layers_folder_is_named() {
         "wiring in a folder"
     );
 }
+
+/// The backticked names of `doc` that read as a path (`chain/worker.rs`, `fetch/`) or a test function
+/// (`a_b_c`, or `module::a_b_c`), for [`the_architecture_page_names_only_files_and_tests_that_exist`].
+fn cited(doc: &str) -> (Vec<String>, Vec<String>) {
+    let mut paths = Vec::new();
+    let mut tests = Vec::new();
+    for name in doc.split('`').skip(1).step_by(2) {
+        let name = name.split_whitespace().next().unwrap_or("");
+        let ident = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if (name.ends_with(".rs") || name.ends_with('/'))
+            && !name.contains("::")
+            && !name.starts_with("..")
+        {
+            paths.push(name.to_string());
+        } else if let Some(last) = name
+            .rsplit("::")
+            .next()
+            .filter(|l| ident(l) && l.matches('_').count() >= 4)
+        {
+            tests.push(last.to_string());
+        }
+    }
+    (paths, tests)
+}
+
+/// The architecture page matches the code: every file or folder it names exists (under `src/`, or from
+/// the repository's root for `tests/` and `scripts/` paths, or as the tail of a path under `src/`), and
+/// every test it cites as keeping an invariant is a function of `src/` or `tests/`.
+#[test]
+fn the_architecture_page_names_only_files_and_tests_that_exist() {
+    let doc = std::fs::read_to_string(root().join("docs/layout.md")).unwrap();
+    let (paths, tests) = cited(&doc);
+    assert!(paths.len() > 10 && tests.len() > 5, "{paths:?} {tests:?}");
+    let mut files = Vec::new();
+    library_files(&root().join("src"), &mut files);
+    library_files(&root().join("tests"), &mut files);
+    let rel: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/")
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for p in &paths {
+        let found = root().join(p).exists()
+            || root().join("src").join(p).exists()
+            || rel
+                .iter()
+                .any(|r| r.ends_with(&format!("/{p}")) || r.contains(&format!("/{p}")));
+        if !found {
+            missing.push(format!("file {p}"));
+        }
+    }
+    let bodies: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
+    for t in &tests {
+        if !bodies.iter().any(|b| b.contains(&format!("fn {t}("))) {
+            missing.push(format!("test {t}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/layout.md names what the code does not have:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_page_check_sees_paths_and_test_names() {
+    let (paths, tests) = cited(
+        "`chain/worker.rs`, `fetch/`, `keys::tests::no_key_literal_outside_keys`, `a_b`, `x`",
+    );
+    assert_eq!(paths, ["chain/worker.rs", "fetch/"]);
+    assert_eq!(tests, ["no_key_literal_outside_keys"]);
+}
