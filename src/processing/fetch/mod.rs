@@ -435,7 +435,9 @@ use lua_move_back;
 
 // Moved from tests/fetch_scripts.rs: the fetch, acknowledge, requeue and recovery scripts on a real Redis (needs crate-internal items).
 #[cfg(test)]
-mod tests_scripts;
+mod tests_contract;
+#[cfg(test)]
+mod tests_scripts; // The contract every strategy of STRATEGIES keeps.
 
 // The fast path of reliable fetch on a real Redis.
 #[cfg(test)]
