@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::error::Result;
+pub use crate::events::{Event, Listener};
 use crate::fetch::{self, Fetch};
 use crate::fleet::Fleet;
 use crate::heartbeat::{self, Heartbeat, ProcessInfo};
@@ -99,6 +100,12 @@ impl Handle {
     /// The current phase.
     pub fn phase(&self) -> Phase {
         self.signal.phase()
+    }
+
+    /// A listener to what this launcher's loops announce (a beat written, a poller pass, a recovery
+    /// pass, a cron round), for tests that wait for "two beats later" rather than for a time window.
+    pub fn events(&self) -> Listener {
+        self.signal.events().subscribe()
     }
 
     /// Stops and waits for the shutdown to finish.

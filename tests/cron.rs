@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
+use oxidekiq::launcher::Event;
 use redis::Commands;
 use support::{
     LoggedProcess, Oxidekiq, RedisServer, config, launch, ruby, temp_dir, wait_until,
@@ -279,12 +280,31 @@ async fn a_schedule_declared_in_rust_shows_on_the_cron_tab_and_stops_when_disabl
             &url,
         )
     });
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Two rounds after the disable: the second began after it, so it read the schedule as disabled.
+    let mut rounds = handle.events();
+    assert!(
+        rounds
+            .wait_for(Event::CronRound, 2, Duration::from_secs(30))
+            .await,
+        "the cron poller made no two rounds after the disable"
+    );
     let after_disable: usize = conn.llen("queue:reports").unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Then rounds that span more than one tick of the schedule (every 2 s) enqueue nothing more.
+    let since = std::time::Instant::now();
+    let mut later = 0;
+    while later < 3 || since.elapsed() < Duration::from_millis(2_500) {
+        assert!(
+            rounds
+                .wait_for(Event::CronRound, 1, Duration::from_secs(30))
+                .await,
+            "the cron poller stopped making rounds"
+        );
+        later += 1;
+    }
     assert_eq!(
         conn.llen::<_, usize>("queue:reports").unwrap(),
-        after_disable
+        after_disable,
+        "a disabled schedule was enqueued in {later} rounds"
     );
     handle.stop().await.unwrap();
 }

@@ -122,7 +122,11 @@ fn a_failing_command_in_the_beat_counts_stats_once_and_keeps_a_web_ui_signal() {
         ox.log()
     );
     // Several more beats: a count restored after a partly failed MULTI would be added again on each.
-    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        support::wait_beats(&mut c, &id, 4, WAIT),
+        "no four more beats:\n{}",
+        ox.log()
+    );
     let processed: u64 = c.get("stat:processed").unwrap();
     assert_eq!(processed, 30, "stat:processed counts each job once");
     // The Web UI's quiet: popped inside the same partly failing MULTI, it must still be acted on.

@@ -529,6 +529,7 @@ pub(crate) async fn run(
             tracing::info!("heartbeat reaches redis again");
         }
         failing = !ok;
+        signal.events().announce(crate::events::Event::Beat);
     }
 }
 

@@ -285,6 +285,7 @@ pub(crate) async fn run(
             tracing::info!("scheduled poller reaches redis again");
         }
         failing = !ok;
+        shutdown.events().announce(crate::events::Event::PollerPass);
         let processes = live_process_count(&mut conn).await.unwrap_or(1);
         let pause = poll_interval(average, processes, &mut rand::rng());
         tokio::select! {

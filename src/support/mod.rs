@@ -4,6 +4,7 @@
 //! only this folder's modules left of it and the folders below.
 
 pub mod error;
+pub(crate) mod events;
 pub(crate) mod keys;
 pub(crate) mod logging;
 pub(crate) mod otel;

@@ -5,6 +5,7 @@
 //! payloads are pushed back). Every loop `select!`s on the signal; a worker sees it through its
 //! [`JobContext`](crate::worker::JobContext).
 
+use crate::events::Events;
 use tokio::sync::watch;
 
 /// The process's phase; later phases imply the earlier ones.
@@ -48,6 +49,8 @@ impl Control {
 pub(crate) struct Shutdown {
     /// Sender side of the phase channel.
     tx: watch::Sender<Phase>,
+    /// What the launcher's loops announce for tests ([`crate::events`]).
+    events: Events,
 }
 
 /// A read-only view of the phase that loops and jobs wait on.
@@ -55,6 +58,8 @@ pub(crate) struct Shutdown {
 pub struct ShutdownSignal {
     /// Receiver side of the phase channel.
     rx: watch::Receiver<Phase>,
+    /// The launcher's announcements, which every loop holding this signal can make.
+    events: Events,
 }
 
 impl Default for Shutdown {
@@ -67,13 +72,17 @@ impl Shutdown {
     /// A new handle in the `Running` phase.
     pub(crate) fn new() -> Self {
         let (tx, _rx) = watch::channel(Phase::Running);
-        Shutdown { tx }
+        Shutdown {
+            tx,
+            events: Events::new(),
+        }
     }
 
     /// A signal to hand to a loop or a job.
     pub(crate) fn signal(&self) -> ShutdownSignal {
         ShutdownSignal {
             rx: self.tx.subscribe(),
+            events: self.events.clone(),
         }
     }
 
@@ -96,6 +105,11 @@ impl Shutdown {
 }
 
 impl ShutdownSignal {
+    /// The launcher's announcements for tests ([`crate::events`]).
+    pub(crate) fn events(&self) -> &Events {
+        &self.events
+    }
+
     /// The current phase.
     pub fn phase(&self) -> Phase {
         *self.rx.borrow()

@@ -244,6 +244,35 @@ pub fn identity_of(conn: &mut redis::Connection, pid: u32, timeout: Duration) ->
     found.unwrap_or_else(|| panic!("no process with pid {pid} in `processes`"))
 }
 
+/// Waits until the process `identity` has written `n` more heartbeats (its hash's `beat` field, which
+/// every beat rewrites, has changed `n` times), for at most `timeout`; returns whether it did. The event
+/// to wait for when a test means "a few beats later", which a time window on a loaded machine is not.
+pub fn wait_beats(
+    conn: &mut redis::Connection,
+    identity: &str,
+    n: usize,
+    timeout: Duration,
+) -> bool {
+    let beat = |c: &mut redis::Connection| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(identity)
+            .arg("beat")
+            .query(c)
+            .ok()
+            .flatten()
+    };
+    let mut last = beat(conn);
+    let mut seen = 0;
+    wait_until(timeout, || {
+        let now = beat(conn);
+        if now.is_some() && now != last {
+            seen += 1;
+            last = now;
+        }
+        seen >= n
+    })
+}
+
 /// Starts `DEBUG SLEEP secs` on a connection of its own and returns once Redis is seen stalled (a PING
 /// on another connection, opened beforehand, gets no answer within 200 ms).
 pub fn stall(url: &str, secs: u64) -> std::thread::JoinHandle<()> {

@@ -121,6 +121,7 @@ pub(crate) async fn run(
                 RETRY_AFTER
             }
         };
+        shutdown.events().announce(crate::events::Event::CronRound);
         let until = tokio::time::Instant::now() + wait;
         loop {
             tokio::select! {

@@ -548,6 +548,7 @@ pub(crate) async fn recovery_loop(
             ..policy
         };
         recover(&mut conn, &identity, policy).await;
+        signal.events().announce(crate::events::Event::RecoveryPass);
         if signal.is_quiet() {
             return;
         }
