@@ -251,7 +251,7 @@ fn shared_root() -> PathBuf {
 }
 
 /// Files allowed at the top of a root (documentation and the recorder), not fixtures themselves.
-const ROOT_FILES: [&str; 3] = ["README.md", "record.sh", "record.rb"];
+const ROOT_FILES: [&str; 4] = ["README.md", "record.sh", "record.rb", "sources.sh"];
 
 /// Every fixture folder under `root` (one level down; `shared/` is a nested root).
 fn folders(root: &Path, out: &mut Vec<PathBuf>) {
