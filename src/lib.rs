@@ -77,6 +77,8 @@ mod payload;
 mod processing;
 mod sidekiq;
 mod support;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub(crate) use chain::blocking;
 pub use chain::{client, iterable, middleware, registry, worker};
