@@ -197,6 +197,7 @@ impl NewJob {
     }
 
     /// The jid given with [`NewJob::jid`].
+    #[cfg(feature = "testing")]
     pub(crate) fn given_jid(&self) -> Option<&str> {
         self.jid.as_deref()
     }

@@ -87,6 +87,7 @@ fn jitter(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {
 }
 
 /// The largest jitter [`jitter`] adds before retry number `count`.
+#[cfg(feature = "testing")]
 fn jitter_max(count: i64, rules: RetryRules) -> f64 {
     let n = count.max(0).saturating_add(1);
     if rules.jitter_8 {
@@ -99,6 +100,7 @@ fn jitter_max(count: i64, rules: RetryRules) -> f64 {
 /// The earliest and the latest time [`plan`] may choose for retry number `count` of a job that
 /// failed at `now` with `action` (the ends of the jitter's range): what a test can check, since the
 /// jitter is random (`oxidekiq::testing`).
+#[cfg(feature = "testing")]
 pub(crate) fn retry_window(
     now: f64,
     count: i64,
@@ -611,6 +613,48 @@ pub(crate) fn undecodable_payload(raw: &[u8], error: &str, now: f64, tf: TimeFor
             to_json(&msg).into_bytes()
         }
         Err(_) => raw.to_vec(),
+    }
+}
+
+/// The window `oxidekiq::testing` reports is the jitter's whole range: every delay `plan` picks falls
+/// in it, and both ends are reached, under both rule sets and for a `retry_in` answer.
+#[cfg(test)]
+mod tests_window {
+    use super::*;
+
+    #[test]
+    fn every_retry_plan_falls_in_its_window_and_reaches_both_ends() {
+        let job = Job::from_str(r#"{"class":"A","args":[],"jid":"j","retry_count":2}"#).unwrap();
+        for rules in [RetryRules::for_version((7, 3, 9)), RetryRules::default()] {
+            for action in [RetryAction::Default, RetryAction::In(100)] {
+                let mut error = JobError::msg("x");
+                error.action = action;
+                let (earliest, latest) = retry_window(1000.0, 3, action, rules);
+                let (mut low, mut high) = (f64::MAX, f64::MIN);
+                let mut rng = rand::rng();
+                for _ in 0..5000 {
+                    let failure = Failure {
+                        job: &job,
+                        queue: "default",
+                        error: &error,
+                        options: None,
+                        now: 1000.0,
+                        time_format: TimeFormat::Seconds,
+                        rules,
+                    };
+                    let Plan::Retry { at, count, .. } = plan(&failure, &mut rng) else {
+                        panic!("not a retry")
+                    };
+                    assert_eq!(count, 3);
+                    assert!(
+                        (earliest..=latest).contains(&at),
+                        "{at} outside {earliest}..={latest}"
+                    );
+                    (low, high) = (low.min(at), high.max(at));
+                }
+                assert_eq!((low, high), (earliest, latest), "{rules:?} {action:?}");
+            }
+        }
     }
 }
 
