@@ -132,8 +132,11 @@ pub struct TestJob {
 
 impl TestJob {
     /// `job` as [`Client::push`] would write it now (float-second timestamps, a fresh jid unless
-    /// `job` has one).
-    pub fn new(job: NewJob) -> TestJob {
+    /// `job` has one, and a [`NewJob::unique_for`] job's lock fields, which the client's default
+    /// chain writes; no lock is taken). For what a client with middleware of its own pushes, record
+    /// it with a [`FakeClient`] and run [`Enqueued::job`].
+    pub fn new(mut job: NewJob) -> TestJob {
+        let _lock = crate::client::until_executed_fields(&mut job);
         let jid = job
             .given_jid()
             .map_or_else(crate::job::new_jid, str::to_string);
@@ -843,6 +846,11 @@ impl Enqueued {
         }
     }
 
+    /// The job as a test runs it, fetched from the queue it was pushed to.
+    pub fn job(&self) -> TestJob {
+        TestJob::payload(self.payload.clone().into_bytes()).queue(self.queue.clone())
+    }
+
     /// One line for a failed assertion's list.
     fn line(&self) -> String {
         let when = match self.at {
@@ -1124,8 +1132,6 @@ pub struct TestRedis {
     port: u16,
     /// Its working directory, removed when dropped.
     dir: PathBuf,
-    /// The shared connection, made on first use.
-    conn: std::sync::OnceLock<Conn>,
 }
 
 impl TestRedis {
@@ -1161,12 +1167,7 @@ impl TestRedis {
                      (apt-get install redis-server, brew install redis) to run this test"
                 );
             };
-            let mut server = TestRedis {
-                child,
-                port,
-                dir,
-                conn: std::sync::OnceLock::new(),
-            };
+            let mut server = TestRedis { child, port, dir };
             match server.wait_ready() {
                 Ok(()) => return server,
                 Err(e) => last = e,
@@ -1202,24 +1203,20 @@ impl TestRedis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// A connection to it, as the runtime holds one (reconnecting, shared by clones).
+    /// A new connection to it, as the runtime holds one (reconnecting, shared by its clones); it
+    /// connects at its first command.
     ///
     /// # Panics
     /// Outside a tokio runtime.
     pub fn conn(&self) -> Conn {
-        self.conn
-            .get_or_init(|| {
-                let client =
-                    redis::Client::open(self.url()).unwrap_or_else(|e| panic!("TestRedis: {e}"));
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(5)));
-                // The manager connects lazily: no await here, and no Redis round trip.
-                Conn::from(
-                    redis::aio::ConnectionManager::new_lazy_with_config(client, config)
-                        .unwrap_or_else(|e| panic!("TestRedis: {e}")),
-                )
-            })
-            .clone()
+        let client = redis::Client::open(self.url()).unwrap_or_else(|e| panic!("TestRedis: {e}"));
+        // The runtime's own timeouts: a loaded test machine is not an outage.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        let manager = redis::aio::ConnectionManager::new_lazy_with_config(client, config)
+            .unwrap_or_else(|e| panic!("TestRedis: {e}"));
+        Conn::from(manager)
     }
 
     /// A real [`Client`] pushing to it.

@@ -352,7 +352,17 @@ async fn the_fake_client_records_pushes_and_checks_class_args_queue_and_time() {
         .push(NewJob::new("HardWorker", ("a", 1)).unique_for(Duration::from_secs(60)))
         .await
         .unwrap();
-    assert!(fake.jobs("HardWorker")[0].payload.contains("unique_key"));
+    let pushed = &fake.jobs("HardWorker")[0];
+    assert!(pushed.payload.contains("unique_key"), "{}", pushed.payload);
+    // TestJob writes the same lock fields the client's default chain writes.
+    let built =
+        TestJob::new(NewJob::new("HardWorker", ("a", 1)).unique_for(Duration::from_secs(60)));
+    let built = built.context().job().to_map().unwrap();
+    let recorded = pushed.job().context().job().to_map().unwrap();
+    assert_eq!(built["unique_key"], recorded["unique_key"]);
+    assert_eq!(built["unique_ttl"], recorded["unique_ttl"]);
+    // A recorded push runs as it is.
+    pushed.job().perform(&HardWorker).await.assert_done();
     let e = fake.client().cancel("jid").await.unwrap_err();
     assert!(e.to_string().contains("fake client"), "{e}");
     fake.clear();

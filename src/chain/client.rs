@@ -826,21 +826,27 @@ impl ClientMiddleware for until_executed::UntilExecuted {
     /// TTL into the payload and has the push take the lock in the same script; other jobs pass as they
     /// are.
     fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed> {
-        if let Some(ttl) = push.job.unique_ttl() {
-            let key = until_executed::lock_key(push.job.class(), push.job.args());
-            push.job
-                .set_option(until_executed::UNIQUE_KEY_FIELD, Value::String(key.clone()));
-            push.job.set_option(
-                until_executed::UNIQUE_TTL_FIELD,
-                crate::time::float_value(ttl.as_secs_f64()),
-            );
-            // A scheduled job is pending from now until it runs: its lock lives that long too.
-            let wait = push.job.at().map_or(0.0, |at| at - crate::time::now());
-            let ttl = ttl + Duration::try_from_secs_f64(wait).unwrap_or(Duration::ZERO);
-            push.guard = Some((key, ttl));
-        }
+        push.guard = until_executed_fields(&mut push.job);
         next.run(push)
     }
+}
+
+/// For a [`NewJob::unique_for`] job: writes the lock's key and TTL into its options, and returns the
+/// lock the push takes (its key and TTL, counted from now); `None` for any other job.
+pub(crate) fn until_executed_fields(job: &mut NewJob) -> Option<(String, Duration)> {
+    let ttl = job.unique_ttl()?;
+    let key = until_executed::lock_key(job.class(), job.args());
+    job.set_option(until_executed::UNIQUE_KEY_FIELD, Value::String(key.clone()));
+    job.set_option(
+        until_executed::UNIQUE_TTL_FIELD,
+        crate::time::float_value(ttl.as_secs_f64()),
+    );
+    // A scheduled job is pending from now until it runs: its lock lives that long too.
+    let wait = job.at().map_or(0.0, |at| at - crate::time::now());
+    Some((
+        key,
+        ttl + Duration::try_from_secs_f64(wait).unwrap_or(Duration::ZERO),
+    ))
 }
 
 #[cfg(test)]
