@@ -687,3 +687,27 @@ async fn an_iterable_job_stops_at_an_item_and_resumes_there() {
     let whole = TestJob::new(NewJob::new("WalkJob", (3,)));
     walk.run(&whole).await.assert_done();
 }
+
+/// A synchronous worker, run on the blocking pool as in production.
+#[derive(Debug)]
+struct Checksum;
+
+impl oxidekiq::BlockingWorker for Checksum {
+    const CLASS: &'static str = "Checksum";
+    type Args = (String,);
+
+    fn perform(&self, _ctx: &JobContext, (text,): Self::Args) -> JobResult {
+        if text.is_empty() {
+            return Err(JobError::new("ArgumentError", "nothing to sum"));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_blocking_worker_runs_on_the_blocking_pool_with_the_same_fates() {
+    let worker = oxidekiq::Blocking::new(Checksum);
+    testing::perform(&worker, ("abc",)).await.assert_done();
+    let empty = testing::perform(&worker, ("",)).await;
+    assert_eq!(empty.assert_retry(0).message, "nothing to sum");
+}
