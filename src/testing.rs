@@ -348,7 +348,9 @@ impl TestJob {
 
 /// A decoded job and the context its run receives.
 struct Prepared {
+    /// The decoded payload.
     job: Arc<Job>,
+    /// Its context, with the hooks its middleware register.
     tc: TestContext,
 }
 
@@ -1437,12 +1439,15 @@ impl<W: IterableWorker> Iteration<W> {
 /// of items: the worker under test, otherwise untouched.
 #[derive(Debug)]
 struct Stopper<W> {
+    /// The worker under test.
     worker: Arc<W>,
     /// Items still to run before going quiet.
     left: AtomicUsize,
     /// Whether to go quiet at all.
     stop: bool,
+    /// The run's shutdown, made quiet after the last item.
     shutdown: TestShutdown,
+    /// The [`Iteration`]'s record of the cursors run.
     seen: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
