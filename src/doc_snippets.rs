@@ -46,6 +46,10 @@ struct Running;
 #[doc = include_str!("../docs/security.md")]
 struct Security;
 
+/// docs/testing.md
+#[doc = include_str!("../docs/testing.md")]
+struct Testing;
+
 /// docs/workers.md
 #[doc = include_str!("../docs/workers.md")]
 struct Workers;

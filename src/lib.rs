@@ -49,7 +49,9 @@
 //! [`Registration`], [`UniqueJob`], [`SequentialJob`], [`ConcurrencyLimit`], [`RateLimit`]), custom
 //! middleware ([`ServerMiddleware`], [`ClientMiddleware`]), enqueuing from Rust ([`Client`],
 //! [`NewJob`]), sidekiq-cron schedules declared in Rust ([`CronJob`]) and running without [`run`]
-//! ([`Config`], [`Launcher`]). The public modules ([`cli`], [`client`], [`config`], [`cron`],
+//! ([`Config`], [`Launcher`]). With the `testing` cargo feature, `testing` holds the helpers to
+//! unit-test workers, middleware and producers (docs/testing.md). The public modules ([`cli`],
+//! [`client`], [`config`], [`cron`],
 //! [`error`], [`job`], [`launcher`], [`lock`], [`middleware`], [`registry`], [`worker`]) hold the rest
 //! of their API; the others are the runtime's own.
 //!
@@ -77,6 +79,8 @@ mod payload;
 mod processing;
 mod sidekiq;
 mod support;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub(crate) use chain::blocking;
 pub use chain::{client, iterable, middleware, registry, worker};

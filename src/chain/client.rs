@@ -86,6 +86,23 @@ pub struct NewJob {
 }
 
 impl NewJob {
+    /// An ActiveJob job that the ActiveJob class `job_class` runs, as [`Client::perform_later`] pushes
+    /// it: Rails' Sidekiq adapter's wrapper class, `wrapped`, and the job's data as its one argument.
+    ///
+    /// ```
+    /// use oxidekiq::NewJob;
+    ///
+    /// let job = NewJob::activejob("WelcomeEmailJob", "mailers", vec![serde_json::json!(42)]);
+    /// assert_eq!(job.class(), "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper");
+    /// assert_eq!(job.args()[0]["arguments"], serde_json::json!([42]));
+    /// ```
+    pub fn activejob(job_class: &str, queue: &str, arguments: Vec<Value>) -> NewJob {
+        let data = crate::activejob::job_data(job_class, queue, arguments, chrono::Utc::now());
+        NewJob::new(crate::activejob::WRAPPER_CLASS, vec![data])
+            .queue(queue)
+            .option("wrapped", Value::String(job_class.to_string()))
+    }
+
     /// A job of `class` with `args` (anything serializing to a JSON array: a tuple, a `Vec`, `()`).
     pub fn new(class: impl Into<String>, args: impl Serialize) -> NewJob {
         let args = match serde_json::to_value(args) {
@@ -177,6 +194,12 @@ impl NewJob {
     /// The until-executed TTL, when [`NewJob::unique_for`] was set.
     pub fn unique_ttl(&self) -> Option<Duration> {
         self.unique_for
+    }
+
+    /// The jid given with [`NewJob::jid`].
+    #[cfg(feature = "testing")]
+    pub(crate) fn given_jid(&self) -> Option<&str> {
+        self.jid.as_deref()
     }
 
     /// The epoch time it runs at, when scheduled.
@@ -447,6 +470,38 @@ pub struct Client {
     mode: TimeMode,
     /// The client middleware every single push goes through, in order.
     chain: Arc<[Arc<dyn ClientMiddleware>]>,
+    /// `Some` for `oxidekiq::testing`'s fake client: the payloads are recorded there, not written
+    /// (the connection is [`Conn::absent`]). A field only with the `testing` feature.
+    #[cfg(feature = "testing")]
+    fake: Option<Recorder>,
+}
+
+/// A push the fake client recorded instead of writing it (Sidekiq's `Sidekiq::Testing.fake!`).
+#[cfg(feature = "testing")]
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Recorded {
+    /// The queue it would have been pushed to.
+    pub(crate) queue: String,
+    /// The payload, byte for byte as the real client writes it.
+    pub(crate) payload: String,
+    /// The score it would have in the schedule set; `None` for a push to the queue.
+    pub(crate) at: Option<f64>,
+}
+
+/// Where a fake client records its pushes, in order; shared by its clones.
+#[cfg(feature = "testing")]
+pub(crate) type Recorder = Arc<std::sync::Mutex<Vec<Recorded>>>;
+
+/// Records `payloads` (of `template`'s queue and time) in a fake client's `recorder`.
+#[cfg(feature = "testing")]
+fn record(recorder: &Recorder, template: &NewJob, payloads: Vec<String>, now: f64) {
+    let at = template.at.filter(|at| *at > now);
+    let mut jobs = recorder.lock().unwrap_or_else(|p| p.into_inner());
+    jobs.extend(payloads.into_iter().map(|payload| Recorded {
+        queue: template.queue.clone(),
+        payload,
+        at,
+    }));
 }
 
 impl Client {
@@ -462,7 +517,21 @@ impl Client {
             conn,
             mode: TimeMode::Seconds,
             chain: Arc::new([Arc::new(until_executed::UntilExecuted) as Arc<dyn ClientMiddleware>]),
+            #[cfg(feature = "testing")]
+            fake: None,
         }
+    }
+
+    /// A client that records its pushes in `recorder` instead of writing them: every push passes the
+    /// client chain and builds its payload as [`Client::push`] does; no lock or claim is taken, and
+    /// what needs Redis ([`Client::cancel`], [`TimeMode::Auto`]'s survey) fails with a message.
+    #[cfg(feature = "testing")]
+    pub(crate) fn recording(recorder: Recorder) -> Client {
+        let mut client = Client::new(Conn::absent(
+            "a fake client (oxidekiq::testing::FakeClient) records pushes and has no Redis:              use a real Client on testing::TestRedis for this",
+        ));
+        client.fake = Some(recorder);
+        client
     }
 
     /// Appends a client middleware: it runs for every job pushed ([`Client::push`], `perform_*`, each
@@ -482,6 +551,10 @@ impl Client {
 
     /// The format the next push writes.
     pub async fn time_format(&self) -> Result<TimeFormat> {
+        #[cfg(feature = "testing")]
+        if self.fake.is_some() && self.mode == TimeMode::Auto {
+            return Ok(TimeFormat::Seconds);
+        }
         Ok(match self.mode {
             TimeMode::Seconds => TimeFormat::Seconds,
             TimeMode::Millis => TimeFormat::Millis,
@@ -587,6 +660,15 @@ impl Client {
 
     /// The end of the chain: the job to Redis, with its lock when the chain asked for one.
     async fn write(&self, push: &mut Push) -> Pushed {
+        // A fake client records the job; its lock or claim, which only Redis could hold, is not taken.
+        #[cfg(feature = "testing")]
+        if self.fake.is_some() {
+            if !push.bulk {
+                self.write_many(&push.job, std::slice::from_ref(push))
+                    .await?;
+            }
+            return Ok(Some(push.jid.clone()));
+        }
         if let Some(claim) = push.claim.clone() {
             return self.write_claimed(push, &claim).await;
         }
@@ -686,6 +768,11 @@ impl Client {
             .iter()
             .map(|p| p.job.payload(&p.jid, now, tf))
             .collect();
+        #[cfg(feature = "testing")]
+        if let Some(fake) = &self.fake {
+            record(fake, template, payloads, now);
+            return Ok(());
+        }
         let mut pipe = redis::pipe();
         match template.at {
             Some(at) if at > now => {
@@ -718,11 +805,8 @@ impl Client {
         queue: &str,
         arguments: Vec<Value>,
     ) -> Result<String> {
-        let data = crate::activejob::job_data(job_class, queue, arguments, chrono::Utc::now());
-        let job = NewJob::new(crate::activejob::WRAPPER_CLASS, vec![data])
-            .queue(queue)
-            .option("wrapped", Value::String(job_class.to_string()));
-        self.push(job).await
+        self.push(NewJob::activejob(job_class, queue, arguments))
+            .await
     }
 }
 
@@ -742,21 +826,27 @@ impl ClientMiddleware for until_executed::UntilExecuted {
     /// TTL into the payload and has the push take the lock in the same script; other jobs pass as they
     /// are.
     fn call<'a>(&'a self, push: &'a mut Push, next: ClientNext<'a>) -> BoxFuture<'a, Pushed> {
-        if let Some(ttl) = push.job.unique_ttl() {
-            let key = until_executed::lock_key(push.job.class(), push.job.args());
-            push.job
-                .set_option(until_executed::UNIQUE_KEY_FIELD, Value::String(key.clone()));
-            push.job.set_option(
-                until_executed::UNIQUE_TTL_FIELD,
-                crate::time::float_value(ttl.as_secs_f64()),
-            );
-            // A scheduled job is pending from now until it runs: its lock lives that long too.
-            let wait = push.job.at().map_or(0.0, |at| at - crate::time::now());
-            let ttl = ttl + Duration::try_from_secs_f64(wait).unwrap_or(Duration::ZERO);
-            push.guard = Some((key, ttl));
-        }
+        push.guard = until_executed_fields(&mut push.job);
         next.run(push)
     }
+}
+
+/// For a [`NewJob::unique_for`] job: writes the lock's key and TTL into its options, and returns the
+/// lock the push takes (its key and TTL, counted from now); `None` for any other job.
+pub(crate) fn until_executed_fields(job: &mut NewJob) -> Option<(String, Duration)> {
+    let ttl = job.unique_ttl()?;
+    let key = until_executed::lock_key(job.class(), job.args());
+    job.set_option(until_executed::UNIQUE_KEY_FIELD, Value::String(key.clone()));
+    job.set_option(
+        until_executed::UNIQUE_TTL_FIELD,
+        crate::time::float_value(ttl.as_secs_f64()),
+    );
+    // A scheduled job is pending from now until it runs: its lock lives that long too.
+    let wait = job.at().map_or(0.0, |at| at - crate::time::now());
+    Some((
+        key,
+        ttl + Duration::try_from_secs_f64(wait).unwrap_or(Duration::ZERO),
+    ))
 }
 
 #[cfg(test)]

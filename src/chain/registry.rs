@@ -32,21 +32,25 @@ impl<W> std::fmt::Debug for WorkerHandler<W> {
 
 impl<W: Worker> Handler for WorkerHandler<W> {
     fn call<'a>(&'a self, ctx: &'a JobContext) -> BoxFuture<'a, JobResult> {
-        Box::pin(async move {
-            let args: W::Args = ctx.args().map_err(|e| {
-                JobError::new(
-                    "ArgumentError",
-                    format!(
-                        "arguments do not fit {}'s type {}: {}",
-                        W::CLASS,
-                        std::any::type_name::<W::Args>(),
-                        redact_values(&e.to_string())
-                    ),
-                )
-            })?;
-            self.0.perform(ctx, args).await
-        })
+        Box::pin(perform_decoded(self.0.as_ref(), ctx))
     }
+}
+
+/// The end of every chain: decodes the job's arguments as `W::Args` (an `ArgumentError` naming the
+/// type when they do not fit, as Ruby's `perform` with the wrong arity) and runs `worker`.
+pub(crate) async fn perform_decoded<W: Worker>(worker: &W, ctx: &JobContext) -> JobResult {
+    let args: W::Args = ctx.args().map_err(|e| {
+        JobError::new(
+            "ArgumentError",
+            format!(
+                "arguments do not fit {}'s type {}: {}",
+                W::CLASS,
+                std::any::type_name::<W::Args>(),
+                redact_values(&e.to_string())
+            ),
+        )
+    })?;
+    worker.perform(ctx, args).await
 }
 
 /// One registered worker class.

@@ -44,6 +44,10 @@ pub struct Conn {
 enum ConnInner {
     Direct(ConnectionManager),
     Sentinel(std::sync::Arc<crate::sentinel::Follower>),
+    /// No Redis at all (`oxidekiq::testing`'s contexts and fake client): every command fails with
+    /// [`Conn::absent`]'s message, so a test that reaches Redis without giving it one says so.
+    #[cfg(feature = "testing")]
+    Absent(&'static str),
 }
 
 impl std::fmt::Debug for Conn {
@@ -51,6 +55,8 @@ impl std::fmt::Debug for Conn {
         match &self.inner {
             ConnInner::Direct(_) => f.write_str("Conn(direct)"),
             ConnInner::Sentinel(s) => write!(f, "Conn({s:?})"),
+            #[cfg(feature = "testing")]
+            ConnInner::Absent(_) => f.write_str("Conn(absent)"),
         }
     }
 }
@@ -77,6 +83,8 @@ impl redis::aio::ConnectionLike for Conn {
                 r
             }),
             ConnInner::Sentinel(f) => Box::pin(f.command(cmd)),
+            #[cfg(feature = "testing")]
+            ConnInner::Absent(why) => Box::pin(std::future::ready(Err(absent_error(why)))),
         }
     }
 
@@ -95,6 +103,8 @@ impl redis::aio::ConnectionLike for Conn {
                 r
             }),
             ConnInner::Sentinel(f) => Box::pin(f.pipeline(pipeline, offset, count)),
+            #[cfg(feature = "testing")]
+            ConnInner::Absent(why) => Box::pin(std::future::ready(Err(absent_error(why)))),
         }
     }
 
@@ -102,8 +112,27 @@ impl redis::aio::ConnectionLike for Conn {
         match &self.inner {
             ConnInner::Direct(m) => m.get_db(),
             ConnInner::Sentinel(f) => f.db(),
+            #[cfg(feature = "testing")]
+            ConnInner::Absent(_) => 0,
         }
     }
+}
+
+#[cfg(feature = "testing")]
+impl Conn {
+    /// A connection to no Redis: every command fails at once with an error whose text is `why` (what
+    /// the test should do to give it one). For `oxidekiq::testing`, whose unit tests run without Redis.
+    pub(crate) fn absent(why: &'static str) -> Conn {
+        Conn {
+            inner: ConnInner::Absent(why),
+        }
+    }
+}
+
+/// The error every command on an absent connection answers.
+#[cfg(feature = "testing")]
+fn absent_error(why: &'static str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Client, "no Redis", why.to_string()))
 }
 
 /// Where the process's connections go: the URL's server, or the master Sentinel names.

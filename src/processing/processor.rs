@@ -39,7 +39,7 @@ use crate::retry::{self, Failure, Fate};
 use crate::shutdown::ShutdownSignal;
 use crate::time;
 use crate::work_table::WorkTable;
-use crate::worker::{AfterFate, JobContext};
+use crate::worker::{ActiveJobInfo, AfterFate, JobContext};
 
 /// Most jobs that give up their slot while their fate write is stuck ([`Park`]).
 const MAX_PARKED: i64 = 1000;
@@ -227,7 +227,7 @@ impl Processor {
         // What the chain's middleware ask to run once a failure's fate is written (`fail`); kept in
         // the run state so that a panic's fate runs the hooks registered before it, too.
         let after = state.after.clone();
-        let timeout = job_timeout(&job, entry);
+        let timeout = job_timeout(&job, entry.map(|e| &e.options));
         // Sidekiq's `cancel!` reaches a plain async job (its row says which, see `process_unit`); a
         // job refused before its worker runs is left alone.
         let cancellable = entry.is_some_and(|e| !e.synchronous && !e.checks_cancel);
@@ -333,13 +333,8 @@ impl Processor {
         after: AfterFate,
         state: &RunState<'_>,
     ) -> bool {
-        // Every text of the error is logged below or stored by the retry (the Web UI shows it): a
-        // Redis URL's password in it is hidden, by the one rule the panic hook and `retry` apply too.
-        error.message = crate::redact::redact_urls_in(&error.message);
-        for line in &mut error.backtrace {
-            *line = crate::redact::redact_urls_in(line);
-        }
-        if self.shutdown.phase() >= crate::shutdown::Phase::Cancelled {
+        redact_error(&mut error);
+        if interrupted(&self.shutdown) {
             // As Sidekiq::Shutdown: no retry, no ack; counted as failed, as Ruby's `stats` does.
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
             tracing::info!(elapsed = %crate::time::Secs3(elapsed), reason = %error.message,
@@ -527,32 +522,17 @@ impl Processor {
         let mut refused = None;
         let activejob = match entry {
             None => {
-                let class = job.worker_class();
-                let e = JobError::new(
-                    "NameError",
-                    format!(
-                        "uninitialized constant {class}: no Rust worker is registered for {class} in \
-                         this oxidekiq process; register one, or route {class} to a queue only Ruby \
-                         processes read (sidekiq_options queue: \"...\")"
-                    ),
-                );
+                let e = unknown_class(job.worker_class());
                 refused = Some(match self.unknown_class {
                     UnknownClass::Retry => e,
                     UnknownClass::Dead => e.kill(),
                 });
                 None
             }
-            Some(_) if job.is_activejob() => match crate::activejob::unwrap_job(job) {
-                Ok(info) => Some(Arc::new(info)),
-                Err(msg) => {
-                    refused = Some(JobError::new(
-                        "ArgumentError",
-                        format!("cannot decode ActiveJob arguments: {msg}"),
-                    ));
-                    None
-                }
-            },
-            Some(_) => None,
+            Some(_) => activejob_of(job).unwrap_or_else(|e| {
+                refused = Some(e);
+                None
+            }),
         };
         let ctx = JobContext::new(
             job.clone(),
@@ -851,14 +831,7 @@ impl crate::middleware::Handler for Bounded {
                 };
                 match tokio::time::timeout(limit, self.worker.call(ctx)).await {
                     Ok(result) => result,
-                    Err(_) => Err(JobError::new(
-                        crate::error::JOB_TIMEOUT,
-                        format!(
-                            "{} ran past its timeout of {} s and was cancelled",
-                            clip(ctx.job().worker_class(), NAME_CHARS),
-                            limit.as_secs_f64()
-                        ),
-                    )),
+                    Err(_) => Err(timed_out(ctx.job(), limit)),
                 }
             };
             let Some((work, seq)) = &self.cut.cancel else {
@@ -915,10 +888,67 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The failure of a job whose worker ran past its timeout `limit`.
+pub(crate) fn timed_out(job: &Job, limit: Duration) -> JobError {
+    JobError::new(
+        crate::error::JOB_TIMEOUT,
+        format!(
+            "{} ran past its timeout of {} s and was cancelled",
+            clip(job.worker_class(), NAME_CHARS),
+            limit.as_secs_f64()
+        ),
+    )
+}
+
+/// The failure of a job no worker is registered for: Ruby's `NameError` for a class it cannot load.
+pub(crate) fn unknown_class(class: &str) -> JobError {
+    JobError::new(
+        "NameError",
+        format!(
+            "uninitialized constant {class}: no Rust worker is registered for {class} in \
+             this oxidekiq process; register one, or route {class} to a queue only Ruby \
+             processes read (sidekiq_options queue: \"...\")"
+        ),
+    )
+}
+
+/// An ActiveJob job's decoded `arguments` and ids (`None` for a plain job), or the `ArgumentError`
+/// that fails a job whose ActiveJob arguments do not decode, before its worker runs.
+pub(crate) fn activejob_of(job: &Job) -> std::result::Result<Option<Arc<ActiveJobInfo>>, JobError> {
+    if !job.is_activejob() {
+        return Ok(None);
+    }
+    match crate::activejob::unwrap_job(job) {
+        Ok(info) => Ok(Some(Arc::new(info))),
+        Err(msg) => Err(JobError::new(
+            "ArgumentError",
+            format!("cannot decode ActiveJob arguments: {msg}"),
+        )),
+    }
+}
+
+/// Hides a Redis URL's password in every text of a failure: each is logged or stored by the retry
+/// (the Web UI shows it), by the one rule the panic hook and `retry` apply too.
+pub(crate) fn redact_error(error: &mut JobError) {
+    error.message = crate::redact::redact_urls_in(&error.message);
+    for line in &mut error.backtrace {
+        *line = crate::redact::redact_urls_in(line);
+    }
+}
+
+/// True when a run that failed now has no fate of its own: the shutdown deadline passed, and the
+/// job is pushed back to its queue (as `Sidekiq::Shutdown`: no retry, no ack).
+pub(crate) fn interrupted(shutdown: &ShutdownSignal) -> bool {
+    shutdown.phase() >= crate::shutdown::Phase::Cancelled
+}
+
 /// The job's timeout: the payload's `oxidekiq_timeout` (a positive number of seconds) over the
 /// worker's `timeout` option. A field of another kind is ignored, with a warning.
-fn job_timeout(job: &Job, entry: Option<&crate::registry::Entry>) -> Option<Duration> {
-    let option = entry.and_then(|e| e.options.timeout);
+pub(crate) fn job_timeout(
+    job: &Job,
+    options: Option<&crate::job::WorkerOptions>,
+) -> Option<Duration> {
+    let option = options.and_then(|o| o.timeout);
     // Most payloads have no such field: the decoding noted it, so they are not decoded again (nor
     // searched: a substring search of the payload cost more than the rest of this).
     if !job.may_name_timeout() {
@@ -946,7 +976,7 @@ fn job_timeout(job: &Job, entry: Option<&crate::registry::Entry>) -> Option<Dura
 /// A panic's message: the `&str` or `String` it was raised with (`panic!("...")`, `unwrap`, overflow).
 /// The panic's message, with any Redis URL's password hidden: it is logged (`job panicked`) and
 /// becomes the job's `error_message`.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         crate::redact::redact_urls_in(s)
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -40,8 +40,12 @@ pub use crate::error::Fate;
 
 /// The backoff before retry number `count` (0-based): `count**4 + 15 + jitter`.
 pub(crate) fn backoff(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {
-    let c = count.max(0) as f64;
-    c.powi(4) + 15.0 + jitter(count, rules, rng)
+    backoff_base(count) + jitter(count, rules, rng)
+}
+
+/// `count**4 + 15`: Sidekiq's backoff before its jitter.
+fn backoff_base(count: i64) -> f64 {
+    (count.max(0) as f64).powi(4) + 15.0
 }
 
 /// The Sidekiq version whose retry rules apply (see the module doc).
@@ -80,6 +84,37 @@ fn jitter(count: i64, rules: RetryRules, rng: &mut impl Rng) -> f64 {
     } else {
         f64::from(rng.random_range(0..10u32)) * n as f64
     }
+}
+
+/// The largest jitter [`jitter`] adds before retry number `count`.
+#[cfg(feature = "testing")]
+fn jitter_max(count: i64, rules: RetryRules) -> f64 {
+    let n = count.max(0).saturating_add(1);
+    if rules.jitter_8 {
+        n.saturating_mul(10).saturating_sub(1) as f64
+    } else {
+        9.0 * n as f64
+    }
+}
+
+/// The earliest and the latest time [`plan`] may choose for retry number `count` of a job that
+/// failed at `now` with `action` (the ends of the jitter's range): what a test can check, since the
+/// jitter is random (`oxidekiq::testing`).
+#[cfg(feature = "testing")]
+pub(crate) fn retry_window(
+    now: f64,
+    count: i64,
+    action: RetryAction,
+    rules: RetryRules,
+) -> (f64, f64) {
+    let base = match action {
+        RetryAction::In(secs) if secs > 0 => secs as f64,
+        _ => backoff_base(count),
+    };
+    (
+        bounded_at(now, base),
+        bounded_at(now, base + jitter_max(count, rules)),
+    )
 }
 
 /// Whether a job with `retry_count` now `count` has used up its retries (`job_retry.rb process_retry`):
@@ -192,6 +227,22 @@ pub(crate) enum Plan {
         /// The pushed payload.
         payload: String,
     },
+}
+
+impl Plan {
+    /// The fate [`apply`] reports once this plan is written.
+    pub(crate) fn fate(&self) -> Fate {
+        match self {
+            Plan::Retry { at, count, .. } => Fate::Retry {
+                at: *at,
+                count: *count,
+            },
+            Plan::Dead { .. } => Fate::Dead,
+            Plan::Discard => Fate::Discarded,
+            Plan::Reschedule { at } => Fate::Rescheduled { at: *at },
+            Plan::Requeue { .. } => Fate::Requeued,
+        }
+    }
 }
 
 /// Decides what Ruby's `JobRetry` would write for this failure.
@@ -483,36 +534,30 @@ pub(crate) async fn apply(
     token: Option<&Token>,
 ) -> Result<Fate> {
     match plan {
-        Plan::Retry { payload, at, count } => {
+        Plan::Retry { payload, at, .. } => {
             let write = FateWrite::Zadd {
                 key: keys::RETRY,
                 at: *at,
             };
             write_fate(conn, token, write, payload.as_bytes()).await?;
-            Ok(Fate::Retry {
-                at: *at,
-                count: *count,
-            })
         }
         Plan::Dead { payload } => {
             kill(conn, payload.as_bytes(), now, token).await?;
-            Ok(Fate::Dead)
         }
         // Nothing written: the ack (the token's place added to its acks set) is all there is to do.
-        Plan::Discard => Ok(Fate::Discarded),
+        Plan::Discard => {}
         Plan::Reschedule { at } => {
             let write = FateWrite::Zadd {
                 key: keys::SCHEDULE,
                 at: *at,
             };
             write_fate(conn, token, write, job.raw().as_bytes()).await?;
-            Ok(Fate::Rescheduled { at: *at })
         }
         Plan::Requeue { queue, payload } => {
             push_to_queue(conn, queue, payload.as_bytes(), None, token).await?;
-            Ok(Fate::Requeued)
         }
     }
+    Ok(plan.fate())
 }
 
 /// `DeadSet#kill` (`job_retry.rb send_to_morgue`): adds the member and trims the set by age and size, in
@@ -568,6 +613,48 @@ pub(crate) fn undecodable_payload(raw: &[u8], error: &str, now: f64, tf: TimeFor
             to_json(&msg).into_bytes()
         }
         Err(_) => raw.to_vec(),
+    }
+}
+
+/// The window `oxidekiq::testing` reports is the jitter's whole range: every delay `plan` picks falls
+/// in it, and both ends are reached, under both rule sets and for a `retry_in` answer.
+#[cfg(test)]
+mod tests_window {
+    use super::*;
+
+    #[test]
+    fn every_retry_plan_falls_in_its_window_and_reaches_both_ends() {
+        let job = Job::from_str(r#"{"class":"A","args":[],"jid":"j","retry_count":2}"#).unwrap();
+        for rules in [RetryRules::for_version((7, 3, 9)), RetryRules::default()] {
+            for action in [RetryAction::Default, RetryAction::In(100)] {
+                let mut error = JobError::msg("x");
+                error.action = action;
+                let (earliest, latest) = retry_window(1000.0, 3, action, rules);
+                let (mut low, mut high) = (f64::MAX, f64::MIN);
+                let mut rng = rand::rng();
+                for _ in 0..5000 {
+                    let failure = Failure {
+                        job: &job,
+                        queue: "default",
+                        error: &error,
+                        options: None,
+                        now: 1000.0,
+                        time_format: TimeFormat::Seconds,
+                        rules,
+                    };
+                    let Plan::Retry { at, count, .. } = plan(&failure, &mut rng) else {
+                        panic!("not a retry")
+                    };
+                    assert_eq!(count, 3);
+                    assert!(
+                        (earliest..=latest).contains(&at),
+                        "{at} outside {earliest}..={latest}"
+                    );
+                    (low, high) = (low.min(at), high.max(at));
+                }
+                assert_eq!((low, high), (earliest, latest), "{rules:?} {action:?}");
+            }
+        }
     }
 }
 

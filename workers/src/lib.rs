@@ -604,21 +604,79 @@ pub fn registry() -> Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oxidekiq::testing::{self, Fate, TestJob, TestRedis};
 
-    /// The own middleware of `class` in the demo registry, as its `Debug` text shows them.
-    fn own_middleware(class: &str) -> String {
-        let r = registry();
-        let entry = r.get(class).map(|e| format!("{e:?}"));
-        entry.unwrap_or_else(|| panic!("{class} is not registered"))
+    #[tokio::test]
+    async fn hard_worker_succeeds_and_retries_a_negative_count_with_sidekiqs_backoff() {
+        testing::perform(&HardWorker, ("bob", 5))
+            .await
+            .assert_done();
+        let failed = testing::perform(&HardWorker, ("eve", -1)).await;
+        assert_eq!(
+            failed.assert_retry(0).message,
+            "count must not be negative, got -1 for eve"
+        );
+        assert!(matches!(failed.fate, Fate::Retry { count: 0, .. }));
+        // What Ruby could send that `(String, i64)` refuses fails as it would in production.
+        let wrong = testing::perform(&HardWorker, ("bob", "5")).await;
+        assert_eq!(wrong.assert_retry(0).class, "ArgumentError");
+    }
+
+    #[tokio::test]
+    async fn welcome_email_job_runs_what_rails_enqueued_with_or_without_its_options() {
+        let fr = include_str!("../../fixtures/activejob-6.1/mailers_queue.json");
+        testing::perform_payload(&WelcomeEmailJob, fr)
+            .await
+            .assert_done();
+        let no_options = TestJob::new(oxidekiq::NewJob::activejob(
+            "WelcomeEmailJob",
+            "mailers",
+            vec![serde_json::json!(7)],
+        ));
+        no_options.perform(&WelcomeEmailJob).await.assert_done();
+        // `perform_later` without a user id: Ruby's `perform` would raise ArgumentError too.
+        let none = include_str!("../../fixtures/activejob-6.1/no_args.json");
+        let failed = testing::perform_payload(&WelcomeEmailJob, none).await;
+        assert_eq!(failed.assert_retry(0).class, "ArgumentError");
+    }
+
+    /// How many `SET` commands `redis` has run: each lock the middleware take is one `SET .. NX PX`.
+    async fn sets(redis: &TestRedis) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut redis.conn())
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
     }
 
     /// The lock benchmark's probes carry their locks, and only they: `.with` applies to the class
     /// registered just before it, so a class registered between a probe and its lock took the lock
-    /// (TracedJob ran sequentially and `KIND=sequential` measured an unlocked job).
-    #[test]
-    fn the_lock_probes_hold_their_locks_and_traced_job_none() {
-        assert!(own_middleware("UniqueNoopJob").contains("UniqueJob {"));
-        assert!(own_middleware("SequentialNoopJob").contains("SequentialJob {"));
-        assert!(!own_middleware("TracedJob").contains("SequentialJob {"));
+    /// (TracedJob ran sequentially and `KIND=sequential` measured an unlocked job). Each job runs
+    /// through the chain `registry()` gives its class, on a Redis of the test's own.
+    #[tokio::test]
+    async fn the_lock_probes_hold_their_locks_and_traced_job_none() {
+        let redis = TestRedis::start();
+        let registry = registry().freeze().unwrap();
+        let mut locks = Vec::new();
+        for job in [
+            TestJob::of::<UniqueNoopJob>((1,)),
+            TestJob::of::<SequentialNoopJob>((1,)),
+            TestJob::of::<TracedJob>(("step", None::<String>, false)),
+            TestJob::of::<UniqueReportJob>((0.0,)),
+            TestJob::of::<SequentialReportJob>((0.0,)),
+            TestJob::of::<NoopJob>(()),
+        ] {
+            let before = sets(&redis).await;
+            job.redis(&redis)
+                .perform_chain(&registry)
+                .await
+                .assert_done();
+            locks.push(sets(&redis).await - before);
+        }
+        assert_eq!(locks, [1, 1, 0, 1, 1, 0]);
     }
 }
