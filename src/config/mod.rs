@@ -76,8 +76,11 @@ pub use crate::sentinel::{SentinelConfig, SentinelNode};
 #[doc(inline)]
 pub use settings::Config;
 pub use settings::{
-    FetchMode, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_SECONDS, MAX_THREADS,
-    MAX_YAML_DEPTH, MAX_YAML_NODES, QueueWeight, UniqueJobsGem, UnknownClass, normalize_weights,
-    parse_queue_arg, process_env, sidekiq_environment, web_ui_routable,
+    Capsule, DEFAULT_CAPSULE, FetchMode, MAX_CAPSULES, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES,
+    MAX_QUEUE_WEIGHT, MAX_SECONDS, MAX_THREADS, MAX_YAML_DEPTH, MAX_YAML_NODES, QueueWeight,
+    UniqueJobsGem, UnknownClass, normalize_weights, parse_capsule_arg, parse_queue_arg,
+    process_env, sidekiq_environment, web_ui_routable,
 };
-pub(crate) use settings::{check_queue_list, parse_queue_spec, positive_duration};
+pub(crate) use settings::{
+    check_queue_list, merge_capsule, parse_capsule_spec, parse_queue_spec, positive_duration,
+};
