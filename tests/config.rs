@@ -644,7 +644,10 @@ async fn a_config_built_by_hand_with_zero_or_too_many_job_threads_is_refused_at_
     }
 }
 
-fn capsules(c: &Config) -> Vec<(&str, usize, Vec<(&str, u32)>)> {
+/// A capsule as (name, concurrency, queues with weights).
+type CapsuleView<'a> = (&'a str, usize, Vec<(&'a str, u32)>);
+
+fn capsules(c: &Config) -> Vec<CapsuleView<'_>> {
     c.capsules
         .iter()
         .map(|cap| {
