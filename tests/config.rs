@@ -722,6 +722,10 @@ fn a_capsule_that_cannot_run_as_written_is_refused() {
             "name the others",
         ),
         (
+            "capsules: { \"a b\": { concurrency: 1, queues: [a] } }\n",
+            "may hold only",
+        ),
+        (
             "capsules: { a: { concurrency: 6000, queues: [a] } }\nconcurrency: 5000\n",
             "over every capsule",
         ),
@@ -780,6 +784,20 @@ fn the_capsule_flag_declares_capsules_and_replaces_the_files() {
             "--capsule {bad} accepted"
         );
     }
+}
+
+#[test]
+fn a_config_built_by_hand_gets_the_capsule_rules_at_start() {
+    let bad = Config {
+        capsules: vec![oxidekiq::config::Capsule {
+            name: "empty".into(),
+            concurrency: 1,
+            queues: vec![],
+        }],
+        ..Config::default()
+    };
+    let e = bad.check_bounds().unwrap_err().to_string();
+    assert!(e.contains("capsule empty: no queue"), "{e}");
 }
 
 #[test]

@@ -364,6 +364,7 @@ impl Config {
                 "concurrency: {total} over every capsule is too large, it must be at most {MAX_CONCURRENCY}"
             )));
         }
+        self.check_capsules()?;
         for c in &self.capsules {
             if let Some(q) = c.queues.iter().find(|q| q.weight > MAX_QUEUE_WEIGHT) {
                 return Err(Error::Config(format!(
@@ -394,7 +395,7 @@ impl Config {
             return Err(Error::Config("no queue to fetch from".into()));
         }
         check_queue_list(&self.queues)?;
-        self.check_capsules()?;
+        self.warn_idle_capsules();
         if let Some(q) = &self.handoff
             && self.served_queues().any(|served| served == q)
         {
@@ -463,15 +464,21 @@ impl Config {
         out
     }
 
-    /// The named capsules' rules: a name of its own (not `default`, not twice), a queue list of its
-    /// own (not empty, no queue twice), and a concurrency of 0 only with a warning naming the queues
-    /// no other capsule serves (Sidekiq starts such a capsule with no thread: its jobs wait for good).
+    /// The named capsules' rules, for flags, `sidekiq.yml` and a `Config` built in Rust alike: a name of
+    /// its own (not `default`, not twice; letters, digits, `_`, `-`, `.` and `:` only, as it reaches the
+    /// logs, the Busy page and a metric label), a queue list of its own (not empty, no queue twice).
     fn check_capsules(&self) -> Result<(), Error> {
         let mut names = HashSet::new();
         for c in &self.capsules {
-            let name = c.name.trim();
+            let name = c.name.as_str();
             if name.is_empty() {
                 return Err(Error::Config("a capsule name is empty".into()));
+            }
+            if !web_ui_routable(name) {
+                return Err(Error::Config(format!(
+                    "capsule name `{}` may hold only letters, digits, `_`, `-`, `.` and `:`",
+                    crate::logging::escape(name)
+                )));
             }
             if name == DEFAULT_CAPSULE {
                 return Err(Error::Config(format!(
@@ -491,6 +498,12 @@ impl Config {
             check_queue_list(&c.queues)
                 .map_err(|e| Error::Config(format!("capsule {name}: {}", message(e))))?;
         }
+        Ok(())
+    }
+
+    /// A capsule of concurrency 0 runs nothing (Sidekiq starts it with no thread: its jobs wait for
+    /// good): a WARN naming the queues no other capsule serves.
+    fn warn_idle_capsules(&self) {
         for c in self.capsules.iter().filter(|c| c.concurrency == 0) {
             let served: HashSet<&str> = self.served_queues().collect();
             let unserved: Vec<&str> = c
@@ -504,7 +517,7 @@ impl Config {
             } else {
                 format!(
                     "queues served by no capsule, whose jobs wait in Redis: {}",
-                    unserved.join(", ")
+                    crate::logging::escape(&unserved.join(", "))
                 )
             };
             crate::logging::warn_early(format!(
@@ -512,7 +525,6 @@ impl Config {
                 crate::logging::escape(&c.name)
             ));
         }
-        Ok(())
     }
 }
 
