@@ -553,10 +553,37 @@ pub fn config_from(
         return Err(Error::Config(
             "--sentinel-master needs at least one --sentinel HOST:PORT".into(),
         ));
+    } else if cli
+        .sentinel_password
+        .as_ref()
+        .is_some_and(|p| !p.is_empty())
+    {
+        crate::logging::warn_early(
+            "--sentinel-password / REDIS_SENTINEL_PASSWORD is set but no sentinel is configured: \
+             ignored (Redis is reached at the URL)"
+                .into(),
+        );
     }
+    warn_unused_flags(cli, &config);
 
     config.validate()?;
     Ok(config)
+}
+
+/// Settings read that change nothing in this combination, each a WARN naming it and what happens
+/// instead (docs/configuration.md, "Settings not honoured").
+fn warn_unused_flags(cli: &Cli, config: &Config) {
+    if !config.cron.enabled && cli.no_cron && cli.cron_poll_interval.is_some() {
+        crate::logging::warn_early(
+            "--cron-poll-interval is set with --no-cron: ignored, no cron schedule runs".into(),
+        );
+    }
+    if !config.run_flagged.is_empty() && config.handoff.is_none() {
+        crate::logging::warn_early(format!(
+            "--run-flagged {} without --handoff: ignored, no job is handed off, flagged or not",
+            crate::logging::escape(&config.run_flagged.join(","))
+        ));
+    }
 }
 
 /// As [`load`], also giving the migration subcommand, if one was given (`oxidekiq [flags] check`).

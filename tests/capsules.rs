@@ -255,7 +255,8 @@ fn quiet_and_stop_push_back_every_capsules_jobs_once() {
 }
 
 /// What oxidekiq reads but does not do is said at WARN, naming it: an unknown key, a capsule of
-/// concurrency 0 (its queue then waits for good), a key of a capsule it does not read.
+/// concurrency 0 (its queue then waits for good), a key of a capsule it does not read, flags that
+/// change nothing in their combination.
 #[test]
 fn settings_not_honoured_are_warned_of_by_name() {
     let redis = support::RedisServer::start();
@@ -264,7 +265,20 @@ fn settings_not_honoured_are_warned_of_by_name() {
         ":capsules:\n  idle:\n    concurrency: 0\n    queues: [parked, default]\n",
         "  busy:\n    concurrency: 1\n    queues: [busy]\n    fetch_class: Foo\n",
     ));
-    let mut ox = support::Oxidekiq::start_in(dir, &redis.url(), &["--beat-interval", "0.3"], &[]);
+    let mut ox = support::Oxidekiq::start_in(
+        dir,
+        &redis.url(),
+        &[
+            "--beat-interval",
+            "0.3",
+            "--run-flagged",
+            "Billing",
+            "--no-cron",
+            "--cron-poll-interval",
+            "5",
+        ],
+        &[("REDIS_SENTINEL_PASSWORD", "s3cr3t-sentinel")],
+    );
     assert!(
         ox.wait_for_log("starting", Duration::from_secs(10)),
         "{}",
@@ -283,6 +297,13 @@ fn settings_not_honoured_are_warned_of_by_name() {
         "{log}"
     );
     assert!(warned("capsule busy key `fetch_class`"), "{log}");
+    assert!(warned("--run-flagged Billing without --handoff"), "{log}");
+    assert!(
+        warned("--cron-poll-interval is set with --no-cron"),
+        "{log}"
+    );
+    assert!(warned("no sentinel is configured"), "{log}");
+    assert!(!log.contains("s3cr3t"), "{log}");
     assert!(!warned("`require`"), "a Ruby-only key stays quiet: {log}");
 }
 
