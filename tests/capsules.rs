@@ -204,6 +204,16 @@ fn a_capsule_of_two_reaches_two_and_the_heartbeat_and_metrics_list_every_capsule
 /// twice, and no batch list of the process is left.
 #[test]
 fn quiet_and_stop_push_back_every_capsules_jobs_once() {
+    stop_pushes_back_every_capsules_jobs_once(&[]);
+}
+
+/// The same with `--fetch basic`: each capsule pushes back its own jobs through its own fetch.
+#[test]
+fn quiet_and_stop_push_back_every_capsules_jobs_once_with_basic_fetch() {
+    stop_pushes_back_every_capsules_jobs_once(&["--fetch", "basic"]);
+}
+
+fn stop_pushes_back_every_capsules_jobs_once(extra: &[&str]) {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     let mut all = enqueue(&mut c, "default", "default", 60_000, 5);
@@ -213,12 +223,9 @@ fn quiet_and_stop_push_back_every_capsules_jobs_once() {
         "  :single:\n    :concurrency: 1\n    :queues: [single]\n",
         "  both:\n    concurrency: 2\n    queues: [[single, 2], default]\n",
     ));
-    let mut ox = support::Oxidekiq::start_in(
-        dir,
-        &redis.url(),
-        &["--beat-interval", "0.3", "-t", "1"],
-        &[],
-    );
+    let mut args = vec!["--beat-interval", "0.3", "-t", "1"];
+    args.extend_from_slice(extra);
+    let mut ox = support::Oxidekiq::start_in(dir, &redis.url(), &args, &[]);
     // 2 + 1 + 2 slots, all busy.
     assert!(
         support::wait_until(Duration::from_secs(10), || count(&mut c, PEAK_RUNS) == 5),
