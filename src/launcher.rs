@@ -3,7 +3,7 @@
 //! `heartbeat`, orphan recovery in `fetch::recovery`, the poller in
 //! `scheduled`).
 //!
-//! Capsules (Sidekiq 7's, `Config::capsules`): one [`Manager`] per capsule, the default one first, each
+//! Capsules (Sidekiq 7's, `Config::capsules`): one manager per capsule, the default one first, each
 //! with its own fetch (its own queues and order, its own blocking connection, its own range of batch
 //! numbers: `fetch::CAPSULE_SHIFT`), work table and acker; they share the identity, the heartbeat, the
 //! liveness key, recovery, the quiet and the stop. A process of one capsule builds exactly what it

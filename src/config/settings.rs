@@ -543,7 +543,7 @@ fn message(e: Error) -> String {
 /// Parses a `--capsule` argument, `NAME:CONCURRENCY:QUEUE[,WEIGHT][ QUEUE[,WEIGHT]]...`: the name and
 /// the concurrency end at the first two colons, the rest is the queue list (a queue name may hold
 /// colons), its queues apart by spaces, each as `-q` takes it. A flag repeated with the same name adds
-/// its queues to that capsule ([`merge_capsule`]).
+/// its queues to that capsule.
 pub fn parse_capsule_arg(arg: &str) -> Result<Capsule, Error> {
     parse_capsule_spec(arg).map_err(Error::Config)
 }
