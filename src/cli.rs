@@ -62,6 +62,10 @@ pub struct Cli {
     #[arg(global = true, short = 'q', long = "queue", value_name = "QUEUE[,WEIGHT]", value_parser = queue_value)]
     pub queues: Vec<QueueWeight>,
 
+    /// A capsule beside the default one: its own CONCURRENCY slots for its own QUEUEs (as -q takes them, apart by spaces); repeat for several, or with the same NAME to add queues (replaces the file's capsules)
+    #[arg(global = true, long = "capsule", value_name = "NAME:CONCURRENCY:QUEUE[,WEIGHT]", value_parser = capsule_value)]
+    pub capsules: Vec<config::Capsule>,
+
     /// How many jobs run at once, 1 to 10000 [default: 10, or RAILS_MAX_THREADS]
     #[arg(global = true, short = 'c', long, value_name = "INT", value_parser = concurrency_value)]
     pub concurrency: Option<usize>,
@@ -256,6 +260,7 @@ impl fmt::Debug for Cli {
         // By hand so the Redis password never reaches a log line.
         f.debug_struct("Cli")
             .field("queues", &self.queues)
+            .field("capsules", &self.capsules)
             .field("concurrency", &self.concurrency)
             .field("timeout", &self.timeout)
             .field("tag", &self.tag)
@@ -287,6 +292,10 @@ impl fmt::Debug for Cli {
             )
             .finish()
     }
+}
+
+fn capsule_value(arg: &str) -> Result<config::Capsule, String> {
+    config::parse_capsule_spec(arg)
 }
 
 fn queue_value(arg: &str) -> Result<QueueWeight, String> {
@@ -434,6 +443,20 @@ pub fn config_from(
         normalize_weights(&mut queues);
         config.queues = queues;
     }
+    if !cli.capsules.is_empty() {
+        let mut capsules = Vec::new();
+        for c in &cli.capsules {
+            config::merge_capsule(&mut capsules, c.clone())?;
+        }
+        for c in &mut capsules {
+            check_queue_list(&c.queues).map_err(|e| match e {
+                Error::Config(m) => Error::Config(format!("--capsule {}: {m}", c.name)),
+                other => other,
+            })?;
+            normalize_weights(&mut c.queues);
+        }
+        config.capsules = capsules;
+    }
     if let Some(tag) = &cli.tag {
         config.tag = Some(tag.clone());
     }
@@ -530,10 +553,37 @@ pub fn config_from(
         return Err(Error::Config(
             "--sentinel-master needs at least one --sentinel HOST:PORT".into(),
         ));
+    } else if cli
+        .sentinel_password
+        .as_ref()
+        .is_some_and(|p| !p.is_empty())
+    {
+        crate::logging::warn_early(
+            "--sentinel-password / REDIS_SENTINEL_PASSWORD is set but no sentinel is configured: \
+             ignored (Redis is reached at the URL)"
+                .into(),
+        );
     }
+    warn_unused_flags(cli, &config);
 
     config.validate()?;
     Ok(config)
+}
+
+/// Settings read that change nothing in this combination, each a WARN naming it and what happens
+/// instead (docs/configuration.md, "Settings not honoured").
+fn warn_unused_flags(cli: &Cli, config: &Config) {
+    if !config.cron.enabled && cli.no_cron && cli.cron_poll_interval.is_some() {
+        crate::logging::warn_early(
+            "--cron-poll-interval is set with --no-cron: ignored, no cron schedule runs".into(),
+        );
+    }
+    if !config.run_flagged.is_empty() && config.handoff.is_none() {
+        crate::logging::warn_early(format!(
+            "--run-flagged {} without --handoff: ignored, no job is handed off, flagged or not",
+            crate::logging::escape(&config.run_flagged.join(","))
+        ));
+    }
 }
 
 /// As [`load`], also giving the migration subcommand, if one was given (`oxidekiq [flags] check`).

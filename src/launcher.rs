@@ -3,6 +3,12 @@
 //! `heartbeat`, orphan recovery in `fetch::recovery`, the poller in
 //! `scheduled`).
 //!
+//! Capsules (Sidekiq 7's, `Config::capsules`): one manager per capsule, the default one first, each
+//! with its own fetch (its own queues and order, its own blocking connection, its own range of batch
+//! numbers: `fetch::CAPSULE_SHIFT`), work table and acker; they share the identity, the heartbeat, the
+//! liveness key, recovery, the quiet and the stop. A process of one capsule builds exactly what it
+//! built before capsules.
+//!
 //! Mirrors `launcher.rb`. Control arrives from OS signals (TSTP quiet; TERM/INT stop; TTIN dump: class,
 //! jid, queue and start time of each running job, never its arguments), from the Web UI through
 //! `<identity>-signals`, or from a [`Handle`] in tests.
@@ -39,12 +45,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::config::Config;
+use crate::config::{Capsule, Config};
 use crate::error::Result;
 pub use crate::events::{Event, Listener};
 use crate::fetch::{self, Fetch};
 use crate::fleet::Fleet;
-use crate::heartbeat::{self, Heartbeat, ProcessInfo};
+use crate::heartbeat::{self, CapsuleInfo, Heartbeat, ProcessInfo};
 use crate::lock_batch::Locks;
 use crate::manager::{Manager, with_retries};
 use crate::metrics::Metrics;
@@ -193,7 +199,6 @@ impl Launcher {
         let conn = target.connect().await?;
         let job_conn = target.connect().await?;
         let block = Duration::from_secs(1);
-        let blocking = target.connect_blocking(block).await?;
         // The timestamp format follows the fleet, re-decided on every beat (the first one below runs
         // before any job), unless configured.
         let fleet = Arc::new(Fleet::new(cfg.millisecond_timestamps.map(|ms| {
@@ -203,28 +208,51 @@ impl Launcher {
                 TimeFormat::Seconds
             }
         })));
+        let capsules = cfg.all_capsules();
+        if capsules.len() > fetch::MAX_CAPSULES {
+            return Err(crate::Error::Config(format!(
+                "{} capsules, there may be at most {}",
+                capsules.len(),
+                fetch::MAX_CAPSULES
+            )));
+        }
         let info = ProcessInfo::new(
             cfg.tag.clone(),
             cfg.labels.clone(),
-            cfg.concurrency,
-            cfg.queues
+            capsules
                 .iter()
-                .map(|q| (q.name.clone(), q.weight))
+                .map(|c| CapsuleInfo {
+                    name: c.name.clone(),
+                    concurrency: c.concurrency,
+                    queues: c
+                        .queues
+                        .iter()
+                        .map(|q| (q.name.clone(), q.weight))
+                        .collect(),
+                })
                 .collect(),
         );
         let identity = info.identity.clone();
-        let fetch = fetch::new(
-            cfg.fetch,
-            fetch::Setup {
-                queues: &cfg.queues,
-                identity: &identity,
-                conn: conn.clone(),
-                blocking,
-                block,
-                max_payload_bytes: cfg.max_payload_bytes,
-                fleet: fleet.clone(),
-            },
-        );
+        // One fetch per capsule, over its own queues, with a blocking connection of its own (a
+        // blocking wait holds its connection). The first one's is made first: a process of one capsule
+        // opens the connections it always did.
+        let mut fetches = Vec::with_capacity(capsules.len());
+        for (index, capsule) in capsules.iter().enumerate() {
+            let blocking = target.connect_blocking(block).await?;
+            fetches.push(fetch::new(
+                cfg.fetch,
+                fetch::Setup {
+                    queues: &capsule.queues,
+                    identity: &identity,
+                    conn: conn.clone(),
+                    blocking,
+                    block,
+                    max_payload_bytes: cfg.max_payload_bytes,
+                    fleet: fleet.clone(),
+                    capsule: index as u64,
+                },
+            ));
+        }
         let parts = Parts::build(
             cfg,
             self.registry,
@@ -233,7 +261,7 @@ impl Launcher {
                 jobs: job_conn,
                 lock_dialer: target.dialer(),
             },
-            fetch,
+            capsules.into_iter().zip(fetches).collect(),
             fleet,
             info,
             jobs,
@@ -241,8 +269,10 @@ impl Launcher {
         .await?;
         tracing::info!(
             identity = %identity,
-            concurrency = parts.cfg.concurrency,
+            concurrency = parts.heartbeat.info.concurrency(),
             queues = %parts.cfg.queues.iter().map(|q| q.name.as_str()).collect::<Vec<_>>().join(","),
+            capsules = %parts.heartbeat.info.capsules.iter().map(|c| format!("{}:{}:{}", c.name, c.concurrency,
+                c.queues.iter().map(|(q, _)| q.as_str()).collect::<Vec<_>>().join(","))).collect::<Vec<_>>().join(" "),
             redis = %target.describe(&parts.cfg.redis_url()),
             fetch = ?parts.cfg.fetch,
             "oxidekiq {} starting", env!("CARGO_PKG_VERSION")
@@ -325,8 +355,11 @@ struct Parts {
     /// The runtime the jobs run on; shut down, without waiting for stuck threads, when the launcher ends.
     jobs: JobRuntime,
     shutdown: Shutdown,
+    /// The first capsule's fetch: every capsule's is of the same kind, which the liveness key and
+    /// recovery ask about.
     fetch: Arc<dyn Fetch>,
-    manager: Manager,
+    /// One manager per capsule, the default one first: each its own slots, fetch, work table and acker.
+    managers: Managers,
     heartbeat: Arc<Heartbeat>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
@@ -343,7 +376,7 @@ impl Parts {
         cfg: Config,
         registry: Registry,
         conns: Conns,
-        fetch: Arc<dyn Fetch>,
+        capsules: Vec<(Capsule, Arc<dyn Fetch>)>,
         fleet: Arc<Fleet>,
         info: ProcessInfo,
         jobs: JobRuntime,
@@ -355,45 +388,61 @@ impl Parts {
         } = conns;
         let shutdown = Shutdown::new();
         let signal = shutdown.signal();
-        let (stats, work) = (Arc::new(Stats::default()), Arc::new(WorkTable::default()));
+        let stats = Arc::new(Stats::default());
         let metrics = Arc::new(Metrics::default());
-        let (acks, acks_rx) = mpsc::unbounded_channel();
         // One batch task for every job's lock commands, over the jobs' connection. Spawned here, on the
         // control plane's runtime, so the stop's flush of lock releases never waits on a blocked job
         // runtime: left to its first use, it would start on the job runtime (a lock job's thread).
         let locks = Locks::dialing(job_conn.clone(), lock_dialer);
         locks.batcher();
-        let processor = Processor {
-            registry: registry.freeze()?,
-            conn: job_conn.clone(),
-            stats: stats.clone(),
-            work: work.clone(),
-            acks,
-            shutdown: signal.clone(),
-            max_payload_bytes: cfg.max_payload_bytes,
-            unknown_class: cfg.unknown_class,
-            fleet: fleet.clone(),
-            metrics: metrics.clone(),
-            handoff: crate::migrate::handoff::Handoff::from_config(&cfg),
-            locks: locks.clone(),
-            unique_jobs: std::sync::Arc::new(crate::unique_jobs::GemVersion::new(
-                cfg.unique_jobs_gem,
-            )),
-            routes: crate::routes::RolledBack::new(conn.clone()),
-            working_prefix: fetch.working_prefix(),
-        };
+        let registry = registry.freeze()?;
+        let handoff = crate::migrate::handoff::Handoff::from_config(&cfg);
+        let unique_jobs = Arc::new(crate::unique_jobs::GemVersion::new(cfg.unique_jobs_gem));
+        let routes = crate::routes::RolledBack::new(conn.clone());
+        let fetch = capsules[0].1.clone();
+        // Each capsule's processor: the same parts, but its own work table (its push-back drains only
+        // its own jobs, through its own fetch) and its own acker (an ack goes to the fetch that holds
+        // the job). The tables' thread ids are distinct (`WorkTable::striped`).
+        let count = capsules.len();
+        let mut built = Vec::with_capacity(count);
+        for (index, (capsule, fetch)) in capsules.into_iter().enumerate() {
+            let work = Arc::new(WorkTable::striped(index, count));
+            let (acks, acks_rx) = mpsc::unbounded_channel();
+            let processor = Processor {
+                registry: registry.clone(),
+                conn: job_conn.clone(),
+                stats: stats.clone(),
+                work: work.clone(),
+                acks,
+                shutdown: signal.clone(),
+                max_payload_bytes: cfg.max_payload_bytes,
+                unknown_class: cfg.unknown_class,
+                fleet: fleet.clone(),
+                metrics: metrics.clone(),
+                handoff: handoff.clone(),
+                locks: locks.clone(),
+                unique_jobs: unique_jobs.clone(),
+                routes: routes.clone(),
+                working_prefix: fetch.working_prefix(),
+            };
+            built.push((capsule, fetch, processor, acks_rx));
+        }
+        let works: Vec<(String, usize, Arc<WorkTable>)> = built
+            .iter()
+            .map(|(c, _, p, _)| (c.name.clone(), c.concurrency, p.work.clone()))
+            .collect();
         let alive_ttl = alive_ttl(cfg.beat_interval);
         let heartbeat = Heartbeat::new(
             info,
             conn.clone(),
             stats,
-            work.clone(),
+            works.iter().map(|(_, _, w)| w.clone()).collect(),
             fleet.clone(),
             metrics,
         )
-        .serving(&processor.registry.classes(), alive_ttl);
+        .serving(&registry.classes(), alive_ttl);
         // Listening first: a taken address ends the start before the process shows up in Redis.
-        let http = crate::http::start_if(&cfg, &conn, &work, &signal).await?;
+        let http = crate::http::start_if(&cfg, &conn, works, &signal).await?;
         // Be visible and alive before the first fetch, so no recovery takes our working lists. The first
         // orphan recovery runs at once in the background loop: a pass walks the whole keyspace, and the
         // start should not wait for it.
@@ -405,13 +454,20 @@ impl Parts {
         let Some(on) = jobs.handle() else {
             return Err(crate::Error::Config("the job runtime is gone".into()));
         };
-        let manager = Manager::start(
-            fetch.clone(),
-            processor,
-            acks_rx,
-            cfg.concurrency,
-            signal,
-            on,
+        let managers = Managers(
+            built
+                .into_iter()
+                .map(|(capsule, fetch, processor, acks_rx)| {
+                    Manager::start(
+                        fetch,
+                        processor,
+                        acks_rx,
+                        capsule.concurrency,
+                        signal.clone(),
+                        on.clone(),
+                    )
+                })
+                .collect(),
         );
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         Ok(Parts {
@@ -421,7 +477,7 @@ impl Parts {
             jobs,
             shutdown,
             fetch,
-            manager,
+            managers,
             heartbeat: Arc::new(heartbeat),
             control_tx,
             control_rx,
@@ -507,7 +563,7 @@ impl Parts {
             tokio::select! {
                 c = self.control_rx.recv() => if let Some(c) = c && self.on_control(c, &mut deadline) {
                     stop_deadline = stop_deadline.or(deadline);
-                    if self.manager.jobs_ended() {
+                    if self.managers.jobs_ended() {
                         return stop_deadline;
                     }
                 },
@@ -516,7 +572,7 @@ impl Parts {
                     self.shutdown.advance(Phase::Cancelled);
                     deadline = None;
                 }
-                _ = self.manager.jobs_done(), if !self.manager.jobs_ended() => {
+                _ = self.managers.jobs_done(), if !self.managers.jobs_ended() => {
                     if self.shutdown.phase() >= Phase::Stopping {
                         return stop_deadline;
                     }
@@ -547,7 +603,7 @@ impl Parts {
                 true
             }
             Control::Dump => {
-                self.manager.dump();
+                self.managers.dump();
                 false
             }
         }
@@ -556,10 +612,10 @@ impl Parts {
     /// The manager's push-back, bounded by `end_by` and by a second stop. True when all of it reached
     /// Redis; then a fetch that holds jobs in Redis drops its liveness key (nothing is left to recover).
     async fn push_back(&mut self, end_by: Instant) -> bool {
-        let (manager, locks) = (&mut self.manager, &self.locks);
+        let (managers, locks) = (&mut self.managers, &self.locks);
         let cleaned = tokio::select! {
             r = async {
-                let r = manager.push_back().await;
+                let r = managers.push_back().await;
                 // Job locks whose release was queued, not awaited, as their jobs ended (`lock_batch`).
                 locks.flush().await;
                 r
@@ -574,7 +630,7 @@ impl Parts {
             }
         };
         if !cleaned {
-            self.manager.abandon();
+            self.managers.abandon();
         } else if self.fetch.holds_in_redis() {
             let key = crate::keys::alive(&self.heartbeat.info.identity);
             let _: redis::RedisResult<()> =
@@ -599,6 +655,64 @@ impl Parts {
         // runtime's threads are let go without waiting for it.
         drop(self.jobs);
         tracing::info!("Bye!");
+    }
+}
+
+/// The managers of the capsules, the default one first: they start, quiet, stop and push back together,
+/// each over its own jobs.
+#[derive(Debug)]
+struct Managers(Vec<Manager>);
+
+impl Managers {
+    /// Waits until every capsule's jobs ended. Cancel-safe (each manager's wait is, and one that ended
+    /// stays ended).
+    async fn jobs_done(&mut self) {
+        for m in &mut self.0 {
+            m.jobs_done().await;
+        }
+    }
+
+    /// True once every capsule's jobs ended.
+    fn jobs_ended(&self) -> bool {
+        self.0.iter().all(Manager::jobs_ended)
+    }
+
+    /// Logs who is running, in every capsule.
+    fn dump(&self) {
+        for m in &self.0 {
+            m.dump();
+        }
+    }
+
+    /// Every capsule's push-back, side by side (each flushes its acks and pushes back its own jobs
+    /// through its own fetch). True when all of it reached Redis.
+    async fn push_back(&mut self) -> bool {
+        use std::task::Poll;
+        let mut pending: Vec<_> = self.0.iter_mut().map(|m| Box::pin(m.push_back())).collect();
+        let mut results: Vec<Option<bool>> = vec![None; pending.len()];
+        std::future::poll_fn(|cx| {
+            for (f, r) in pending.iter_mut().zip(&mut results) {
+                if r.is_none()
+                    && let Poll::Ready(ok) = f.as_mut().poll(cx)
+                {
+                    *r = Some(ok);
+                }
+            }
+            if results.iter().all(Option::is_some) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        results.into_iter().all(|r| r == Some(true))
+    }
+
+    /// Every capsule's push-back was cut short.
+    fn abandon(&mut self) {
+        for m in &mut self.0 {
+            m.abandon();
+        }
     }
 }
 

@@ -46,6 +46,14 @@
 //!   count);
 //! - `CHAOS_NO_PANIC=1` — the same draws with `panic` jobs turned into `fail` ones.
 //!
+//! Issue 38 adds capsules, drawn from a generator of their own: 0 to 2 named capsules beside the
+//! default one (`--capsule`, 1 to 4 slots each, over a random subset of the queues, so queue lists
+//! overlap), the same in every process. Finding of its own:
+//!
+//! - **capsule over cap**: a capsule of a live process with more jobs on the Busy page than its slots
+//!   (checked with the beats; not once `retry` was damaged, when a job whose fate is stuck gives up
+//!   its slot and stays on the page).
+//!
 //! Issue 31 adds interrupts mid-iteration: iterable `ChaosIterJob`s drawn and checked in
 //! `tests/chaos/iterable.rs` (items skipped or repeated, completions).
 //!
@@ -233,8 +241,12 @@ fn draw_issue26(seed: u64, chaos_secs: f64, events: &mut Vec<(f64, Event)>) -> b
 struct Plan {
     /// Queue names with their weights (all 0 when strict).
     queues: Vec<(String, u32)>,
-    /// Concurrency of each process slot.
+    /// Concurrency of each process slot (its default capsule's).
     concurrency: Vec<usize>,
+    /// Issue 38: named capsules every process runs beside its default one (`--capsule`): name,
+    /// concurrency, queues with weights (a subset of `queues`, overlapping each other's and the
+    /// default capsule's).
+    capsules: Vec<CapsuleSpec>,
     /// Runtime threads of every process (`--threads`; `None`: the default, one per CPU less one).
     threads: Option<usize>,
     /// (seconds since the start, event), sorted.
@@ -367,8 +379,10 @@ impl Plan {
             }
         }
         events.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let capsules = draw_capsules(seed, &queues);
         Plan {
             queues,
+            capsules,
             concurrency,
             threads,
             events,
@@ -419,16 +433,57 @@ impl Plan {
             };
             *kinds.entry(k).or_default() += 1;
         }
+        let capsules: Vec<String> = self
+            .capsules
+            .iter()
+            .map(|(name, c, qs)| {
+                let qs: Vec<String> = qs.iter().map(|(q, w)| format!("{q},{w}")).collect();
+                format!("{name}:{c}:{}", qs.join("+"))
+            })
+            .collect();
         format!(
-            "queues=[{}]{} c={:?} threads={} jobs={} faults={:?}",
+            "queues=[{}]{} capsules=[{}] c={:?} threads={} jobs={} faults={:?}",
             queues.join(" "),
             if self.strict() { "strict" } else { "weighted" },
+            capsules.join(" "),
             self.concurrency,
             self.threads.map_or("cpus".to_string(), |n| n.to_string()),
             self.jobs().count(),
             kinds
         )
     }
+}
+
+/// A named capsule: name, concurrency, queues with weights.
+type CapsuleSpec = (String, usize, Vec<(String, u32)>);
+
+/// Issue 38: 0 to 2 named capsules beside the default one (so 1 to 3 per process), each of 1 to 4
+/// slots (small, so a cap is reached) over a random non-empty subset of the queues, strict or
+/// weighted. From a generator of its own: every other draw of a seed is what it was before capsules.
+fn draw_capsules(seed: u64, queues: &[(String, u32)]) -> Vec<CapsuleSpec> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6361_7073_756c_6573);
+    (0..rng.random_range(0..=2))
+        .map(|i| {
+            let strict = rng.random_bool(0.5);
+            let mut qs: Vec<(String, u32)> = Vec::new();
+            for (q, _) in queues {
+                if rng.random_bool(0.6) {
+                    let w = if strict { 0 } else { rng.random_range(1..=3) };
+                    qs.push((q.clone(), w));
+                }
+            }
+            if qs.is_empty() {
+                let (q, _) = queues.choose(&mut rng).unwrap();
+                qs.push((q.clone(), 0));
+            }
+            (format!("cap{i}"), rng.random_range(1..=4), qs)
+        })
+        .collect()
+}
+
+/// A Busy-page thread id (base 36) as the number it writes.
+fn tid_number(tid: &str) -> Option<u64> {
+    u64::from_str_radix(tid, 36).ok()
 }
 
 /// One job of a burst: mostly succeeding, some sleeping (now and then past the stop deadline), some
@@ -650,6 +705,9 @@ struct Run<'a> {
     runs_before: Option<HashMap<String, u64>>,
     /// Keys damaged and not repaired yet.
     damaged: Vec<Damage>,
+    /// `retry` was damaged at some point: a job whose fate write is stuck gives up its slot but stays
+    /// on the Busy page, so a capsule's rows may then outnumber its slots.
+    fates_stuck: bool,
 }
 
 impl<'a> Run<'a> {
@@ -674,6 +732,20 @@ impl<'a> Run<'a> {
             } else {
                 format!("{q},{w}")
             });
+        }
+        for (name, c, qs) in &self.plan.capsules {
+            let qs: Vec<String> = qs
+                .iter()
+                .map(|(q, w)| {
+                    if *w == 0 {
+                        q.clone()
+                    } else {
+                        format!("{q},{w}")
+                    }
+                })
+                .collect();
+            args.push("--capsule".into());
+            args.push(format!("{name}:{c}:{}", qs.join(" ")));
         }
         args
     }
@@ -960,6 +1032,7 @@ impl<'a> Run<'a> {
     /// last ten seconds, is a starved control plane (its liveness key lapsed while it ran). Checked before each kill, client kill and quiet,
     /// and before the stop.
     fn check_beats(&mut self) {
+        self.check_capsules();
         let redis_up_since = self.stalls.last().map_or(f64::MIN, |(end, _)| *end);
         if now() - redis_up_since < 10.0 {
             return;
@@ -981,6 +1054,45 @@ impl<'a> Run<'a> {
                 self.findings.push(format!(
                     "BEAT LAG: {identity} last beat {age:.1}s ago (beat every {BEAT_SECS}s, Redis up)"
                 ));
+            }
+        }
+    }
+
+    /// Issue 38: no capsule of a live process runs more jobs than its slots. Each capsule's rows on the
+    /// Busy page (`<identity>:work`, as of the last beat) carry thread ids of its own: row `k` of
+    /// capsule `i` of `n` is number `k * n + i + 1`. Not checked once `retry` was damaged (see
+    /// `fates_stuck`).
+    fn check_capsules(&mut self) {
+        if self.plan.capsules.is_empty() || self.fates_stuck {
+            return;
+        }
+        let live: Vec<(String, usize)> = self
+            .procs
+            .iter()
+            .flatten()
+            .map(|p| (p.identity.clone(), p.concurrency))
+            .collect();
+        let n = self.plan.capsules.len() as u64 + 1;
+        for (identity, concurrency) in live {
+            let tids: Vec<String> = self.c.hkeys(format!("{identity}:work")).unwrap_or_default();
+            let mut per = vec![0usize; n as usize];
+            for t in tids.iter().filter_map(|t| tid_number(t)) {
+                per[((t - 1) % n) as usize] += 1;
+            }
+            for (i, busy) in per.into_iter().enumerate() {
+                let (name, cap) = match i {
+                    0 => ("default", concurrency),
+                    _ => {
+                        let (name, c, _) = &self.plan.capsules[i - 1];
+                        (name.as_str(), *c)
+                    }
+                };
+                if busy > cap {
+                    self.findings.push(format!(
+                        "CAPSULE OVER CAP: {identity} capsule {name} ran {busy} jobs at once, its \
+                         concurrency is {cap}"
+                    ));
+                }
             }
         }
     }
@@ -1477,6 +1589,7 @@ impl Run<'_> {
             .key(RETRY_SAVED)
             .invoke(&mut self.c)
             .unwrap();
+        self.fates_stuck |= kind == Damage::Retry;
         self.damaged.push(kind);
     }
 
@@ -1607,6 +1720,7 @@ fn run_seed(seed: u64) -> Outcome {
         rolled_back_at: None,
         runs_before: None,
         damaged: Vec::new(),
+        fates_stuck: false,
     };
     run.route_rust_queue();
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
@@ -1626,8 +1740,10 @@ fn run_seed(seed: u64) -> Outcome {
     let mut quiet_at = None;
     for (at, event) in &plan.events {
         let target = t0 + Duration::from_secs_f64(*at);
-        if let Some(wait) = target.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
+        // Issue 38: the capsules' caps are looked at every quarter second while waiting.
+        while let Some(wait) = target.checked_duration_since(Instant::now()) {
+            run.check_capsules();
+            std::thread::sleep(wait.min(Duration::from_millis(250)));
         }
         iterable::push_due(&mut run.c, &mut iter_jobs, *at, now());
         match event {

@@ -643,3 +643,179 @@ async fn a_config_built_by_hand_with_zero_or_too_many_job_threads_is_refused_at_
         );
     }
 }
+
+/// A capsule as (name, concurrency, queues with weights).
+type CapsuleView<'a> = (&'a str, usize, Vec<(&'a str, u32)>);
+
+fn capsules(c: &Config) -> Vec<CapsuleView<'_>> {
+    c.capsules
+        .iter()
+        .map(|cap| {
+            (
+                cap.name.as_str(),
+                cap.concurrency,
+                cap.queues
+                    .iter()
+                    .map(|q| (q.name.as_str(), q.weight))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn capsules_are_read_from_sidekiq_yml_as_sidekiq_7_reads_them() {
+    let c = yaml(
+        ":concurrency: 5\n:queues: [default]\n:capsules:\n  :single:\n    :concurrency: 1\n    :queues: [single]\n  heavy:\n    concurrency: 3\n    queues: [[a, 3], b, \"c,2\"]\n",
+        "x",
+        &[],
+    )
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(queues(&c), vec![("default", 0)]);
+    assert_eq!(
+        capsules(&c),
+        vec![
+            ("single", 1, vec![("single", 0)]),
+            ("heavy", 3, vec![("a", 3), ("b", 1), ("c", 2)]),
+        ]
+    );
+    let all: Vec<(String, usize)> = c
+        .all_capsules()
+        .into_iter()
+        .map(|cap| (cap.name, cap.concurrency))
+        .collect();
+    assert_eq!(
+        all,
+        vec![
+            ("default".into(), 5),
+            ("single".into(), 1),
+            ("heavy".into(), 3)
+        ]
+    );
+    // The environment's section replaces the capsules whole, as it does `queues`.
+    let c = yaml(
+        "capsules: { a: { concurrency: 1, queues: [a] } }\nproduction:\n  capsules: { b: { concurrency: 2, queues: [b] } }\n",
+        "production",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(capsules(&c), vec![("b", 2, vec![("b", 0)])]);
+}
+
+#[test]
+fn a_capsule_that_cannot_run_as_written_is_refused() {
+    for (text, why) in [
+        ("capsules: [a]\n", "mapping"),
+        ("capsules: { a: { queues: [a] } }\n", "no `concurrency:`"),
+        ("capsules: { a: { concurrency: 1 } }\n", "no `queues:`"),
+        (
+            "capsules: { a: { concurrency: -1, queues: [a] } }\n",
+            "concurrency",
+        ),
+        (
+            "capsules: { a: { concurrency: 1, queues: [a, a] } }\n",
+            "twice",
+        ),
+        (
+            "capsules: { default: { concurrency: 1, queues: [a] } }\n",
+            "name the others",
+        ),
+        (
+            "capsules: { \"a b\": { concurrency: 1, queues: [a] } }\n",
+            "may hold only",
+        ),
+        (
+            "capsules: { a: { concurrency: 6000, queues: [a] } }\nconcurrency: 5000\n",
+            "over every capsule",
+        ),
+    ] {
+        let e = yaml(text, "x", &[])
+            .and_then(|c| c.validate())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{text}: {e}");
+    }
+}
+
+#[test]
+fn the_capsule_flag_declares_capsules_and_replaces_the_files() {
+    let dir = TempDir::new();
+    dir.write(
+        "config/sidekiq.yml",
+        "capsules: { fromfile: { concurrency: 1, queues: [f] } }\n",
+    );
+    let c = load_in(dir.path(), &[], &[]).unwrap();
+    assert_eq!(capsules(&c), vec![("fromfile", 1, vec![("f", 0)])]);
+    let c = load_in(
+        dir.path(),
+        &[
+            "--capsule",
+            "single:1:single",
+            "--capsule",
+            "heavy:2:a,3 b",
+            "--capsule",
+            "heavy:2:c:@x",
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        capsules(&c),
+        vec![
+            ("single", 1, vec![("single", 0)]),
+            ("heavy", 2, vec![("a", 3), ("b", 1), ("c:@x", 1)]),
+        ]
+    );
+    for (bad, why) in [
+        (
+            vec!["--capsule", "x:1:a", "--capsule", "x:2:b"],
+            "concurrency 1 and 2",
+        ),
+        (vec!["--capsule", "x:1:a", "--capsule", "x:1:a"], "twice"),
+        (vec!["--capsule", "default:1:a"], "name the others"),
+    ] {
+        let e = load_in(dir.path(), &bad, &[]).unwrap_err().to_string();
+        assert!(e.contains(why), "{bad:?}: {e}");
+    }
+    for bad in ["x", "x:1", ":1:a", "x:y:a", "x:1:", "x:1:a,y", "x:20000:a"] {
+        assert!(
+            parse_args(args(&["--capsule", bad])).is_err(),
+            "--capsule {bad} accepted"
+        );
+    }
+}
+
+#[test]
+fn a_config_built_by_hand_gets_the_capsule_rules_at_start() {
+    let bad = Config {
+        capsules: vec![oxidekiq::config::Capsule {
+            name: "empty".into(),
+            concurrency: 1,
+            queues: vec![],
+        }],
+        ..Config::default()
+    };
+    let e = bad.check_bounds().unwrap_err().to_string();
+    assert!(e.contains("capsule empty: no queue"), "{e}");
+}
+
+#[test]
+fn a_handoff_queue_a_capsule_serves_is_refused() {
+    let c = yaml(
+        "capsules: { a: { concurrency: 1, queues: [ruby] } }\n",
+        "x",
+        &[],
+    )
+    .unwrap();
+    let c = Config {
+        handoff: Some("ruby".into()),
+        ..c
+    };
+    assert!(
+        c.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--handoff ruby")
+    );
+}

@@ -10,7 +10,7 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 use super::erb;
 use super::settings::{
-    Config, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_YAML_DEPTH,
+    Capsule, Config, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_YAML_DEPTH,
     MAX_YAML_NODES, QueueWeight, check_queue_list, normalize_weights, positive_duration,
     process_env, sidekiq_environment,
 };
@@ -69,6 +69,8 @@ pub(crate) struct FileOptions {
     pub(crate) timeout: Option<Duration>,
     /// `queues`, already checked and weight-normalized.
     pub(crate) queues: Option<Vec<QueueWeight>>,
+    /// `capsules`: the named capsules, each's queues checked and weight-normalized.
+    pub(crate) capsules: Option<Vec<Capsule>>,
     /// `tag`.
     pub(crate) tag: Option<String>,
     /// `labels`.
@@ -173,6 +175,7 @@ impl FileOptions {
                     opts.poll_interval_average = Some(seconds(&key, &value)?)
                 }
                 "queues" => opts.queues = Some(queues(&value)?),
+                "capsules" => opts.capsules = Some(capsules(&value)?),
                 "tag" => opts.tag = Some(scalar(&key, &value)?),
                 "labels" => opts.labels = Some(labels(&value)?),
                 "verbose" => match value {
@@ -253,13 +256,30 @@ impl FileOptions {
                         for (k, v) in symbolize(h) {
                             if k == "schedule" {
                                 opts.cron_jobs = Some(cron_schedule(&v));
+                            } else {
+                                crate::logging::warn_early(format!(
+                                    "sidekiq.yml `scheduler:` key `{}` not used by oxidekiq (only \
+                                     `schedule:` is read, for sidekiq-cron); ignored",
+                                    crate::logging::escape(&k)
+                                ));
                             }
                         }
                     }
                 }
-                // Sidekiq 6.4 drops it from the file too: strictness follows the weights.
-                "strict" => tracing::debug!("sidekiq.yml `strict` ignored, as Sidekiq 6.4 does"),
-                _ => tracing::debug!(key = %key, "sidekiq.yml key not used by oxidekiq; ignored"),
+                // Sidekiq drops it from the file too: strictness follows the weights.
+                "strict" => crate::logging::warn_early(
+                    "sidekiq.yml `strict` ignored, as Sidekiq does: the queue order is strict when \
+                     no queue has a weight, else weighted"
+                        .to_string(),
+                ),
+                k if RUBY_ONLY_KEYS.contains(&k) => {
+                    tracing::debug!(key = %key, "sidekiq.yml key only Ruby uses; ignored")
+                }
+                _ => crate::logging::warn_early(format!(
+                    "sidekiq.yml key `{}` not used by oxidekiq; ignored (docs/configuration.md lists \
+                     the keys it reads)",
+                    crate::logging::escape(&key)
+                )),
             }
         }
         if opts.redis_url.is_some() && env("REDIS_URL").is_some_and(|u| !u.is_empty()) {
@@ -279,6 +299,9 @@ impl FileOptions {
         }
         if let Some(q) = self.queues {
             config.queues = q;
+        }
+        if let Some(c) = self.capsules {
+            config.capsules = c;
         }
         if let Some(t) = self.tag {
             config.tag = Some(t);
@@ -546,6 +569,103 @@ fn labels(value: &Yaml) -> Result<Vec<String>, Error> {
     match value {
         Yaml::Array(items) => items.iter().map(|l| scalar("labels", l)).collect(),
         other => Ok(vec![scalar("labels", other)?]),
+    }
+}
+
+/// The keys of a `sidekiq.yml` that only a Ruby process uses (what to load, where to log, Ruby
+/// callbacks), read without a word: they change nothing a Rust worker does. docs/configuration.md
+/// lists them.
+const RUBY_ONLY_KEYS: &[&str] = &[
+    "require",
+    "environment",
+    "logfile",
+    "pidfile",
+    "daemon",
+    "index",
+    "boot_grace",
+    "reloader",
+    "on_complex_arguments",
+    "error_handlers",
+    "death_handlers",
+    "lifecycle_events",
+    "backtrace_cleaner",
+    "strict_args",
+];
+
+/// `capsules:` as Sidekiq 7+ reads it (`cli.rb`): a mapping of capsule name to `{ concurrency:,
+/// queues: }`, the queues written as `queues:` (names, `[name, weight]` pairs, or `"name,weight"` as
+/// `Capsule#queues=` splits them).
+fn capsules(value: &Yaml) -> Result<Vec<Capsule>, Error> {
+    let Yaml::Hash(h) = value else {
+        return Err(Error::Config(format!(
+            "capsules: {} is not a valid value, it must be a mapping such as \
+             {{ single: {{ concurrency: 1, queues: [single] }} }}",
+            describe(value)
+        )));
+    };
+    let mut out: Vec<Capsule> = Vec::new();
+    for (name, spec) in symbolize(h.clone()) {
+        let bad = |m: String| Error::Config(format!("capsules: {name}: {m}"));
+        let Yaml::Hash(spec) = spec else {
+            return Err(bad(
+                "must be a mapping such as { concurrency: 1, queues: [single] }".into(),
+            ));
+        };
+        let (mut concurrency, mut list) = (None, None);
+        for (k, v) in symbolize(spec) {
+            match k.as_str() {
+                "concurrency" => {
+                    concurrency = Some(match v {
+                        Yaml::Integer(0) => 0,
+                        _ => positive_int("concurrency", &v).map_err(|e| bad(message(e)))?,
+                    })
+                }
+                "queues" => {
+                    let split = match v {
+                        Yaml::Array(items) => Yaml::Array(
+                            items
+                                .into_iter()
+                                .map(|i| match i {
+                                    Yaml::String(s) if s.contains(',') => {
+                                        let (n, w) = s.split_once(',').unwrap_or((&s, ""));
+                                        Yaml::Array(vec![
+                                            Yaml::String(n.trim().into()),
+                                            Yaml::String(w.trim().into()),
+                                        ])
+                                    }
+                                    other => other,
+                                })
+                                .collect(),
+                        ),
+                        other => other,
+                    };
+                    list = Some(queues(&split).map_err(|e| bad(message(e)))?);
+                }
+                other => crate::logging::warn_early(format!(
+                    "sidekiq.yml capsule {} key `{}` not used by oxidekiq; ignored",
+                    crate::logging::escape(&name),
+                    crate::logging::escape(other)
+                )),
+            }
+        }
+        // Both given: a capsule's defaults differ between Sidekiq releases (its concurrency has been
+        // 10 and the process's), and a guess would size the reservation wrong.
+        out.push(Capsule {
+            name: name.clone(),
+            concurrency: concurrency.ok_or_else(|| {
+                bad("no `concurrency:`; give it the number of jobs it runs at once".into())
+            })?,
+            queues: list.ok_or_else(|| bad("no `queues:`; list the queues it fetches".into()))?,
+        });
+    }
+    Ok(out)
+}
+
+/// A config error's message alone.
+fn message(e: Error) -> String {
+    match e {
+        Error::Config(m) => m,
+        other => other.to_string(),
     }
 }
 

@@ -15,9 +15,10 @@
 //! 3. The section named after the environment (`production:`, picked by `-e`, else `APP_ENV`,
 //!    `RAILS_ENV`, `RACK_ENV`, else `development`) is merged over the top level, key by key and
 //!    shallowly: a `queues` list in the section replaces the top-level one.
-//! 4. Known keys are applied: `concurrency`, `timeout`, `queues`, `tag`, `labels`, `verbose`,
-//!    `average_scheduled_poll_interval`. Any other key is ignored with a debug-level note, as Ruby ignores
-//!    options no code reads.
+//! 4. Known keys are applied: `concurrency`, `timeout`, `queues`, `capsules` (Sidekiq 7+, see
+//!    [`Capsule`]), `tag`, `labels`, `verbose`, `average_scheduled_poll_interval`. Any other key is
+//!    ignored with a WARN naming it, except the keys only a Ruby process uses (`require`,
+//!    `environment`, ...: docs/configuration.md lists them), which stay quiet.
 //!
 //! 5. The Redis URL: `redis_url: URL` or Sidekiq's `:redis: { :url: URL }`. `--redis-url` and then
 //!    `REDIS_URL` win over the file; other `:redis:` keys are ignored with a warning naming them (put
@@ -76,8 +77,11 @@ pub use crate::sentinel::{SentinelConfig, SentinelNode};
 #[doc(inline)]
 pub use settings::Config;
 pub use settings::{
-    FetchMode, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_SECONDS, MAX_THREADS,
-    MAX_YAML_DEPTH, MAX_YAML_NODES, QueueWeight, UniqueJobsGem, UnknownClass, normalize_weights,
-    parse_queue_arg, process_env, sidekiq_environment, web_ui_routable,
+    Capsule, DEFAULT_CAPSULE, FetchMode, MAX_CAPSULES, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES,
+    MAX_QUEUE_WEIGHT, MAX_SECONDS, MAX_THREADS, MAX_YAML_DEPTH, MAX_YAML_NODES, QueueWeight,
+    UniqueJobsGem, UnknownClass, normalize_weights, parse_capsule_arg, parse_queue_arg,
+    process_env, sidekiq_environment, web_ui_routable,
 };
-pub(crate) use settings::{check_queue_list, parse_queue_spec, positive_duration};
+pub(crate) use settings::{
+    check_queue_list, merge_capsule, parse_capsule_spec, parse_queue_spec, positive_duration,
+};

@@ -14,6 +14,10 @@ use crate::redact::redact_url;
 /// split in several. 10 000 is far beyond any real setting and still cheap.
 pub const MAX_CONCURRENCY: usize = 10_000;
 
+/// The most capsules one process runs, the default one included (each capsule numbers its reliable
+/// fetch's batches in a range of its own: `fetch::MAX_CAPSULES`).
+pub const MAX_CAPSULES: usize = 256;
+
 /// The most runtime threads `--threads` takes: far more than any machine's cores, and each thread is a
 /// stack of its own.
 pub const MAX_THREADS: usize = 1024;
@@ -46,6 +50,21 @@ pub struct QueueWeight {
     pub name: String,
     /// Sidekiq weight; all 0 = strict order, otherwise weighted random.
     pub weight: u32,
+}
+
+/// A named capsule beside the default one (Sidekiq 7's `config.capsule(name)`, `:capsules:` in
+/// `sidekiq.yml`, `--capsule`): its own slots and its own fetch, which takes only its own queues, in its
+/// own order (strict when every weight is 0, else weighted, as `-q`). Its concurrency is a cap (at most
+/// that many of its jobs run at once) and a reservation (that many slots are always there for its
+/// queues, whatever the default capsule's queues hold).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capsule {
+    /// Its name, shown on the Busy page (`info.capsules`) and in `/metrics`; never `default`.
+    pub name: String,
+    /// How many of its jobs run at once.
+    pub concurrency: usize,
+    /// Its queues and weights, normalized as `-q`'s ([`normalize_weights`]).
+    pub queues: Vec<QueueWeight>,
 }
 
 /// Which fetch strategy drains the queues, by its name in `crate::fetch`'s table of strategies (`--fetch
@@ -153,8 +172,11 @@ pub struct Config {
     /// Threads of the runtime that runs the jobs (`--threads`); `None`: one per CPU less the control
     /// plane's thread, at least one.
     pub threads: Option<usize>,
-    /// The queues to fetch from, in configured order (`-q`).
+    /// The queues to fetch from, in configured order (`-q`): the default capsule's.
     pub queues: Vec<QueueWeight>,
+    /// Named capsules beside the default one (`:capsules:`, `--capsule`), each with its own slots and
+    /// queues; empty: the default capsule (`concurrency`, `queues`) alone.
+    pub capsules: Vec<Capsule>,
     /// How long running jobs get after TERM before they are pushed back (`-t`).
     pub timeout: Duration,
     /// Shown on the Busy page (`-g`); defaults to the working directory's name, as Ruby does.
@@ -207,6 +229,7 @@ impl Default for Config {
                 name: "default".into(),
                 weight: 0,
             }],
+            capsules: Vec::new(),
             timeout: Duration::from_secs(25),
             tag: None,
             labels: Vec::new(),
@@ -237,6 +260,7 @@ impl fmt::Debug for Config {
             .field("concurrency", &self.concurrency)
             .field("threads", &self.threads)
             .field("queues", &self.queues)
+            .field("capsules", &self.capsules)
             .field("timeout", &self.timeout)
             .field("tag", &self.tag)
             .field("labels", &self.labels)
@@ -324,6 +348,31 @@ impl Config {
                 q.name, q.weight
             )));
         }
+        if self.capsules.len() >= MAX_CAPSULES {
+            return Err(Error::Config(format!(
+                "capsules: {} named capsules, there may be at most {}",
+                self.capsules.len(),
+                MAX_CAPSULES - 1
+            )));
+        }
+        let total = self
+            .capsules
+            .iter()
+            .fold(self.concurrency, |n, c| n.saturating_add(c.concurrency));
+        if total > MAX_CONCURRENCY {
+            return Err(Error::Config(format!(
+                "concurrency: {total} over every capsule is too large, it must be at most {MAX_CONCURRENCY}"
+            )));
+        }
+        self.check_capsules()?;
+        for c in &self.capsules {
+            if let Some(q) = c.queues.iter().find(|q| q.weight > MAX_QUEUE_WEIGHT) {
+                return Err(Error::Config(format!(
+                    "capsule {}: queue {}: weight {} is too large, it must be at most {MAX_QUEUE_WEIGHT}",
+                    c.name, q.name, q.weight
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -346,8 +395,9 @@ impl Config {
             return Err(Error::Config("no queue to fetch from".into()));
         }
         check_queue_list(&self.queues)?;
+        self.warn_idle_capsules();
         if let Some(q) = &self.handoff
-            && self.queues.iter().any(|served| &served.name == q)
+            && self.served_queues().any(|served| served == q)
         {
             // Each hand-off would be fetched back by this very process and handed off again, forever.
             return Err(Error::Config(format!(
@@ -369,7 +419,12 @@ impl Config {
                 "poll interval must be more than 0 seconds".into(),
             ));
         }
-        for q in &self.queues {
+        for q in self
+            .capsules
+            .iter()
+            .flat_map(|c| &c.queues)
+            .chain(&self.queues)
+        {
             if !web_ui_routable(&q.name) {
                 crate::logging::warn_early(format!(
                     "queue name `{}` has characters the Sidekiq Web UI cannot route; its page will not open",
@@ -379,6 +434,173 @@ impl Config {
         }
         Ok(())
     }
+}
+
+impl Config {
+    /// Every queue some capsule fetches (the default capsule's first), once each, in order.
+    pub fn served_queues(&self) -> impl Iterator<Item = &str> {
+        let mut seen = HashSet::new();
+        self.queues
+            .iter()
+            .chain(
+                self.capsules
+                    .iter()
+                    .filter(|c| c.concurrency > 0)
+                    .flat_map(|c| &c.queues),
+            )
+            .map(|q| q.name.as_str())
+            .filter(move |q| seen.insert(*q))
+    }
+
+    /// The capsules as the launcher runs them: `default` (`concurrency`, `queues`) first, then the named
+    /// ones with a concurrency above 0 (one of 0 runs nothing: [`Config::validate`] warned of its queues).
+    pub fn all_capsules(&self) -> Vec<Capsule> {
+        let mut out = vec![Capsule {
+            name: DEFAULT_CAPSULE.into(),
+            concurrency: self.concurrency,
+            queues: self.queues.clone(),
+        }];
+        out.extend(self.capsules.iter().filter(|c| c.concurrency > 0).cloned());
+        out
+    }
+
+    /// The named capsules' rules, for flags, `sidekiq.yml` and a `Config` built in Rust alike: a name of
+    /// its own (not `default`, not twice; letters, digits, `_`, `-`, `.` and `:` only, as it reaches the
+    /// logs, the Busy page and a metric label), a queue list of its own (not empty, no queue twice).
+    fn check_capsules(&self) -> Result<(), Error> {
+        let mut names = HashSet::new();
+        for c in &self.capsules {
+            let name = c.name.as_str();
+            if name.is_empty() {
+                return Err(Error::Config("a capsule name is empty".into()));
+            }
+            if !web_ui_routable(name) {
+                return Err(Error::Config(format!(
+                    "capsule name `{}` may hold only letters, digits, `_`, `-`, `.` and `:`",
+                    crate::logging::escape(name)
+                )));
+            }
+            if name == DEFAULT_CAPSULE {
+                return Err(Error::Config(format!(
+                    "capsule `{DEFAULT_CAPSULE}` is the one -c/:concurrency: and -q/:queues: set; name the others differently"
+                )));
+            }
+            if !names.insert(name) {
+                return Err(Error::Config(format!(
+                    "capsule {name} cannot be defined twice"
+                )));
+            }
+            if c.queues.is_empty() {
+                return Err(Error::Config(format!(
+                    "capsule {name}: no queue to fetch from; give it :queues:"
+                )));
+            }
+            check_queue_list(&c.queues)
+                .map_err(|e| Error::Config(format!("capsule {name}: {}", message(e))))?;
+        }
+        Ok(())
+    }
+
+    /// A capsule of concurrency 0 runs nothing (Sidekiq starts it with no thread: its jobs wait for
+    /// good): a WARN naming the queues no other capsule serves.
+    fn warn_idle_capsules(&self) {
+        for c in self.capsules.iter().filter(|c| c.concurrency == 0) {
+            let served: HashSet<&str> = self.served_queues().collect();
+            let unserved: Vec<&str> = c
+                .queues
+                .iter()
+                .map(|q| q.name.as_str())
+                .filter(|q| !served.contains(q))
+                .collect();
+            let what = if unserved.is_empty() {
+                "every one of its queues is served by another capsule".to_string()
+            } else {
+                format!(
+                    "queues served by no capsule, whose jobs wait in Redis: {}",
+                    crate::logging::escape(&unserved.join(", "))
+                )
+            };
+            crate::logging::warn_early(format!(
+                "capsule {}: concurrency 0 runs no job; it is not started ({what})",
+                crate::logging::escape(&c.name)
+            ));
+        }
+    }
+}
+
+/// The name of the capsule `-c`/`:concurrency:` and `-q`/`:queues:` configure (Sidekiq's
+/// `default_capsule`).
+pub const DEFAULT_CAPSULE: &str = "default";
+
+/// A config error's message alone.
+fn message(e: Error) -> String {
+    match e {
+        Error::Config(m) => m,
+        other => other.to_string(),
+    }
+}
+
+/// Parses a `--capsule` argument, `NAME:CONCURRENCY:QUEUE[,WEIGHT][ QUEUE[,WEIGHT]]...`: the name and
+/// the concurrency end at the first two colons, the rest is the queue list (a queue name may hold
+/// colons), its queues apart by spaces, each as `-q` takes it. A flag repeated with the same name adds
+/// its queues to that capsule.
+pub fn parse_capsule_arg(arg: &str) -> Result<Capsule, Error> {
+    parse_capsule_spec(arg).map_err(Error::Config)
+}
+
+/// [`parse_capsule_arg`] with a plain message, for clap's value parser.
+pub(crate) fn parse_capsule_spec(arg: &str) -> Result<Capsule, String> {
+    let usage = "write NAME:CONCURRENCY:QUEUE[,WEIGHT], e.g. --capsule single:1:single";
+    let mut parts = arg.splitn(3, ':');
+    let (Some(name), Some(concurrency), Some(queues)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("capsule `{arg}`: {usage}"));
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("capsule `{arg}` has an empty name; {usage}"));
+    }
+    let concurrency = match concurrency.trim().parse::<usize>() {
+        Ok(n) if n <= MAX_CONCURRENCY => n,
+        Ok(_) => {
+            return Err(format!(
+                "capsule `{arg}`: concurrency must be at most {MAX_CONCURRENCY}"
+            ));
+        }
+        Err(_) => {
+            return Err(format!(
+                "capsule `{arg}`: concurrency `{concurrency}` is not a whole number; {usage}"
+            ));
+        }
+    };
+    let queues = queues
+        .split_whitespace()
+        .map(parse_queue_spec)
+        .collect::<Result<Vec<_>, _>>()?;
+    if queues.is_empty() {
+        return Err(format!("capsule `{arg}` names no queue; {usage}"));
+    }
+    Ok(Capsule {
+        name: name.to_string(),
+        concurrency,
+        queues,
+    })
+}
+
+/// Adds `capsule` to `list`: a new name is a new capsule; a name already there adds its queues to that
+/// capsule, whose concurrency must be the same.
+pub(crate) fn merge_capsule(list: &mut Vec<Capsule>, capsule: Capsule) -> Result<(), Error> {
+    match list.iter_mut().find(|c| c.name == capsule.name) {
+        None => list.push(capsule),
+        Some(c) if c.concurrency != capsule.concurrency => {
+            return Err(Error::Config(format!(
+                "capsule {}: given with concurrency {} and {}; give it one",
+                c.name, c.concurrency, capsule.concurrency
+            )));
+        }
+        Some(c) => c.queues.extend(capsule.queues),
+    }
+    Ok(())
 }
 
 /// Reads one variable of the process environment; the lookup every non-test path uses.

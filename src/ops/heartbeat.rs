@@ -30,6 +30,39 @@ pub(crate) const TTL_SECS: i64 = 60;
 /// Lifetime of the daily stats keys (`STATS_TTL`, five years).
 pub(crate) const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 
+/// One capsule as the Busy page shows it (`info.capsules`, Sidekiq 8.0.9+).
+#[derive(Debug, Clone)]
+pub(crate) struct CapsuleInfo {
+    /// Its name (`default` for `-c`/`-q`'s).
+    pub name: String,
+    /// Its slots.
+    pub concurrency: usize,
+    /// Its queue names and weights, in configured order.
+    pub queues: Vec<(String, u32)>,
+}
+
+impl CapsuleInfo {
+    /// `Capsule#mode` (`capsule.rb queues=`): strict when every weight is 0, random when every weight
+    /// is 1, else weighted.
+    fn mode(&self) -> &'static str {
+        if self.queues.iter().all(|(_, w)| *w == 0) {
+            "strict"
+        } else if self.queues.iter().all(|(_, w)| *w == 1) {
+            "random"
+        } else {
+            "weighted"
+        }
+    }
+
+    /// `Capsule#weights`: queue → weight.
+    fn weights(&self) -> serde_json::Map<String, Value> {
+        self.queues
+            .iter()
+            .map(|(n, w)| (n.clone(), json!(w)))
+            .collect()
+    }
+}
+
 /// What this process tells the Busy page about itself.
 #[derive(Debug, Clone)]
 pub(crate) struct ProcessInfo {
@@ -45,10 +78,8 @@ pub(crate) struct ProcessInfo {
     pub tag: String,
     /// Busy-page labels; always includes `oxidekiq`.
     pub labels: Vec<String>,
-    /// `-c`.
-    pub concurrency: usize,
-    /// Queue names and weights, in configured order.
-    pub queues: Vec<(String, u32)>,
+    /// The capsules, the default one first.
+    pub capsules: Vec<CapsuleInfo>,
 }
 
 impl ProcessInfo {
@@ -56,8 +87,7 @@ impl ProcessInfo {
     pub(crate) fn new(
         tag: Option<String>,
         labels: Vec<String>,
-        concurrency: usize,
-        queues: Vec<(String, u32)>,
+        capsules: Vec<CapsuleInfo>,
     ) -> Self {
         let hostname = std::env::var("DYNO").ok().unwrap_or_else(hostname);
         let pid = std::process::id();
@@ -83,35 +113,54 @@ impl ProcessInfo {
             started_at: time::now(),
             tag,
             labels: all_labels,
-            concurrency,
-            queues,
+            capsules,
         }
     }
 
-    /// The `info` JSON: a superset every Sidekiq 6.x, 7.x and 8.x Web UI renders (PROTOCOL §6.3).
+    /// Every capsule's slots (`concurrency`, as Sidekiq 7+ sums them).
+    pub(crate) fn concurrency(&self) -> usize {
+        self.capsules.iter().map(|c| c.concurrency).sum()
+    }
+
+    /// Every queue fetched, once each, in the capsules' order (`info.queues`, Sidekiq's `uniq`).
+    pub(crate) fn queues(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for (q, _) in self.capsules.iter().flat_map(|c| &c.queues) {
+            if !names.contains(&q.as_str()) {
+                names.push(q);
+            }
+        }
+        names
+    }
+
+    /// The `info` JSON: a superset every Sidekiq 6.x, 7.x and 8.x Web UI renders (PROTOCOL §6.3), as
+    /// Sidekiq 8 writes it for a process with capsules: `concurrency` their sum, `queues` the union,
+    /// `weights` one hash per capsule (7.0.2+), `capsules` one entry per capsule (8.0.9+).
     pub(crate) fn info_json(&self) -> String {
-        let names: Vec<&str> = self.queues.iter().map(|(n, _)| n.as_str()).collect();
-        let weights: serde_json::Map<String, Value> = self
-            .queues
+        let weights: Vec<Value> = self
+            .capsules
             .iter()
-            .map(|(n, w)| (n.clone(), json!(w)))
+            .map(|c| Value::Object(c.weights()))
             .collect();
-        let mode = if self.queues.iter().all(|(_, w)| *w == 0) {
-            "strict"
-        } else if self.queues.iter().all(|(_, w)| *w == 1) {
-            "random"
-        } else {
-            "weighted"
-        };
+        let capsules: serde_json::Map<String, Value> = self
+            .capsules
+            .iter()
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    json!({"concurrency": c.concurrency, "mode": c.mode(), "weights": c.weights()}),
+                )
+            })
+            .collect();
         json!({
             "hostname": self.hostname,
             "started_at": time::float_value(self.started_at),
             "pid": self.pid,
             "tag": self.tag,
-            "concurrency": self.concurrency,
-            "queues": names,
-            "weights": [weights.clone()],
-            "capsules": {"default": {"concurrency": self.concurrency, "mode": mode, "weights": weights}},
+            "concurrency": self.concurrency(),
+            "queues": self.queues(),
+            "weights": weights,
+            "capsules": capsules,
             "labels": self.labels,
             "identity": self.identity,
             // A plain version, so tools that parse it (`Gem::Version.new`) can; the `oxidekiq` label and
@@ -176,8 +225,8 @@ pub(crate) struct Heartbeat {
     conn: Conn,
     /// Counters to flush.
     stats: Arc<Stats>,
-    /// In-flight jobs.
-    work: Arc<WorkTable>,
+    /// In-flight jobs, one table per capsule.
+    work: Vec<Arc<WorkTable>>,
     /// Who else is alive, updated every beat.
     fleet: Arc<Fleet>,
     /// Execution metrics to flush.
@@ -197,7 +246,7 @@ impl Heartbeat {
         info: ProcessInfo,
         conn: Conn,
         stats: Arc<Stats>,
-        work: Arc<WorkTable>,
+        work: Vec<Arc<WorkTable>>,
         fleet: Arc<Fleet>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -222,10 +271,10 @@ impl Heartbeat {
         self.classes = classes.iter().map(|c| c.to_string()).collect();
         self.serving_keys = self
             .info
-            .queues
-            .iter()
-            .filter(|(q, _)| q.ends_with(keys::RUST_QUEUE_SUFFIX))
-            .flat_map(|(q, _)| classes.iter().map(move |c| keys::serving(q, c)))
+            .queues()
+            .into_iter()
+            .filter(|q| q.ends_with(keys::RUST_QUEUE_SUFFIX))
+            .flat_map(|q| classes.iter().map(move |c| keys::serving(q, c)))
             .collect();
         self.serving_ttl = ttl;
         self
@@ -305,7 +354,7 @@ impl Heartbeat {
 
         let (processed, failed) = self.stats.take();
         let metrics = self.metrics.take();
-        let jobs = self.work.snapshot();
+        let jobs: Vec<_> = self.work.iter().flat_map(|w| w.snapshot()).collect();
         let now = time::now();
         let utc = chrono::Utc::now();
         let work_key = keys::work(id);
@@ -342,7 +391,7 @@ impl Heartbeat {
             .arg("info")
             .arg(&self.info_json)
             .arg("concurrency")
-            .arg(self.info.concurrency)
+            .arg(self.info.concurrency())
             .arg("busy")
             .arg(jobs.len())
             .arg("beat")
@@ -513,8 +562,10 @@ pub(crate) async fn run(
         }
         // Sidekiq's `cancel!` reaching plain running jobs: one pipelined read per beat, sent only
         // while such jobs run.
-        if let Err(e) = heartbeat.work.check_cancels(&mut conn).await {
-            errors.push(e);
+        for work in &heartbeat.work {
+            if let Err(e) = work.check_cancels(&mut conn).await {
+                errors.push(e);
+            }
         }
         if let Some(e) = errors.first()
             && !failing
@@ -542,8 +593,11 @@ mod tests {
         let p = ProcessInfo::new(
             Some("myapp".into()),
             vec!["rust".into()],
-            10,
-            vec![("critical".into(), 2), ("default".into(), 1)],
+            vec![CapsuleInfo {
+                name: "default".into(),
+                concurrency: 10,
+                queues: vec![("critical".into(), 2), ("default".into(), 1)],
+            }],
         );
         let v: Value = serde_json::from_str(&p.info_json()).unwrap();
         assert!(v["started_at"].is_f64());
@@ -561,6 +615,46 @@ mod tests {
         let parts: Vec<&str> = p.identity.split(':').collect();
         assert_eq!(parts.len(), 3);
         assert_eq!(parts[2].len(), 12);
+    }
+
+    /// Sidekiq 8's `to_data` for a process with capsules: `concurrency` their sum, `queues` the union
+    /// in order, `weights` one hash per capsule, `capsules` each's concurrency, mode and weights.
+    #[test]
+    fn info_lists_every_capsule_as_sidekiq_8_does() {
+        let cap = |name: &str, concurrency, queues: &[(&str, u32)]| CapsuleInfo {
+            name: name.into(),
+            concurrency,
+            queues: queues.iter().map(|(q, w)| (q.to_string(), *w)).collect(),
+        };
+        let p = ProcessInfo::new(
+            None,
+            vec![],
+            vec![
+                cap("default", 5, &[("default", 0)]),
+                cap("single", 1, &[("single", 0), ("default", 0)]),
+                cap("heavy", 2, &[("a", 3), ("b", 1)]),
+                cap("shuffled", 3, &[("c", 1), ("d", 1)]),
+            ],
+        );
+        let v: Value = serde_json::from_str(&p.info_json()).unwrap();
+        assert_eq!(v["concurrency"], 11);
+        assert_eq!(
+            v["queues"],
+            json!(["default", "single", "a", "b", "c", "d"])
+        );
+        assert_eq!(
+            v["weights"],
+            json!([{"default": 0}, {"single": 0, "default": 0}, {"a": 3, "b": 1}, {"c": 1, "d": 1}])
+        );
+        assert_eq!(
+            v["capsules"],
+            json!({
+                "default": {"concurrency": 5, "mode": "strict", "weights": {"default": 0}},
+                "single": {"concurrency": 1, "mode": "strict", "weights": {"single": 0, "default": 0}},
+                "heavy": {"concurrency": 2, "mode": "weighted", "weights": {"a": 3, "b": 1}},
+                "shuffled": {"concurrency": 3, "mode": "random", "weights": {"c": 1, "d": 1}},
+            })
+        );
     }
 
     #[test]

@@ -51,10 +51,8 @@ pub(crate) const MAX_CONNECTIONS: usize = 64;
 pub(crate) struct State {
     /// The shared Redis connection.
     pub conn: Conn,
-    /// The jobs in flight (busy slots).
-    pub work: Arc<WorkTable>,
-    /// `-c`.
-    pub concurrency: usize,
+    /// Each capsule's name, slots and jobs in flight (busy slots), the default capsule first.
+    pub capsules: Vec<(String, usize, Arc<WorkTable>)>,
     /// The queues this process serves.
     pub queues: Vec<String>,
     /// The process's phase.
@@ -136,7 +134,7 @@ pub(crate) async fn start(addr: &str, state: State) -> Result<Server> {
 pub(crate) async fn start_if(
     cfg: &crate::config::Config,
     conn: &Conn,
-    work: &Arc<WorkTable>,
+    capsules: Vec<(String, usize, Arc<WorkTable>)>,
     signal: &ShutdownSignal,
 ) -> Result<Option<Server>> {
     let Some(addr) = cfg.http.as_deref() else {
@@ -144,9 +142,8 @@ pub(crate) async fn start_if(
     };
     let state = State {
         conn: conn.clone(),
-        work: work.clone(),
-        concurrency: cfg.concurrency,
-        queues: cfg.queues.iter().map(|q| q.name.clone()).collect(),
+        capsules,
+        queues: cfg.served_queues().map(str::to_string).collect(),
         signal: signal.clone(),
         beat_interval: cfg.beat_interval,
         queue_gauges: Arc::default(),
@@ -246,9 +243,15 @@ async fn readiness(state: &State) -> std::result::Result<(), String> {
 
 /// Busy slots and concurrency now, and the queues' figures of the last refresh.
 fn gauges(state: &State) -> Gauges {
+    let capsules: Vec<(String, usize, usize)> = state
+        .capsules
+        .iter()
+        .map(|(name, concurrency, work)| (name.clone(), work.len(), *concurrency))
+        .collect();
     Gauges {
-        busy: state.work.len(),
-        concurrency: state.concurrency,
+        busy: capsules.iter().map(|c| c.1).sum(),
+        concurrency: capsules.iter().map(|c| c.2).sum(),
+        capsules,
         queues: state.queue_gauges.snapshot(),
     }
 }

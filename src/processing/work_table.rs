@@ -40,23 +40,45 @@ impl Running {
 }
 
 /// The jobs currently in flight, for the Busy page and the shutdown.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct WorkTable {
     /// In-flight jobs by sequence number.
     map: Mutex<foldhash::HashMap<u64, Running>>,
     /// Next sequence number.
     next: AtomicU64,
+    /// How many tables share the process's thread ids, and this one's place among them: row `k` of
+    /// this table is number `k * stride + offset`, so the capsules' tables never give two running
+    /// jobs the same Busy-page thread id (the work hash's field). `(1, 0)` for a process of one capsule.
+    stride: u64,
+    offset: u64,
     /// Rung by the heartbeat's check when it marks a row cancelled: every job waiting for a cancel
     /// ([`WorkTable::cancelled`]) looks at its own row then. One bell for the table, not a signal per
     /// job: a job that ends before its first await point (most) never touches it.
     bell: Notify,
 }
 
+impl Default for WorkTable {
+    fn default() -> Self {
+        WorkTable::striped(0, 1)
+    }
+}
+
 impl WorkTable {
+    /// The table of capsule `index` of `count`: its thread ids are distinct from the others'.
+    pub(crate) fn striped(index: usize, count: usize) -> Self {
+        WorkTable {
+            map: Mutex::default(),
+            next: AtomicU64::new(0),
+            stride: count.max(1) as u64,
+            offset: index as u64,
+            bell: Notify::new(),
+        }
+    }
+
     /// Adds a job that starts now; returns its row's sequence number. `cancel` is the job when
     /// Sidekiq's `cancel!` can reach it (a plain async job).
     pub(crate) fn insert(&self, unit: UnitOfWork, cancel: Option<Arc<Job>>) -> u64 {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let seq = self.next.fetch_add(1, Ordering::Relaxed) * self.stride + self.offset + 1;
         let row = Running {
             unit,
             run_at: time::now() as i64,

@@ -86,6 +86,13 @@ pub(crate) struct QueueLabel {
     pub queue: String,
 }
 
+/// Label set `{capsule}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CapsuleLabel {
+    /// The capsule's name (`default` for `-c`/`-q`'s).
+    pub capsule: String,
+}
+
 /// A histogram with fixed bounds whose observation is a few atomic adds (no lock).
 #[derive(Debug, Clone)]
 pub(crate) struct AtomicHistogram {
@@ -195,6 +202,8 @@ pub(crate) struct Metrics {
     locks_lost: Counter,
     busy: Gauge,
     concurrency: Gauge,
+    capsule_busy: Family<CapsuleLabel, Gauge>,
+    capsule_concurrency: Family<CapsuleLabel, Gauge>,
     queue_size: Family<QueueLabel, Gauge>,
     queue_latency: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     last_beat_age: Gauge<f64, AtomicU64>,
@@ -264,6 +273,8 @@ impl Metrics {
             locks_lost: Counter::default(),
             busy: Gauge::default(),
             concurrency: Gauge::default(),
+            capsule_busy: Family::default(),
+            capsule_concurrency: Family::default(),
             queue_size: Family::default(),
             queue_latency: Family::default(),
             last_beat_age: Gauge::default(),
@@ -390,8 +401,18 @@ impl Metrics {
         );
         r.register(
             "concurrency",
-            "How many jobs may run at once (-c)",
+            "How many jobs may run at once, over every capsule",
             m.concurrency.clone(),
+        );
+        r.register(
+            "capsule_busy",
+            "Jobs of each capsule running or waiting for their fate to reach Redis",
+            m.capsule_busy.clone(),
+        );
+        r.register(
+            "capsule_concurrency",
+            "How many jobs each capsule may run at once (its slots: a cap and a reservation)",
+            m.capsule_concurrency.clone(),
         );
         r.register(
             "queue_size",
@@ -631,6 +652,15 @@ impl Metrics {
     pub(crate) fn encode(&self, gauges: &Gauges) -> Result<String, fmt::Error> {
         self.busy.set(gauges.busy as i64);
         self.concurrency.set(gauges.concurrency as i64);
+        for (capsule, busy, concurrency) in &gauges.capsules {
+            let l = CapsuleLabel {
+                capsule: capsule.clone(),
+            };
+            self.capsule_busy.get_or_create(&l).set(*busy as i64);
+            self.capsule_concurrency
+                .get_or_create(&l)
+                .set(*concurrency as i64);
+        }
         for (queue, size, latency) in &gauges.queues {
             let l = QueueLabel {
                 queue: queue.clone(),
@@ -652,8 +682,10 @@ impl Metrics {
 pub(crate) struct Gauges {
     /// Jobs in flight.
     pub busy: usize,
-    /// `-c`.
+    /// Every capsule's slots.
     pub concurrency: usize,
+    /// `(capsule, busy, concurrency)` of each capsule.
+    pub capsules: Vec<(String, usize, usize)>,
     /// `(queue, size, latency seconds)` of each queue served.
     pub queues: Vec<(String, i64, f64)>,
 }
@@ -729,6 +761,7 @@ mod tests {
             .encode(&Gauges {
                 busy: 2,
                 concurrency: 5,
+                capsules: vec![("default".into(), 1, 4), ("single".into(), 1, 1)],
                 queues: vec![("default".into(), 7, 1.5)],
             })
             .unwrap();
@@ -743,6 +776,9 @@ mod tests {
             "oxidekiq_fetch_round_trips_total 1",
             "oxidekiq_busy 2",
             "oxidekiq_concurrency 5",
+            "oxidekiq_capsule_busy{capsule=\"default\"} 1",
+            "oxidekiq_capsule_concurrency{capsule=\"default\"} 4",
+            "oxidekiq_capsule_concurrency{capsule=\"single\"} 1",
             "oxidekiq_queue_size{queue=\"default\"} 7",
             "oxidekiq_queue_latency_seconds{queue=\"default\"} 1.5",
         ] {

@@ -574,6 +574,81 @@ fn block_cap_ms() -> u64 {
     })
 }
 
+/// The Redis hash where [`PeakJob`] counts its starts, field = its id.
+pub const PEAK_RUNS: &str = "peak:runs";
+/// The Redis hash where [`PeakJob`] counts its ends, field = its id.
+pub const PEAK_DONE: &str = "peak:done";
+
+/// The key holding how many [`PeakJob`]s of `group` run now.
+pub fn peak_now(group: &str) -> String {
+    format!("peak:now:{group}")
+}
+
+/// The key holding the most [`PeakJob`]s of `group` that ever ran at once.
+pub fn peak_max(group: &str) -> String {
+    format!("peak:max:{group}")
+}
+
+/// Test probe for capsules (`tests/capsules.rs`): counts itself running in its `group` (an atomic
+/// `INCR` that also raises the group's high mark), sleeps `sleep_ms` (ending early, uncounted as done,
+/// once the stop's deadline passed), then counts itself out. The high mark is what the process let run
+/// at once, measured by Redis, not by a clock.
+///
+/// ```ruby
+/// class PeakJob
+///   include Sidekiq::Worker
+///   def perform(group, sleep_ms, id)
+///     Sidekiq.redis do |c|
+///       n = c.incr("peak:now:#{group}")
+///       c.set("peak:max:#{group}", n) if n > c.get("peak:max:#{group}").to_i
+///       c.hincrby("peak:runs", id, 1)
+///     end
+///     sleep(sleep_ms / 1000.0)
+///     Sidekiq.redis { |c| c.decr("peak:now:#{group}"); c.hincrby("peak:done", id, 1) }
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct PeakJob;
+
+/// The start of a [`PeakJob`], atomically: the count up, the high mark, the run.
+const PEAK_START: &str = "local n = redis.call('INCR', KEYS[1]) \
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end \
+redis.call('HINCRBY', KEYS[3], ARGV[1], 1) return n";
+
+impl Worker for PeakJob {
+    const CLASS: &'static str = "PeakJob";
+    type Args = (String, u64, String);
+
+    async fn perform(&self, ctx: &JobContext, (group, sleep_ms, id): Self::Args) -> JobResult {
+        let mut c = ctx.redis();
+        let _: i64 = redis::cmd("EVAL")
+            .arg(PEAK_START)
+            .arg(3)
+            .arg(peak_now(&group))
+            .arg(peak_max(&group))
+            .arg(PEAK_RUNS)
+            .arg(&id)
+            .query_async(&mut c)
+            .await?;
+        let mut shutdown = ctx.shutdown();
+        let interrupted = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(sleep_ms)) => false,
+            _ = shutdown.cancelled() => true,
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("DECR").arg(peak_now(&group)).ignore();
+        if !interrupted {
+            pipe.cmd("HINCRBY").arg(PEAK_DONE).arg(&id).arg(1).ignore();
+        }
+        pipe.query_async::<()>(&mut c).await?;
+        if interrupted {
+            return Err(JobError::msg("interrupted by shutdown"));
+        }
+        Ok(())
+    }
+}
+
 /// Every worker of this application.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
@@ -591,6 +666,7 @@ pub fn registry() -> Registry {
         .register(LatencyJob)
         .register(NoopActiveJob)
         .register(ChaosJob)
+        .register(PeakJob)
         .register(Iterable::new(ChaosIterJob))
         .register(Blocking::new(SyncSleepJob))
         .register(UniqueNoopJob)

@@ -200,6 +200,26 @@ pub(crate) struct Setup<'a> {
     pub max_payload_bytes: usize,
     /// The live fleet, which decides how `failed_at` is written on a job the fetch sends to the dead set.
     pub fleet: Arc<crate::fleet::Fleet>,
+    /// The capsule served (0 the default one, then the named ones in order, below [`MAX_CAPSULES`]).
+    pub capsule: u64,
+}
+
+/// Where a batch number's capsule starts: every capsule of a process shares its batch-list prefix
+/// (`oxidekiq:batch:<identity>:`, which recovery reads as the process's), and numbers its batches
+/// from `capsule << CAPSULE_SHIFT`, so two capsules fetching the same queue never name the same list,
+/// and each one's sweep for lists it does not know ([`Fetch::reconcile`], the quiet and stop sweeps)
+/// leaves the others' alone: pushed back while another capsule runs them, their jobs would run twice
+/// (Sidekiq's sidekiq#6379, fixed in 8.1.3). The default capsule is 0: its numbers are what a process
+/// without capsules writes. 2^36 fetches per capsule, and a unit id (`batch << keys::PLACE_BITS`)
+/// still fits in 64 bits below [`MAX_CAPSULES`].
+pub(crate) const CAPSULE_SHIFT: u32 = 36;
+
+/// The most capsules one process runs (the default one included).
+pub(crate) const MAX_CAPSULES: usize = 1 << (64 - CAPSULE_SHIFT - crate::keys::PLACE_BITS);
+
+/// The capsule whose fetcher numbered batch `n`.
+pub(crate) fn capsule_of(n: u64) -> u64 {
+    n >> CAPSULE_SHIFT
 }
 
 /// How a strategy is built from what the launcher gives it.

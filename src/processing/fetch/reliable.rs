@@ -360,8 +360,11 @@ pub(crate) struct Reliable {
     blocking: Conn,
     /// The batch script (EVALSHA in a pipeline, loaded again on NOSCRIPT).
     script: Script,
-    /// Next batch number.
+    /// Next batch number; its bits from [`super::CAPSULE_SHIFT`] up are the capsule's.
     next_batch: AtomicU64,
+    /// The capsule this fetcher serves ([`super::capsule_of`] of its batch numbers): the batch lists of
+    /// the process's other capsules share its prefix and are never its strays.
+    capsule: u64,
     /// How long one blocking wait may last.
     block: Duration,
     /// Payloads longer than this go to the dead set inside Redis (0: no limit).
@@ -609,6 +612,7 @@ impl Reliable {
             blocking,
             script: Script::new(FETCH_LUA),
             next_batch: AtomicU64::new(0),
+            capsule: 0,
             block,
             max_payload_bytes: 16 * 1024 * 1024,
             fleet: Arc::new(crate::fleet::Fleet::new(None)),
@@ -626,8 +630,17 @@ impl Reliable {
 
     /// Built from the launcher's [`Setup`].
     pub(crate) fn from_setup(s: Setup<'_>) -> Self {
+        let capsule = s.capsule;
         Reliable::new(s.queues, s.identity, s.conn, s.blocking, s.block)
             .with_payload_limit(s.max_payload_bytes, s.fleet)
+            .in_capsule(capsule)
+    }
+
+    /// Numbers this fetcher's batches in capsule `capsule`'s range (see [`super::CAPSULE_SHIFT`]).
+    pub(crate) fn in_capsule(mut self, capsule: u64) -> Self {
+        self.capsule = capsule;
+        self.next_batch = AtomicU64::new(capsule << super::CAPSULE_SHIFT);
+        self
     }
 
     /// Sets the payload size limit (0: none) and the fleet whose readers decide how `failed_at` is
@@ -1443,7 +1456,8 @@ impl Reliable {
                 let rest = key.strip_prefix(&self.batch_prefix)?;
                 let (queue, n) = rest.rsplit_once(":@")?;
                 let n: u64 = n.parse().ok()?;
-                (!h.knows(n)).then(|| {
+                // Another capsule's list is that capsule's to know, never this one's stray.
+                (super::capsule_of(n) == self.capsule && !h.knows(n)).then(|| {
                     let acks = keys::acks_of(&key);
                     (key.clone(), acks, Arc::from(queue))
                 })

@@ -261,9 +261,9 @@ pub(crate) async fn run(
     }
     let (mut queues, skipped) = super::utf8_members(conn, keys::QUEUES).await?;
     report.skipped_names = skipped;
-    for q in &config.queues {
-        if !queues.contains(&q.name) {
-            queues.push(q.name.clone());
+    for q in config.served_queues() {
+        if !queues.iter().any(|known| known == q) {
+            queues.push(q.to_string());
         }
     }
     queues.sort();
