@@ -29,6 +29,15 @@ async fn every_strategy(
     redis: &support::RedisServer,
     names: &[&str],
 ) -> Vec<(&'static str, Arc<dyn Fetch>)> {
+    every_strategy_of(redis, names, 0).await
+}
+
+/// [`every_strategy`] for capsule `capsule` of the process.
+async fn every_strategy_of(
+    redis: &support::RedisServer,
+    names: &[&str],
+    capsule: u64,
+) -> Vec<(&'static str, Arc<dyn Fetch>)> {
     let mut out = Vec::new();
     for (name, build) in STRATEGIES {
         let (conn, blocking) = conns(redis).await;
@@ -41,6 +50,7 @@ async fn every_strategy(
             block: Duration::from_millis(200),
             max_payload_bytes: 0,
             fleet: Arc::new(crate::fleet::Fleet::new(None)),
+            capsule,
         });
         out.push((*name, fetch));
     }
@@ -200,6 +210,47 @@ async fn the_contract_suite_runs_every_registered_strategy() {
         assert!(
             crate::config::FetchMode::named(n).is_some(),
             "--fetch {n} is accepted"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capsules_sweep_never_takes_the_jobs_another_capsule_of_the_process_runs() {
+    // Two capsules of one process on one queue (sidekiq#6379): the second's sweeps, at quiet and at
+    // stop, push back what it holds and never what the first handed out.
+    for (name, _) in STRATEGIES {
+        let redis = support::RedisServer::start();
+        let mut c = redis.conn();
+        fill(&mut c, "a", 4);
+        let first = every_strategy_of(&redis, &["a"], 0).await;
+        let second = every_strategy_of(&redis, &["a"], 1).await;
+        let (_, f0) = first.into_iter().find(|(n, _)| n == name).unwrap();
+        let (_, f1) = second.into_iter().find(|(n, _)| n == name).unwrap();
+        let running = f0.retrieve_work(2).await.unwrap();
+        assert_eq!(running.len(), 2, "{name}");
+        let theirs = f1.retrieve_work(2).await.unwrap();
+        assert_eq!(theirs.len(), 2, "{name}");
+        f1.acknowledge(&theirs).await.unwrap();
+        assert_eq!(
+            f1.requeue_leftovers(false).await.unwrap(),
+            0,
+            "{name}: quiet sweep"
+        );
+        assert_eq!(
+            f1.requeue_leftovers(true).await.unwrap(),
+            0,
+            "{name}: stop sweep"
+        );
+        assert_eq!(
+            c.llen::<_, usize>("queue:a").unwrap(),
+            0,
+            "{name}: the other capsule's running jobs were pushed back"
+        );
+        f0.acknowledge(&running).await.unwrap();
+        assert!(
+            own_keys(&mut c).is_empty(),
+            "{name}: left {:?}",
+            own_keys(&mut c)
         );
     }
 }
