@@ -36,7 +36,7 @@
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, FixedOffset, Utc};
 use serde::de::DeserializeOwned;
 #[cfg(test)]
 use serde_json::Number;
@@ -98,6 +98,67 @@ pub struct ActiveJobInfo {
     /// The arguments: JSON text the worker's type reads directly, or the full decoder's value
     /// ([`Arguments`]).
     pub(crate) arguments: Arguments,
+    /// Where the other `job_data` fields are read from, on first use (most workers never ask).
+    pub(crate) source: Source,
+    /// Those fields, read from `source` on first use.
+    pub(crate) fields: OnceLock<JobDataFields>,
+}
+
+/// The text [`ActiveJobInfo`] reads its other fields from.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    /// The whole Sidekiq payload (shared, no copy): `args[0]` is `job_data`, `jid` the
+    /// `provider_job_id` Sidekiq's wrapper gives ActiveJob when it runs the job.
+    Payload(Arc<str>),
+    /// The wrapper's `args` text (`[job_data]`), with no payload around it.
+    Args(Arc<str>),
+}
+
+/// The `job_data` fields besides `job_id`, `executions` and the decoded arguments.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobDataFields {
+    /// The whole `job_data` hash.
+    job_data: Map<String, Value>,
+    /// The payload's `jid`.
+    jid: Option<String>,
+    /// `exception_executions`, read.
+    exception_executions: std::collections::BTreeMap<String, u64>,
+}
+
+impl JobDataFields {
+    fn read(source: &Source) -> JobDataFields {
+        let (args, jid) = match source {
+            Source::Payload(text) => match serde_json::from_str::<Map<String, Value>>(text) {
+                Ok(mut payload) => (
+                    payload.remove("args"),
+                    payload
+                        .remove("jid")
+                        .and_then(|j| j.as_str().map(str::to_owned)),
+                ),
+                Err(_) => (None, None),
+            },
+            Source::Args(text) => (serde_json::from_str(text).ok(), None),
+        };
+        let job_data = match args {
+            Some(Value::Array(mut items)) if items.len() == 1 => match items.swap_remove(0) {
+                Value::Object(map) => map,
+                _ => Map::new(),
+            },
+            _ => Map::new(),
+        };
+        let exception_executions = match job_data.get("exception_executions") {
+            Some(Value::Object(counts)) => counts
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .collect(),
+            _ => Default::default(),
+        };
+        JobDataFields {
+            job_data,
+            jid,
+            exception_executions,
+        }
+    }
 }
 
 impl ActiveJobInfo {
@@ -116,6 +177,105 @@ impl ActiveJobInfo {
     /// beyond dropping hash markers, otherwise from the full decoder's value. Both give the same `T`.
     pub fn args<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         self.arguments.deserialize()
+    }
+
+    /// Builds the info from its decoded parts; the other fields are read from `source` on first use.
+    pub(crate) fn new(
+        job_id: String,
+        executions: u64,
+        arguments: Arguments,
+        source: Source,
+    ) -> ActiveJobInfo {
+        ActiveJobInfo {
+            job_id,
+            executions,
+            arguments,
+            source,
+            fields: OnceLock::new(),
+        }
+    }
+
+    fn fields(&self) -> &JobDataFields {
+        self.fields
+            .get_or_init(|| JobDataFields::read(&self.source))
+    }
+
+    fn text(&self, key: &str) -> Option<&str> {
+        self.fields().job_data.get(key)?.as_str()
+    }
+
+    fn time(&self, key: &str) -> Option<DateTime<FixedOffset>> {
+        DateTime::parse_from_rfc3339(self.text(key)?).ok()
+    }
+
+    /// The whole `job_data` hash as Rails wrote it (arguments still serialized).
+    pub fn job_data(&self) -> &Map<String, Value> {
+        &self.fields().job_data
+    }
+
+    /// `queue_name`: the queue ActiveJob enqueued it on.
+    pub fn queue_name(&self) -> Option<&str> {
+        self.text("queue_name")
+    }
+
+    /// `priority` (`set(priority: 5)`), `None` when not set.
+    pub fn priority(&self) -> Option<i64> {
+        self.fields().job_data.get("priority")?.as_i64()
+    }
+
+    /// `locale`: the `I18n.locale` the job was enqueued under (Rails >= 7.2 also keeps a job's own).
+    pub fn locale(&self) -> Option<&str> {
+        self.text("locale")
+    }
+
+    /// `timezone`: the `Time.zone` name the job was enqueued under (`"UTC"`, `"Europe/Paris"`).
+    pub fn timezone(&self) -> Option<&str> {
+        self.text("timezone")
+    }
+
+    /// `enqueued_at`: when ActiveJob serialized it (whole seconds through Rails 7.0, nanoseconds from
+    /// 7.1).
+    pub fn enqueued_at(&self) -> Option<DateTime<FixedOffset>> {
+        self.time("enqueued_at")
+    }
+
+    /// `scheduled_at` (Rails >= 7.1): when `set(wait:)`/`set(wait_until:)` asked it to run; `None` for
+    /// a job enqueued to run now, and for anything Rails 6.1/7.0 wrote.
+    pub fn scheduled_at(&self) -> Option<DateTime<FixedOffset>> {
+        self.time("scheduled_at")
+    }
+
+    /// `provider_job_id`: the Sidekiq `jid` the job runs under, as Sidekiq's wrapper gives it to
+    /// ActiveJob (`job_data.merge("provider_job_id" => jid)`); `job_data`'s own value when there is no
+    /// payload around it.
+    pub fn provider_job_id(&self) -> Option<&str> {
+        let fields = self.fields();
+        fields.jid.as_deref().or_else(|| {
+            fields
+                .job_data
+                .get("provider_job_id")
+                .and_then(Value::as_str)
+        })
+    }
+
+    /// `exception_executions`: how many times each `retry_on` rule has retried it, by the key Rails
+    /// writes (`"[ActiveRecord::Deadlocked]"`; a Rails 8.1 continuation's interrupt message).
+    pub fn exception_executions(&self) -> &std::collections::BTreeMap<String, u64> {
+        &self.fields().exception_executions
+    }
+
+    /// The arguments as ActiveJob serialized them (`job_data["arguments"]`, before decoding).
+    pub fn serialized_arguments(&self) -> &[Value] {
+        match self.fields().job_data.get("arguments") {
+            Some(Value::Array(items)) => items,
+            _ => &[],
+        }
+    }
+
+    /// The arguments as typed values: a TimeWithZone with its zone name, a Duration with its parts,
+    /// an app-defined serializer's data, which hash keys were symbols ([`AjValue`]).
+    pub fn typed_arguments(&self) -> Result<Vec<AjValue>, String> {
+        typed::typed_list(self.serialized_arguments())
     }
 }
 
@@ -150,12 +310,16 @@ pub(crate) fn unwrap(args_json: &str) -> Result<ActiveJobInfo, String> {
 /// ([`Job::job_data`](crate::job::Job::job_data), the case of every payload Rails writes), they are not
 /// looked for again; the answer is the same.
 pub(crate) fn unwrap_job(job: &crate::job::Job) -> Result<ActiveJobInfo, String> {
+    let source = || Source::Payload(job.shared_text().clone());
     match job.job_data() {
-        Some(fields) => match direct(fields, Some(job.shared_text())) {
+        Some(fields) => match direct(fields, Some(job.shared_text()), source()) {
             Some(info) => Ok(info),
-            None => unwrap_full(job.args_json()),
+            None => unwrap_full_from(job.args_json(), source()),
         },
-        None => unwrap(job.args_json()),
+        None => match unwrap_direct_from(job.args_json(), source()) {
+            Some(info) => Ok(info),
+            None => unwrap_full_from(job.args_json(), source()),
+        },
     }
 }
 
@@ -163,7 +327,12 @@ pub(crate) fn unwrap_job(job: &crate::job::Job) -> Result<ActiveJobInfo, String>
 /// ([`crate::job::header::job_data`], which also checks the text is JSON), then [`direct`]. `None`
 /// whenever anything is not as Rails writes it (the full decoder then decides, and gives the error).
 fn unwrap_direct(args_json: &str) -> Option<ActiveJobInfo> {
-    direct(crate::job::header::job_data(args_json)?, None)
+    unwrap_direct_from(args_json, Source::Args(Arc::from(args_json)))
+}
+
+/// [`unwrap_direct`] with the other fields read from `source`.
+fn unwrap_direct_from(args_json: &str, source: Source) -> Option<ActiveJobInfo> {
+    direct(crate::job::header::job_data(args_json)?, None, source)
 }
 
 /// The direct path's decision on `job_data`'s fields: [`ActiveJobInfo`] when each is as
@@ -171,7 +340,11 @@ fn unwrap_direct(args_json: &str) -> Option<ActiveJobInfo> {
 /// ([`Markers`](crate::job::Markers), noted while the fields were read); `None` sends the job to the
 /// full decoder. `payload`: the whole text the fields are slices of, when it is shared: arguments with
 /// no marker to cut are then that text's range, not a copy.
-fn direct(fields: JobDataText<'_>, payload: Option<&Arc<str>>) -> Option<ActiveJobInfo> {
+fn direct(
+    fields: JobDataText<'_>,
+    payload: Option<&Arc<str>>,
+    source: Source,
+) -> Option<ActiveJobInfo> {
     use crate::job::header::{JOB_CLASS, JOB_ID};
     // A non-empty string (`""` is the only empty one; escapes are left to the full decoder).
     let job_class = fields.job_class?;
@@ -211,11 +384,7 @@ fn direct(fields: JobDataText<'_>, payload: Option<&Arc<str>>) -> Option<ActiveJ
             _ => return None,
         },
     };
-    Some(ActiveJobInfo {
-        job_id,
-        executions,
-        arguments,
-    })
+    Some(ActiveJobInfo::new(job_id, executions, arguments, source))
 }
 
 /// Decodes `job`'s ActiveJob arguments every way there is ([`unwrap_job`] with the fields the payload
@@ -244,6 +413,11 @@ pub(crate) fn every_path_agrees(job: &crate::job::Job) -> Result<(), String> {
 /// The full decoder: the whole `job_data` hash as a [`Value`], every field checked, with errors that
 /// say what is wrong.
 fn unwrap_full(args_json: &str) -> Result<ActiveJobInfo, String> {
+    unwrap_full_from(args_json, Source::Args(Arc::from(args_json)))
+}
+
+/// [`unwrap_full`] with the other fields read from `source`.
+fn unwrap_full_from(args_json: &str, source: Source) -> Result<ActiveJobInfo, String> {
     let job_data = job_data_map(args_json)?;
     match job_data.get("job_class") {
         Some(Value::String(c)) if !c.is_empty() => {}
@@ -286,11 +460,12 @@ fn unwrap_full(args_json: &str) -> Result<ActiveJobInfo, String> {
         }
         None => return Err("job_data has no `arguments`".into()),
     };
-    Ok(ActiveJobInfo {
+    Ok(ActiveJobInfo::new(
         job_id,
         executions,
-        arguments: Arguments::Decoded(arguments),
-    })
+        Arguments::Decoded(arguments),
+        source,
+    ))
 }
 
 /// A job's ActiveJob arguments, in one of two equivalent forms.
@@ -735,6 +910,12 @@ fn epoch_seconds(now: DateTime<Utc>) -> Value {
 // Moved from tests/activejob.rs: Ruby/Rails round trips of ActiveJob payloads (needs crate-internal items).
 #[cfg(test)]
 mod tests_ruby;
+// The recordings of ActiveJob 7.0-8.1 (fixtures/activejob-7-8) against what each ActiveJob read back.
+#[cfg(test)]
+mod tests_versions;
+/// Arguments as typed values ([`AjValue`]).
+pub(crate) mod typed;
+pub use typed::{AjValue, HashKind};
 // Moved from tests/activejob_dispatch.rs: recorded ActiveJob payloads reaching typed workers (needs
 // crate-internal items).
 #[cfg(test)]
