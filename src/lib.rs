@@ -108,7 +108,7 @@ pub use blocking::{Blocking, BlockingWorker};
 #[doc(inline)]
 pub use cli::run;
 #[doc(inline)]
-pub use client::{Client, ClientMiddleware, ClientNext, NewJob, Push};
+pub use client::{Client, ClientMiddleware, ClientNext, NewActiveJob, NewJob, Push};
 #[doc(inline)]
 pub use config::Config;
 /// A sidekiq-cron schedule declared in Rust.

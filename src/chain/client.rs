@@ -28,6 +28,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+pub use crate::activejob::NewActiveJob;
 use crate::error::{Error, Result};
 use crate::job::new_jid;
 use crate::keys;
@@ -711,18 +712,34 @@ impl Client {
         Ok(())
     }
 
-    /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`).
+    /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`): the `default`
+    /// locale and time zone (`en`, `UTC`); [`Client::enqueue_activejob`] sets the rest.
     pub async fn perform_later(
         &self,
         job_class: &str,
         queue: &str,
         arguments: Vec<Value>,
     ) -> Result<String> {
-        let data = crate::activejob::job_data(job_class, queue, arguments, chrono::Utc::now());
-        let job = NewJob::new(crate::activejob::WRAPPER_CLASS, vec![data])
-            .queue(queue)
-            .option("wrapped", Value::String(job_class.to_string()));
-        self.push(job).await
+        self.enqueue_activejob(NewActiveJob::new(job_class, arguments).queue(queue))
+            .await
+    }
+
+    /// Enqueues an ActiveJob job in the shape Rails 7.1+ writes (which Rails 6.1 and 7.0 read too),
+    /// through Rails' Sidekiq adapter's wrapper: to its queue, or into `schedule` for a
+    /// [`wait`](NewActiveJob::wait)/[`wait_until`](NewActiveJob::wait_until) in the future (as
+    /// `enqueue_at` does). Returns the Sidekiq jid (ActiveJob's `provider_job_id`). A reserved
+    /// ActiveJob key in an argument hash is an error, as Rails raises `SerializationError`.
+    pub async fn enqueue_activejob(&self, job: NewActiveJob) -> Result<String> {
+        job.validate().map_err(Error::Config)?;
+        let now = chrono::Utc::now();
+        let data = job.job_data(now);
+        let mut new = NewJob::new(crate::activejob::WRAPPER_CLASS, vec![data])
+            .queue(job.queue_name())
+            .option("wrapped", Value::String(job.job_class().to_string()));
+        if let Some(at) = job.scheduled_at(now).filter(|at| *at > now) {
+            new = new.run_at(at.timestamp() as f64 + f64::from(at.timestamp_subsec_nanos()) / 1e9);
+        }
+        self.push(new).await
     }
 }
 

@@ -58,8 +58,7 @@ pub(crate) use crate::job::activejob_keys::{
 };
 
 /// The keys `arguments.rb` reserves (`RESERVED_KEYS`); a Ruby hash with one of them as an ordinary key
-/// cannot be serialized at all.
-#[cfg(test)]
+/// cannot be serialized at all (Rails raises `SerializationError`).
 const RESERVED_KEYS: [&str; 5] = [
     GLOBALID_KEY,
     SERIALIZER_KEY,
@@ -789,42 +788,180 @@ fn short(v: &Value) -> String {
     crate::job::truncate(&v.to_string(), 40)
 }
 
-/// Builds the `job_data` hash Rails 6.1's `ActiveJob::Core#serialize` writes, for a job Ruby will run
-/// (the single element of the wrapper payload's `args`; see [`wrap`] for the whole payload).
-///
-/// Keys, in Rails' order: `job_class`, `job_id` (a new random UUID v4), `provider_job_id: null`,
-/// `queue_name`, `priority: null`, `arguments`, `executions: 0`, `exception_executions: {}`,
-/// `locale: "en"`, `timezone: "UTC"`, `enqueued_at` (`%Y-%m-%dT%H:%M:%SZ`, which Rails ≥ 7.1 also
-/// parses with `Time.iso8601`).
+/// An ActiveJob job for Ruby to run, enqueued from Rust (`MyJob.set(...).perform_later(...)`):
+/// [`Client::enqueue_activejob`](crate::client::Client::enqueue_activejob) writes it in the shape of
+/// Rails 7.1 and later (`ActiveJob::Core#serialize`), which Rails 6.1 and 7.0 read too (they ignore
+/// `scheduled_at`, and `Time.iso8601` reads the nanosecond `enqueued_at`).
 ///
 /// `arguments` are written as they are, so they must be JSON-native in ActiveJob's sense: `null`,
 /// booleans, numbers, strings, arrays, and hashes whose keys are not ActiveJob's reserved keys
 /// (`_aj_globalid`, `_aj_serialized`, `_aj_symbol_keys`, `_aj_ruby2_keywords`,
-/// `_aj_hash_with_indifferent_access`), which Ruby would read as markers. Ruby's `perform` receives
-/// string-keyed hashes; pass symbols, times or models as strings (or GlobalID strings) and convert them
-/// there. [`check_arguments`] verifies this.
+/// `_aj_hash_with_indifferent_access`): Rails refuses to serialize such a hash, and the push refuses it
+/// too. Ruby's `perform` receives string-keyed hashes; pass symbols, times or models as strings (or
+/// GlobalID strings) and convert them there.
+///
+/// ```
+/// use oxidekiq::client::NewActiveJob;
+/// use std::time::Duration;
+///
+/// // ReportJob.set(queue: "reports", priority: 5, wait: 10.minutes).perform_later(42, "pdf"),
+/// // under I18n.locale :fr and Time.zone "Europe/Paris".
+/// let job = NewActiveJob::new("ReportJob", vec![42.into(), "pdf".into()])
+///     .queue("reports")
+///     .priority(5)
+///     .locale("fr")
+///     .timezone("Europe/Paris")
+///     .wait(Duration::from_secs(600));
+/// # let _ = job;
+/// ```
+#[derive(Debug, Clone)]
+pub struct NewActiveJob {
+    job_class: String,
+    queue: String,
+    arguments: Vec<Value>,
+    priority: Option<i64>,
+    locale: String,
+    timezone: String,
+    wait: Option<std::time::Duration>,
+    wait_until: Option<DateTime<Utc>>,
+}
+
+impl NewActiveJob {
+    /// `job_class.perform_later(*arguments)` on the `default` queue, locale `en`, time zone `UTC` (a
+    /// Rails app's defaults).
+    pub fn new(job_class: impl Into<String>, arguments: Vec<Value>) -> NewActiveJob {
+        NewActiveJob {
+            job_class: job_class.into(),
+            queue: "default".into(),
+            arguments,
+            priority: None,
+            locale: "en".into(),
+            timezone: "UTC".into(),
+            wait: None,
+            wait_until: None,
+        }
+    }
+
+    /// `set(queue:)`.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// `set(priority:)` (read by the adapters that honour it; Sidekiq does not, and keeps it).
+    pub fn priority(mut self, priority: i64) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// The `I18n.locale` the job runs under (`perform` is wrapped in `I18n.with_locale`; the locale
+    /// must be one of the app's `I18n.available_locales`).
+    pub fn locale(mut self, locale: impl Into<String>) -> Self {
+        self.locale = locale.into();
+        self
+    }
+
+    /// The `Time.zone` name the job runs under (`perform` is wrapped in `Time.use_zone`).
+    pub fn timezone(mut self, zone: impl Into<String>) -> Self {
+        self.timezone = zone.into();
+        self
+    }
+
+    /// `set(wait:)`: runs that long after the push (a `schedule` entry, `scheduled_at` in `job_data`).
+    pub fn wait(mut self, wait: std::time::Duration) -> Self {
+        self.wait = Some(wait);
+        self.wait_until = None;
+        self
+    }
+
+    /// `set(wait_until:)`: runs at that time (a time not in the future enqueues now, as Sidekiq's
+    /// `perform_at` does).
+    pub fn wait_until(mut self, at: DateTime<Utc>) -> Self {
+        self.wait_until = Some(at);
+        self.wait = None;
+        self
+    }
+
+    /// The job class.
+    pub fn job_class(&self) -> &str {
+        &self.job_class
+    }
+
+    /// The queue.
+    pub fn queue_name(&self) -> &str {
+        &self.queue
+    }
+
+    /// When it is scheduled to run, `now` being the push's time; `None` for now.
+    pub(crate) fn scheduled_at(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match (self.wait, self.wait_until) {
+            (Some(wait), _) => chrono::Duration::from_std(wait)
+                .ok()
+                .and_then(|d| now.checked_add_signed(d)),
+            (None, at) => at,
+        }
+    }
+
+    /// What Rails refuses to enqueue: an empty class or queue name, a reserved key in an argument
+    /// hash ([`check_arguments`]), a wait too long to add to now.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.job_class.is_empty() {
+            return Err("the ActiveJob class must not be empty".into());
+        }
+        if self.queue.is_empty() {
+            return Err("the queue name must not be empty".into());
+        }
+        if self.wait.is_some() && self.scheduled_at(Utc::now()).is_none() {
+            return Err(format!("wait {:?} is out of range", self.wait));
+        }
+        check_arguments(&self.arguments)
+    }
+
+    /// The `job_data` hash Rails 7.1+'s `ActiveJob::Core#serialize` writes, in its key order:
+    /// `job_class`, `job_id` (a new random UUID v4), `provider_job_id: null`, `queue_name`, `priority`,
+    /// `arguments`, `executions: 0`, `exception_executions: {}`, `locale`, `timezone`, `enqueued_at`
+    /// and `scheduled_at` (`Time#utc.iso8601(9)`, `scheduled_at` null for a job to run now).
+    pub(crate) fn job_data(&self, now: DateTime<Utc>) -> Value {
+        let mut m = Map::new();
+        m.insert("job_class".into(), self.job_class.clone().into());
+        m.insert("job_id".into(), new_job_id().into());
+        m.insert("provider_job_id".into(), Value::Null);
+        m.insert("queue_name".into(), self.queue.clone().into());
+        m.insert(
+            "priority".into(),
+            self.priority.map_or(Value::Null, Value::from),
+        );
+        m.insert("arguments".into(), Value::Array(self.arguments.clone()));
+        m.insert("executions".into(), 0.into());
+        m.insert("exception_executions".into(), Value::Object(Map::new()));
+        m.insert("locale".into(), self.locale.clone().into());
+        m.insert("timezone".into(), self.timezone.clone().into());
+        m.insert("enqueued_at".into(), iso8601_9(now).into());
+        m.insert(
+            "scheduled_at".into(),
+            self.scheduled_at(now)
+                .map_or(Value::Null, |t| iso8601_9(t).into()),
+        );
+        Value::Object(m)
+    }
+}
+
+/// Ruby's `Time#utc.iso8601(9)`: `2026-11-28T17:41:03.633048719Z`.
+pub(crate) fn iso8601_9(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.9fZ").to_string()
+}
+
+/// The `job_data` of `NewActiveJob::new(job_class, arguments).queue(queue)` (the tests' shorthand).
+#[cfg(test)]
 pub(crate) fn job_data(
     job_class: &str,
     queue: &str,
     arguments: Vec<Value>,
     now: DateTime<Utc>,
 ) -> Value {
-    let mut m = Map::new();
-    m.insert("job_class".into(), job_class.into());
-    m.insert("job_id".into(), new_job_id().into());
-    m.insert("provider_job_id".into(), Value::Null);
-    m.insert("queue_name".into(), queue.into());
-    m.insert("priority".into(), Value::Null);
-    m.insert("arguments".into(), Value::Array(arguments));
-    m.insert("executions".into(), 0.into());
-    m.insert("exception_executions".into(), Value::Object(Map::new()));
-    m.insert("locale".into(), "en".into());
-    m.insert("timezone".into(), "UTC".into());
-    m.insert(
-        "enqueued_at".into(),
-        now.format("%Y-%m-%dT%H:%M:%SZ").to_string().into(),
-    );
-    Value::Object(m)
+    NewActiveJob::new(job_class, arguments)
+        .queue(queue)
+        .job_data(now)
 }
 
 /// Builds a whole Sidekiq payload for an ActiveJob job, as Rails 6.1's adapter and Sidekiq 6.4's
@@ -855,9 +992,9 @@ pub(crate) fn wrap(
     Value::Object(m)
 }
 
-/// Checks that arguments for [`job_data`] reach Ruby as they are: no hash, at any depth, uses one of
-/// ActiveJob's reserved keys. The error names the path of the first offending key.
-#[cfg(test)]
+/// Checks that arguments for [`NewActiveJob`] reach Ruby as they are: no hash, at any depth, uses one
+/// of ActiveJob's reserved keys (Rails raises `SerializationError` for such a hash). The error names
+/// the path of the first offending key.
 pub(crate) fn check_arguments(arguments: &[Value]) -> Result<(), String> {
     fn walk(v: &Value, path: &str) -> Result<(), String> {
         match v {
@@ -1706,33 +1843,28 @@ mod tests {
     }
 
     #[test]
-    fn job_data_has_the_rails_6_1_shape() {
+    fn job_data_has_the_shape_rails_7_1_to_8_1_wrote_in_the_recordings() {
         let now = DateTime::parse_from_rfc3339("2024-01-02T03:04:05.678Z")
             .unwrap()
             .with_timezone(&Utc);
         let data = job_data("EchoJob", "default", vec![json!(1), json!({"a": "b"})], now);
-        let keys: Vec<&str> = data
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                "job_class",
-                "job_id",
-                "provider_job_id",
-                "queue_name",
-                "priority",
-                "arguments",
-                "executions",
-                "exception_executions",
-                "locale",
-                "timezone",
-                "enqueued_at"
-            ]
-        );
+        let keys: Vec<String> = data.as_object().unwrap().keys().cloned().collect();
+        // The keys, in order, of what real ActiveJob 7.1-8.1 wrote (fixtures/activejob-7-8).
+        for version in ["7.1", "7.2", "8.0", "8.1"] {
+            let path = format!(
+                "{}/fixtures/activejob-{version}/no_args.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let recorded: Value =
+                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            let recorded: Vec<String> = recorded["args"][0]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            assert_eq!(keys, recorded, "ActiveJob {version}");
+        }
         let job_id = data["job_id"].as_str().unwrap().to_string();
         assert_eq!(
             data,
@@ -1747,12 +1879,53 @@ mod tests {
                 "exception_executions": {},
                 "locale": "en",
                 "timezone": "UTC",
-                "enqueued_at": "2024-01-02T03:04:05Z"
+                "enqueued_at": "2024-01-02T03:04:05.678000000Z",
+                "scheduled_at": null
             })
         );
         let back = unwrap(&Value::Array(vec![data]).to_string()).unwrap();
         assert_eq!(back.job_id, job_id);
         assert_eq!(*back.arguments(), json!([1, {"a": "b"}]));
+    }
+
+    #[test]
+    fn a_scheduled_job_carries_its_scheduled_at_and_the_callers_settings() {
+        let now = DateTime::parse_from_rfc3339("2024-01-02T03:04:05.678Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let job = NewActiveJob::new("EchoJob", vec![])
+            .queue("critical")
+            .priority(-2)
+            .locale("fr")
+            .timezone("Europe/Paris")
+            .wait(std::time::Duration::from_millis(1500));
+        let data = job.job_data(now);
+        assert_eq!(data["scheduled_at"], "2024-01-02T03:04:07.178000000Z");
+        assert_eq!(data["priority"], -2);
+        assert_eq!(data["locale"], "fr");
+        assert_eq!(data["timezone"], "Europe/Paris");
+        assert_eq!(data["queue_name"], "critical");
+        let until = now + chrono::Duration::hours(1);
+        let data = job.wait_until(until).job_data(now);
+        assert_eq!(data["scheduled_at"], "2024-01-02T04:04:05.678000000Z");
+    }
+
+    #[test]
+    fn a_reserved_key_or_an_empty_name_is_refused_in_every_build() {
+        assert!(
+            NewActiveJob::new("A", vec![json!({"x": 1})])
+                .validate()
+                .is_ok()
+        );
+        for bad in [
+            NewActiveJob::new("A", vec![json!({"_aj_serialized": "X"})]),
+            NewActiveJob::new("A", vec![json!([[{"k": {"_aj_ruby2_keywords": []}}]])]),
+            NewActiveJob::new("", vec![]),
+            NewActiveJob::new("A", vec![]).queue(""),
+            NewActiveJob::new("A", vec![]).wait(std::time::Duration::MAX),
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -223,3 +223,143 @@ w.perform(job["args"][0])
     assert_eq!(seen["locale"], json!("en"));
     assert_eq!(seen["enqueued_at"], payload["args"][0]["enqueued_at"]);
 }
+
+/// `enqueue_activejob` writes Rails 7.1+'s shape with the caller's locale, time zone, priority and
+/// queue, and a `wait` into `schedule`; Debian's Rails 6.1 (Sidekiq 6.4's `JobWrapper`) runs both in
+/// the same run, under that locale and zone. A reserved key is refused and nothing is pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rails_6_1_runs_what_rust_enqueues_in_todays_shape_with_its_locale_zone_and_schedule() {
+    use oxidekiq::client::{Client, NewActiveJob};
+    use std::time::Duration;
+
+    let redis = support::RedisServer::start();
+    let client = Client::connect(&redis.url()).await.unwrap();
+    let arguments = vec![json!(7), json!({"name": "bob", "tags": ["a"]})];
+    let now = Utc::now();
+    let jid = client
+        .enqueue_activejob(
+            NewActiveJob::new("EchoJob", arguments.clone())
+                .queue("critical")
+                .priority(3)
+                .locale("fr")
+                .timezone("Europe/Paris"),
+        )
+        .await
+        .unwrap();
+    let later = client
+        .enqueue_activejob(
+            NewActiveJob::new("EchoJob", vec![json!("later")]).wait(Duration::from_secs(600)),
+        )
+        .await
+        .unwrap();
+    for bad in [
+        json!({"a": {"_aj_globalid": "gid://x/Y/1"}}),
+        json!([{"_aj_symbol_keys": []}]),
+    ] {
+        let err = client
+            .enqueue_activejob(NewActiveJob::new("EchoJob", vec![bad.clone()]))
+            .await
+            .expect_err("a reserved key is refused");
+        assert!(err.to_string().contains("reserved"), "{bad}: {err}");
+    }
+    let queued: Vec<String> = redis::cmd("LRANGE")
+        .arg("queue:critical")
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(queued.len(), 1, "one job queued");
+    let pushed: Value = serde_json::from_str(&queued[0]).unwrap();
+    let data = &pushed["args"][0];
+    // Rails 7.1+'s keys, in its order (the recordings of 7.1-8.1 hold the same list).
+    let keys: Vec<&str> = data
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "job_class",
+            "job_id",
+            "provider_job_id",
+            "queue_name",
+            "priority",
+            "arguments",
+            "executions",
+            "exception_executions",
+            "locale",
+            "timezone",
+            "enqueued_at",
+            "scheduled_at"
+        ]
+    );
+    assert_eq!(data["scheduled_at"], Value::Null);
+    let default_len: u64 = redis::cmd("LLEN")
+        .arg("queue:default")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(default_len, 0, "the refused jobs pushed nothing");
+
+    let out = ruby(
+        &redis,
+        r#"
+I18n.available_locales = [:en, :fr]
+class EchoJob < ActiveJob::Base
+  def perform(*args)
+    $seen << { "args" => args, "job_id" => job_id, "queue_name" => queue_name, "priority" => priority,
+               "locale" => I18n.locale.to_s, "zone" => Time.zone.name, "provider_job_id" => provider_job_id,
+               "enqueued_ns" => (Time.iso8601(enqueued_at).to_r * 1_000_000_000).to_i, "executions" => executions }
+  end
+end
+$seen = []
+run = lambda do |raw|
+  job = Sidekiq.load_json(raw)
+  w = job["class"].constantize.new
+  w.jid = job["jid"]
+  w.perform(*job["args"])
+end
+run.call(Sidekiq.redis { |r| r.rpop("queue:critical") })
+require "sidekiq/api"
+entry = Sidekiq::ScheduledSet.new.to_a
+raise "expected one scheduled job, got #{entry.size}" unless entry.size == 1
+run.call(entry.first.value)
+puts JSON.generate("seen" => $seen, "scheduled" => { "jid" => entry.first.jid, "at" => entry.first.at.to_f })
+"#,
+    );
+    let out: Value = serde_json::from_str(out.trim()).unwrap();
+    let first = &out["seen"][0];
+    assert_eq!(first["args"], Value::Array(arguments));
+    assert_eq!(first["job_id"], data["job_id"]);
+    assert_eq!(first["queue_name"], "critical");
+    assert_eq!(first["priority"], 3);
+    assert_eq!(first["locale"], "fr", "performed under the caller's locale");
+    assert_eq!(
+        first["zone"], "Europe/Paris",
+        "performed in the caller's zone"
+    );
+    assert_eq!(first["provider_job_id"], json!(jid));
+    assert_eq!(first["executions"], 1);
+    // Ruby reads the nanosecond `enqueued_at` to the nanosecond (a Rational's text).
+    let enqueued =
+        chrono::DateTime::parse_from_rfc3339(data["enqueued_at"].as_str().unwrap()).unwrap();
+    let nanos = enqueued.timestamp_nanos_opt().unwrap();
+    assert_eq!(
+        first["enqueued_ns"],
+        json!(nanos),
+        "{}",
+        data["enqueued_at"]
+    );
+    let second = &out["seen"][1];
+    assert_eq!(second["args"], json!(["later"]));
+    assert_eq!(second["locale"], "en");
+    assert_eq!(second["zone"], "UTC");
+    assert_eq!(out["scheduled"]["jid"], json!(later));
+    let at = out["scheduled"]["at"].as_f64().unwrap();
+    let want = now.timestamp() as f64 + 600.0;
+    assert!(
+        (want - 1.0..want + 5.0).contains(&at),
+        "scheduled at {at}, pushed at {now}"
+    );
+}
