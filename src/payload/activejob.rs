@@ -31,7 +31,12 @@
 //! missing or mistyped `job_class`/`job_id`/`executions`/`arguments`, `_aj_globalid` next to other keys,
 //! a built-in serializer whose fields have the wrong type, and hashes with more than one marker.
 //!
-//! [`job_data`] and [`wrap`] go the other way, for a Rust client enqueuing an ActiveJob job Ruby runs.
+//! The whole `job_data` (queue, priority, locale, time zone, times, `exception_executions`) is read on
+//! first use ([`ActiveJobInfo`]), and the arguments also as typed values ([`AjValue`], `typed.rs`):
+//! what each Rails version writes is recorded in `fixtures/activejob-*` and checked in `tests_versions.rs`.
+//!
+//! [`NewActiveJob`] goes the other way, for a Rust client enqueuing an ActiveJob job Ruby runs, in the
+//! shape of Rails 7.1 and later.
 
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
