@@ -132,7 +132,10 @@ pub use middleware::{BoxFuture, Keyed, LockKey, Next, ServerMiddleware};
 #[doc(inline)]
 pub use registry::{Registration, Registry};
 #[doc(inline)]
-pub use worker::{ActiveJobInfo, AjValue, HashKind, JobContext, NoArgs, Worker, WorkerOptions};
+pub use worker::{
+    ActiveJobInfo, AjValue, Continuation, HashKind, InterruptReason, JobContext, NoArgs, Worker,
+    WorkerOptions,
+};
 
 // The fuzz target's body, built only by `cargo fuzz` (`--cfg fuzzing`): it reaches internal modules.
 #[cfg(fuzzing)]

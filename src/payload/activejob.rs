@@ -276,6 +276,19 @@ impl ActiveJobInfo {
         }
     }
 
+    /// A Rails 8.1 `ActiveJob::Continuable` job's progress (`continuation`); `None` for any other job.
+    pub fn continuation(&self) -> Option<Result<Continuation, String>> {
+        self.fields()
+            .job_data
+            .get("continuation")
+            .map(Continuation::from_value)
+    }
+
+    /// How many times a Continuable job was resumed (`resumptions`); `None` for any other job.
+    pub fn resumptions(&self) -> Option<u64> {
+        self.fields().job_data.get("resumptions")?.as_u64()
+    }
+
     /// The arguments as typed values: a TimeWithZone with its zone name, a Duration with its parts,
     /// an app-defined serializer's data, which hash keys were symbols ([`AjValue`]).
     pub fn typed_arguments(&self) -> Result<Vec<AjValue>, String> {
@@ -1058,6 +1071,9 @@ mod tests_versions;
 /// Arguments as typed values ([`AjValue`]).
 pub(crate) mod typed;
 pub use typed::{AjValue, HashKind};
+/// Rails 8.1's `continuation` and `resumptions` ([`Continuation`]).
+pub(crate) mod continuation;
+pub use continuation::{Continuation, InterruptReason};
 // Moved from tests/activejob_dispatch.rs: recorded ActiveJob payloads reaching typed workers (needs
 // crate-internal items).
 #[cfg(test)]

@@ -234,3 +234,114 @@ fn an_app_defined_serializer_reaches_the_worker_as_data() {
         }
     }
 }
+
+/// The `job_data` of a recording and its Sidekiq jid.
+fn job_data(version: &str, file: &str) -> (Map<String, Value>, String) {
+    let raw = std::fs::read_to_string(folder(version).join(file)).unwrap();
+    let mut payload: Map<String, Value> = serde_json::from_str(&raw).unwrap();
+    let jid = payload["jid"].as_str().unwrap().to_owned();
+    match payload.remove("args") {
+        Some(Value::Array(mut args)) => match args.remove(0) {
+            Value::Object(data) => (data, jid),
+            other => panic!("{file}: {other}"),
+        },
+        other => panic!("{file}: {other:?}"),
+    }
+}
+
+const CONTINUATIONS: [&str; 5] = [
+    "continuable_enqueued.json",
+    "continuation_between_steps.json",
+    "continuation_mid_step.json",
+    "continuation_resumed_again.json",
+    "continuation_before_last_step.json",
+];
+
+/// Rails 8.1's `continuation` reads as the progress Ruby read back, and writes back as the same text.
+#[test]
+fn every_recorded_continuation_reads_and_writes_as_rails_8_1() {
+    let facts = facts("8.1");
+    for file in CONTINUATIONS {
+        let info = info("8.1", file);
+        let c = info.continuation().expect("a Continuable job").unwrap();
+        let (data, _) = job_data("8.1", file);
+        assert_eq!(
+            serde_json::to_string(&c.to_value()).unwrap(),
+            serde_json::to_string(&data["continuation"]).unwrap(),
+            "{file}: written back byte for byte"
+        );
+        assert_eq!(c.to_value(), facts[file]["continuation"], "{file}");
+        assert_eq!(
+            info.resumptions(),
+            facts[file]["resumptions"].as_u64(),
+            "{file}"
+        );
+    }
+    let mid = info("8.1", "continuation_mid_step.json")
+        .continuation()
+        .unwrap()
+        .unwrap();
+    assert!(mid.is_completed("prepare") && !mid.is_completed("process_records"));
+    assert_eq!(mid.cursor::<u64>("process_records").unwrap(), Some(4));
+    assert_eq!(mid.cursor::<u64>("prepare").unwrap(), None);
+    // A job that is not Continuable has none.
+    assert!(info("8.1", "no_args.json").continuation().is_none());
+    assert_eq!(info("8.1", "no_args.json").resumptions(), None);
+}
+
+/// Each interrupt Rails 8.1 recorded, rebuilt from the job that ran and the progress it had:
+/// `provider_job_id`, `executions`, `exception_executions` (the interrupt's message, with Ruby's
+/// `inspect` of the cursor), `continuation`, `resumptions` and every other key as Rails wrote them, and
+/// `scheduled_at` 5 s (`resume_options`) after `enqueued_at`.
+#[test]
+fn an_interrupt_writes_the_job_data_rails_8_1_wrote() {
+    use super::{Continuation, InterruptReason};
+    let chain = [
+        (
+            "continuable_enqueued.json",
+            "continuation_between_steps.json",
+        ),
+        ("continuable_enqueued.json", "continuation_mid_step.json"),
+        (
+            "continuation_mid_step.json",
+            "continuation_resumed_again.json",
+        ),
+        (
+            "continuation_resumed_again.json",
+            "continuation_before_last_step.json",
+        ),
+    ];
+    for (ran, pushed) in chain {
+        let (before, jid) = job_data("8.1", ran);
+        let (mut want, _) = job_data("8.1", pushed);
+        let progress = Continuation::from_value(&want["continuation"]).unwrap();
+        let now = chrono::DateTime::parse_from_rfc3339(want["enqueued_at"].as_str().unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let mut got = progress
+            .interrupted_job_data(
+                &before,
+                &jid,
+                InterruptReason::Stopping,
+                now,
+                std::time::Duration::from_secs(5),
+            )
+            .unwrap();
+        // Rails takes `scheduled_at` (5.seconds.from_now) a few microseconds before `enqueued_at`.
+        let at = |m: &Map<String, Value>| {
+            chrono::DateTime::parse_from_rfc3339(m["scheduled_at"].as_str().unwrap()).unwrap()
+        };
+        let drift = (at(&got) - at(&want)).num_microseconds().unwrap();
+        assert!(
+            (0..1000).contains(&drift),
+            "{pushed}: scheduled_at {drift} µs apart"
+        );
+        got.remove("scheduled_at");
+        want.remove("scheduled_at");
+        assert_eq!(
+            serde_json::to_string(&got).unwrap(),
+            serde_json::to_string(&want).unwrap(),
+            "{ran} interrupted as {pushed}"
+        );
+    }
+}
