@@ -112,7 +112,7 @@ pub use blocking::{Blocking, BlockingWorker};
 #[doc(inline)]
 pub use cli::run;
 #[doc(inline)]
-pub use client::{Client, ClientMiddleware, ClientNext, NewJob, Push};
+pub use client::{Client, ClientMiddleware, ClientNext, NewActiveJob, NewJob, Push};
 #[doc(inline)]
 pub use config::Config;
 /// A sidekiq-cron schedule declared in Rust.
@@ -136,7 +136,10 @@ pub use middleware::{BoxFuture, Keyed, LockKey, Next, ServerMiddleware};
 #[doc(inline)]
 pub use registry::{Registration, Registry};
 #[doc(inline)]
-pub use worker::{ActiveJobInfo, JobContext, NoArgs, Worker, WorkerOptions};
+pub use worker::{
+    ActiveJobInfo, AjValue, Continuation, HashKind, InterruptReason, JobContext, NoArgs, Worker,
+    WorkerOptions,
+};
 
 // The fuzz target's body, built only by `cargo fuzz` (`--cfg fuzzing`): it reaches internal modules.
 #[cfg(fuzzing)]

@@ -1,5 +1,6 @@
 //! Every payload a real Sidekiq wrote (Sidekiq 6.4.1, 7.3.9 and 8.1.7 clients, a 6.4.1 and a 7.3.9
-//! server, Rails ActiveJob 6.1) parses as Ruby meant it and re-serializes to the same bytes.
+//! server, Rails ActiveJob 6.1, 7.0, 7.1, 7.2, 8.0 and 8.1) parses as Ruby meant it and re-serializes to
+//! the same bytes.
 //!
 //! The fixture folders are enumerated, and every file must have an expectation in [`expectation`]:
 //! a new fixture without one fails the test rather than going unchecked. Roots: `fixtures/` (this
@@ -21,8 +22,11 @@ mod iterable;
 /// 2020-01-01 and 2100-01-01 in epoch seconds: any timestamp a real Sidekiq wrote lies between.
 const PLAUSIBLE: std::ops::Range<f64> = 1_577_836_800.0..4_102_444_800.0;
 
-/// The Rails adapter's wrapper class (ActiveJob ≤ 7.0 with Sidekiq ≤ 7).
+/// The Rails adapter's wrapper class (Rails' own Sidekiq adapter, ActiveJob 6.1-7.x recordings).
 const AJ_WRAPPER: &str = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper";
+
+/// Sidekiq's own adapter's wrapper class (Sidekiq >= 7.3.3; the ActiveJob 8.x recordings).
+const SIDEKIQ_AJ_WRAPPER: &str = "Sidekiq::ActiveJob::Wrapper";
 
 /// What one fixture file must be.
 enum Expect {
@@ -32,6 +36,9 @@ enum Expect {
     Score(ScoreOf),
     /// Process-level data a server wrote (heartbeat, busy workers, stats).
     Server(ServerFile),
+    /// `ruby.json` of an ActiveJob 7.0-8.1 folder: what that ActiveJob read back from each recording,
+    /// checked by `src/payload/activejob/tests_versions.rs`; here, that it names every job file.
+    RubyFacts,
 }
 
 /// What a job payload must hold.
@@ -43,7 +50,9 @@ struct JobExpect {
     /// `queue`.
     queue: &'static str,
     /// The `args` array exactly as written; for ActiveJob, the `arguments` array inside `args[0]`.
-    args: &'static str,
+    /// `None`: an ActiveJob 7.0-8.1 recording whose arguments differ by version, checked against what
+    /// that ActiveJob read back (`ruby.json`) by `src/payload/activejob/tests_versions.rs`.
+    args: Option<&'static str>,
     /// `retry` as Ruby reads it.
     retry: Option<RetrySetting>,
     /// Whether it was pushed to a queue (has `enqueued_at`) or into a sorted set by a client
@@ -60,6 +69,11 @@ enum ScoreOf {
     InOneHour,
     /// A first retry: 15 to 25 seconds after `failed_at` (`count**4 + 15 + rand(10) * (count + 1)`).
     FirstRetry,
+    /// `set(wait_until: ...)`: the job's own `scheduled_at` (ActiveJob >= 7.1), in the future.
+    Later,
+    /// A Rails 8.1 continuation's `retry_job(wait: 5.seconds)`: its `scheduled_at`, 5 s after the
+    /// interrupt.
+    ResumeWait,
 }
 
 /// The process-level files a server set holds.
@@ -111,19 +125,40 @@ const fn job(class: &'static str, queue: &'static str, args: &'static str) -> Jo
         class,
         worker_class: class,
         queue,
-        args,
+        args: Some(args),
         retry: Some(RetrySetting::Default),
         enqueued: true,
         failure: None,
     }
 }
 
-const fn aj(queue: &'static str, arguments: &'static str) -> JobExpect {
+/// The wrapper class an `activejob-<version>` folder's recordings carry.
+fn aj_wrapper(folder: &str) -> &'static str {
+    if folder.starts_with("activejob-8.") {
+        SIDEKIQ_AJ_WRAPPER
+    } else {
+        AJ_WRAPPER
+    }
+}
+
+fn aj(wrapper: &'static str, queue: &'static str, arguments: &'static str) -> JobExpect {
     JobExpect {
-        class: AJ_WRAPPER,
-        worker_class: "WelcomeEmailJob",
+        args: Some(arguments),
+        ..aj_any(wrapper, "WelcomeEmailJob", queue)
+    }
+}
+
+/// An ActiveJob 7.0-8.1 recording whose arguments `tests_versions.rs` checks.
+const fn aj_any(
+    wrapper: &'static str,
+    worker_class: &'static str,
+    queue: &'static str,
+) -> JobExpect {
+    JobExpect {
+        class: wrapper,
+        worker_class,
         queue,
-        args: arguments,
+        args: None,
         retry: Some(RetrySetting::Default),
         enqueued: true,
         failure: None,
@@ -135,6 +170,8 @@ const fn aj(queue: &'static str, arguments: &'static str) -> JobExpect {
 fn expectation(folder: &str, file: &str) -> Option<Expect> {
     use Expect::{Job as J, Score, Server};
     use ServerFile as S;
+    let w = aj_wrapper(folder);
+    let versioned = folder != "activejob-6.1";
     let server_version = folder
         .strip_prefix("sidekiq-")
         .and_then(|v| v.strip_suffix("-server"));
@@ -194,20 +231,58 @@ fn expectation(folder: &str, file: &str) -> Option<Expect> {
         (Folder::SidekiqServer, "stat_keys.txt") => Server(S::StatKeys),
 
         // ActiveJob 6.1 (fixtures/record.rb): `WelcomeEmailJob.perform_later(...)`.
-        (Folder::ActiveJob, "no_args.json") => J(aj("default", "[]")),
+        (Folder::ActiveJob, "no_args.json") => J(aj(w, "default", "[]")),
         (Folder::ActiveJob, "scalars.json") => J(aj(
+            w,
             "default",
             r#"[1,-2.5,"two",null,true,false,12345678901234567890]"#,
         )),
         (Folder::ActiveJob, "symbol_keyed_hash.json") => J(aj(
+            w,
             "default",
             r#"[{"locale":"fr","count":2,"_aj_symbol_keys":["locale","count"]}]"#,
         )),
         (Folder::ActiveJob, "kwargs.json") => J(aj(
+            w,
             "default",
             r#"[{"user_id":7,"notify":true,"_aj_ruby2_keywords":["user_id","notify"]}]"#,
         )),
+        // Every built-in serializer of each version (fixtures/activejob-7-8/README.md).
+        (Folder::ActiveJob, "serializers.json") if versioned => {
+            J(aj_any(w, "WelcomeEmailJob", "default"))
+        }
+        (Folder::ActiveJob, "locale_timezone_priority.json") if versioned => {
+            J(aj_any(w, "WelcomeEmailJob", "critical"))
+        }
+        (Folder::ActiveJob, "scheduled_wait_until.json") if versioned => J(JobExpect {
+            enqueued: false,
+            ..aj_any(w, "WelcomeEmailJob", "default")
+        }),
+        (Folder::ActiveJob, "scheduled_wait_until.score") if versioned => Score(ScoreOf::Later),
+        (Folder::ActiveJob, "ruby.json") if versioned => Expect::RubyFacts,
+        // Rails 8.1's continuations: the job, and what each interrupt pushed back (into `schedule`).
+        (Folder::ActiveJob, "continuable_enqueued.json") if folder == "activejob-8.1" => {
+            J(aj_any(w, "ImportRecordsJob", "default"))
+        }
+        (
+            Folder::ActiveJob,
+            "continuation_between_steps.json"
+            | "continuation_mid_step.json"
+            | "continuation_resumed_again.json"
+            | "continuation_before_last_step.json",
+        ) if folder == "activejob-8.1" => J(JobExpect {
+            enqueued: false,
+            ..aj_any(w, "ImportRecordsJob", "default")
+        }),
+        (
+            Folder::ActiveJob,
+            "continuation_between_steps.score"
+            | "continuation_mid_step.score"
+            | "continuation_resumed_again.score"
+            | "continuation_before_last_step.score",
+        ) if folder == "activejob-8.1" => Score(ScoreOf::ResumeWait),
         (Folder::ActiveJob, "serializers.json") => J(aj(
+            w,
             "default",
             concat!(
                 r#"[{"_aj_serialized":"ActiveJob::Serializers::TimeSerializer","value":"2024-01-02T03:04:05.500000000Z"},"#,
@@ -221,19 +296,22 @@ fn expectation(folder: &str, file: &str) -> Option<Expect> {
             ),
         )),
         (Folder::ActiveJob, "globalid.json") => J(aj(
+            w,
             "default",
             r#"[{"_aj_globalid":"gid://oxidekiq-fixtures/Person/7"}]"#,
         )),
         (Folder::ActiveJob, "nested.json") => J(aj(
+            w,
             "default",
             r#"[[1,[2,[3,[]]]],{"a":{"b":[{"c":null,"_aj_symbol_keys":[]},{"_aj_symbol_keys":[]}],"_aj_symbol_keys":[]},"_aj_symbol_keys":[]}]"#,
         )),
         (Folder::ActiveJob, "scheduled.json") => J(JobExpect {
             enqueued: false,
-            ..aj("default", "[1]")
+            ..aj(w, "default", "[1]")
         }),
         (Folder::ActiveJob, "scheduled.score") => Score(ScoreOf::InOneHour),
         (Folder::ActiveJob, "mailers_queue.json") => J(aj(
+            w,
             "mailers",
             r#"[42,{"locale":"fr","_aj_symbol_keys":[]}]"#,
         )),
@@ -265,6 +343,8 @@ fn folders(root: &Path, out: &mut Vec<PathBuf>) {
         if path.is_dir() {
             if name == "shared" {
                 folders(&path, out);
+            } else if name == "activejob-7-8" {
+                // The ActiveJob 7.0-8.1 recorder (its recordings are the activejob-<version> folders).
             } else if name == "sidekiq-7-8" {
                 // Metrics and retry recordings of Sidekiq 7.3.9/8.1.7: checked by tests/sidekiq_7_8.rs.
             } else if name == "unique-jobs" || name.starts_with("unique-jobs-") {
@@ -324,7 +404,7 @@ fn check_job(path: &Path, want: &JobExpect) {
     assert_eq!(job.worker_class(), want.worker_class, "{at}: worker class");
     assert_eq!(
         job.is_activejob(),
-        want.class == AJ_WRAPPER,
+        want.class == AJ_WRAPPER || want.class == SIDEKIQ_AJ_WRAPPER,
         "{at}: is_activejob"
     );
     assert!(
@@ -346,8 +426,10 @@ fn check_job(path: &Path, want: &JobExpect) {
         let args: Vec<Value> = serde_json::from_str(job.args_json()).unwrap();
         assert_eq!(args.len(), 1, "{at}: ActiveJob passes one hash");
         let aj = args[0].as_object().unwrap();
-        let arguments = serde_json::to_string(&aj["arguments"]).unwrap();
-        assert_eq!(arguments, want.args, "{at}: ActiveJob arguments");
+        if let Some(args) = want.args {
+            let arguments = serde_json::to_string(&aj["arguments"]).unwrap();
+            assert_eq!(arguments, args, "{at}: ActiveJob arguments");
+        }
         assert_eq!(aj["job_class"], want.worker_class, "{at}: job_class");
         assert_eq!(aj["queue_name"], want.queue, "{at}: queue_name");
         let job_id = aj["job_id"].as_str().unwrap();
@@ -361,14 +443,21 @@ fn check_job(path: &Path, want: &JobExpect) {
             parts.iter().all(|p| is_lower_hex(p, p.len())),
             "{at}: job_id {job_id}"
         );
-        assert_eq!(aj["executions"], 0, "{at}: executions");
+        // A continuation's interrupt counts as an execution (fixtures/activejob-7-8/README.md).
+        let continued = aj.get("resumptions").is_some() && aj["provider_job_id"].is_string();
+        if !continued {
+            assert_eq!(aj["executions"], 0, "{at}: executions");
+        }
+        // Whole seconds through ActiveJob 7.0, nanoseconds from 7.1.
         let enqueued_at = aj["enqueued_at"].as_str().unwrap();
         assert!(
-            enqueued_at.len() == 20 && enqueued_at.ends_with('Z') && enqueued_at.starts_with("20"),
+            (enqueued_at.len() == 20 || enqueued_at.len() == 30)
+                && enqueued_at.ends_with('Z')
+                && enqueued_at.starts_with("20"),
             "{at}: ActiveJob enqueued_at {enqueued_at} is ISO 8601 UTC"
         );
     } else {
-        assert_eq!(job.args_json(), want.args, "{at}: args");
+        assert_eq!(Some(job.args_json()), want.args, "{at}: args");
     }
 
     let created = timestamp(&map, "created_at", path);
@@ -434,7 +523,35 @@ fn check_score(path: &Path, of: ScoreOf) {
                 "{at}: {delta} s after failed_at"
             );
         }
+        ScoreOf::Later | ScoreOf::ResumeWait => {
+            // ActiveJob 7.0 has no `scheduled_at` in `job_data`.
+            let aj = &map["args"][0];
+            if aj.get("scheduled_at").is_some() {
+                let scheduled = iso_seconds(&aj["scheduled_at"], &member);
+                assert!(
+                    (score - scheduled).abs() < 1e-5,
+                    "{at}: score {score} is the job's scheduled_at {scheduled}"
+                );
+            }
+            let delta = score - timestamp(&map, "created_at", &member);
+            let want = if matches!(of, ScoreOf::Later) {
+                0.0..=f64::MAX
+            } else {
+                4.9..=5.1
+            };
+            assert!(want.contains(&delta), "{at}: {delta} s after created_at");
+        }
     }
+}
+
+/// An ActiveJob ISO 8601 time (`enqueued_at`, `scheduled_at`) as epoch seconds.
+fn iso_seconds(v: &Value, at: &Path) -> f64 {
+    let text = v
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: {v} is not a time", at.display()));
+    let t = chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|e| panic!("{}: {text}: {e}", at.display()));
+    t.timestamp() as f64 + f64::from(t.timestamp_subsec_nanos()) / 1e9
 }
 
 /// `hostname:pid:nonce`.
@@ -547,6 +664,37 @@ fn check_server_file(path: &Path, kind: ServerFile) {
 }
 
 /// Checks every file of every folder under `root`; returns folder name → file names seen.
+/// `ruby.json` names exactly the folder's job files (what each holds is checked in-crate, where the
+/// decoder's typed values are: `src/payload/activejob/tests_versions.rs`).
+fn check_ruby_facts(path: &Path) {
+    let facts: Value = serde_json::from_str(&read(path)).unwrap();
+    let named: BTreeSet<String> = facts["files"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let jobs: BTreeSet<String> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|f| f.ends_with(".json") && f != "ruby.json")
+        .collect();
+    assert_eq!(
+        named,
+        jobs,
+        "{}: a fact set for every job file",
+        path.display()
+    );
+    assert!(
+        facts["recorded_by"]
+            .as_str()
+            .unwrap()
+            .starts_with("ActiveJob "),
+        "{}: recorded_by",
+        path.display()
+    );
+}
+
 fn check_root(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut dirs = Vec::new();
     folders(root, &mut dirs);
@@ -569,6 +717,7 @@ fn check_root(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 Some(Expect::Job(want)) => check_job(&path, &want),
                 Some(Expect::Score(of)) => check_score(&path, of),
                 Some(Expect::Server(kind)) => check_server_file(&path, kind),
+                Some(Expect::RubyFacts) => check_ruby_facts(&path),
                 None => panic!(
                     "{}: a fixture without an expectation: add it to `expectation` in tests/fixtures.rs",
                     path.display()
@@ -590,6 +739,11 @@ fn every_recorded_payload_parses_as_ruby_wrote_it_and_round_trips_byte_for_byte(
         "sidekiq-6.4.1",
         "sidekiq-6.4.1-server",
         "activejob-6.1",
+        "activejob-7.0",
+        "activejob-7.1",
+        "activejob-7.2",
+        "activejob-8.0",
+        "activejob-8.1",
         "shared/sidekiq-6.4.1",
         "shared/sidekiq-7.3.9",
         "shared/sidekiq-7.3.9-server",

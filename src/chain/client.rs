@@ -28,6 +28,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+pub use crate::activejob::NewActiveJob;
 use crate::error::{Error, Result};
 use crate::job::new_jid;
 use crate::keys;
@@ -97,10 +98,23 @@ impl NewJob {
     /// assert_eq!(job.args()[0]["arguments"], serde_json::json!([42]));
     /// ```
     pub fn activejob(job_class: &str, queue: &str, arguments: Vec<Value>) -> NewJob {
-        let data = crate::activejob::job_data(job_class, queue, arguments, chrono::Utc::now());
-        NewJob::new(crate::activejob::WRAPPER_CLASS, vec![data])
-            .queue(queue)
-            .option("wrapped", Value::String(job_class.to_string()))
+        NewJob::from_activejob(
+            &NewActiveJob::new(job_class, arguments).queue(queue),
+            chrono::Utc::now(),
+        )
+    }
+
+    /// The Sidekiq job that carries `job` as Rails' adapter wraps it, enqueued at `now`: its queue, or
+    /// `schedule` for a wait in the future. The one place both [`NewJob::activejob`] and
+    /// [`Client::enqueue_activejob`] build the payload (the latter checks the reserved keys first).
+    pub(crate) fn from_activejob(job: &NewActiveJob, now: chrono::DateTime<chrono::Utc>) -> NewJob {
+        let mut new = NewJob::new(crate::activejob::WRAPPER_CLASS, vec![job.job_data(now)])
+            .queue(job.queue_name())
+            .option("wrapped", Value::String(job.job_class().to_string()));
+        if let Some(at) = job.scheduled_at(now).filter(|at| *at > now) {
+            new = new.run_at(at.timestamp() as f64 + f64::from(at.timestamp_subsec_nanos()) / 1e9);
+        }
+        new
     }
 
     /// A job of `class` with `args` (anything serializing to a JSON array: a tuple, a `Vec`, `()`).
@@ -798,14 +812,26 @@ impl Client {
         Ok(())
     }
 
-    /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`).
+    /// Enqueues an ActiveJob job that a Ruby ActiveJob class runs (`perform_later`): the `default`
+    /// locale and time zone (`en`, `UTC`); [`Client::enqueue_activejob`] sets the rest.
     pub async fn perform_later(
         &self,
         job_class: &str,
         queue: &str,
         arguments: Vec<Value>,
     ) -> Result<String> {
-        self.push(NewJob::activejob(job_class, queue, arguments))
+        self.enqueue_activejob(NewActiveJob::new(job_class, arguments).queue(queue))
+            .await
+    }
+
+    /// Enqueues an ActiveJob job in the shape Rails 7.1+ writes (which Rails 6.1 and 7.0 read too),
+    /// through Rails' Sidekiq adapter's wrapper: to its queue, or into `schedule` for a
+    /// [`wait`](NewActiveJob::wait)/[`wait_until`](NewActiveJob::wait_until) in the future (as
+    /// `enqueue_at` does). Returns the Sidekiq jid (ActiveJob's `provider_job_id`). A reserved
+    /// ActiveJob key in an argument hash is an error, as Rails raises `SerializationError`.
+    pub async fn enqueue_activejob(&self, job: NewActiveJob) -> Result<String> {
+        job.validate().map_err(Error::Config)?;
+        self.push(NewJob::from_activejob(&job, chrono::Utc::now()))
             .await
     }
 }

@@ -18,7 +18,7 @@ use crate::lock_batch::Locks;
 // Plain data the retry machinery below reads too: defined in `job`, kept at this public path.
 pub use crate::job::WorkerOptions;
 // Defined with the decoder that fills it, below the job chain; kept at this public path.
-pub use crate::activejob::ActiveJobInfo;
+pub use crate::activejob::{ActiveJobInfo, AjValue, Continuation, HashKind, InterruptReason};
 // Types a job context hands out, defined in internal modules.
 pub use crate::redis_conn::Conn;
 pub use crate::retry::Fate;
