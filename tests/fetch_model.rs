@@ -195,3 +195,18 @@ fn env_bounds() -> Bounds {
 fn explore_env_bounds() {
     explore("by hand", &env_bounds());
 }
+
+/// The guard can fail: a change inside a mirrored script gives another hash than the pinned one.
+#[test]
+fn a_changed_script_fails_the_guard() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let (file, what, pinned) = mirrored::MIRRORED
+        .iter()
+        .find(|(_, w, _)| *w == "const GUARD_LUA")
+        .expect("GUARD_LUA is mirrored");
+    let text = std::fs::read_to_string(src.join(file)).expect("reliable.rs");
+    let moved = text.replacen("redis.pcall('LTRIM', q", "redis.pcall('LTRIM',  q", 1);
+    assert_ne!(moved, text, "the guard's LTRIM was found");
+    let snippet = mirrored::cut(&moved, what).expect("cut");
+    assert_ne!(mirrored::sha1_hex(&snippet), *pinned);
+}
