@@ -397,3 +397,43 @@ fn a_capsule_flag_that_leaves_a_files_capsule_queue_unserved_warns_naming_it() {
         "no WARN names the queue `single` that no capsule serves now: {log}"
     );
 }
+
+/// DEFECT (review of issue 38, not fixed): the WARN for keys oxidekiq does not read also fires for
+/// the sections of the other environments (`staging:` when running `-e production`), which Sidekiq
+/// reads for their own environment only and passes over without a word. Nearly every Rails
+/// `sidekiq.yml` has such sections, so every start warns of a setting that is no setting of this run.
+/// Ignored so the branch stays green: remove the `#[ignore]` once other environments' sections stay
+/// quiet.
+#[test]
+#[ignore = "defect: other environments' sections of sidekiq.yml are warned of as unread keys (issue 38 review)"]
+fn the_sections_of_other_environments_are_not_warned_of() {
+    let redis = support::RedisServer::start();
+    let dir = with_yml(concat!(
+        ":concurrency: 2\n:queues: [default]\n",
+        "production:\n  :concurrency: 3\n",
+        "staging:\n  :concurrency: 1\n",
+    ));
+    let mut ox = support::Oxidekiq::start_in(
+        dir,
+        &redis.url(),
+        &["--beat-interval", "0.3", "-e", "production"],
+        &[],
+    );
+    assert!(
+        ox.wait_for_log("starting", Duration::from_secs(10)),
+        "{}",
+        ox.log()
+    );
+    ox.signal("TERM");
+    ox.wait_exit(Duration::from_secs(10)).expect("stopped");
+    let log = ox.log();
+    assert!(
+        log.contains("concurrency=3"),
+        "production's section applies: {log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains(" WARN: ") && l.contains("`staging`")),
+        "staging's section is warned of as a key oxidekiq does not read: {log}"
+    );
+}
