@@ -437,3 +437,59 @@ fn the_sections_of_other_environments_are_not_warned_of() {
         "staging's section is warned of as a key oxidekiq does not read: {log}"
     );
 }
+
+/// SCAN calls Redis served for a stop of a process of `capsules` capsules (the default one and
+/// `capsules - 1` named ones, each over a queue of its own, all idle) beside 100 000 unrelated keys.
+fn scans_for_a_stop(capsules: usize) -> u64 {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = redis::cmd("EVAL")
+        .arg("for i = 1, 100000 do redis.call('SET', 'unrelated:' .. i, 'x') end")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    let mut args: Vec<String> = ["-c", "1", "-q", "q1", "--beat-interval", "0.3"]
+        .map(String::from)
+        .to_vec();
+    for i in 2..=capsules {
+        args.push("--capsule".into());
+        args.push(format!("c{i}:1:q{i}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut ox = support::Oxidekiq::start(&redis.url(), &args);
+    let _ = support::identity_of(&mut c, ox.pid(), Duration::from_secs(10));
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
+    ox.signal("TERM");
+    let status = ox.wait_exit(Duration::from_secs(60)).expect("stopped");
+    assert!(status.success(), "{}", ox.log());
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_scan:calls="))
+        .and_then(|l| l.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// DEFECT (review of issue 38, not fixed): every capsule's fetch walks the whole keyspace for its
+/// stray batch lists (`Reliable::strays`, one `SCAN ... MATCH oxidekiq:batch:<identity>:*`) at the
+/// quiet sweep and twice in the stop's push-back, so a stop's cost to Redis and its length grow with
+/// the number of capsules times the keyspace, where one walk for the process would do (the lists of
+/// every capsule share its prefix). Measured beside 1 000 000 unrelated keys (debug build, Redis 7.0):
+/// 1 capsule 3 000 SCAN calls and 7.3 s from TERM to exit, 4 capsules 12 213 and 13.1 s, 16 capsules
+/// 48 000 and 21.0 s (11.7 s of Redis CPU), close to the default 25 s `-t` that bounds the clean-up.
+/// Ignored so the branch stays green: remove the `#[ignore]` once a stop walks the keyspace a fixed
+/// number of times, whatever the capsules.
+#[test]
+#[ignore = "defect: a stop's keyspace walks grow with the number of capsules (issue 38 review)"]
+fn a_stops_keyspace_walks_do_not_grow_with_the_capsules() {
+    let one = scans_for_a_stop(1);
+    let four = scans_for_a_stop(4);
+    assert!(one > 0, "the stop walks the keyspace at least once");
+    assert!(
+        four < 2 * one,
+        "4 capsules: {four} SCAN calls for a stop, 1 capsule: {one}"
+    );
+}
