@@ -588,6 +588,44 @@ pub(crate) async fn run(
 mod tests {
     use super::*;
 
+    /// DEFECT (review of issue 38, not fixed): Sidekiq 7+/8 keep the weight a queue was given
+    /// (`capsule.rb queues=`: `@weights[name] = weight.to_i`, 0 for a queue given none) and derive the
+    /// mode from those, so `-q critical,2 -q default` is `{"critical"=>2, "default"=>0}`, weighted, and
+    /// `-q a,1 -q b` is `{"a"=>1, "b"=>0}`, weighted (Sidekiq 8.1.7's method run under Ruby). oxidekiq
+    /// writes the weights after `normalize_weights` (the queue without one counted as 1): the 7.x Busy
+    /// page then shows `default: 1` where a Ruby process shows `default`, and the second process is
+    /// called `random`. Ignored so the branch stays green: remove the `#[ignore]` once the heartbeat
+    /// writes the weights as given.
+    #[test]
+    #[ignore = "defect: info.weights and capsules' mode are written after normalisation, not as Sidekiq writes them (issue 38 review)"]
+    fn the_weights_and_mode_are_sidekiqs_for_the_same_queue_flags() {
+        let info = |args: &[&str]| {
+            let mut argv = vec!["oxidekiq"];
+            argv.extend_from_slice(args);
+            let cfg = crate::cli::load(argv).unwrap();
+            let capsules = cfg
+                .all_capsules()
+                .iter()
+                .map(|c| CapsuleInfo {
+                    name: c.name.clone(),
+                    concurrency: c.concurrency,
+                    queues: c
+                        .queues
+                        .iter()
+                        .map(|q| (q.name.clone(), q.weight))
+                        .collect(),
+                })
+                .collect();
+            let p = ProcessInfo::new(None, vec![], capsules);
+            serde_json::from_str::<Value>(&p.info_json()).unwrap()
+        };
+        let v = info(&["-q", "critical,2", "-q", "default"]);
+        assert_eq!(v["weights"], json!([{"critical": 2, "default": 0}]));
+        let v = info(&["-q", "a,1", "-q", "b"]);
+        assert_eq!(v["capsules"]["default"]["weights"], json!({"a": 1, "b": 0}));
+        assert_eq!(v["capsules"]["default"]["mode"], "weighted");
+    }
+
     #[test]
     fn info_has_every_field_the_web_uis_read() {
         let p = ProcessInfo::new(

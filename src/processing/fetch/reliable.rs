@@ -662,6 +662,14 @@ impl Reliable {
         self
     }
 
+    /// For tests: the next batch number is `n + 1`, as after `n` batch numbers were used (a process
+    /// that ran for weeks: each script fetch uses two numbers per queue of its round).
+    #[cfg(test)]
+    pub(crate) fn numbered_after(self, n: u64) -> Self {
+        self.next_batch.store(n, Ordering::Relaxed);
+        self
+    }
+
     /// For tests: every fetch goes through the batch script (as after Redis refused the fast path).
     #[cfg(test)]
     pub(crate) fn script_only(self) -> Self {
