@@ -455,6 +455,33 @@ pub fn config_from(
             })?;
             normalize_weights(&mut c.queues);
         }
+        // The flag replaces the file's capsules: a queue only those served is now served by none.
+        let served: std::collections::HashSet<&str> = config
+            .queues
+            .iter()
+            .chain(capsules.iter().flat_map(|c| c.queues.iter()))
+            .map(|q| q.name.as_str())
+            .collect();
+        for dropped in &config.capsules {
+            let unserved: Vec<&str> = dropped
+                .queues
+                .iter()
+                .map(|q| q.name.as_str())
+                .filter(|q| !served.contains(q))
+                .collect();
+            if !unserved.is_empty() {
+                crate::logging::warn_early(format!(
+                    "--capsule replaces sidekiq.yml's capsules: capsule `{}` is not started, and no \
+                     capsule serves its queue(s) {}",
+                    crate::logging::escape(&dropped.name),
+                    unserved
+                        .iter()
+                        .map(|q| format!("`{}`", crate::logging::escape(q)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
         config.capsules = capsules;
     }
     if let Some(tag) = &cli.tag {

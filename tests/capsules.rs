@@ -365,13 +365,10 @@ fn quiet_lets_every_capsules_running_jobs_finish_and_pushes_back_only_the_rest()
     assert!(held.is_empty(), "left held: {held:?}");
 }
 
-/// DEFECT (review of issue 38, not fixed): `--capsule` replaces the file's `:capsules:` (as --help
-/// says) without a word: a queue only a replaced capsule served (`single` here) is then served by no
-/// capsule, and its jobs wait in Redis for good, while issue 38 asks for an error or a WARN naming such
-/// queues (a capsule of concurrency 0 gets one). Ignored so the branch stays green: remove the
-/// `#[ignore]` once the replacement warns of the queues it leaves unserved.
+/// `--capsule` replaces the file's `:capsules:` (as --help says), and says so: a queue only a
+/// replaced capsule served (`single` here) is then served by no capsule, and a WARN names it (found by
+/// the review of issue 38).
 #[test]
-#[ignore = "defect: --capsule drops the file's capsules and their queues without a WARN (issue 38 review)"]
 fn a_capsule_flag_that_leaves_a_files_capsule_queue_unserved_warns_naming_it() {
     let redis = support::RedisServer::start();
     let dir = with_yml(
@@ -398,14 +395,11 @@ fn a_capsule_flag_that_leaves_a_files_capsule_queue_unserved_warns_naming_it() {
     );
 }
 
-/// DEFECT (review of issue 38, not fixed): the WARN for keys oxidekiq does not read also fires for
-/// the sections of the other environments (`staging:` when running `-e production`), which Sidekiq
-/// reads for their own environment only and passes over without a word. Nearly every Rails
-/// `sidekiq.yml` has such sections, so every start warns of a setting that is no setting of this run.
-/// Ignored so the branch stays green: remove the `#[ignore]` once other environments' sections stay
-/// quiet.
+/// The WARN for keys oxidekiq does not read passes over the sections of the other environments
+/// (`staging:` when running `-e production`), which Sidekiq reads for their own environment only and
+/// passes over without a word (found by the review of issue 38: nearly every Rails `sidekiq.yml` has
+/// such sections).
 #[test]
-#[ignore = "defect: other environments' sections of sidekiq.yml are warned of as unread keys (issue 38 review)"]
 fn the_sections_of_other_environments_are_not_warned_of() {
     let redis = support::RedisServer::start();
     let dir = with_yml(concat!(

@@ -275,6 +275,13 @@ impl FileOptions {
                 k if RUBY_ONLY_KEYS.contains(&k) => {
                     tracing::debug!(key = %key, "sidekiq.yml key only Ruby uses; ignored")
                 }
+                // An unknown key holding a mapping is another environment's section (`staging:`
+                // beside `production:`): Sidekiq reads it only when running as that environment, and
+                // passes over it without a word otherwise, as we do.
+                _ if matches!(value, Yaml::Hash(_)) => tracing::debug!(
+                    key = %key,
+                    "sidekiq.yml section of another environment; ignored"
+                ),
                 _ => crate::logging::warn_early(format!(
                     "sidekiq.yml key `{}` not used by oxidekiq; ignored (docs/configuration.md lists \
                      the keys it reads)",

@@ -114,8 +114,9 @@ pub(crate) fn landing_prefix(identity: &str) -> String {
 const BATCH_MARK: &str = ":@";
 
 /// Bits of a reliable-fetch unit id that hold the job's place in its batch list; the batch number is
-/// above them (a batch holds at most 1 000 jobs, `fetch::MAX_BATCH`).
-pub(crate) const PLACE_BITS: u32 = 20;
+/// above them (a batch holds at most 1 000 jobs, `fetch::MAX_BATCH`, which checks that they fit).
+/// Ten bits leave 54 for the batch number: 8 for the capsule and 46 within it (`fetch::CAPSULE_SHIFT`).
+pub(crate) const PLACE_BITS: u32 = 10;
 
 /// A batch list of reliable fetch: `oxidekiq:batch:<identity>:<queue>:@<batch>` (`batch_prefix` from
 /// [`batch_prefix`]), the jobs one fetch took from `queue`, in serve order (its head is the job the queue

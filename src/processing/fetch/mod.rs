@@ -43,6 +43,9 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> +
 /// Most jobs one fetch takes, whatever `-c` is: one script's work stays bounded.
 pub(crate) const MAX_BATCH: usize = 1000;
 
+// A batch's places fit the place bits of a unit id.
+const _: () = assert!(MAX_BATCH <= 1 << crate::keys::PLACE_BITS);
+
 /// One fetch stops adding jobs once it holds this many payload bytes (it always takes at least one).
 pub(crate) const BATCH_BYTES: usize = 32 * 1024 * 1024;
 
@@ -210,9 +213,11 @@ pub(crate) struct Setup<'a> {
 /// and each one's sweep for lists it does not know ([`Fetch::reconcile`], the quiet and stop sweeps)
 /// leaves the others' alone: pushed back while another capsule runs them, their jobs would run twice
 /// (Sidekiq's sidekiq#6379, fixed in 8.1.3). The default capsule is 0: its numbers are what a process
-/// without capsules writes. 2^36 fetches per capsule, and a unit id (`batch << keys::PLACE_BITS`)
-/// still fits in 64 bits below [`MAX_CAPSULES`].
-pub(crate) const CAPSULE_SHIFT: u32 = 36;
+/// without capsules writes. 2^46 batch numbers per capsule (a script fetch uses two per queue of
+/// its round: decades of fetches at any rate, and a capsule that reaches its range's end starts it
+/// again rather than run into the next one's), and a unit id (`batch << keys::PLACE_BITS`) still fits
+/// in 64 bits below [`MAX_CAPSULES`].
+pub(crate) const CAPSULE_SHIFT: u32 = 46;
 
 /// The most capsules one process runs (the default one included).
 pub(crate) const MAX_CAPSULES: usize = 1 << (64 - CAPSULE_SHIFT - crate::keys::PLACE_BITS);

@@ -662,6 +662,35 @@ impl Reliable {
         self
     }
 
+    /// The first of `len` consecutive batch numbers for a fetch, all inside this capsule's range
+    /// ([`super::CAPSULE_SHIFT`]): a block that would pass the range's end starts again at its
+    /// beginning, after 2^46 numbers (centuries at any fetch rate, so no list of that number still
+    /// exists), and never names a list of the next capsule, whose sweeps would take it.
+    fn reserve_numbers(&self, len: u64) -> u64 {
+        let len = len.max(1);
+        let base = self.capsule << super::CAPSULE_SHIFT;
+        let mut last = self.next_batch.load(Ordering::Relaxed);
+        loop {
+            let mut first = last.wrapping_add(1);
+            let end = first.wrapping_add(len - 1);
+            if super::capsule_of(first) != self.capsule
+                || super::capsule_of(end) != self.capsule
+                || end < first
+            {
+                first = base + 1;
+            }
+            match self.next_batch.compare_exchange_weak(
+                last,
+                first + len - 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return first,
+                Err(now) => last = now,
+            }
+        }
+    }
+
     /// For tests: the next batch number is `n + 1`, as after `n` batch numbers were used (a process
     /// that ran for weeks: each script fetch uses two numbers per queue of its round).
     #[cfg(test)]
@@ -811,7 +840,7 @@ impl Reliable {
     async fn fetch_fast(&self, queue: &Arc<str>, max: usize) -> Result<Fast> {
         let job_bytes = self.with_queue(queue, |s| s.job_bytes).unwrap_or(0);
         let n = fast_batch(max, job_bytes);
-        let batch = self.next_batch.fetch_add(1, Ordering::Relaxed) + 1;
+        let batch = self.reserve_numbers(1);
         let list = self.lists(queue, batch);
         let mut reservation = Reservation::new(self, vec![list.clone()], (batch, batch + 1));
         let qkey = keys::queue(queue);
@@ -1011,10 +1040,7 @@ impl Reliable {
                 ]
             })
             .collect();
-        let first = self
-            .next_batch
-            .fetch_add(sources.len() as u64, Ordering::Relaxed)
-            + 1;
+        let first = self.reserve_numbers(sources.len() as u64);
         let lists: Vec<_> = sources
             .iter()
             .zip(first..)

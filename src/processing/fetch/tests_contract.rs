@@ -255,17 +255,15 @@ async fn a_capsules_sweep_never_takes_the_jobs_another_capsule_of_the_process_ru
     }
 }
 
-/// DEFECT (review of issue 38, not fixed): a capsule's batch numbers run out of its range. Capsule k
-/// numbers from k << CAPSULE_SHIFT and nothing stops its counter at (k + 1) << CAPSULE_SHIFT, 2^36
-/// numbers on: its lists are then read as capsule k + 1's (`capsule_of`), and capsule k + 1's sweeps
-/// (quiet, the stop, the reconcile after an outage) take them for its own strays and push back jobs
-/// capsule k is running, which then run twice (sidekiq#6379 again). Each script fetch uses two numbers
-/// per queue of its round: a capsule of 20 queues used ~40 numbers per job on a trickle of no-op jobs
-/// (~28 000 a second in a debug build), so 2^36 is days to weeks of uptime. Ignored so the branch stays
-/// green: remove the `#[ignore]` once the range is kept (or made wide enough).
+/// A capsule's batch numbers stay in its range (found by the review of issue 38): capsule k numbers
+/// from k << CAPSULE_SHIFT, and a counter that ran past (k + 1) << CAPSULE_SHIFT named lists that
+/// capsule k + 1's sweeps (quiet, the stop, the reconcile after an outage) took for its own strays,
+/// pushing back jobs capsule k was running, which then ran twice (sidekiq#6379 again). A script fetch
+/// uses two numbers per queue of its round: with 2^36 numbers a capsule of 20 queues reached the end in
+/// days to weeks. Now the range is 2^46 and a capsule that reaches its end starts it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a capsule's batch numbers overflow into the next capsule's range (issue 38 review)"]
-async fn a_capsule_past_2_to_the_36_fetches_keeps_its_running_jobs_from_the_next_capsules_sweep() {
+async fn a_capsule_past_the_end_of_its_numbers_keeps_its_running_jobs_from_the_next_capsules_sweep()
+{
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     fill(&mut c, "a", 4);
@@ -286,7 +284,7 @@ async fn a_capsule_past_2_to_the_36_fetches_keeps_its_running_jobs_from_the_next
             })
         }
     };
-    // Capsule 0 after 2^36 batch numbers: its next list is numbered in capsule 1's range.
+    // Capsule 0 at the end of its range: its next list would be numbered in capsule 1's.
     let first = build(0).await.numbered_after(1 << super::CAPSULE_SHIFT);
     let second = build(1).await;
     let running = first.retrieve_work(2).await.unwrap();
