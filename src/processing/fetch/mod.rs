@@ -380,6 +380,14 @@ local function move_back(src, acks, qkey, qhash, desc, limit, counts, dead, scor
     fields = {}
     for i, p in ipairs(pairs_) do fields[i] = p[2]; jobs[i] = p[3] end
   elseif t == 'list' then
+    if batch then
+      -- Its places are read and marked there: any other type would raise at the first job and end the
+      -- whole script (every other list and process of a recovery pass with it). This list alone waits.
+      local at = kind(acks)
+      if at ~= 'set' and at ~= 'none' then
+        return 0, 0, acks .. ' is a ' .. at .. ', not a set (the acks set of ' .. src .. '; its jobs stay there until it is repaired)'
+      end
+    end
     jobs = redis.call('LRANGE', src, 0, -1)
   elseif t == 'none' then
     if batch then redis.call('DEL', acks) end

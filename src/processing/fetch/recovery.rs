@@ -137,6 +137,22 @@ async fn report_damaged(conn: &mut Conn, key: &str, what: &str) {
          (delete the key to restore it)");
 }
 
+/// Errors already logged by this process's recovery passes: a damaged key is named once at error level,
+/// not at every pass (every two beats, in every process). Bounded: forgotten past 10 000.
+static REPORTED: std::sync::LazyLock<std::sync::Mutex<foldhash::HashSet<String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// True the first time `text` is reported.
+fn first_report(text: &str) -> bool {
+    let Ok(mut seen) = REPORTED.lock() else {
+        return true;
+    };
+    if seen.len() >= 10_000 {
+        seen.clear();
+    }
+    seen.insert(text.to_string())
+}
+
 /// `TYPE key`.
 async fn key_type(conn: &mut Conn, key: &str) -> Result<String> {
     Ok(redis::cmd("TYPE").arg(key).query_async(conn).await?)
@@ -342,7 +358,9 @@ async fn held_by_others(
             Layout::Batch => match keys::batch_queue(queue) {
                 Some(q) => Some(q),
                 None => {
-                    tracing::warn!(%key, "orphan recovery: a key under oxidekiq:batch: without a batch number; left alone");
+                    if first_report(&key) {
+                        tracing::warn!(%key, "orphan recovery: a key under oxidekiq:batch: without a batch number; left alone (reported once)");
+                    }
                     continue;
                 }
             },
@@ -436,8 +454,26 @@ async fn recover_locked(
             .arg(&identity)
             .arg(&mark)
             .arg(&orders);
-        let (state, moved, killed, err, redis_ms, damaged): (u8, u64, u64, String, u64, String) =
-            inv.invoke_async(conn).await?;
+        let reply: redis::RedisResult<(u8, u64, u64, String, u64, String)> =
+            inv.invoke_async(conn).await;
+        let (state, moved, killed, err, redis_ms, damaged) = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                let e = crate::Error::from(e);
+                if e.is_outage() {
+                    return Err(e);
+                }
+                // One process's keys failing for a reason of their own (a damaged key the script
+                // raised on) must not stop the recovery of the others: named, and the pass goes on.
+                let first = held.first().map_or("", |h| h.key.as_str());
+                if first_report(&format!("{identity} {e}")) {
+                    tracing::error!(process = %identity, keys = held.len(), first_key = %first, error = %e,
+                        "orphan recovery: could not recover this dead process's keys (a damaged key?); \
+                         they stay in Redis, and the pass goes on with the other processes");
+                }
+                continue;
+            }
+        };
         if !damaged.is_empty() {
             tracing::error!(process = %identity, error = %damaged,
                 "orphan recovery: a liveness key of oxidekiq's is damaged; its process is judged by the \
@@ -469,9 +505,10 @@ async fn recover_locked(
                     tracing::warn!(process = %identity, requeued = moved, dead = killed,
                         "recovered jobs of a process that died");
                 }
-                if !err.is_empty() {
+                if !err.is_empty() && first_report(&format!("{identity} {err}")) {
                     tracing::error!(process = %identity, error = %err,
-                        "could not push back every job of a dead process; the rest stay in its working keys");
+                        "could not push back every job of a dead process; the rest stay in its working keys \
+                         (reported once; retried every pass)");
                 }
             }
             _ => {}
@@ -526,8 +563,10 @@ async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy) {
         }
         // Not an outage: a key it needs is damaged (those of its own it can do without are reported
         // and worked around above), and retrying will not mend it.
-        Err(e) => tracing::error!(error = %e,
-            "orphan recovery failed, not for an outage (a key of the wrong type?); will try again"),
+        Err(e) if first_report(&e.to_string()) => tracing::error!(error = %e,
+            "orphan recovery failed, not for an outage (a key of the wrong type?); will try again \
+             (reported once)"),
+        Err(e) => tracing::debug!(error = %e, "orphan recovery failed again"),
     }
 }
 

@@ -237,6 +237,10 @@ const PUSH_BACK_LUA: &str = concat!(
     lua_common!(),
     r#"
 local n = 0
+local at = kind(KEYS[2])
+if KEYS[2] ~= KEYS[1] and at ~= 'set' and at ~= 'none' then
+  return {0, KEYS[2] .. ' is a ' .. at .. ', not a set (the acks set of ' .. KEYS[1] .. '; its jobs stay there until it is repaired)'}
+end
 local len = redis.call('LLEN', KEYS[1])
 for i = 1, #ARGV do
   if tonumber(ARGV[i]) < len and redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then
@@ -376,6 +380,8 @@ pub(crate) struct Reliable {
     dead: AtomicU64,
     /// Acks waiting to ride on the next fetch's pipeline ([`Reliable::ack`]).
     riders: Mutex<Vec<Rider>>,
+    /// Keys whose ack Redis refused (a damaged acks set), each logged once ([`Reliable::send_acks`]).
+    refused_acks: Mutex<foldhash::HashSet<String>>,
     /// Ids of riders.
     next_rider: AtomicU64,
     /// How long an ack waits for a fetch to carry it ([`RIDE_WAIT`]; tests lengthen it).
@@ -427,16 +433,13 @@ enum AckCmd {
     Sadd(String, Vec<u64>),
 }
 
-/// Adds `cmds` to `pipe`, their replies ignored when `ignore` (one reply each otherwise).
-fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd], ignore: bool) {
+/// Adds `cmds` to `pipe`, one reply each.
+fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd]) {
     for c in cmds {
         match c {
             AckCmd::Del(key, acks) => pipe.del(&[key, acks]),
             AckCmd::Sadd(acks, places) => pipe.sadd(acks, places),
         };
-        if ignore {
-            pipe.ignore();
-        }
     }
 }
 
@@ -616,6 +619,7 @@ impl Reliable {
             stalls: Stalls::default(),
             dead: AtomicU64::new(0),
             riders: Mutex::new(Vec::new()),
+            refused_acks: Mutex::new(foldhash::HashSet::default()),
             next_rider: AtomicU64::new(0),
             ride_wait: RIDE_WAIT,
             waiting: AtomicUsize::new(0),
@@ -819,7 +823,7 @@ impl Reliable {
             .cmd("EXEC");
         let riders = self.take_riders();
         for r in &riders {
-            add_acks(&mut pipe, &r.cmds, false);
+            add_acks(&mut pipe, &r.cmds);
         }
         pipe.ignore_errors();
         let replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
@@ -1032,7 +1036,7 @@ impl Reliable {
         // that ack, never the fetch, and a fetch that fails fails no ack that Redis took.
         let riders = self.take_riders();
         for r in &riders {
-            add_acks(&mut pipe, &r.cmds, false);
+            add_acks(&mut pipe, &r.cmds);
         }
         pipe.ignore_errors();
         let mut conn = self.conn.clone();
@@ -1285,9 +1289,7 @@ impl Reliable {
         }
         let cmds = Arc::new(cmds);
         if !cmds.is_empty() && !self.ride(&cmds).await {
-            let mut pipe = redis::pipe();
-            add_acks(&mut pipe, &cmds, true);
-            pipe.query_async::<()>(&mut self.conn.clone()).await?;
+            self.send_acks(&cmds).await?;
         }
         // Counted only now that Redis has the commands (sent by a fetch or above).
         let mut emptied = Vec::new();
@@ -1299,6 +1301,56 @@ impl Reliable {
             }
         }
         self.delete_emptied(emptied).await
+    }
+
+    /// Sends `cmds` in one pipeline, each reply read on its own. An outage (Redis away or busy) is an
+    /// error: the acker sends them again (they are idempotent). A command refused for a reason that will
+    /// not mend by itself (its acks set is a key of the wrong type, Redis out of memory) costs only its
+    /// own batch: it is logged at error level once, naming the key and its type, and that batch's ack is
+    /// dropped, never retried: its jobs count as done here, their places stay unmarked in Redis (the
+    /// batch's last ack deletes its list and that key with one `DEL`, whatever the key holds; should the
+    /// process stop or die first, they stay in the list for recovery, as any job whose acknowledgement
+    /// never reached Redis). The other batches' acks are in Redis all the same: one damaged key stopped
+    /// every later ack of the process before (the acker retried the failed pipeline forever).
+    async fn send_acks(&self, cmds: &[AckCmd]) -> Result<()> {
+        let mut pipe = redis::pipe();
+        add_acks(&mut pipe, cmds);
+        pipe.ignore_errors();
+        let replies: Vec<redis::RedisResult<redis::Value>> =
+            pipe.query_async(&mut self.conn.clone()).await?;
+        let mut refused = Vec::new();
+        for (cmd, reply) in cmds.iter().zip(replies) {
+            if let Err(e) = reply {
+                let e = crate::Error::from(e);
+                if e.is_outage() {
+                    return Err(e);
+                }
+                refused.push((cmd, e));
+            }
+        }
+        for (cmd, e) in refused {
+            let key = match cmd {
+                AckCmd::Del(key, _) => key,
+                AckCmd::Sadd(acks, _) => acks,
+            };
+            let first = self
+                .refused_acks
+                .lock()
+                .is_ok_and(|mut seen| seen.insert(key.clone()));
+            if !first {
+                continue;
+            }
+            let kind: String = redis::cmd("TYPE")
+                .arg(key)
+                .query_async(&mut self.conn.clone())
+                .await
+                .unwrap_or_else(|_| "unknown".into());
+            tracing::error!(key = %key, r#type = %kind, error = %e,
+                "cannot mark finished jobs done in their batch's acks set (a damaged key?): that batch's \
+                 ack is dropped, not retried; its jobs stay in its list until its last job is done, or for \
+                 recovery should this process stop or die first (the other batches are acknowledged)");
+        }
+        Ok(())
     }
 
     /// Hands `cmds` to the next fetch's pipeline and waits up to [`RIDE_WAIT`] for one to take them; true

@@ -280,3 +280,45 @@ async fn a_killed_process_of_this_release_is_recovered_while_the_last_release_ru
     );
     assert!(!c.exists::<_, bool>(&list).unwrap());
 }
+
+/// Issue 43: a batch list's acks set of the wrong type raised inside the recovery script, and the error
+/// ended the whole pass, so no dead process was recovered again, not even those whose keys were intact.
+/// Now that list alone stays (named in the pass's error), and the pass recovers the rest: the other
+/// lists of the same process, and the other dead processes.
+#[tokio::test]
+async fn a_damaged_acks_set_stops_only_its_own_list_in_a_recovery_pass() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let (one, two) = ("deadhost:7:aaaaaaaaaaab", "deadhost:8:bbbbbbbbbbbc");
+    let damaged = format!("oxidekiq:batch:{one}:default:@1");
+    let intact = format!("oxidekiq:batch:{one}:default:@2");
+    let other = format!("oxidekiq:batch:{two}:default:@1");
+    // Distinct payloads: recovery counts each payload's recoveries.
+    for (i, key) in [&damaged, &intact, &other].into_iter().enumerate() {
+        for j in 0..2 {
+            let _: () = c
+                .rpush(key, JOB.replace("[]", &format!("[{i},{j}]")))
+                .unwrap();
+        }
+    }
+    let _: () = c.set(oxidekiq::keys::acks_of(&damaged), "x").unwrap();
+    let grace = Duration::from_millis(300);
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.suspects, 2);
+    tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.requeued, 4, "the intact lists of both processes go back");
+    let back: usize = c.llen("queue:default").unwrap();
+    assert_eq!(back, 4);
+    assert!(!c.exists::<_, bool>(&intact).unwrap());
+    assert!(!c.exists::<_, bool>(&other).unwrap());
+    let kept: usize = c.llen(&damaged).unwrap();
+    assert_eq!(kept, 2, "the damaged list's jobs wait in it for a repair");
+    // Repaired: the next pass takes them.
+    let _: () = c.del(oxidekiq::keys::acks_of(&damaged)).unwrap();
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.requeued, 2);
+    let back: usize = c.llen("queue:default").unwrap();
+    assert_eq!(back, 6);
+}
