@@ -175,6 +175,12 @@ pub(crate) trait Fetch: Send + Sync + std::fmt::Debug {
         Box::pin(async { Ok(0) })
     }
 
+    /// Keeps the index of held lists that orphan recovery reads true (`keys::held_index`), at each of
+    /// this process's recovery passes; nothing to do when jobs are not held in Redis.
+    fn tidy_index(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Pushes back whatever this process holds but never handed out; with `everything`, every held job
     /// (the shutdown's last sweep, once no job runs and every ack is flushed). Returns how many.
     fn requeue_leftovers(&self, everything: bool) -> BoxFuture<'_, Result<u64>> {

@@ -766,7 +766,9 @@ async fn basic_fetch_takes_the_free_slots_in_queue_order_and_blocks_only_when_em
 
 /// A batch list of this process that it does not know (a failover to a replica that had not seen its
 /// deletion brings it back, or a fetch whose reply was lost without an error) goes back at the next
-/// reconcile, except the places marked done; the lists it handed out stay.
+/// reconcile, except the places marked done; the lists it handed out stay. Such a list has its entry in
+/// the process's index of held lists, written with it by the fetch (issue 43: the reconcile reads the
+/// index instead of walking the keyspace).
 #[tokio::test]
 async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
     let redis = support::RedisServer::start();
@@ -780,6 +782,7 @@ async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
         .rpush(&stray, vec![job("s0", "a"), job("s1", "a")])
         .unwrap();
     let _: () = c.sadd(oxidekiq::keys::acks_of(&stray), 0).unwrap();
+    let _: () = c.sadd(oxidekiq::keys::held_index(ME), &stray).unwrap();
     assert_eq!(f.reconcile().await.unwrap(), 1);
     assert_eq!(list_jids(&mut c, "queue:a"), ["s1"]);
     assert!(!c.exists::<_, bool>(&stray).unwrap());
