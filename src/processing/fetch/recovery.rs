@@ -710,16 +710,20 @@ fn suspects_of(held: &[HeldKey]) -> &'static str {
 }
 
 /// One pass, logged.
-async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy, find: Find<'_>) {
+/// One pass, logged. True when it ran (false: another process held the recovery lock, or it failed).
+async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy, find: Find<'_>) -> bool {
     match recover_found(conn, identity, time::now(), policy, find).await {
-        Ok(Some(r)) if r.requeued + r.killed > 0 => {
-            tracing::info!(
-                requeued = r.requeued,
-                dead = r.killed,
-                "orphan recovery done"
-            )
+        Ok(Some(r)) => {
+            if r.requeued + r.killed > 0 {
+                tracing::info!(
+                    requeued = r.requeued,
+                    dead = r.killed,
+                    "orphan recovery done"
+                );
+            }
+            return true;
         }
-        Ok(_) => {}
+        Ok(None) => {}
         Err(e) if e.is_outage() => {
             tracing::debug!(error = %e, "orphan recovery failed; will try again")
         }
@@ -730,6 +734,7 @@ async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy, find: 
              (reported once)"),
         Err(e) => tracing::debug!(error = %e, "orphan recovery failed again"),
     }
+    false
 }
 
 /// How often, about, a process's recovery walks the whole keyspace (jittered, ±25%), besides its first
@@ -783,8 +788,10 @@ pub(crate) async fn recovery_loop(
         {
             tracing::error!(error = %e, "cannot tidy this process's index of held lists (a damaged key?); recovery's keyspace walk still finds its lists");
         }
+        let mut periodic = false;
         let find = if tokio::time::Instant::now() >= next_scan {
             let first = !walked;
+            periodic = !first;
             walked = true;
             let jitter = rand::random::<f64>() * 0.5 + 0.75;
             next_scan = tokio::time::Instant::now() + SCAN_EVERY.mul_f64(jitter);
@@ -796,7 +803,14 @@ pub(crate) async fn recovery_loop(
         } else {
             Find::Index(&mut watch)
         };
-        recover(&mut conn, &identity, policy, find).await;
+        let fleet_walk = matches!(find, Find::Scan(_)) && periodic;
+        if !recover(&mut conn, &identity, policy, find).await && fleet_walk {
+            // The fleet's walk did not happen (another pass held the lock, or it failed): its turn is
+            // given back, and this process tries again at its next pass. (A first pass that finds the
+            // lock held is not tried again: the fleet's walks cover it.)
+            let _ = crate::lock::release(&mut conn, keys::RECOVERY_WALK, &identity).await;
+            next_scan = tokio::time::Instant::now();
+        }
         if signal.is_quiet() {
             return;
         }
