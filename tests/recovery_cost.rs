@@ -114,3 +114,67 @@ fn idle_recovery_walks_the_keyspace_only_at_its_first_pass_and_still_recovers_a_
         "a clean stop leaves neither its index nor its place among the holders: {left:?}"
     );
 }
+
+/// A user whose ACL refuses `SCAN` (managed Redis often does): the refused walk is named as an ACL's
+/// refusal of the command (it read "a key of the wrong type?" before), and the passes by index, which
+/// need no `SCAN`, still recover a killed process's jobs.
+#[test]
+fn a_refused_keyspace_walk_is_named_and_recovery_by_index_goes_on() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all", "-scan",
+        ])
+        .query(&mut c)
+        .unwrap();
+    for i in 0..2 {
+        let _: () = c
+            .lpush("queue:default", sleeping(&format!("a{i}"), 120_000))
+            .unwrap();
+    }
+    let mut victim = start(&redis);
+    assert!(
+        wait_until(WAIT, || c.hlen::<_, usize>("chaos:runs").unwrap() == 2),
+        "the jobs never started:\n{}",
+        victim.log()
+    );
+    let limited_url = redis.url().replacen("redis://", "redis://limited:pw@", 1);
+    let mut rescuer = Oxidekiq::start(
+        &limited_url,
+        &[
+            "-q",
+            "default",
+            "-c",
+            "2",
+            "--beat-interval",
+            "1",
+            "-t",
+            "3",
+        ],
+    );
+    assert!(
+        wait_until(WAIT, || c.scard::<_, usize>("processes").unwrap() == 2),
+        "the second process never showed up:\n{}",
+        rescuer.log()
+    );
+    victim.kill_9();
+    let rerun = wait_until(WAIT, || {
+        let runs: Vec<(String, u64)> = c.hgetall("chaos:runs").unwrap();
+        runs.len() == 2 && runs.iter().all(|(_, n)| *n >= 2)
+    });
+    let log = rescuer.log();
+    assert!(
+        rerun,
+        "the killed process's jobs were not recovered:\n{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("refused by an ACL")
+            && l.to_lowercase().contains("scan")),
+        "the refused walk is not named as an ACL refusal of SCAN:\n{log}"
+    );
+    assert!(!log.contains("wrong type?"), "{log}");
+    rescuer.signal("TERM");
+    assert!(rescuer.wait_exit(WAIT).is_some());
+}

@@ -729,9 +729,8 @@ async fn recover(conn: &mut Conn, identity: &str, policy: RecoveryPolicy, find: 
         }
         // Not an outage: a key it needs is damaged (those of its own it can do without are reported
         // and worked around above), and retrying will not mend it.
-        Err(e) if first_report(&e.to_string()) => tracing::error!(error = %e,
-            "orphan recovery failed, not for an outage (a key of the wrong type?); will try again \
-             (reported once)"),
+        Err(e) if first_report(&e.to_string()) => tracing::error!(error = %e, cause = e.fault(),
+            "orphan recovery failed, not for an outage; will try again (reported once)"),
         Err(e) => tracing::debug!(error = %e, "orphan recovery failed again"),
     }
     false
