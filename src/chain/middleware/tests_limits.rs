@@ -561,7 +561,7 @@ async fn a_holder_killed_with_sigkill_frees_its_slot_within_the_lease() {
         "limits-holder",
         &exe,
         &[
-            "middleware::tests_limits::limits_holder_process",
+            "chain::middleware::tests_limits::limits_holder_process",
             "--exact",
             "--ignored",
             "--nocapture",
