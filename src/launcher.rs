@@ -444,7 +444,7 @@ impl Parts {
         // Listening first: a taken address ends the start before the process shows up in Redis.
         let http = crate::http::start_if(&cfg, &conn, works, &signal).await?;
         // Be visible and alive before the first fetch, so no recovery takes our working lists. The first
-        // orphan recovery runs at once in the background loop: a pass walks the whole keyspace, and the
+        // orphan recovery runs at once in the background loop: its first pass walks the whole keyspace, and the
         // start should not wait for it.
         if fetch.holds_in_redis() {
             fetch::mark_alive(&mut conn.clone(), &heartbeat.info.identity, alive_ttl).await?;
@@ -546,6 +546,7 @@ impl Parts {
                 cfg.beat_interval * 2,
                 policy,
                 self.fleet.clone(),
+                self.fetch.clone(),
                 signal,
             ));
         }
@@ -610,7 +611,8 @@ impl Parts {
     }
 
     /// The manager's push-back, bounded by `end_by` and by a second stop. True when all of it reached
-    /// Redis; then a fetch that holds jobs in Redis drops its liveness key (nothing is left to recover).
+    /// Redis; then a fetch that holds jobs in Redis drops its liveness key, its index of held lists and its
+    /// place among the holders (nothing is left to recover).
     async fn push_back(&mut self, end_by: Instant) -> bool {
         let (managers, locks) = (&mut self.managers, &self.locks);
         let cleaned = tokio::select! {
@@ -632,9 +634,15 @@ impl Parts {
         if !cleaned {
             self.managers.abandon();
         } else if self.fetch.holds_in_redis() {
-            let key = crate::keys::alive(&self.heartbeat.info.identity);
-            let _: redis::RedisResult<()> =
-                redis::AsyncCommands::del(&mut self.conn.clone(), key).await;
+            // With it go the index of its held lists and its place among the holders (issue 43).
+            let id = &self.heartbeat.info.identity;
+            let _: redis::RedisResult<()> = redis::pipe()
+                .del(&[crate::keys::alive(id), crate::keys::held_index(id)])
+                .ignore()
+                .srem(crate::keys::HOLDERS, id)
+                .ignore()
+                .query_async(&mut self.conn.clone())
+                .await;
         }
         cleaned
     }

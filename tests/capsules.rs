@@ -477,7 +477,7 @@ fn scans_for_a_stop(capsules: usize) -> u64 {
 /// Ignored so the branch stays green: remove the `#[ignore]` once a stop walks the keyspace a fixed
 /// number of times, whatever the capsules.
 #[test]
-#[ignore = "defect: a stop's keyspace walks grow with the number of capsules (issue 38 review)"]
+
 fn a_stops_keyspace_walks_do_not_grow_with_the_capsules() {
     let one = scans_for_a_stop(1);
     let four = scans_for_a_stop(4);

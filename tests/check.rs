@@ -257,3 +257,36 @@ fn report_on_sidekiq_6_counts_waiting_jobs_and_shows_rust_and_route() {
     let legacy = row(&out, "Legacy::Mailer").unwrap();
     assert_eq!((legacy[0], legacy[4], legacy[5]), ("1", "no", "-"), "{out}");
 }
+
+/// Issue 43 item 8: one key of the wrong type (`SET retry x`, a queue that is a string) made `check`
+/// and `report` abort with a script error naming no key, and check nothing else. Each now names the
+/// key and its type and reads the others.
+#[test]
+fn check_and_report_name_a_wrong_typed_key_and_read_the_others() {
+    use redis::Commands;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut c = redis.conn();
+    let good = r#"{"class":"HardWorker","args":["user-1",1],"queue":"default","jid":"bbbbbbbbbbbbbbbbbbbbbbbb","retry":true,"created_at":1700000000.0,"enqueued_at":1700000000.0}"#;
+    let _: () = c.lpush("queue:default", good).unwrap();
+    let _: () = c.sadd("queues", &["default", "low"]).unwrap();
+    let _: () = c.set("queue:low", "x").unwrap();
+    let _: () = c.set("retry", "x").unwrap();
+    let (code, out, err) = oxidekiq(&url, &["check"]);
+    assert_eq!(code, 1, "a damaged key fails the check:\n{out}\n{err}");
+    assert!(out.contains("queue:low is a string"), "{out}\n{err}");
+    assert!(out.contains("retry is a string"), "{out}\n{err}");
+    let cols =
+        row(&out, "HardWorker").unwrap_or_else(|| panic!("no HardWorker row:\n{out}\n{err}"));
+    assert_eq!(
+        cols[..3],
+        ["1", "1", "0"],
+        "the good queue was read:\n{out}"
+    );
+    let (code, out, err) = oxidekiq(&url, &["report"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("queue:low is a string"), "{out}\n{err}");
+    let hard =
+        row(&out, "HardWorker").unwrap_or_else(|| panic!("no HardWorker row:\n{out}\n{err}"));
+    assert_eq!(hard[0], "1", "{out}");
+}

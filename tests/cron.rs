@@ -795,3 +795,71 @@ fn a_redis_refusing_scan_still_gets_the_declared_schedules() {
         "the refused SCAN is reported once:\n{log}"
     );
 }
+
+/// How many `HGETALL` calls Redis has served (`INFO commandstats`).
+fn hgetalls(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hgetall:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 43 item 5: every round read every schedule (`SMEMBERS` and one `HGETALL` each), and a
+/// schedule ticking every second made a round every second: 2 000 schedules cost 2 000 `HGETALL` a
+/// second. Between whole reads (one per poll interval, as the gem polls) a round now reads only the
+/// schedules due; every tick still runs.
+#[test]
+fn a_round_reads_only_the_due_schedules_between_whole_reads() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let mut pipe = redis::pipe();
+    for i in 0..2000 {
+        let key = format!("cron_job:hourly{i}");
+        pipe.cmd("HSET")
+            .arg(&key)
+            .arg(&[
+                ("name", format!("hourly{i}").as_str()),
+                ("cron", "0 * * * *"),
+                ("klass", "Hourly"),
+                (
+                    "message",
+                    r#"{"queue":"hourly","class":"Hourly","args":[]}"#,
+                ),
+            ])
+            .ignore()
+            .cmd("SADD")
+            .arg("cron_jobs")
+            .arg(&key)
+            .ignore();
+    }
+    pipe.cmd("HSET")
+        .arg("cron_job:every")
+        .arg(&[
+            ("name", "every"),
+            ("cron", "* * * * * *"),
+            ("klass", "Every"),
+            ("message", r#"{"queue":"every","class":"Every","args":[]}"#),
+        ])
+        .ignore()
+        .cmd("SADD")
+        .arg("cron_jobs")
+        .arg("cron_job:every")
+        .ignore();
+    let _: () = pipe.query(&mut conn).unwrap();
+    let ox = Oxidekiq::start(&redis.url(), &["-q", "idle", "--cron-poll-interval", "30"]);
+    wait_for_jobs(&redis, "every", 0, "the first tick");
+    let (before, jobs) = (
+        hgetalls(&mut conn),
+        conn.llen::<_, usize>("queue:every").unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let read = hgetalls(&mut conn) - before;
+    let ticks = conn.llen::<_, usize>("queue:every").unwrap() - jobs;
+    assert!(ticks >= 3, "{ticks} ticks in 5 s:\n{}", ox.log());
+    assert!(
+        read < 100,
+        "{read} HGETALL in 5 s of a 1-second schedule beside 2 000 hourly ones (a whole read is 2 001)"
+    );
+}

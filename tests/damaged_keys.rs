@@ -521,3 +521,71 @@ fn a_process_set_of_the_wrong_type_stops_neither_the_start_nor_the_beat() {
     let id = id.unwrap();
     quiets_on_web_ui_and_reports(&mut c, &mut ox, &id, &["key=processes", "string"]);
 }
+
+/// Issue 43 item 1: a batch's acks set made a string while its batch runs stopped every later ack of the
+/// process (one pipeline failed whole on its `WRONGTYPE`, retried forever): finished jobs piled up in
+/// batch lists, to run again after a stop. Now the damaged batch alone loses its ack, named once at
+/// error level with the key and its type, and every later job is acknowledged.
+#[test]
+fn a_damaged_acks_set_stops_no_later_ack() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    // One batch of two: one job ends soon, the other runs on (its list stays, with the damaged key).
+    push(
+        &mut c,
+        "default",
+        &[
+            chaos("default", "sleep", 2_000, "short"),
+            chaos("default", "sleep", 120_000, "long"),
+        ],
+    );
+    let mut ox = start(&redis, &["-q", "default", "-c", "2"]);
+    assert!(
+        wait_until(WAIT, || c.hlen::<_, usize>("chaos:runs").unwrap() == 2),
+        "the jobs never started:\n{}",
+        ox.log()
+    );
+    let lists: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
+    assert_eq!(lists.len(), 1, "one batch: {lists:?}");
+    let acks = lists[0].replacen("oxidekiq:batch:", "oxidekiq:acks:", 1);
+    let _: () = c.set(&acks, "damaged").unwrap();
+    assert!(
+        wait_until(WAIT, || done_count(&mut c) == 1),
+        "the short job never ended:\n{}",
+        ox.log()
+    );
+    let jobs: Vec<String> = (0..200)
+        .map(|i| chaos("default", "ok", 0, &format!("ok{i}")))
+        .collect();
+    push(&mut c, "default", &jobs);
+    assert!(
+        wait_until(WAIT, || done_count(&mut c) == 201),
+        "the later jobs did not run:\n{}",
+        ox.log()
+    );
+    // Every later job acknowledged: only the damaged batch is left (its acks set unreadable, both of
+    // its jobs count as held).
+    let settled = wait_until(WAIT, || held_jids(&mut c) == ["long", "short"]);
+    let left: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
+    assert!(
+        settled,
+        "later acks were held up: {} batch lists, {:?} held\n{}",
+        left.len(),
+        held_jids(&mut c).len(),
+        ox.log()
+    );
+    let log = ox.log();
+    let named = log
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains(&acks) && l.contains("string"))
+        .count();
+    assert_eq!(
+        named, 1,
+        "the damaged key is named once, with its type:\n{log}"
+    );
+    // The stop cannot push the long job back through the damaged list: it stays there for recovery,
+    // with the short one (whose ack never reached Redis), and no other job is pushed back.
+    stop(&mut ox);
+    assert_eq!(held_jids(&mut c), ["long", "short"]);
+    assert_eq!(c.llen::<_, usize>("queue:default").unwrap(), 0);
+}

@@ -512,8 +512,10 @@ end
 for _, set in ipairs({KEYS[2], KEYS[3]}) do
   if found then break end
   local cursor = '0'
+  -- The digest matched as it is: its glob characters escaped (a '?' or '*' in it matched other jobs).
+  local pattern = '*' .. string.gsub(d, '([%*%?%[%]\\])', '\\%1') .. '*'
   repeat
-    local r = redis.call('ZSCAN', set, cursor, 'MATCH', '*' .. d .. '*', 'COUNT', 100)
+    local r = redis.call('ZSCAN', set, cursor, 'MATCH', pattern, 'COUNT', 100)
     cursor = r[1]
     if #r[2] > 0 then
       redis.call('ZREM', set, r[2][1])
@@ -646,12 +648,11 @@ impl GemLock<'_> {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), jid,
-                "sidekiq-unique-jobs lock {} not taken back after the failure: another job holds it",
-                self.digest)
+                "sidekiq-unique-jobs lock (digest) not taken back after the failure: another job holds it")
             }
             Err(e) => {
                 tracing::error!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), error = %e,
-                "cannot take the sidekiq-unique-jobs lock {} back after the failure", self.digest)
+                "cannot take the sidekiq-unique-jobs lock (digest) back after the failure")
             }
         }
     }
@@ -930,9 +931,10 @@ where
         Strategy::Raise => "the job fails with SidekiqUniqueJobs::Conflict (retry)",
         Strategy::Replace => "a queued job of the digest is deleted and this one runs",
     };
+    // Every value from the payload clipped (a digest can be megabytes), and named once.
     tracing::warn!(class = %class, jid = %jid, digest = %crate::redact::clip(&run.digest, crate::redact::NAME_CHARS), strategy = strategy.label(),
-        "sidekiq-unique-jobs conflict: {class} {jid} cannot take {} (another job runs); on_conflict {}: {what}",
-        run.digest, strategy.label());
+        "sidekiq-unique-jobs conflict: the job cannot take its lock (digest; another job runs); on_conflict {}: {what}",
+        strategy.label());
     let now = time::now();
     let mut c = conn.clone();
     match strategy {
@@ -975,8 +977,8 @@ where
             match deleted {
                 Some(_) => {
                     tracing::warn!(digest = %crate::redact::clip(&run.digest, crate::redact::NAME_CHARS),
-                        "on_conflict replace: deleted a job of {} and its lock; {class} {jid} runs",
-                        run.digest);
+                        class = %class, jid = %jid,
+                        "on_conflict replace: deleted a job of the digest and its lock; the job runs");
                     perform.await
                 }
                 None => Ok(()),
@@ -1039,8 +1041,8 @@ async fn reschedule(conn: &Conn, spec: &Spec, gem: UniqueJobsGem, now: f64) -> R
         };
         if !client.take(conn, &jid, None).await? {
             tracing::warn!(digest = %crate::redact::clip(&spec.digest, crate::redact::NAME_CHARS),
-                "on_conflict reschedule: the new job's client lock on {} is held by another job: \
-                 not scheduled, as the gem's client refuses the push", spec.digest);
+                "on_conflict reschedule: the new job's client lock on the digest is held by another job: \
+                 not scheduled, as the gem's client refuses the push");
             return Ok(());
         }
     }
@@ -1093,6 +1095,39 @@ fn resume(ended: std::result::Result<JobResult, Panic>) -> JobResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 43 item 10: `replace` found a digest's job in `schedule`/`retry` with `ZSCAN MATCH *<d>*`,
+    /// so a digest holding a glob character (`?`, `*`, `[`) matched, and deleted, another digest's job.
+    #[test]
+    fn replace_matches_a_digest_with_glob_characters_literally() {
+        use redis::Commands;
+        let redis = crate::test_support::RedisServer::start();
+        let mut c = redis.conn();
+        let other = r#"{"class":"X","jid":"other","lock_digest":"uniquejobs:abc[1]"}"#;
+        let _: () = c.zadd("schedule", other, 1).unwrap();
+        let replace = |c: &mut redis::Connection, d: &str| -> Option<String> {
+            REPLACE
+                .key("queue:default")
+                .key("schedule")
+                .key("retry")
+                .key("uniquejobs:digests")
+                .arg(d)
+                .invoke(c)
+                .unwrap()
+        };
+        for d in ["uniquejobs:a?c", "uniquejobs:a*", "uniquejobs:abc[1-9]"] {
+            assert_eq!(replace(&mut c, d), None, "{d} matched another digest's job");
+        }
+        assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 1);
+        let mine = r#"{"class":"X","jid":"mine","lock_digest":"uniquejobs:a?c\\*"}"#;
+        let _: () = c.zadd("schedule", mine, 2).unwrap();
+        assert_eq!(
+            replace(&mut c, r"uniquejobs:a?c\\*").as_deref(),
+            Some(mine),
+            "its own job is found"
+        );
+        assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 1);
+    }
 
     fn spec(json: &str) -> std::result::Result<Option<Spec>, JobError> {
         Spec::read(&Job::from_str(json).unwrap())

@@ -490,9 +490,10 @@ async fn exec_all(conn: &mut Conn, pipe: &redis::Pipeline) -> Result<Vec<redis::
             .query_async(conn)
             .await
             .unwrap_or_else(|_| "unknown".into());
-        tracing::error!(command = %name, key = %key, key_type = %kind, error = ?e,
-            "heartbeat: one command of the beat failed (a key of the wrong type?); the others ran and \
-             are not repeated: repair or delete the key");
+        let cause = crate::Error::from(redis::RedisError::from(e.clone())).fault();
+        tracing::error!(command = %name, key = %key, key_type = %kind, error = ?e, cause,
+            "heartbeat: one command of the beat failed; the others ran and are not repeated: repair or \
+             delete the key, or allow the command");
     }
     Ok(replies)
 }

@@ -15,7 +15,9 @@
 //!
 //! HTTP/1.1 by hyper (with hyper-util's tokio glue): no parsing here. Requests are read with a
 //! header timeout, so an idle or slow client holds nothing for long, and at most
-//! [`MAX_CONNECTIONS`] are open at once: past that, new ones wait in the kernel's backlog, so
+//! [`MAX_CONNECTIONS`] are open at once, plus [`SPARE_CONNECTIONS`] that serve one request each and wait
+//! at most a second for it (so probes answer while idle clients hold every slot): past that, new ones
+//! wait in the kernel's backlog, so
 //! clients of the endpoint can never take the descriptors the job side needs for Redis. Nothing in these answers is
 //! secret: class and queue names, counts, and a Redis error that names the server without its
 //! password.
@@ -45,6 +47,13 @@ pub(crate) const REDIS_CHECK: Duration = Duration::from_secs(2);
 /// clients (2 000 of them took every descriptor under `ulimit -n 1024`) from starving the Redis
 /// connections of descriptors.
 pub(crate) const MAX_CONNECTIONS: usize = 64;
+
+/// Connections served past [`MAX_CONNECTIONS`], one request each, whose headers must come within
+/// [`SPARE_HEADER_TIMEOUT`]: probes stay answerable while idle clients hold every ordinary slot.
+pub(crate) const SPARE_CONNECTIONS: usize = 8;
+
+/// How long a spare connection waits for its request's headers.
+const SPARE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What the endpoints read.
 #[derive(Debug, Clone)]
@@ -97,13 +106,26 @@ pub(crate) async fn start(addr: &str, state: State) -> Result<Server> {
     );
     let state = Arc::new(state);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let spare = Arc::new(tokio::sync::Semaphore::new(SPARE_CONNECTIONS));
     let task = tokio::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
         loop {
             // A slot before the accept: at the cap, new clients wait in the backlog and hold no
-            // descriptor of ours.
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
+            // descriptor of ours. Past the cap a spare slot serves one request at most, whose
+            // headers must come within a second: idle clients holding every slot kept `/health`
+            // and `/ready` from answering for 10 s at a time (issue 43).
+            let (slot, spare_slot) = match slots.clone().try_acquire_owned() {
+                Ok(slot) => (slot, false),
+                Err(_) => tokio::select! {
+                    s = slots.clone().acquire_owned() => match s {
+                        Ok(slot) => (slot, false),
+                        Err(_) => return,
+                    },
+                    s = spare.clone().acquire_owned() => match s {
+                        Ok(slot) => (slot, true),
+                        Err(_) => return,
+                    },
+                },
             };
             let (stream, _) = match listener.accept().await {
                 Ok(s) => s,
@@ -119,9 +141,15 @@ pub(crate) async fn start(addr: &str, state: State) -> Result<Server> {
             connections.spawn(async move {
                 let _slot = slot;
                 let service = service_fn(move |req| answer(state.clone(), req));
+                let (timeout, keep_alive) = if spare_slot {
+                    (SPARE_HEADER_TIMEOUT, false)
+                } else {
+                    (Duration::from_secs(10), true)
+                };
                 let _ = http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
+                    .header_read_timeout(timeout)
+                    .keep_alive(keep_alive)
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });

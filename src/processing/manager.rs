@@ -840,6 +840,13 @@ async fn ack_loop(
         let mut delay = Duration::from_millis(50);
         let mut attempts = 0;
         while let Err(e) = fetch.acknowledge(&batch).await {
+            // Only an outage mends by itself: anything else retried would hold every later ack behind
+            // it for good. Given up, the jobs stay held in Redis (pushed back at stop, or recovered).
+            if !e.is_outage() {
+                tracing::error!(error = %e, jobs = batch.len(),
+                    "cannot acknowledge finished jobs; given up (they stay held: pushed back at stop, or recovered)");
+                break;
+            }
             attempts += 1;
             if attempts == 1 {
                 tracing::warn!(error = %e, "cannot acknowledge finished jobs; retrying");

@@ -51,6 +51,25 @@ impl Error {
         }
     }
 
+    /// What kind of fault a Redis error that will not mend by itself is, for a log line: an ACL's
+    /// refusal (Redis's text names the refused command), a key of the wrong type, out of memory, or a
+    /// failure of another kind. An ACL refusal read "a key of the wrong type?" before (issue 43).
+    pub(crate) fn fault(&self) -> &'static str {
+        let Error::Redis(e) = self else {
+            return "not a Redis error";
+        };
+        let text = e.to_string();
+        match e.code() {
+            Some("NOPERM") => "refused by an ACL (the error names the command)",
+            Some("WRONGTYPE") => "a key of the wrong type",
+            Some("OOM") => "Redis is out of memory",
+            _ if text.contains("NOPERM") => "refused by an ACL (the error names the command)",
+            _ if text.contains("WRONGTYPE") || text.contains(" is a ") => "a key of the wrong type",
+            _ if self.is_outage() => "Redis is away or busy",
+            _ => "an error that will not mend by itself",
+        }
+    }
+
     /// True when the error says Redis is away or busy for now (a dropped or refused connection, a
     /// timeout, a server still loading, a failover under way, a busy script): waiting and trying again
     /// is the cure. False for an error that stays until someone acts (a key of the wrong type, out of

@@ -89,6 +89,20 @@ pub(crate) const WORKING: &str = "oxidekiq:working:";
 /// in a queue nobody serves); it never looks here.
 pub(crate) const BATCH: &str = "oxidekiq:batch:";
 
+/// The set of identities of this release's reliable-fetch processes that may hold lists (issue 43):
+/// each adds itself at start and at each of its recovery passes; a recovery that takes every key of a
+/// dead one removes it. Recovery reads it (and each one's [`held_index`]) instead of walking the
+/// keyspace at every pass.
+pub(crate) const HOLDERS: &str = "oxidekiq:holders";
+
+/// The set of the held lists of process `identity` (`oxidekiq:held:<identity>`): its landing lists, and
+/// each batch list added by the write that fills it (the fast path's guard, the batch script) and removed
+/// with the `DEL` that ends it. Entries may outlive their key (a push-back's `DEL`): a key that is gone
+/// moves nothing, and the process drops such entries at its own recovery passes.
+pub(crate) fn held_index(identity: &str) -> String {
+    format!("oxidekiq:held:{identity}")
+}
+
 /// What every landing list's name starts with: `oxidekiq:landing:<identity>:<queue>`.
 pub(crate) const LANDING: &str = "oxidekiq:landing:";
 
@@ -194,6 +208,10 @@ pub(crate) const BATCH_SUSPECTS: &str = "oxidekiq:suspects:batch";
 
 /// Hash of per-payload recovery counts (SHA1 of the payload → times recovered from a dead process).
 pub(crate) const RECOVERED: &str = "oxidekiq:recovered";
+
+/// Taken (`SET NX PX`, five minutes) by the process whose recovery walks the keyspace as the fleet's
+/// periodic safety net, so a fleet walks it about once per interval, however many processes it has.
+pub(crate) const RECOVERY_WALK: &str = "oxidekiq:recovery-walk";
 
 /// The key guarding orphan recovery, so one process at a time does it.
 pub(crate) const RECOVERY_LOCK: &str = "oxidekiq:recovery-lock";

@@ -532,7 +532,7 @@ struct OtelFields {
 
 impl Visit for OtelFields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.put(field, value.to_string().into());
+        self.put(field, clipped(value).into());
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.put(field, value.into());
@@ -550,7 +550,7 @@ impl Visit for OtelFields {
         self.put(field, value.into());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.put(field, format!("{value:?}").into());
+        self.put(field, clipped(&format!("{value:?}")).into());
     }
 }
 
@@ -616,14 +616,15 @@ impl Visit for SpanText<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
             self.0.push(' ');
-            self.0.push_str(value);
+            self.0
+                .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
         } else {
             // `Debug` quotes it and escapes `"` and `\` inside: already one value.
             self.0.push(' ');
             let name = field.name();
             self.0.push_str(name.strip_prefix("r#").unwrap_or(name));
             self.0.push('=');
-            let _ = write!(self.0, "{value:?}");
+            let _ = write!(self.0, "{:?}", crate::redact::clip(value, MAX_VALUE_CHARS));
         }
     }
 
@@ -636,6 +637,7 @@ impl Visit for SpanText<'_> {
         }
         let start = self.0.len();
         let _ = write!(self.0, "{value:?}");
+        clip_tail(self.0, start);
         if name != "message" {
             quote_tail(self.0, start);
         }
@@ -658,7 +660,8 @@ impl Visit for JobText<'_> {
         self.0.push_str(field.name());
         self.0.push('=');
         let start = self.0.len();
-        self.0.push_str(value);
+        self.0
+            .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
         quote_tail(self.0, start);
     }
 
@@ -696,7 +699,7 @@ struct JsonFieldList<'a>(&'a mut Vec<(&'static str, Value)>);
 
 impl Visit for JsonFieldList<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        set_field(self.0, field.name(), value.into());
+        set_field(self.0, field.name(), clipped(value).into());
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         set_field(self.0, field.name(), value.into());
@@ -733,26 +736,31 @@ impl Fields {
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
-            self.message.push_str(value);
+            self.message
+                .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
         } else {
             self.rest.push(' ');
             self.rest.push_str(field.name());
             self.rest.push('=');
             let start = self.rest.len();
-            self.rest.push_str(value);
+            self.rest
+                .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
             quote_tail(&mut self.rest, start);
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         if field.name() == "message" {
+            let start = self.message.len();
             let _ = write!(self.message, "{value:?}");
+            clip_tail(&mut self.message, start);
         } else {
             self.rest.push(' ');
             self.rest.push_str(field.name());
             self.rest.push('=');
             let start = self.rest.len();
             let _ = write!(self.rest, "{value:?}");
+            clip_tail(&mut self.rest, start);
             quote_tail(&mut self.rest, start);
         }
     }
@@ -1057,21 +1065,70 @@ fn json_debug(field: &Field, value: &dyn fmt::Debug) -> Value {
     json_text(field, &format!("{value:?}"))
 }
 
+/// Most characters of one field's value a log line shows, as much as Sidekiq stores of an error
+/// message (issue 43: a 1 MB iteration cursor in an error made a 2 MB line at every retry; a value from
+/// Redis or a payload is clipped in logs as it is where it is stored). Past it, `…(N bytes)`.
+pub(crate) const MAX_VALUE_CHARS: usize = 10_000;
+
+/// `value` clipped to [`MAX_VALUE_CHARS`], owned.
+fn clipped(value: &str) -> String {
+    crate::redact::clip(value, MAX_VALUE_CHARS).into_owned()
+}
+
+/// Clips what `out` holds from `start` (one value just written) to [`MAX_VALUE_CHARS`].
+fn clip_tail(out: &mut String, start: usize) {
+    let Some(value) = out.get(start..) else {
+        return;
+    };
+    if value.len() <= MAX_VALUE_CHARS {
+        return;
+    }
+    if let Some((i, _)) = value.char_indices().nth(MAX_VALUE_CHARS) {
+        let total = value.len();
+        out.truncate(start + i);
+        let _ = write!(out, "…({total} bytes)");
+    }
+}
+
 /// A value's text as a JSON string, except `elapsed`, which is a number.
 fn json_text(field: &Field, text: &str) -> Value {
     if field.name() == "elapsed" {
         text.parse::<f64>()
             .ok()
             .and_then(serde_json::Number::from_f64)
-            .map_or_else(|| text.into(), Into::into)
+            .map_or_else(|| clipped(text).into(), Into::into)
     } else {
-        text.into()
+        clipped(text).into()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 43 item 6: every field's value, the message too, is clipped to [`MAX_VALUE_CHARS`] in
+    /// both formats and in the job span (a 1 MB value made a 1 MB line); short values are untouched.
+    #[test]
+    fn every_value_of_a_log_line_is_clipped_as_it_is_where_stored() {
+        let huge = "x".repeat(1_000_000);
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let out = captured(format, || {
+                let span = tracing::info_span!(target: JOB_TARGET, "job", class = huge.as_str(), jid = "j", queue = "q");
+                let _in = span.enter();
+                tracing::warn!(error_message = %huge, cursor = huge.as_str(), short = "kept", "failed: {huge}");
+            });
+            assert!(
+                out.len() < 5 * (MAX_VALUE_CHARS + 100),
+                "{format:?}: a {} byte line",
+                out.len()
+            );
+            assert!(out.contains("…(1000000 bytes)"), "{format:?}");
+            assert!(out.contains("kept"), "{format:?}");
+            if format == LogFormat::Json {
+                serde_json::from_str::<serde_json::Value>(out.trim()).expect("one JSON line");
+            }
+        }
+    }
 
     /// What `log` writes through a `format` [`Logger`] at INFO.
     fn captured(format: LogFormat, log: impl FnOnce()) -> String {

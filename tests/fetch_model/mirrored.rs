@@ -14,12 +14,12 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable.rs",
         "const FETCH_LUA",
-        "e7f62b665d27c4c30c8e3388462e7f75173c9ac9",
+        "2640c8d432b034f383555df3e2e4774aadce35c0",
     ),
     (
         "processing/fetch/reliable.rs",
         "const GUARD_LUA",
-        "4b7ef066bc431ca74bf5b3f5775a8f106d1b8fcb",
+        "e6104d3a8b923ff4f12951900fd9cf57004474b2",
     ),
     (
         "processing/fetch/reliable.rs",
@@ -29,17 +29,17 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable.rs",
         "const PUSH_BACK_LUA",
-        "42b62f5a8fe1302a9f7f7a0d231884e41cd23280",
+        "c60ee92a979108315dfad84e4c1cdb7f58d665e3",
     ),
     (
         "processing/fetch/reliable.rs",
         "fn fetch_fast",
-        "86a8fd1d3d911fa7e706f30b0001b4cc48258334",
+        "54346ea190a0622e6db38052ea0d8f7878078c7f",
     ),
     (
         "processing/fetch/reliable.rs",
         "fn fetch_batch",
-        "0204bd2dbc0ed398730d88f2483b952975dbf1f7",
+        "c9abf9b63aaf311839a18a8c0fcb22ff93d0e11b",
     ),
     (
         "processing/fetch/reliable.rs",
@@ -49,7 +49,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable.rs",
         "fn ack",
-        "d3eda7acce6e40716bcd2e8367e9c6ad2ce38989",
+        "31a276d67dde5c69f36e83e2382240d9e6b38225",
     ),
     (
         "processing/fetch/reliable.rs",
@@ -64,32 +64,32 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable.rs",
         "fn reconcile_now",
-        "367e9f18c580eeaa69563a2cc94d5e945fec5e0e",
+        "0fb88d03afb4d373b3a1f9da3cef6d3bf440f2de",
     ),
     (
         "processing/fetch/mod.rs",
         "macro_rules! lua_move_back",
-        "fd7b581807b5cf51dfae6fa1b8e8a9c02c75815b",
+        "f22b8f0f02b0b7e7a007213c1cca4f7bc2922226",
     ),
     (
         "processing/fetch/recovery.rs",
         "const ORPHAN_LUA",
-        "18cb9fb0560863ea06c564fcf7ff6363684158f3",
+        "103be6e0f1038c240af9356a362f3a51a18d6c73",
     ),
     (
         "processing/fetch/recovery.rs",
         "fn mark_alive",
-        "b73d026441870d413deca49aa4a93155f61ddd38",
+        "90c0b5d3faf229c8befcb86abbca526f9e8709e4",
     ),
     (
         "processing/fetch/recovery.rs",
         "fn recover_orphans",
-        "48cd381792d775e8c2ad86f792a8eb0f26cd5549",
+        "6af0d11a5c39c3e3b550da8a2abf2e85ba5664f3",
     ),
     (
         "processing/fetch/recovery.rs",
         "fn recover_locked",
-        "9149b1714a3bc8a18817094a11fac1610d75abb6",
+        "255e2830fa58edb720c1c4c06b4690e3ac3cc3b5",
     ),
     (
         "processing/manager.rs",
@@ -104,7 +104,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/manager.rs",
         "fn ack_loop",
-        "233a77fc96f6e5a9f21c2da7e1fb7b965f673846",
+        "3cab181809ac22a9ecdbc85d8a60baaf0307af95",
     ),
     (
         "sidekiq/retry.rs",

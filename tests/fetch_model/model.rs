@@ -13,8 +13,13 @@
 //!   their reply may be lost (the fetch failed) so that it is sent again, which the model covers.
 //! - A request that fails before Redis ran it changes nothing but the process's memory (modelled where
 //!   that memory changes: a retry from the start of a sweep, a list recorded as lost).
-//! - `SCAN` is one snapshot; the `SET NX` of the lock, the scan and the lock's renewal are steps of their
-//!   own, and the lock may expire between any two steps.
+//! - Finding a dead process's lists is one snapshot: the index of held lists (`oxidekiq:holders`,
+//!   `oxidekiq:held:<identity>`), which the script or transaction that fills a batch list fills in the
+//!   same step, or the keyspace walk that backs it up (a landing list is indexed at the process's own
+//!   recovery passes, so one made since is found by the fleet's next walk: later, never lost; when is not
+//!   modelled). The `SET NX` of the lock, the snapshot and the lock's renewal are steps of their own,
+//!   and the lock may expire between any two steps. A damaged key (an acks set of the wrong type, whose
+//!   batch's ack is then dropped and whose list recovery skips until it is repaired) is not modelled.
 //! - Jobs do not come back from the retry set (its poller is not modelled): a job there is in a place.
 
 use std::fmt;

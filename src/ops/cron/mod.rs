@@ -74,6 +74,9 @@ struct Poller {
     /// Each `cron` string seen, parsed and checked to tick at all: a schedule is read every round,
     /// and the search for a tick that never comes (Feb 31st) is slow.
     schedules: HashMap<String, Result<Schedule, String>>,
+    /// The schedules the last whole read found, and when: until `poll_interval` later a round reads
+    /// again only those due (the gem itself reads every schedule once per poll interval).
+    read: Option<(Vec<Entry>, tokio::time::Instant)>,
 }
 
 /// Past this many distinct `cron` strings (or reported problems) the cache starts over: schedules
@@ -225,6 +228,39 @@ impl Poller {
                 }
             }
         }
+        if let Some((cached, at)) = &self.read
+            && at.elapsed() < cfg.poll_interval
+        {
+            let now = Utc::now();
+            let due: Vec<(String, Option<String>)> = cached
+                .iter()
+                .filter(|e| matches!(e.due(now), Ok(Some(_))))
+                .map(|e| (e.key.clone(), e.twin.clone()))
+                .collect();
+            let left = cfg.poll_interval.saturating_sub(at.elapsed());
+            let wake = next_wake(cached, now, left.max(Duration::from_millis(100)));
+            if !due.is_empty() {
+                let loaded =
+                    store::load_keys(conn, due.iter().map(|(k, _)| k.clone()).collect()).await?;
+                for (key, why) in loaded.problems {
+                    self.report(&key, &why);
+                }
+                for (key, fields) in loaded.hashes {
+                    let schedules = &mut self.schedules;
+                    let Ok(mut entry) =
+                        Entry::from_hash(&key, fields, &mut |c| parse_cached(schedules, c))
+                    else {
+                        continue;
+                    };
+                    entry.twin = due
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .and_then(|(_, t)| t.clone());
+                    self.enqueue_if_due(conn, client, &entry).await?;
+                }
+            }
+            return Ok(wake);
+        }
         let loaded = store::load(conn, &store::sets_to_read(found)).await?;
         for (key, why) in loaded.problems {
             self.report(&key, &why);
@@ -253,7 +289,9 @@ impl Poller {
         for entry in &entries {
             self.enqueue_if_due(conn, client, entry).await?;
         }
-        Ok(next_wake(&entries, Utc::now(), cfg.poll_interval))
+        let wake = next_wake(&entries, Utc::now(), cfg.poll_interval);
+        self.read = Some((entries, tokio::time::Instant::now()));
+        Ok(wake)
     }
 
     /// Claims and pushes `entry`'s due tick, if it has one and no process claimed it yet.

@@ -178,6 +178,12 @@ pub(crate) trait Fetch: Send + Sync + std::fmt::Debug {
         Box::pin(async { Ok(0) })
     }
 
+    /// Keeps the index of held lists that orphan recovery reads true (`keys::held_index`), at each of
+    /// this process's recovery passes; nothing to do when jobs are not held in Redis.
+    fn tidy_index(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Pushes back whatever this process holds but never handed out; with `everything`, every held job
     /// (the shutdown's last sweep, once no job runs and every ack is flushed). Returns how many.
     fn requeue_leftovers(&self, everything: bool) -> BoxFuture<'_, Result<u64>> {
@@ -405,6 +411,14 @@ local function move_back(src, acks, qkey, qhash, desc, limit, counts, dead, scor
     fields = {}
     for i, p in ipairs(pairs_) do fields[i] = p[2]; jobs[i] = p[3] end
   elseif t == 'list' then
+    if batch then
+      -- Its places are read and marked there: any other type would raise at the first job and end the
+      -- whole script (every other list and process of a recovery pass with it). This list alone waits.
+      local at = kind(acks)
+      if at ~= 'set' and at ~= 'none' then
+        return 0, 0, acks .. ' is a ' .. at .. ', not a set (the acks set of ' .. src .. '; its jobs stay there until it is repaired)'
+      end
+    end
     jobs = redis.call('LRANGE', src, 0, -1)
   elseif t == 'none' then
     if batch then redis.call('DEL', acks) end

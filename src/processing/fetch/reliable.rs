@@ -76,7 +76,10 @@ use crate::time::{self, score};
 /// (1-based: queue i's landing list is 2i-1, its queue 2i), tag, value: "n" (the copy took every job
 /// asked: the source may hold more), "p" (the copy took fewer: the source is empty now) or "s" (read
 /// job by job), each with the count in its batch list; "dead", size; "err", message; and last 0,
-/// "seen", how many sources were looked at (the fetch stops once it holds ARGV[1] jobs).
+/// "seen", how many sources were looked at (the fetch stops once it holds ARGV[1] jobs). The last key
+/// is the process's index of held lists ([`keys::held_index`]): a batch list left holding jobs is added
+/// to it in the same script (an index that refuses it, a damaged key, leaves the list to recovery's
+/// keyspace scan).
 /// Numbers go back as integer replies and constant arguments as strings: every number Lua turns into a
 /// string is a `printf` of a double, a few thousand instructions each, at a fixed cost per fetch.
 const FETCH_LUA: &str = concat!(
@@ -91,7 +94,8 @@ local budget = tonumber(ARGV[3])
 local nonce = ARGV[4]
 local score, failed_at, trim_before, dead_max = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local dead = KEYS[1]
-local ns = (#KEYS - 1) / 2
+local index = KEYS[#KEYS]
+local ns = (#KEYS - 2) / 2
 local out = {}
 local taken, bytes = 0, 0
 local cap = budget
@@ -163,7 +167,10 @@ for i = 1, ns do
     end
   end
   if done > 0 then redis.call('LTRIM', src, '0', -(done + 1)) end
-  if kept > 0 then out[#out + 1] = i; out[#out + 1] = tag; out[#out + 1] = kept end
+  if kept > 0 then
+    redis.pcall('SADD', index, dest)
+    out[#out + 1] = i; out[#out + 1] = tag; out[#out + 1] = kept
+  end
   if err then
     out[#out + 1] = i; out[#out + 1] = 'err'; out[#out + 1] = err
     -- A landing list that fails skips its queue too (as one error of the queue).
@@ -189,7 +196,8 @@ return out
 /// no list holds. Sent whole with `EVAL` (a few hundred bytes), never `EVALSHA`: inside a transaction a
 /// `NOSCRIPT` would come after the `SORT` ran, and the `LRANGE` would read an unguarded list of jobs still
 /// queued. Every call goes through `pcall`, and no value is used before its type is checked: an error
-/// this script raised would leave that read unguarded too.
+/// this script raised would leave that read unguarded too. A copy kept (trimmed off the queue) is added
+/// to the process's index of held lists KEYS[3] ([`keys::held_index`]).
 const GUARD_LUA: &str = r#"
 local q, b = KEYS[1], KEYS[2]
 local mem = redis.pcall('MEMORY', 'USAGE', b, 'SAMPLES', '0')
@@ -199,7 +207,10 @@ if type(mem) == 'number' and mem <= tonumber(ARGV[1]) then
   local n = redis.pcall('LLEN', b)
   if type(n) == 'number' then
     local r = redis.pcall('LTRIM', q, '0', -(n + 1))
-    if type(r) ~= 'table' or not r.err then return mem end
+    if type(r) ~= 'table' or not r.err then
+      if n > 0 then redis.pcall('SADD', KEYS[3], b) end
+      return mem
+    end
     why = r.err
   else
     why = n.err
@@ -237,6 +248,10 @@ const PUSH_BACK_LUA: &str = concat!(
     lua_common!(),
     r#"
 local n = 0
+local at = kind(KEYS[2])
+if KEYS[2] ~= KEYS[1] and at ~= 'set' and at ~= 'none' then
+  return {0, KEYS[2] .. ' is a ' .. at .. ', not a set (the acks set of ' .. KEYS[1] .. '; its jobs stay there until it is repaired)'}
+end
 local len = redis.call('LLEN', KEYS[1])
 for i = 1, #ARGV do
   if tonumber(ARGV[i]) < len and redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then
@@ -352,6 +367,8 @@ pub(crate) struct Reliable {
     batch_prefix: String,
     /// `oxidekiq:landing:<identity>:`.
     landing_prefix: String,
+    /// `oxidekiq:held:<identity>`, the index of its held lists that recovery reads ([`keys::held_index`]).
+    index: String,
     /// Every queue name, for the landing lists' sweep.
     names: Vec<Arc<str>>,
     /// Connection for the batch script, acks and requeues.
@@ -379,6 +396,8 @@ pub(crate) struct Reliable {
     dead: AtomicU64,
     /// Acks waiting to ride on the next fetch's pipeline ([`Reliable::ack`]).
     riders: Mutex<Vec<Rider>>,
+    /// Keys whose ack Redis refused (a damaged acks set), each logged once ([`Reliable::send_acks`]).
+    refused_acks: Mutex<foldhash::HashSet<String>>,
     /// Ids of riders.
     next_rider: AtomicU64,
     /// How long an ack waits for a fetch to carry it ([`RIDE_WAIT`]; tests lengthen it).
@@ -430,15 +449,23 @@ enum AckCmd {
     Sadd(String, Vec<u64>),
 }
 
-/// Adds `cmds` to `pipe`, their replies ignored when `ignore` (one reply each otherwise).
-fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd], ignore: bool) {
+/// Adds `cmds` to `pipe` ([`AckCmd::replies`] replies each); a batch list deleted leaves `index`, the
+/// process's index of held lists, in the same pipeline.
+fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd], index: &str) {
     for c in cmds {
         match c {
-            AckCmd::Del(key, acks) => pipe.del(&[key, acks]),
+            AckCmd::Del(key, acks) => pipe.del(&[key, acks]).srem(index, key),
             AckCmd::Sadd(acks, places) => pipe.sadd(acks, places),
         };
-        if ignore {
-            pipe.ignore();
+    }
+}
+
+impl AckCmd {
+    /// How many replies [`add_acks`] adds for it.
+    fn replies(&self) -> usize {
+        match self {
+            AckCmd::Del(..) => 2,
+            AckCmd::Sadd(..) => 1,
         }
     }
 }
@@ -580,7 +607,10 @@ fn answer_riders(
         // Every reply of this rider read (not `all`, which stops at the first error and would leave
         // the rest to be read as the next rider's).
         let mut ok = replies.is_ok();
-        for reply in acked.by_ref().take(r.cmds.len()) {
+        for reply in acked
+            .by_ref()
+            .take(r.cmds.iter().map(AckCmd::replies).sum())
+        {
             ok &= reply.is_ok();
         }
         let _ = r.sent.send(ok);
@@ -608,6 +638,7 @@ impl Reliable {
             identity: identity.to_string(),
             batch_prefix: keys::batch_prefix(identity),
             landing_prefix: keys::landing_prefix(identity),
+            index: keys::held_index(identity),
             conn,
             blocking,
             script: Script::new(FETCH_LUA),
@@ -620,6 +651,7 @@ impl Reliable {
             stalls: Stalls::default(),
             dead: AtomicU64::new(0),
             riders: Mutex::new(Vec::new()),
+            refused_acks: Mutex::new(foldhash::HashSet::default()),
             next_rider: AtomicU64::new(0),
             ride_wait: RIDE_WAIT,
             waiting: AtomicUsize::new(0),
@@ -858,9 +890,10 @@ impl Reliable {
             .arg(&list.0)
             .cmd("EVAL")
             .arg(GUARD_LUA)
-            .arg(2)
+            .arg(3)
             .arg(&qkey)
             .arg(&list.0)
+            .arg(&self.index)
             .arg(self.cap())
             .cmd("LRANGE")
             .arg(&list.0)
@@ -869,7 +902,7 @@ impl Reliable {
             .cmd("EXEC");
         let riders = self.take_riders();
         for r in &riders {
-            add_acks(&mut pipe, &r.cmds, false);
+            add_acks(&mut pipe, &r.cmds, &self.index);
         }
         pipe.ignore_errors();
         let replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
@@ -1058,10 +1091,11 @@ impl Reliable {
         let (trim_before, dead_max) = dead_trim(now);
         let mut pipe = redis::pipe();
         let eval = pipe.cmd("EVALSHA").arg(self.script.get_hash());
-        eval.arg(1 + 2 * lists.len()).arg(keys::DEAD);
+        eval.arg(2 + 2 * lists.len()).arg(keys::DEAD);
         for ((_, src), (dest, _, _)) in sources.iter().zip(&lists) {
             eval.arg(src).arg(dest);
         }
+        eval.arg(&self.index);
         eval.arg(max)
             .arg(self.max_payload_bytes)
             .arg(self.budget())
@@ -1079,7 +1113,7 @@ impl Reliable {
         // that ack, never the fetch, and a fetch that fails fails no ack that Redis took.
         let riders = self.take_riders();
         for r in &riders {
-            add_acks(&mut pipe, &r.cmds, false);
+            add_acks(&mut pipe, &r.cmds, &self.index);
         }
         pipe.ignore_errors();
         let mut conn = self.conn.clone();
@@ -1332,9 +1366,7 @@ impl Reliable {
         }
         let cmds = Arc::new(cmds);
         if !cmds.is_empty() && !self.ride(&cmds).await {
-            let mut pipe = redis::pipe();
-            add_acks(&mut pipe, &cmds, true);
-            pipe.query_async::<()>(&mut self.conn.clone()).await?;
+            self.send_acks(&cmds).await?;
         }
         // Counted only now that Redis has the commands (sent by a fetch or above).
         let mut emptied = Vec::new();
@@ -1346,6 +1378,63 @@ impl Reliable {
             }
         }
         self.delete_emptied(emptied).await
+    }
+
+    /// Sends `cmds` in one pipeline, each reply read on its own. An outage (Redis away or busy) is an
+    /// error: the acker sends them again (they are idempotent). A command refused for a reason that will
+    /// not mend by itself (its acks set is a key of the wrong type, Redis out of memory) costs only its
+    /// own batch: it is logged at error level once, naming the key and its type, and that batch's ack is
+    /// dropped, never retried: its jobs count as done here, their places stay unmarked in Redis (the
+    /// batch's last ack deletes its list and that key with one `DEL`, whatever the key holds; should the
+    /// process stop or die first, they stay in the list for recovery, as any job whose acknowledgement
+    /// never reached Redis). The other batches' acks are in Redis all the same: one damaged key stopped
+    /// every later ack of the process before (the acker retried the failed pipeline forever).
+    async fn send_acks(&self, cmds: &[AckCmd]) -> Result<()> {
+        let mut pipe = redis::pipe();
+        add_acks(&mut pipe, cmds, &self.index);
+        pipe.ignore_errors();
+        let replies: Vec<redis::RedisResult<redis::Value>> =
+            pipe.query_async(&mut self.conn.clone()).await?;
+        let mut refused = Vec::new();
+        let mut replies = replies.into_iter();
+        for cmd in cmds {
+            // The index's SREM after a DEL counts with it: an index that refuses it (damaged) only
+            // leaves an entry whose key is gone.
+            let mut first = replies.next();
+            for _ in 1..cmd.replies() {
+                replies.next();
+            }
+            if let Some(Err(e)) = first.take() {
+                let e = crate::Error::from(e);
+                if e.is_outage() {
+                    return Err(e);
+                }
+                refused.push((cmd, e));
+            }
+        }
+        for (cmd, e) in refused {
+            let key = match cmd {
+                AckCmd::Del(key, _) => key,
+                AckCmd::Sadd(acks, _) => acks,
+            };
+            let first = self
+                .refused_acks
+                .lock()
+                .is_ok_and(|mut seen| seen.insert(key.clone()));
+            if !first {
+                continue;
+            }
+            let kind: String = redis::cmd("TYPE")
+                .arg(key)
+                .query_async(&mut self.conn.clone())
+                .await
+                .unwrap_or_else(|_| "unknown".into());
+            tracing::error!(key = %key, r#type = %kind, error = %e,
+                "cannot mark finished jobs done in their batch's acks set (a damaged key?): that batch's \
+                 ack is dropped, not retried; its jobs stay in its list until its last job is done, or for \
+                 recovery should this process stop or die first (the other batches are acknowledged)");
+        }
+        Ok(())
     }
 
     /// Hands `cmds` to the next fetch's pipeline and waits up to [`RIDE_WAIT`] for one to take them; true
@@ -1389,9 +1478,21 @@ impl Reliable {
         }
         let mut pipe = redis::pipe();
         for (key, acks) in &emptied {
-            pipe.del(&[key, acks]).ignore();
+            pipe.del(&[key, acks]).srem(&self.index, key);
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        pipe.ignore_errors();
+        let replies: Vec<redis::RedisResult<redis::Value>> =
+            pipe.query_async(&mut self.conn.clone()).await?;
+        // A `DEL` is never refused for a key's type; an index that refuses its `SREM` (damaged) only
+        // keeps an entry whose key is gone.
+        for r in replies {
+            if let Err(e) = r {
+                let e = crate::Error::from(e);
+                if e.is_outage() {
+                    return Err(e);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1439,6 +1540,8 @@ impl Reliable {
         let mut conn = self.conn.clone();
         let script = Script::new(MOVE_BACK_LUA);
         let (mut moved, mut kept, mut errors) = (0, Vec::new(), Vec::new());
+        // Batch lists moved whole (deleted): their entries leave the index.
+        let mut gone: Vec<String> = Vec::new();
         for list in lists {
             let r: redis::RedisResult<(u64, String)> = script
                 .key(&list.0)
@@ -1452,6 +1555,8 @@ impl Reliable {
                     if !err.is_empty() {
                         errors.push(script_error(err));
                         kept.push(list);
+                    } else if list.0.starts_with(&self.batch_prefix) {
+                        gone.push(list.0);
                     }
                 }
                 Err(e) => {
@@ -1464,53 +1569,56 @@ impl Reliable {
                 }
             }
         }
+        if !gone.is_empty() {
+            let _: redis::RedisResult<()> =
+                redis::AsyncCommands::srem(&mut conn, &self.index, gone).await;
+        }
         (moved, kept, errors)
     }
 
     /// This process's batch lists in Redis that it does not know (neither handed out nor being fetched):
     /// left by a fetch whose reply never came but was not seen to fail, or brought back by a failover
-    /// to a replica that had not seen their deletion. One `SCAN` of the keyspace.
+    /// to a replica that had not seen their deletion. Read from its index of held lists
+    /// ([`keys::held_index`]), which the write that fills a batch list fills in the same script or
+    /// transaction (so a replica that has the list has its entry): what it costs follows what the
+    /// process holds, not the keyspace (the stop's two sweeps each walked the whole keyspace before).
     async fn strays(&self) -> Result<Vec<(String, String, Arc<str>)>> {
         let mut conn = self.conn.clone();
-        let opts = redis::ScanOptions::default()
-            .with_pattern(format!("{}*", self.batch_prefix))
-            .with_count(1000);
-        let mut found: Vec<String> = Vec::new();
-        {
-            let mut iter: redis::AsyncIter<'_, String> =
-                redis::AsyncCommands::scan_options(&mut conn, opts).await?;
-            while let Some(item) = iter.next_item().await {
-                found.push(item?);
-            }
-        }
-        let h = self.held.lock().map_err(|_| poisoned())?;
-        Ok(found
-            .into_iter()
-            .filter_map(|key| {
-                let rest = key.strip_prefix(&self.batch_prefix)?;
-                let (queue, n) = rest.rsplit_once(":@")?;
-                let n: u64 = n.parse().ok()?;
-                // Another capsule's list is that capsule's to know, never this one's stray.
-                (super::capsule_of(n) == self.capsule && !h.knows(n)).then(|| {
-                    let acks = keys::acks_of(&key);
-                    (key.clone(), acks, Arc::from(queue))
+        let found: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(&self.index)
+            .query_async(&mut conn)
+            .await?;
+        let unknown: Vec<(String, String, Arc<str>)> = {
+            let h = self.held.lock().map_err(|_| poisoned())?;
+            found
+                .into_iter()
+                .filter_map(|key| {
+                    let rest = key.strip_prefix(&self.batch_prefix)?;
+                    let (queue, n) = rest.rsplit_once(":@")?;
+                    let n: u64 = n.parse().ok()?;
+                    // Another capsule's list is that capsule's to know, never this one's stray.
+                    (super::capsule_of(n) == self.capsule && !h.knows(n)).then(|| {
+                        let acks = keys::acks_of(&key);
+                        (key.clone(), acks, Arc::from(queue))
+                    })
                 })
-            })
-            .collect())
+                .collect()
+        };
+        Ok(unknown)
     }
 
     /// Pushes back the lists of fetches whose reply never came (nothing in them was handed out), and
     /// any other list of this process that it does not know ([`Reliable::strays`]).
     async fn reconcile_now(&self) -> Result<u64> {
-        // A SCAN that fails (an ACL refusing it, managed Redis often does) must not keep the lists this
+        // A read of the index that fails (a damaged key, an ACL refusing it) must not keep the lists this
         // process knows are lost from going back, nor fail the sweep it is part of (the quiet sweep would
         // then leave its unstarted jobs held, and every stop would call itself cut short): the look for
         // strays is an extra, its failure logged here.
         let strays = match self.strays().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(error = %e, pattern = %format!("{}*", self.batch_prefix),
-                    "cannot SCAN for this process's stray batch lists; only the ones it knows are pushed back");
+                tracing::error!(error = %e, key = %self.index,
+                    "cannot read this process's index of held lists for stray batch lists; only the ones it knows are pushed back");
                 Vec::new()
             }
         };
@@ -1533,6 +1641,59 @@ impl Reliable {
 
     /// The landing lists, the lists of fetches whose reply never came, then (with `everything`) every job
     /// of every batch list not marked done. Not counted as recoveries.
+    /// Keeps this process's index of held lists ([`keys::held_index`]) true enough for recovery, at each
+    /// of its own recovery passes: it adds its landing lists to the index (again: a recovery that took
+    /// the process for dead removed it; [`super::mark_alive`] adds it to [`keys::HOLDERS`] at each beat),
+    /// and drops the entries of batch lists
+    /// it no longer holds whose key is gone (a push-back's `DEL` leaves its entry). An entry of a list it
+    /// does not know but that still exists (a fetch whose reply was lost) stays. Costs what the index
+    /// holds, whatever else Redis holds.
+    async fn tidy_index(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        let landing: Vec<String> = self
+            .names
+            .iter()
+            .map(|q| format!("{}{q}", self.landing_prefix))
+            .collect();
+        pipe.sadd(&self.index, &landing).ignore();
+        pipe.smembers(&self.index);
+        let (members,): (Vec<String>,) = pipe.query_async(&mut conn).await?;
+        let unknown: Vec<String> = {
+            let h = self.held.lock().map_err(|_| poisoned())?;
+            members
+                .into_iter()
+                .filter(|key| {
+                    let Some(rest) = key.strip_prefix(&self.batch_prefix) else {
+                        return false;
+                    };
+                    let n = rest
+                        .rsplit_once(":@")
+                        .and_then(|(_, n)| n.parse::<u64>().ok());
+                    n.is_none_or(|n| !h.knows(n) && !h.lost.iter().any(|l| l.0 == *key))
+                })
+                .collect()
+        };
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for key in &unknown {
+            pipe.exists(key);
+        }
+        let exist: Vec<bool> = pipe.query_async(&mut conn).await?;
+        let gone: Vec<&String> = unknown
+            .iter()
+            .zip(exist)
+            .filter(|(_, e)| !e)
+            .map(|(k, _)| k)
+            .collect();
+        if !gone.is_empty() {
+            let _: () = redis::AsyncCommands::srem(&mut conn, &self.index, gone).await?;
+        }
+        Ok(())
+    }
+
     async fn leftovers(&self, everything: bool) -> Result<u64> {
         let landing: Vec<_> = self
             .names
@@ -1659,6 +1820,10 @@ impl Fetch for Reliable {
     /// shutdown, before and after the running jobs are pushed back.
     fn requeue_leftovers(&self, everything: bool) -> BoxFuture<'_, Result<u64>> {
         Box::pin(self.leftovers(everything))
+    }
+
+    fn tidy_index(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Reliable::tidy_index(self))
     }
 }
 

@@ -280,3 +280,128 @@ async fn a_killed_process_of_this_release_is_recovered_while_the_last_release_ru
     );
     assert!(!c.exists::<_, bool>(&list).unwrap());
 }
+
+/// Issue 43: a batch list's acks set of the wrong type raised inside the recovery script, and the error
+/// ended the whole pass, so no dead process was recovered again, not even those whose keys were intact.
+/// Now that list alone stays (named in the pass's error), and the pass recovers the rest: the other
+/// lists of the same process, and the other dead processes.
+#[tokio::test]
+async fn a_damaged_acks_set_stops_only_its_own_list_in_a_recovery_pass() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let (one, two) = ("deadhost:7:aaaaaaaaaaab", "deadhost:8:bbbbbbbbbbbc");
+    let damaged = format!("oxidekiq:batch:{one}:default:@1");
+    let intact = format!("oxidekiq:batch:{one}:default:@2");
+    let other = format!("oxidekiq:batch:{two}:default:@1");
+    // Distinct payloads: recovery counts each payload's recoveries.
+    for (i, key) in [&damaged, &intact, &other].into_iter().enumerate() {
+        for j in 0..2 {
+            let _: () = c
+                .rpush(key, JOB.replace("[]", &format!("[{i},{j}]")))
+                .unwrap();
+        }
+    }
+    let _: () = c.set(oxidekiq::keys::acks_of(&damaged), "x").unwrap();
+    let grace = Duration::from_millis(300);
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.suspects, 2);
+    tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.requeued, 4, "the intact lists of both processes go back");
+    let back: usize = c.llen("queue:default").unwrap();
+    assert_eq!(back, 4);
+    assert!(!c.exists::<_, bool>(&intact).unwrap());
+    assert!(!c.exists::<_, bool>(&other).unwrap());
+    let kept: usize = c.llen(&damaged).unwrap();
+    assert_eq!(kept, 2, "the damaged list's jobs wait in it for a repair");
+    // Repaired: the next pass takes them.
+    let _: () = c.del(oxidekiq::keys::acks_of(&damaged)).unwrap();
+    let r = pass(&mut conn, grace).await;
+    assert_eq!(r.requeued, 2);
+    let back: usize = c.llen("queue:default").unwrap();
+    assert_eq!(back, 6);
+}
+
+/// How many `SCAN` calls Redis has served since the last `CONFIG RESETSTAT`.
+fn scans(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_scan:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 43 item 3: a pass by index finds a dead process's batch lists through the index the fetch wrote
+/// beside them, and an older release's keys (which no index names) through the list the last keyspace
+/// walk left, without walking the keyspace again; the recovered process leaves the holders and its
+/// index goes.
+#[tokio::test]
+async fn a_pass_by_index_recovers_without_walking_the_keyspace() {
+    use fetch::Fetch;
+    use fetch::recovery::Find;
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let other = "other:9:cccccccccccc";
+    super::tests_scripts::fill(&mut c, "a", 4);
+    let f = super::tests_scripts::fetcher(&redis, &["a"], other).await;
+    // Two fetches: the fast path's transaction, then the batch script.
+    assert_eq!(f.retrieve_work(2).await.unwrap().len(), 2);
+    assert_eq!(f.retrieve_work(2).await.unwrap().len(), 2);
+    let index: Vec<String> = c.smembers(oxidekiq::keys::held_index(other)).unwrap();
+    assert_eq!(
+        index.len(),
+        2,
+        "each batch list indexed by the fetch that filled it: {index:?}"
+    );
+    fetch::mark_alive(&mut conn, other, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let _: () = c.del(oxidekiq::keys::alive(other)).unwrap();
+    let old = "oldhost:5:dddddddddddd";
+    let _: () = c
+        .hset(format!("oxidekiq:working:{old}:a"), "1", JOB)
+        .unwrap();
+    let grace = Duration::from_millis(300);
+    let mut watch = Vec::new();
+    let r = fetch::recovery::recover_found(
+        &mut conn,
+        ME,
+        time::now(),
+        policy(grace),
+        Find::Scan(&mut watch),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.suspects, 2);
+    assert_eq!(
+        watch.len(),
+        1,
+        "the older release's process is watched: {watch:?}"
+    );
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
+    tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    let r = fetch::recovery::recover_found(
+        &mut conn,
+        ME,
+        time::now(),
+        policy(grace),
+        Find::Index(&mut watch),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.requeued, 5);
+    assert_eq!(scans(&mut c), 0, "no keyspace walk");
+    assert!(watch.is_empty(), "recovered, no longer watched");
+    let holders: Vec<String> = c.smembers(oxidekiq::keys::HOLDERS).unwrap();
+    assert!(holders.is_empty(), "{holders:?}");
+    let left: Vec<String> = c.keys("oxidekiq:*").unwrap();
+    assert!(
+        left.iter().all(|k| k.starts_with("oxidekiq:recovered")),
+        "{left:?}"
+    );
+}

@@ -766,7 +766,9 @@ async fn basic_fetch_takes_the_free_slots_in_queue_order_and_blocks_only_when_em
 
 /// A batch list of this process that it does not know (a failover to a replica that had not seen its
 /// deletion brings it back, or a fetch whose reply was lost without an error) goes back at the next
-/// reconcile, except the places marked done; the lists it handed out stay.
+/// reconcile, except the places marked done; the lists it handed out stay. Such a list has its entry in
+/// the process's index of held lists, written with it by the fetch (issue 43: the reconcile reads the
+/// index instead of walking the keyspace).
 #[tokio::test]
 async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
     let redis = support::RedisServer::start();
@@ -780,6 +782,7 @@ async fn reconcile_pushes_back_a_batch_list_the_process_does_not_know() {
         .rpush(&stray, vec![job("s0", "a"), job("s1", "a")])
         .unwrap();
     let _: () = c.sadd(oxidekiq::keys::acks_of(&stray), 0).unwrap();
+    let _: () = c.sadd(oxidekiq::keys::held_index(ME), &stray).unwrap();
     assert_eq!(f.reconcile().await.unwrap(), 1);
     assert_eq!(list_jids(&mut c, "queue:a"), ["s1"]);
     assert!(!c.exists::<_, bool>(&stray).unwrap());
@@ -1000,7 +1003,8 @@ async fn an_ack_no_fetch_carries_goes_out_alone() {
 }
 
 /// An ack refused by Redis (its acks set damaged: a string) fails only itself, never the fetch that
-/// carried it: the fetch hands out its jobs, and the ack, sent again on its own, reports the error.
+/// carried it: the fetch hands out its jobs, and the ack, sent again on its own, is dropped for that
+/// batch (issue 43: logged, not retried).
 #[tokio::test]
 async fn a_refused_ack_riding_on_a_fetch_does_not_fail_the_fetch() {
     let redis = support::RedisServer::start();
@@ -1019,8 +1023,57 @@ async fn a_refused_ack_riding_on_a_fetch_does_not_fail_the_fetch() {
         .await
         .unwrap()
         .unwrap();
-    assert!(acked.is_err(), "the refused ack is an error");
-    assert_eq!(f.outstanding(), 5, "nothing counted done");
+    assert!(acked.is_ok(), "the refused ack is dropped, not retried");
+    assert_eq!(f.outstanding(), 4, "the dropped ack's job counts done here");
+    assert_eq!(
+        c.get::<_, String>(oxidekiq::keys::acks_of(&lists[0]))
+            .unwrap(),
+        "damaged",
+        "the damaged key is left as it is"
+    );
+}
+
+/// Issue 43: one batch's acks set of the wrong type stopped every later ack of a live process (the acks
+/// went in one pipeline that failed as a whole on its `WRONGTYPE`, and the acker retried it forever). An
+/// ack of jobs of two batches, one of them damaged, now reaches Redis for the intact one and returns;
+/// the damaged batch's ack is dropped, and once its last job is done its list and the damaged key go.
+#[tokio::test]
+async fn a_damaged_acks_set_costs_only_its_own_batch() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 4);
+    let f = fetcher(&redis, &["a"], ME).await;
+    let first = f.retrieve_work(2).await.unwrap();
+    let second = f.retrieve_work(2).await.unwrap();
+    assert_eq!((first.len(), second.len()), (2, 2));
+    let t = |u: &oxidekiq::fetch::UnitOfWork| {
+        oxidekiq::retry::Token::of(&oxidekiq::keys::batch_prefix(ME), &u.queue, u.id).working
+    };
+    let (damaged, intact) = (t(&first[0]), t(&second[0]));
+    assert_ne!(damaged, intact);
+    let _: () = c.set(oxidekiq::keys::acks_of(&damaged), "x").unwrap();
+    // One job of each batch, in one ack.
+    let both = [first[0].clone(), second[0].clone()];
+    tokio::time::timeout(Duration::from_secs(10), f.acknowledge(&both))
+        .await
+        .expect("the ack returned")
+        .expect("a damaged acks set fails only its own batch's ack");
+    let marked: Vec<String> = c.smembers(oxidekiq::keys::acks_of(&intact)).unwrap();
+    assert_eq!(
+        marked.len(),
+        1,
+        "the intact batch's ack reached Redis: {marked:?}"
+    );
+    assert_eq!(f.outstanding(), 2);
+    // The damaged batch's last job: one DEL takes its list and the damaged key.
+    f.acknowledge(&first[1..]).await.unwrap();
+    assert!(!c.exists::<_, bool>(&damaged).unwrap(), "its list is gone");
+    assert!(
+        !c.exists::<_, bool>(oxidekiq::keys::acks_of(&damaged))
+            .unwrap(),
+        "the damaged key went with its list"
+    );
+    assert_eq!(held_jids(&mut c, ME), [jid_of(second[1].raw())]);
 }
 
 /// A fetch that took an ack into its pipeline and is then dropped midway (the stop deadline cuts a

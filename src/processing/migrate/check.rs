@@ -146,12 +146,15 @@ pub(crate) struct CheckReport {
     pub sources: Vec<String>,
     /// Members of `queues` skipped because they are not UTF-8 (no queue oxidekiq could serve).
     pub skipped_names: usize,
+    /// Keys that could not be read, each with why (a key of the wrong type), skipped: the check goes on
+    /// with the others.
+    pub damaged: Vec<String>,
 }
 
 impl CheckReport {
     /// True when any sampled payload did not fit.
     pub(crate) fn any_failed(&self) -> bool {
-        self.classes.values().any(|c| c.failed() > 0)
+        self.classes.values().any(|c| c.failed() > 0) || !self.damaged.is_empty()
     }
 
     /// The printed report.
@@ -170,6 +173,13 @@ impl CheckReport {
                 out,
                 "skipped {} member(s) of `queues` that are not UTF-8",
                 self.skipped_names
+            );
+        }
+        for why in &self.damaged {
+            let _ = writeln!(
+                out,
+                "skipped a damaged key: {} (the others were checked)",
+                escape(why)
             );
         }
         let _ = writeln!(
@@ -259,7 +269,16 @@ pub(crate) async fn run(
             .classes
             .insert(class.to_string(), ClassReport::default());
     }
-    let (mut queues, skipped) = super::utf8_members(conn, keys::QUEUES).await?;
+    let (mut queues, skipped) = match super::utf8_members(conn, keys::QUEUES).await {
+        Ok(found) => found,
+        Err(e) => match super::damaged(conn, keys::QUEUES, &e).await {
+            Some(why) => {
+                report.damaged.push(why);
+                (Vec::new(), 0)
+            }
+            None => return Err(e),
+        },
+    };
     report.skipped_names = skipped;
     for q in config.served_queues() {
         if !queues.iter().any(|known| known == q) {
@@ -279,9 +298,25 @@ pub(crate) async fn run(
                 break;
             }
             let want = CHUNK.min(limits.scan - start);
-            let items =
-                super::read_window(conn, &key, is_list, start, want, config.max_payload_bytes)
-                    .await?;
+            let items = match super::read_window(
+                conn,
+                &key,
+                is_list,
+                start,
+                want,
+                config.max_payload_bytes,
+            )
+            .await
+            {
+                Ok(items) => items,
+                Err(e) => match super::damaged(conn, &key, &e).await {
+                    Some(why) => {
+                        report.damaged.push(why);
+                        break;
+                    }
+                    None => return Err(e),
+                },
+            };
             let n = items.len();
             for member in items {
                 report.scanned += 1;

@@ -87,6 +87,24 @@ pub(crate) async fn utf8_members(conn: &mut Conn, key: &str) -> Result<(Vec<Stri
     Ok((names, skipped))
 }
 
+/// For a read of `key` that failed with `e`: `<key> is a <type>` when the key alone is at fault (a key
+/// of the wrong type: the command reports it and goes on with the others), `None` for any other
+/// failure (Redis away: the command fails).
+pub(crate) async fn damaged(conn: &mut Conn, key: &str, e: &Error) -> Option<String> {
+    let Error::Redis(r) = e else {
+        return None;
+    };
+    if r.code() != Some("WRONGTYPE") {
+        return None;
+    }
+    let t: String = redis::cmd("TYPE")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|_| "unknown".into());
+    Some(format!("{key} is a {t}"))
+}
+
 /// Ruby's `String#to_i` then `clamp(0, 100)`, as `ruby/oxidekiq.rb` reads a route share: leading
 /// blanks, a sign, digits with single `_` between them; anything else ends the number (`"4.9"` is
 /// 4, `"abc"` is 0, `"300"` is 100).
@@ -129,9 +147,15 @@ pub(crate) const WINDOW_BYTES: usize = 8 * 1024 * 1024;
 /// is returned as its length instead of its bytes. KEYS[1] = the key; ARGV = `list`/`zset`, start,
 /// count, item limit, byte budget. Returns the members (strings or lengths); fewer than `count` at the
 /// end of the key or when the budget is spent. One member at a time: the Lua side holds one payload,
-/// never a whole `LRANGE` of them.
+/// never a whole `LRANGE` of them. A key of another type is an error naming it and its type (a script
+/// error at its first `LRANGE` named neither).
 const WINDOW_LUA: &str = r#"
 local list = ARGV[1] == 'list'
+local t = redis.call('TYPE', KEYS[1]).ok
+local want = list and 'list' or 'zset'
+if t ~= want and t ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is a ' .. t .. ', not a ' .. want)
+end
 local start, count = tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
 local out, bytes = {}, 0

@@ -269,7 +269,17 @@ async fn sample_queues(
     limit: usize,
     lead: &str,
 ) -> Result<String> {
-    let (queues, _) = super::utf8_members(conn, keys::QUEUES).await?;
+    let mut damaged: Vec<String> = Vec::new();
+    let (queues, _) = match super::utf8_members(conn, keys::QUEUES).await {
+        Ok(found) => found,
+        Err(e) => match super::damaged(conn, keys::QUEUES, &e).await {
+            Some(why) => {
+                damaged.push(why);
+                (Vec::new(), 0)
+            }
+            None => return Err(e),
+        },
+    };
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut read = 0usize;
     let mut too_large = 0usize;
@@ -278,9 +288,25 @@ async fn sample_queues(
         let mut start = 0;
         while start < sample {
             let key = keys::queue(q);
-            let items =
-                super::read_window(conn, &key, true, start, sample - start, super::WINDOW_BYTES)
-                    .await?;
+            let items = match super::read_window(
+                conn,
+                &key,
+                true,
+                start,
+                sample - start,
+                super::WINDOW_BYTES,
+            )
+            .await
+            {
+                Ok(items) => items,
+                Err(e) => match super::damaged(conn, &key, &e).await {
+                    Some(why) => {
+                        damaged.push(why);
+                        break;
+                    }
+                    None => return Err(e),
+                },
+            };
             if items.is_empty() {
                 break;
             }
@@ -331,6 +357,13 @@ async fn sample_queues(
             "-",
             rust_of(&class),
             share
+        );
+    }
+    for why in damaged {
+        let _ = writeln!(
+            out,
+            "{lead}skipped a damaged key: {} (the other queues were read)",
+            crate::logging::escape(&why)
         );
     }
     Ok(out)
