@@ -4,6 +4,7 @@
 # happened through Sidekiq's own API.
 #
 #   bash scripts/demo.sh                 # starts its own redis-server on a free port
+#   OXIDEKIQ_TEST_SERVER=valkey bash scripts/demo.sh   # its own valkey-server (or a path to a server binary)
 #   REDIS_URL=redis://host:6379/3 bash scripts/demo.sh   # or uses yours (it adds jobs to it!)
 #   DEMO_JOBS=100000 bash scripts/demo.sh
 set -euo pipefail
@@ -27,11 +28,17 @@ trap cleanup EXIT
 if [ -z "${REDIS_URL:-}" ]; then
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
     || ruby -rsocket -e 's=TCPServer.new("127.0.0.1",0); puts s.addr[1]')
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
+  # The server the tests choose, by the same variable (tests/support/mod.rs): redis, valkey or a path.
+  case "${OXIDEKIQ_TEST_SERVER:-redis}" in
+    redis) server=redis-server ;;
+    valkey) server=valkey-server ;;
+    *) server=$OXIDEKIQ_TEST_SERVER ;;
+  esac
+  "$server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
   redis_pid=$!
   export REDIS_URL="redis://127.0.0.1:$port"
   for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-  step "started redis-server on port $port"
+  step "started $("$server" --version | cut -d' ' -f1-3) on port $port"
 fi
 
 step "enqueueing with Ruby Sidekiq $(ruby -e 'require "sidekiq"; print Sidekiq::VERSION') and ActiveJob"

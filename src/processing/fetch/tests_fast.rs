@@ -245,6 +245,90 @@ async fn payloads_over_the_limit_in_a_fast_batch_go_to_the_dead_set_unread() {
     assert_eq!(calls(&mut c, "multi"), 1);
 }
 
+/// A queue on a server that compresses lists (`list-compress-depth 1`: every node but the first and last
+/// is LZF-compressed): small jobs of 9 KB each (a node each), and between them one of 4 MiB of one
+/// repeated character, whose node counts about 48 KB in `MEMORY USAGE`. Returns the queue's `MEMORY
+/// USAGE`, which proves the server compresses it (far below the big payload's own length).
+fn push_compressible(c: &mut redis::Connection) -> usize {
+    const MB: usize = 1 << 20;
+    for jid in ["s0", "s1", "big0", "s2", "s3"] {
+        let pad = if jid.starts_with("big") {
+            4 * MB
+        } else {
+            9_000
+        };
+        let payload = format!(
+            r#"{{"class":"A","args":["{}"],"jid":"{jid}","queue":"a"}}"#,
+            "x".repeat(pad)
+        );
+        let _: () = c.lpush("queue:a", payload).unwrap();
+    }
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("queue:a")
+        .arg("SAMPLES")
+        .arg(0)
+        .query(c)
+        .unwrap()
+}
+
+/// Issue 43 item 4: with lists compressed (`list-compress-depth` > 0), `MEMORY USAGE` of a batch copy
+/// counts its compressed bytes: on Valkey 9.1, whose `SORT .. STORE` builds a compressed list, a 4 MiB
+/// payload passed a 1 MiB limit and went out. The fetcher reads `list-compress-depth` and holds a copy
+/// to the limit over the LZF ratio, so the big payload goes to the dead set unread, on the fast path's
+/// fetch and on the batch script's alike (`script`), and when the server refuses `CONFIG GET`
+/// (`refused`: the fetcher assumes compression). Redis sends far less than the big payload.
+async fn a_compressed_list_holds_no_payload_over_the_limit(script: bool, refused: bool) {
+    const MB: usize = 1 << 20;
+    let redis = support::RedisServer::start_with(&["--list-compress-depth", "1"]);
+    let mut c = redis.conn();
+    let mem = push_compressible(&mut c);
+    assert!(mem < 2 * MB, "the server compresses lists: {mem} bytes");
+    let f = if refused {
+        limited_fetcher(&redis, &mut c, "config").await
+    } else {
+        fetcher(&redis, &["a"], ME).await
+    };
+    let f = if script { f.script_only() } else { f };
+    let f = f.with_payload_limit(
+        MB,
+        std::sync::Arc::new(oxidekiq::fleet::Fleet::new(Some(TimeFormat::Seconds))),
+    );
+    let before = sent_bytes(&mut c);
+    // Batches held to 1 MiB / 88 of `MEMORY USAGE` take these 9 KB jobs one or two at a time.
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        got.extend(jids(&f.retrieve_work(10).await.unwrap()));
+        if got.len() == 4 {
+            break;
+        }
+    }
+    let sent = sent_bytes(&mut c) - before;
+    assert_eq!(got, ["s0", "s1", "s2", "s3"]);
+    assert!(sent < MB as u64 / 2, "redis sent {sent} bytes");
+    assert_eq!(f.take_dead(), 1);
+    let dead: Vec<String> = c.zrange("dead", 0, -1).unwrap();
+    let dead_jids: Vec<String> = dead.iter().map(|m| jid_of(m.as_bytes())).collect();
+    assert_eq!(dead_jids, ["big0"]);
+    assert_eq!(held_jids(&mut c, ME), ["s0", "s1", "s2", "s3"]);
+    assert!(!c.exists::<_, bool>("queue:a").unwrap());
+}
+
+#[tokio::test]
+async fn a_compressed_list_sends_no_payload_over_the_limit_through_the_fast_path() {
+    a_compressed_list_holds_no_payload_over_the_limit(false, false).await;
+}
+
+#[tokio::test]
+async fn a_compressed_list_sends_no_payload_over_the_limit_through_the_batch_script() {
+    a_compressed_list_holds_no_payload_over_the_limit(true, false).await;
+}
+
+#[tokio::test]
+async fn a_compressed_list_sends_no_payload_over_the_limit_when_config_get_is_refused() {
+    a_compressed_list_holds_no_payload_over_the_limit(false, true).await;
+}
+
 /// Bytes Redis has sent to its clients (`INFO stats` `total_net_output_bytes`).
 fn sent_bytes(c: &mut redis::Connection) -> u64 {
     let info: String = redis::cmd("INFO").arg("stats").query(c).unwrap();
