@@ -1,0 +1,441 @@
+//! Rails 8.1 Continuable jobs run by Rust workers (issue 39), against the recordings of real
+//! ActiveJob 8.1.3 on Sidekiq 8.1.7 (`fixtures/activejob-8.1/continuation_*.json`).
+//!
+//! [`Import`] is the Rust twin of the recordings' `ImportRecordsJob` (`fixtures/activejob-7-8/record.rb`):
+//! steps `prepare`, `process_records` (cursor: the next record, `advance!(from: i)` after record `i`)
+//! and `finalize`. Each step and record it runs is noted, so a test sees what ran, in which run.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oxidekiq::continuable::{
+    Continuable, ContinuableWorker, ContinuationOptions, INTERRUPT, INVALID_STEP, RESUME_LIMIT,
+    Step, StepDef,
+};
+use oxidekiq::launcher::Control;
+use oxidekiq::testing::{Fate, Outcome, Steps, TestJob};
+use oxidekiq::{JobContext, JobError, JobResult, Registry};
+use redis::Commands;
+use serde_json::{Map, Value, json};
+use support::{RedisServer, config, fixture, launch, wait_for};
+
+/// What an [`Import`] ran, in order: `"prepare"`, `"record:<i>"`, `"finalize"`.
+type Seen = Arc<Mutex<Vec<String>>>;
+
+/// `ImportRecordsJob`.
+#[derive(Debug, Default)]
+struct Import {
+    seen: Seen,
+    options: ContinuationOptions,
+    /// Fails record `i` once with this message (after the records before it advanced the cursor).
+    fail_at: Option<u64>,
+    /// Set once record `fail_at` failed.
+    failed: Arc<std::sync::atomic::AtomicBool>,
+    /// In a launcher: waits at record 3 until the process is quiet (the recordings' mid-step stop).
+    pause_at_3: bool,
+    /// Notes in Redis too (`seen` list), for a test through launchers.
+    in_redis: bool,
+}
+
+impl Import {
+    async fn note(&self, ctx: &JobContext, what: String) -> JobResult {
+        if self.in_redis {
+            let mut c = ctx.redis();
+            let _: i64 = redis::AsyncCommands::rpush(&mut c, "seen", &what).await?;
+        }
+        self.seen.lock().unwrap().push(what);
+        Ok(())
+    }
+}
+
+impl ContinuableWorker for Import {
+    const CLASS: &'static str = "ImportRecordsJob";
+    type Args = (u64,);
+    const STEPS: &'static [StepDef] = &[
+        StepDef::new("prepare"),
+        StepDef::new("process_records"),
+        StepDef::new("finalize"),
+    ];
+
+    fn continuation_options(&self) -> ContinuationOptions {
+        self.options
+    }
+
+    async fn step(&self, ctx: &JobContext, (count,): &(u64,), step: &mut Step) -> JobResult {
+        match step.name() {
+            "prepare" | "finalize" => self.note(ctx, step.name().into()).await,
+            "process_records" => {
+                let from: u64 = step.cursor()?.unwrap_or(0);
+                for i in from..*count {
+                    if self.pause_at_3 && i == 3 {
+                        let shutdown = ctx.shutdown();
+                        for _ in 0..3000 {
+                            if shutdown.is_quiet() {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    if self.fail_at == Some(i)
+                        && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        return Err(JobError::msg(format!("record {i} failed")));
+                    }
+                    self.note(ctx, format!("record:{i}")).await?;
+                    // `step.advance!(from: i)`
+                    step.set(i + 1)?;
+                }
+                Ok(())
+            }
+            other => Err(JobError::msg(format!("no step {other}"))),
+        }
+    }
+}
+
+fn recording(name: &str) -> String {
+    fixture(&format!("activejob-8.1/{name}.json"))
+        .trim()
+        .to_string()
+}
+
+fn job(name: &str) -> TestJob {
+    TestJob::payload(recording(name).into_bytes())
+}
+
+fn take(s: &Seen) -> Vec<String> {
+    std::mem::take(&mut *s.lock().unwrap())
+}
+
+fn records(r: std::ops::Range<u64>) -> Vec<String> {
+    r.map(|i| format!("record:{i}")).collect()
+}
+
+/// A payload without what changes from run to run: `jid`, `created_at`, and `job_data`'s
+/// `enqueued_at`/`scheduled_at`; with its keys' order, at both levels, as a list.
+fn comparable(payload: &Map<String, Value>) -> (Value, Vec<String>, Vec<String>) {
+    let mut p = payload.clone();
+    let keys: Vec<String> = p.keys().cloned().collect();
+    p.remove("jid");
+    p.remove("created_at");
+    let data = p["args"][0].as_object_mut().unwrap();
+    let data_keys: Vec<String> = data.keys().cloned().collect();
+    assert!(data.remove("enqueued_at").is_some());
+    assert!(data.remove("scheduled_at").is_some());
+    (Value::Object(p), keys, data_keys)
+}
+
+fn epoch(text: &str) -> f64 {
+    let t = chrono::DateTime::parse_from_rfc3339(text).unwrap();
+    t.timestamp() as f64 + f64::from(t.timestamp_subsec_nanos()) / 1e9
+}
+
+/// The pushed job is what Rails 8.1 pushed for the same state (`want`): every key and value but the
+/// new jid and the times, in Rails' order; `scheduled_at` the resume wait (5 s) after `enqueued_at`,
+/// and the schedule score `scheduled_at`.
+fn assert_as_rails_wrote(out: &Outcome, want: &str) {
+    let Fate::Continued { at, jid } = &out.fate else {
+        panic!("not continued: {:?} {:?}", out.fate, out.result);
+    };
+    let got = out.written().unwrap();
+    let want: Map<String, Value> = serde_json::from_str(&recording(want)).unwrap();
+    assert_eq!(comparable(&got), comparable(&want));
+    assert_eq!(got["jid"], json!(jid));
+    assert_ne!(got["jid"], want["args"][0]["provider_job_id"]);
+    assert!(got["created_at"].is_number());
+    let data = &got["args"][0];
+    let (enq, sched) = (
+        epoch(data["enqueued_at"].as_str().unwrap()),
+        epoch(data["scheduled_at"].as_str().unwrap()),
+    );
+    assert!((sched - enq - 5.0).abs() < 1e-6, "{enq} {sched}");
+    assert!(
+        (at - sched).abs() < 1e-3,
+        "score {at} vs scheduled_at {sched}"
+    );
+}
+
+/// Interrupted by Rust at the checkpoints where Ruby was interrupted, from the payloads Ruby ran,
+/// the pushed jobs equal the ones Rails 8.1 pushed (between steps, mid-step, resumed, before the
+/// last step), `provider_job_id` the jid that ran included.
+#[tokio::test]
+async fn a_rust_interrupt_writes_the_job_rails_8_1_wrote() {
+    let seen = Seen::default();
+    let steps = Steps::new(Import {
+        seen: seen.clone(),
+        ..Import::default()
+    });
+    // The first checkpoint is the boundary before `process_records`.
+    let out = steps.run_until(&job("continuable_enqueued"), 1).await;
+    assert_eq!(out.error().class, INTERRUPT);
+    assert_eq!(
+        out.error().message,
+        "Interrupted after 'prepare' (stopping)"
+    );
+    assert_as_rails_wrote(&out, "continuation_between_steps");
+    assert_eq!(take(&seen), ["prepare"]);
+
+    // Then one per record: the 5th is `advance!` to cursor 4, after record 3.
+    let out = steps.run_until(&job("continuable_enqueued"), 5).await;
+    assert_as_rails_wrote(&out, "continuation_mid_step");
+    let mut want = vec!["prepare".to_string()];
+    want.extend(records(0..4));
+    assert_eq!(take(&seen), want);
+
+    // Resumed at cursor 4 (no boundary checkpoint: nothing advanced yet), stopped at cursor 8.
+    let out = steps.run_until(&job("continuation_mid_step"), 4).await;
+    assert_as_rails_wrote(&out, "continuation_resumed_again");
+    assert_eq!(take(&seen), records(4..8));
+
+    // Resumed at 8: records 8 and 9, then the boundary before `finalize`.
+    let out = steps.run_until(&job("continuation_resumed_again"), 3).await;
+    assert_as_rails_wrote(&out, "continuation_before_last_step");
+    assert_eq!(take(&seen), records(8..10));
+}
+
+/// The jobs Rails interrupted resume in Rust at their step and cursor, completed steps skipped, and
+/// the Rust run's own interrupt of a resumed job counts `resumptions` as Rails does.
+#[tokio::test]
+async fn a_job_rails_interrupted_resumes_in_rust_where_it_stopped() {
+    let seen = Seen::default();
+    let steps = Steps::new(Import {
+        seen: seen.clone(),
+        ..Import::default()
+    });
+    steps
+        .run(&job("continuation_between_steps"))
+        .await
+        .assert_done();
+    let mut want = records(0..10);
+    want.push("finalize".into());
+    assert_eq!(take(&seen), want);
+
+    steps.run(&job("continuation_mid_step")).await.assert_done();
+    let mut want = records(4..10);
+    want.push("finalize".into());
+    assert_eq!(take(&seen), want);
+
+    steps
+        .run(&job("continuation_before_last_step"))
+        .await
+        .assert_done();
+    assert_eq!(take(&seen), ["finalize"]);
+}
+
+/// Interrupted at every checkpoint in turn and resumed each time, a job runs every step and every
+/// cursor position exactly once, and its `resumptions` and `executions` count the runs.
+#[tokio::test]
+async fn every_cursor_position_runs_once_across_interrupts() {
+    let seen = Seen::default();
+    let steps = Steps::new(Import {
+        seen: seen.clone(),
+        ..Import::default()
+    });
+    let mut next = job("continuable_enqueued");
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        // The first checkpoint of each run: a resumed run interrupts right after one record.
+        let out = steps.run_until(&next, 1).await;
+        match &out.fate {
+            Fate::Done => break,
+            Fate::Continued { .. } => {
+                let data = &out.written().unwrap()["args"][0];
+                assert_eq!(data["executions"], json!(runs));
+                assert_eq!(data["resumptions"], json!(runs - 1));
+                next = out.next_run();
+            }
+            other => panic!("{other:?}: {:?}", out.result),
+        }
+        assert!(runs < 100);
+    }
+    let mut want = vec!["prepare".to_string()];
+    want.extend(records(0..10));
+    want.push("finalize".into());
+    assert_eq!(take(&seen), want);
+    // The boundary after `prepare`, one per record, the boundary before `finalize`, then the end.
+    assert_eq!(runs, 1 + 10 + 1 + 1);
+}
+
+/// `max_resumptions`: a job resumed that many times fails at its next interrupt with
+/// `ResumeLimitError`, a failure Sidekiq retries with the payload that ran, as Ruby raises it.
+#[tokio::test]
+async fn an_interrupt_past_max_resumptions_fails_as_rails_fails_it() {
+    let steps = Steps::new(Import {
+        options: ContinuationOptions {
+            max_resumptions: Some(1),
+            ..ContinuationOptions::default()
+        },
+        ..Import::default()
+    });
+    // `continuation_mid_step` has `resumptions` 0 and progress: this run is resumption 1.
+    let out = steps.run_until(&job("continuation_mid_step"), 1).await;
+    let e = out.assert_retry(0);
+    assert_eq!(e.class, RESUME_LIMIT);
+    assert_eq!(e.message, "Job was resumed a maximum of 1 times");
+    let retried = out.written().unwrap();
+    let ran: Map<String, Value> =
+        serde_json::from_str(&recording("continuation_mid_step")).unwrap();
+    assert_eq!(
+        retried["args"], ran["args"],
+        "the retry runs the same job_data"
+    );
+    // The first run of a job (not a resumption) may be interrupted.
+    let out = steps.run_until(&job("continuable_enqueued"), 1).await;
+    assert!(matches!(out.fate, Fate::Continued { .. }), "{:?}", out.fate);
+    // Without a limit the same run continues.
+    let free = Steps::new(Import::default());
+    let out = free.run_until(&job("continuation_mid_step"), 1).await;
+    assert!(matches!(out.fate, Fate::Continued { .. }), "{:?}", out.fate);
+}
+
+/// `resume_errors_after_advancing`: an error once the cursor moved in this run resumes the job
+/// (counted in `exception_executions` under Ruby's `{exception: e}.to_s`); before any advance, or
+/// with the option off, it is an ordinary failure.
+#[tokio::test]
+async fn an_error_after_advancing_resumes_the_job_unless_told_not_to() {
+    let seen = Seen::default();
+    let steps = Steps::new(Import {
+        seen: seen.clone(),
+        fail_at: Some(6),
+        ..Import::default()
+    });
+    let out = steps.run(&job("continuation_mid_step")).await;
+    let Fate::Continued { .. } = out.fate else {
+        panic!("{:?}", out.fate)
+    };
+    let data = &out.written().unwrap()["args"][0];
+    assert_eq!(
+        data["continuation"],
+        json!({"completed": ["prepare"], "current": ["process_records", 6]})
+    );
+    assert_eq!(
+        data["exception_executions"]["{:exception=>#<RuntimeError: record 6 failed>}"],
+        json!(1)
+    );
+    assert_eq!(take(&seen), records(4..6));
+    // The resume runs 6 on.
+    steps.run(&out.next_run()).await.assert_done();
+    let mut want = records(6..10);
+    want.push("finalize".into());
+    assert_eq!(take(&seen), want);
+
+    // Failing at the first record of the run: nothing advanced, a plain failure.
+    let steps = Steps::new(Import {
+        fail_at: Some(4),
+        ..Import::default()
+    });
+    let out = steps.run(&job("continuation_mid_step")).await;
+    assert_eq!(out.assert_retry(0).message, "record 4 failed");
+
+    let steps = Steps::new(Import {
+        fail_at: Some(6),
+        options: ContinuationOptions {
+            resume_errors_after_advancing: false,
+            ..ContinuationOptions::default()
+        },
+        ..Import::default()
+    });
+    let out = steps.run(&job("continuation_mid_step")).await;
+    assert_eq!(out.assert_retry(0).message, "record 6 failed");
+}
+
+/// A progress that names steps the worker does not have, or in another order, fails as Rails'
+/// `InvalidStepError` does, without running a step.
+#[tokio::test]
+async fn a_progress_that_does_not_fit_the_steps_is_invalid() {
+    for (progress, message) in [
+        (
+            json!({"completed": ["setup"]}),
+            "Step 'prepare' found, expected to see 'setup'",
+        ),
+        (
+            json!({"completed": ["prepare"], "current": ["finalize", 3]}),
+            "Step 'process_records' found, expected to resume from 'finalize'",
+        ),
+    ] {
+        let mut p: Value = serde_json::from_str(&recording("continuation_mid_step")).unwrap();
+        p["args"][0]["continuation"] = progress;
+        let seen = Seen::default();
+        let steps = Steps::new(Import {
+            seen: seen.clone(),
+            ..Import::default()
+        });
+        let out = steps
+            .run(&TestJob::payload(p.to_string().into_bytes()))
+            .await;
+        let e = out.assert_retry(0);
+        assert_eq!(
+            (e.class.as_str(), e.message.as_str()),
+            (INVALID_STEP, message)
+        );
+        assert!(take(&seen).is_empty());
+    }
+}
+
+/// Through running launchers on a real Redis: a job runs, the process is told to quiet mid-step
+/// (at record 3, as the recording's Ruby process was), the pushed job equals what Rails 8.1 pushed
+/// for that state, the running job is acked in the same write, and a second process resumes it
+/// from the schedule set: every record runs once, each step once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_mid_step_through_a_launcher_then_another_process_resumes() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let enqueued = recording("continuable_enqueued");
+    let _: i64 = c.lpush("queue:default", &enqueued).unwrap();
+    let _: i64 = c.sadd("queues", "default").unwrap();
+    let registry = |pause: bool| {
+        let mut r = Registry::new();
+        r.register(Continuable::new(Import {
+            pause_at_3: pause,
+            in_redis: true,
+            ..Import::default()
+        }));
+        r
+    };
+    let first = launch(config(&redis.url(), &["default"], 2), registry(true)).await;
+    wait_for("record 2", Duration::from_secs(30), || {
+        c.lrange::<_, Vec<String>>("seen", 0, -1)
+            .unwrap()
+            .contains(&"record:2".to_string())
+    })
+    .await;
+    first.send(Control::Quiet);
+    wait_for("the next run in schedule", Duration::from_secs(30), || {
+        c.zcard::<_, i64>("schedule").unwrap() == 1
+    })
+    .await;
+    first.stop().await.unwrap();
+    let (member, score): (String, f64) = c
+        .zrange_withscores::<_, Vec<(String, f64)>>("schedule", 0, -1)
+        .unwrap()
+        .remove(0);
+    let got: Map<String, Value> = serde_json::from_str(&member).unwrap();
+    let want: Map<String, Value> =
+        serde_json::from_str(&recording("continuation_mid_step")).unwrap();
+    assert_eq!(comparable(&got), comparable(&want));
+    let sched = epoch(got["args"][0]["scheduled_at"].as_str().unwrap());
+    assert!((score - sched).abs() < 1e-3, "{score} {sched}");
+    // Acked in the same write: the stop pushes back what was not, and pushed nothing.
+    assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
+    assert_eq!(c.zcard::<_, i64>("retry").unwrap(), 0);
+
+    let second = launch(config(&redis.url(), &["default"], 2), registry(false)).await;
+    wait_for("the resumed run to finish", Duration::from_secs(60), || {
+        c.lrange::<_, Vec<String>>("seen", 0, -1)
+            .unwrap()
+            .last()
+            .map(String::as_str)
+            == Some("finalize")
+    })
+    .await;
+    second.stop().await.unwrap();
+    let seen: Vec<String> = c.lrange("seen", 0, -1).unwrap();
+    let mut want = vec!["prepare".to_string()];
+    want.extend(records(0..10));
+    want.push("finalize".into());
+    assert_eq!(seen, want);
+    assert_eq!(c.zcard::<_, i64>("schedule").unwrap(), 0);
+    assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
+}
