@@ -439,3 +439,148 @@ async fn quiet_mid_step_through_a_launcher_then_another_process_resumes() {
     assert_eq!(c.zcard::<_, i64>("schedule").unwrap(), 0);
     assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
 }
+
+/// And the reverse, with real ActiveJob 8.1 (local only: `fixtures/activejob-7-8/live_check.sh` sets
+/// `OXIDEKIQ_AJ_LIVE`; its `v8.1` entry is used): a job Rust interrupted at cursor 4 runs in Ruby,
+/// resumed there, and Ruby interrupts it at cursor 7 (its adapter's `stopping?` turned true after
+/// record 6); Rust interrupting the same job at the same place writes the `job_data` Ruby wrote,
+/// and resumes Ruby's to the end: every record once across Rust, Ruby and Rust.
+#[tokio::test]
+#[ignore = "needs the rails/rails sources: fixtures/activejob-7-8/live_check.sh"]
+async fn rails_8_1_resumes_what_rust_interrupted_and_the_reverse() {
+    let live = std::env::var("OXIDEKIQ_AJ_LIVE").expect("OXIDEKIQ_AJ_LIVE (see live_check.sh)");
+    let args = live
+        .split(';')
+        .filter_map(|e| e.split_once('='))
+        .find(|(tag, _)| tag.trim().starts_with("v8.1"))
+        .map(|(_, args)| args.to_string())
+        .expect("a v8.1 entry in OXIDEKIQ_AJ_LIVE");
+    let seen = Seen::default();
+    let steps = Steps::new(Import {
+        seen: seen.clone(),
+        ..Import::default()
+    });
+    let rust1 = steps.run_until(&job("continuable_enqueued"), 5).await;
+    let p1 = rust1.written().unwrap();
+    assert_eq!(
+        p1["args"][0]["continuation"],
+        json!({"completed": ["prepare"], "current": ["process_records", 4]})
+    );
+    let script = r#"
+require "json"
+require "active_job"
+require "active_job/continuable"
+ActiveJob::Base.logger = Logger.new(nil)
+ActiveJob::Base.queue_adapter = :test
+class ActiveJob::QueueAdapters::TestAdapter
+  def stopping? = $seen.include?("record:6")
+end
+class ImportRecordsJob < ActiveJob::Base
+  include ActiveJob::Continuable
+  def perform(count)
+    step(:prepare) { $seen << "prepare" }
+    step :process_records do |step|
+      (step.cursor || 0).upto(count - 1) { |i| $seen << "record:#{i}"; step.advance!(from: i) }
+    end
+    step(:finalize) { $seen << "finalize" }
+  end
+end
+$seen = []
+job = JSON.parse(STDIN.read)
+ActiveJob::Base.execute(job["args"][0].merge("provider_job_id" => job["jid"]))
+pushed = ActiveJob::Base.queue_adapter.enqueued_jobs.map { |h| h.select { |k, _| k.is_a?(String) } }
+puts JSON.generate("version" => ActiveJob.version.to_s, "seen" => $seen, "pushed" => pushed)
+"#;
+    let mut child = std::process::Command::new("ruby")
+        .args(args.split_whitespace())
+        .arg("-e")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(serde_json::to_string(&p1).unwrap().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ruby: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ruby["version"], "8.1.3");
+    assert_eq!(
+        ruby["seen"],
+        json!(records(4..7)),
+        "Ruby resumed at cursor 4"
+    );
+    let pushed = ruby["pushed"].as_array().unwrap();
+    assert_eq!(pushed.len(), 1, "{ruby}");
+    let mut from_ruby = pushed[0].as_object().unwrap().clone();
+    assert_eq!(from_ruby["resumptions"], json!(1));
+
+    // Rust interrupting the same run at the same place writes what Ruby wrote.
+    let rust_same = Steps::new(Import::default())
+        .run_until(&TestJob::payload(serde_json::to_vec(&p1).unwrap()), 3)
+        .await;
+    let mut from_rust = rust_same.written().unwrap()["args"][0]
+        .as_object()
+        .unwrap()
+        .clone();
+    for d in [&mut from_ruby, &mut from_rust] {
+        assert!(d.remove("enqueued_at").is_some());
+        assert!(d.remove("scheduled_at").is_some());
+    }
+    assert_eq!(
+        Value::Object(from_rust.clone()),
+        Value::Object(from_ruby.clone())
+    );
+    assert_eq!(
+        from_rust.keys().collect::<Vec<_>>(),
+        from_ruby.keys().collect::<Vec<_>>()
+    );
+
+    // Rust resumes Ruby's job to the end.
+    let mut p2 = p1.clone();
+    p2["args"] = json!([pushed[0].clone()]);
+    p2["jid"] = json!("0000000000000000000c0002");
+    steps
+        .run(&TestJob::payload(serde_json::to_vec(&p2).unwrap()))
+        .await
+        .assert_done();
+    let mut want = vec!["prepare".to_string()];
+    want.extend(records(0..4));
+    want.extend(records(7..10));
+    want.push("finalize".into());
+    assert_eq!(take(&seen), want);
+}
+
+/// `RetryAction::Continue` set by hand on a plain job's error (it carries no `job_data`): the
+/// payload is rescheduled as it is at that time, never lost.
+#[tokio::test]
+async fn a_continue_set_by_hand_reschedules_the_payload_as_it_is() {
+    #[derive(Debug)]
+    struct Plain;
+    impl oxidekiq::Worker for Plain {
+        const CLASS: &'static str = "Plain";
+        type Args = (u64,);
+        async fn perform(&self, _ctx: &JobContext, _args: (u64,)) -> JobResult {
+            let mut e = JobError::msg("by hand");
+            e.action = oxidekiq::RetryAction::Continue(2_000_000_000.0);
+            Err(e)
+        }
+    }
+    let out = oxidekiq::testing::perform(&Plain, (1,)).await;
+    assert_eq!(
+        out.fate,
+        Fate::Rescheduled {
+            at: 2_000_000_000.0
+        }
+    );
+}
