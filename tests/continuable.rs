@@ -584,3 +584,61 @@ async fn a_continue_set_by_hand_reschedules_the_payload_as_it_is() {
         }
     );
 }
+
+/// An until-executed lock (`unique_key` in the payload) held by an interrupted run passes to the next
+/// run's jid, which claims it and releases it when the job completes: neither stranded until its
+/// TTL nor free while the job still has work to do.
+#[tokio::test]
+async fn an_until_executed_lock_passes_to_the_next_run() {
+    use oxidekiq::testing::{TestRedis, TestShutdown};
+    let redis = TestRedis::start();
+    let mut conn = redis.conn();
+    let key = "oxidekiq:lock:unique:ImportRecordsJob:test";
+    let mut p: Map<String, Value> =
+        serde_json::from_str(&recording("continuable_enqueued")).unwrap();
+    p.insert("unique_key".into(), json!(key));
+    p.insert("unique_ttl".into(), json!(600));
+    // As the push set it.
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(p["jid"].as_str().unwrap())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut registry = Registry::new();
+    registry.register(Continuable::new(Import::default()));
+    let registry = registry.freeze().unwrap();
+    let quiet = TestShutdown::new();
+    quiet.quiet();
+    let out = TestJob::payload(serde_json::to_vec(&p).unwrap())
+        .redis(&redis)
+        .shutdown(&quiet)
+        .perform_chain(&registry)
+        .await;
+    let Fate::Continued { jid, .. } = &out.fate else {
+        panic!("{:?} {:?}", out.fate, out.result)
+    };
+    let held: Option<String> = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(held.as_deref(), Some(jid.as_str()));
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 590_000, "{ttl}");
+    out.next_run()
+        .redis(&redis)
+        .perform_chain(&registry)
+        .await
+        .assert_done();
+    let held: Option<String> = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(held, None, "released at the end of the job");
+}
