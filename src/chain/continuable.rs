@@ -246,6 +246,7 @@ impl<W: ContinuableWorker> Continuable<W> {
     }
 
     /// The same wrapper over a shared worker, calling `hook` at each checkpoint.
+    #[cfg(feature = "testing")]
     pub(crate) fn with_hook(worker: Arc<W>, hook: CheckpointHook) -> Self {
         Continuable {
             worker,
