@@ -642,3 +642,110 @@ async fn an_until_executed_lock_passes_to_the_next_run() {
         .unwrap();
     assert_eq!(held, None, "released at the end of the job");
 }
+
+/// Through the `oxidekiq` binary (`cargo build --workspace` first): a `ChaosStepsJob`
+/// (`workers/src/lib.rs`, an ActiveJob 8.1 Continuable job) runs, the process gets TSTP mid-walk,
+/// the next run lands in `schedule` with the progress Rails 8.1 records (its step, its cursor, the
+/// interrupt counted, `provider_job_id` the jid that ran) and nothing else is left of the run; a
+/// second process resumes it: every item once, each step once.
+#[test]
+fn tstp_mid_step_in_the_binary_then_another_process_resumes() {
+    use support::Oxidekiq;
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let id = "binsteps";
+    let jid = "0000000000000000000d0001";
+    let mut p: Map<String, Value> =
+        serde_json::from_str(&recording("continuable_enqueued")).unwrap();
+    p.insert("wrapped".into(), json!("ChaosStepsJob"));
+    p.insert("jid".into(), json!(jid));
+    let data = p["args"][0].as_object_mut().unwrap();
+    data.insert("job_class".into(), json!("ChaosStepsJob"));
+    data.insert("arguments".into(), json!([40, 50, id]));
+    let _: i64 = c
+        .lpush("queue:default", serde_json::to_string(&p).unwrap())
+        .unwrap();
+    let seen_key = format!("chaos:steps-seen:{id}");
+    let notes = |c: &mut redis::Connection| -> Vec<String> { c.lrange(&seen_key, 0, -1).unwrap() };
+    let args = [
+        "-q",
+        "default",
+        "-c",
+        "2",
+        "-t",
+        "5",
+        "--beat-interval",
+        "1",
+    ];
+    let mut first = Oxidekiq::start(&redis.url(), &args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !notes(&mut c).contains(&format!("{jid}:5")) {
+        assert!(std::time::Instant::now() < deadline, "item 5 never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.signal("TSTP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.zcard::<_, i64>("schedule").unwrap() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no next run in schedule"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.signal("TERM");
+    assert!(first.wait_exit(Duration::from_secs(20)).is_some());
+    let ran = notes(&mut c);
+    assert_eq!(ran.last().unwrap(), &format!("{jid}:stop"));
+    let last: u64 = ran[ran.len() - 2]
+        .split_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    let members: Vec<String> = c.zrange("schedule", 0, -1).unwrap();
+    assert_eq!(members.len(), 1);
+    let next: Map<String, Value> = serde_json::from_str(&members[0]).unwrap();
+    let d = &next["args"][0];
+    assert_eq!(
+        d["continuation"],
+        json!({"completed": ["start"], "current": ["walk", last + 1]})
+    );
+    assert_eq!(d["provider_job_id"], json!(jid));
+    assert_eq!(
+        (d["executions"].clone(), d["resumptions"].clone()),
+        (json!(1), json!(0))
+    );
+    assert_eq!(
+        d["exception_executions"],
+        json!({format!("Interrupted at 'walk', cursor '{}' (stopping)", last + 1): 1})
+    );
+    assert_ne!(next["jid"], json!(jid));
+    assert_eq!(next["class"], json!("Sidekiq::ActiveJob::Wrapper"));
+    assert!(next.get("enqueued_at").is_none());
+    // The run is acked: the stop pushed nothing back, and no retry.
+    assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
+    assert_eq!(c.zcard::<_, i64>("retry").unwrap(), 0);
+
+    let mut second = Oxidekiq::start(&redis.url(), &args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !notes(&mut c).last().is_some_and(|n| n.ends_with(":finish")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the resumed run did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    second.signal("TERM");
+    assert!(second.wait_exit(Duration::from_secs(20)).is_some());
+    let whats: Vec<String> = notes(&mut c)
+        .iter()
+        .map(|n| n.split_once(':').unwrap().1.to_string())
+        .filter(|w| w != "stop")
+        .collect();
+    let mut want = vec!["start".to_string()];
+    want.extend((0..40).map(|i| i.to_string()));
+    want.push("finish".into());
+    assert_eq!(whats, want, "every item once, each step once");
+    let done: i64 = c.hget("chaos:steps-done", id).unwrap();
+    assert_eq!(done, 1);
+}
