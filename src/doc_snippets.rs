@@ -26,6 +26,10 @@ struct Compatibility;
 #[doc = include_str!("../docs/configuration.md")]
 struct Configuration;
 
+/// docs/continuations.md
+#[doc = include_str!("../docs/continuations.md")]
+struct Continuations;
+
 /// docs/cron.md
 #[doc = include_str!("../docs/cron.md")]
 struct Cron;

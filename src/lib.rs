@@ -83,7 +83,7 @@ mod support;
 pub mod testing;
 
 pub(crate) use chain::blocking;
-pub use chain::{client, iterable, middleware, registry, worker};
+pub use chain::{client, continuable, iterable, middleware, registry, worker};
 pub(crate) use connection::{lua, redis_conn, sentinel};
 pub(crate) use locks::lock_batch;
 pub use locks::{lock, unique_jobs};
@@ -117,6 +117,8 @@ pub use client::{Client, ClientMiddleware, ClientNext, NewActiveJob, NewJob, Pus
 pub use config::Config;
 /// A sidekiq-cron schedule declared in Rust.
 pub use config::CronJob;
+#[doc(inline)]
+pub use continuable::{Continuable, ContinuableWorker, ContinuationOptions, Step, StepDef};
 #[doc(inline)]
 pub use error::{Error, JobError, JobResult, Result, RetryAction};
 #[doc(inline)]

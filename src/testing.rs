@@ -449,11 +449,16 @@ fn settle_now(
         Plan::Discard => Fate::Discarded,
         Plan::Reschedule { at } => Fate::Rescheduled { at: *at },
         Plan::Requeue { .. } => Fate::Requeued,
+        Plan::Continue { at, jid, .. } => Fate::Continued {
+            at: *at,
+            jid: jid.clone(),
+        },
     };
     let written = match plan {
-        Plan::Retry { payload, .. } | Plan::Dead { payload } | Plan::Requeue { payload, .. } => {
-            Some(payload)
-        }
+        Plan::Retry { payload, .. }
+        | Plan::Dead { payload }
+        | Plan::Requeue { payload, .. }
+        | Plan::Continue { payload, .. } => Some(payload),
         Plan::Reschedule { .. } => Some(job.raw().to_string()),
         Plan::Discard => None,
     };
@@ -601,6 +606,14 @@ pub enum Fate {
     /// Pushed back to the end of its queue with a new `enqueued_at`: an iterable job interrupted
     /// between two items.
     Requeued,
+    /// A Rails 8.1 Continuable job interrupted at a checkpoint: its next run (the payload
+    /// [`Outcome::written`]) is in the schedule set at `at` under a new `jid`.
+    Continued {
+        /// The schedule-set score.
+        at: f64,
+        /// The next run's jid.
+        jid: String,
+    },
     /// No fate of its own: it failed after the shutdown deadline, and the process pushes it back
     /// to its queue as it was.
     PushedBack,
@@ -620,6 +633,10 @@ impl Fate {
             Fate::Discarded => F::Discarded,
             Fate::Rescheduled { at } => F::Rescheduled { at: *at },
             Fate::Requeued => F::Requeued,
+            Fate::Continued { at, jid } => F::Continued {
+                at: *at,
+                jid: jid.clone(),
+            },
         })
     }
 }
@@ -738,7 +755,7 @@ impl Outcome {
     /// When the fate is neither.
     pub fn next_run(&self) -> TestJob {
         match (&self.fate, &self.written) {
-            (Fate::Retry { .. } | Fate::Requeued, Some(payload)) => {
+            (Fate::Retry { .. } | Fate::Requeued | Fate::Continued { .. }, Some(payload)) => {
                 TestJob::payload(payload.clone().into_bytes())
             }
             _ => panic!(
@@ -1522,5 +1539,84 @@ impl<W: IterableWorker> IterableWorker for Stopper<W> {
 
     async fn on_complete(&self, ctx: &JobContext) -> JobResult {
         self.worker.on_complete(ctx).await
+    }
+}
+
+/// Runs a Rails 8.1 Continuable worker ([`ContinuableWorker`](crate::continuable::ContinuableWorker))
+/// on test jobs, and has the process go quiet at a chosen checkpoint: the job is interrupted there
+/// ([`Fate::Continued`]) and [`Outcome::next_run`] is the job Rails would resume.
+///
+/// ```
+/// use oxidekiq::continuable::{ContinuableWorker, Step, StepDef};
+/// use oxidekiq::testing::{Fate, Steps, TestJob};
+/// use oxidekiq::{JobContext, JobResult, NewJob};
+///
+/// #[derive(Debug)]
+/// struct CountJob;
+///
+/// impl ContinuableWorker for CountJob {
+///     const CLASS: &'static str = "CountJob";
+///     type Args = (u64,);
+///     const STEPS: &'static [StepDef] = &[StepDef::new("count")];
+///
+///     async fn step(&self, _ctx: &JobContext, (n,): &(u64,), step: &mut Step) -> JobResult {
+///         let from: u64 = step.cursor()?.unwrap_or(0);
+///         for i in from..*n {
+///             step.set(i + 1)?; // record `i` done: a checkpoint
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let steps = Steps::new(CountJob);
+/// let job = TestJob::new(NewJob::activejob("CountJob", "default", vec![5.into()]));
+/// let first = steps.run_until(&job, 2).await; // quiet at the second checkpoint: cursor 2
+/// assert!(matches!(first.fate, Fate::Continued { .. }));
+/// let next = first.written().unwrap();
+/// assert_eq!(next["args"][0]["continuation"], serde_json::json!({"completed": [], "current": ["count", 2]}));
+/// steps.run(&first.next_run()).await.assert_done();
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Steps<W> {
+    /// The worker, shared with the wrapper each run registers.
+    worker: Arc<W>,
+}
+
+impl<W: crate::continuable::ContinuableWorker> Steps<W> {
+    /// `worker`'s jobs.
+    pub fn new(worker: W) -> Steps<W> {
+        Steps {
+            worker: Arc::new(worker),
+        }
+    }
+
+    /// Runs `job` (a first run or a resume) to its end, or until it fails.
+    pub async fn run(&self, job: &TestJob) -> Outcome {
+        self.run_with(job, None).await
+    }
+
+    /// Runs `job` and has the process go quiet at its `checkpoint`-th checkpoint (1 for the first;
+    /// both the boundaries between steps and each cursor update count): the job is interrupted there.
+    pub async fn run_until(&self, job: &TestJob, checkpoint: usize) -> Outcome {
+        self.run_with(job, Some(checkpoint)).await
+    }
+
+    async fn run_with(&self, job: &TestJob, checkpoint: Option<usize>) -> Outcome {
+        let shutdown = TestShutdown::new();
+        if checkpoint == Some(0) {
+            shutdown.quiet();
+        }
+        let left = Arc::new(AtomicUsize::new(checkpoint.unwrap_or(usize::MAX)));
+        let quiet = shutdown.clone();
+        let hook: crate::continuable::CheckpointHook = Arc::new(move |_step: Option<&str>| {
+            if checkpoint.is_some() && left.fetch_sub(1, Ordering::SeqCst) == 1 {
+                quiet.quiet();
+            }
+        });
+        let worker = crate::continuable::Continuable::with_hook(self.worker.clone(), hook);
+        job.clone().shutdown(&shutdown).perform(&worker).await
     }
 }

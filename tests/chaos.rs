@@ -46,6 +46,10 @@
 //!   count);
 //! - `CHAOS_NO_PANIC=1` — the same draws with `panic` jobs turned into `fail` ones.
 //!
+//! Issue 39 adds Rails 8.1 Continuable jobs beside the iterable ones: `ChaosStepsJob`s drawn and
+//! checked in `tests/chaos/continuable.rs` (steps or items skipped, items repeated after a clean
+//! interrupt, anything run after completion, progress lost).
+//!
 //! Issue 38 adds capsules, drawn from a generator of their own: 0 to 2 named capsules beside the
 //! default one (`--capsule`, 1 to 4 slots each, over a random subset of the queues, so queue lists
 //! overlap), the same in every process. Finding of its own:
@@ -60,6 +64,8 @@
 //! `cargo build --workspace` first: the test runs `target/debug/oxidekiq`.
 mod support;
 // Issue 31: interrupts mid-iteration, with a generator and checks of their own.
+#[path = "chaos/continuable.rs"]
+mod continuable;
 #[path = "chaos/iterable.rs"]
 mod iterable;
 
@@ -1736,6 +1742,8 @@ fn run_seed(seed: u64) -> Outcome {
         .filter(|q| !q.ends_with("_rust"))
         .collect();
     let mut iter_jobs = iterable::draw(seed, &iter_queues, plan.chaos_secs);
+    // Issue 39: Rails 8.1 Continuable jobs beside them, on the same queues.
+    let mut steps_jobs = continuable::draw(seed, &iter_queues, plan.chaos_secs);
     let t0 = Instant::now();
     let mut quiet_at = None;
     for (at, event) in &plan.events {
@@ -1746,6 +1754,7 @@ fn run_seed(seed: u64) -> Outcome {
             std::thread::sleep(wait.min(Duration::from_millis(250)));
         }
         iterable::push_due(&mut run.c, &mut iter_jobs, *at, now());
+        continuable::push_due(&mut run.c, &mut steps_jobs, *at, now());
         match event {
             Event::Burst(jobs) | Event::Block(jobs) => run.push(jobs),
             Event::Kill(slot) => run.kill(*slot),
@@ -1766,6 +1775,7 @@ fn run_seed(seed: u64) -> Outcome {
         std::thread::sleep(wait);
     }
     iterable::push_due(&mut run.c, &mut iter_jobs, f64::INFINITY, now());
+    continuable::push_due(&mut run.c, &mut steps_jobs, f64::INFINITY, now());
     if let Some(q) = quiet_at {
         // Give the quiet process a few beats to finish what it runs before judging what it holds.
         let settle = q + Duration::from_secs_f64(3.0 * BEAT_SECS);
@@ -1782,6 +1792,10 @@ fn run_seed(seed: u64) -> Outcome {
     run.findings.extend(iter_findings);
     summary.push(' ');
     summary.push_str(&iter_summary);
+    let (steps_summary, steps_findings) = continuable::check(&mut run.c, &steps_jobs);
+    run.findings.extend(steps_findings);
+    summary.push(' ');
+    summary.push_str(&steps_summary);
     Outcome {
         summary: format!(
             "seed={seed} {} | {summary} | {:.0}s",

@@ -1073,6 +1073,7 @@ pub(crate) mod typed;
 pub use typed::{AjValue, HashKind};
 /// Rails 8.1's `continuation` and `resumptions` ([`Continuation`]).
 pub(crate) mod continuation;
+pub(crate) use continuation::resumed_payload;
 pub use continuation::{Continuation, InterruptReason};
 // Moved from tests/activejob_dispatch.rs: recorded ActiveJob payloads reaching typed workers (needs
 // crate-internal items).

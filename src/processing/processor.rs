@@ -342,7 +342,7 @@ impl Processor {
             return false;
         }
         match error.action {
-            crate::RetryAction::Reschedule(_) => {}
+            crate::RetryAction::Reschedule(_) | crate::RetryAction::Continue(_) => {}
             crate::RetryAction::Requeue => {
                 // As 8.1.7 counts an interrupted iteration (`Skip` in `stats`): processed and failed.
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -392,6 +392,9 @@ impl Processor {
                 tracing::info!(run_at = at, reason = %error.message, "rescheduled")
             }
             Fate::Requeued => tracing::info!("pushed back to its queue"),
+            Fate::Continued { at, jid } => {
+                tracing::info!(run_at = at, next_jid = %jid, reason = %error.message, "continued")
+            }
         }
         true
     }

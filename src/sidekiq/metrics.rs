@@ -94,7 +94,10 @@ impl Metrics {
     pub(crate) fn track(&self, class: &str, elapsed: Duration, error: Option<&JobError>) {
         // An interrupted iterable job's push-back is a success with its time, as Ruby's `Skip`.
         let failed = error.is_some_and(|e| {
-            !matches!(e.action, RetryAction::Reschedule(_) | RetryAction::Requeue)
+            !matches!(
+                e.action,
+                RetryAction::Reschedule(_) | RetryAction::Requeue | RetryAction::Continue(_)
+            )
         });
         let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         let mut map = self.classes.lock().unwrap_or_else(|e| e.into_inner());

@@ -220,6 +220,15 @@ pub(crate) enum Plan {
         /// Its score.
         at: f64,
     },
+    /// `ZADD schedule <at> <payload>`: the next run of an interrupted Continuable job (a new jid).
+    Continue {
+        /// The schedule-set member.
+        payload: String,
+        /// Its score.
+        at: f64,
+        /// Its jid.
+        jid: String,
+    },
     /// `SADD queues <queue>`, `LPUSH queue:<queue> <payload>`: the payload with a new `enqueued_at`.
     Requeue {
         /// The queue's name.
@@ -241,6 +250,10 @@ impl Plan {
             Plan::Discard => Fate::Discarded,
             Plan::Reschedule { at } => Fate::Rescheduled { at: *at },
             Plan::Requeue { .. } => Fate::Requeued,
+            Plan::Continue { at, jid, .. } => Fate::Continued {
+                at: *at,
+                jid: jid.clone(),
+            },
         }
     }
 }
@@ -255,6 +268,7 @@ pub(crate) fn plan(f: &Failure<'_>, rng: &mut impl Rng) -> Plan {
         }
         RetryAction::Discard => return Plan::Discard,
         RetryAction::Requeue => return requeue_plan(f),
+        RetryAction::Continue(at) => return continue_plan(f, at),
         _ => {}
     }
     let mut msg = match f.job.to_map() {
@@ -524,6 +538,28 @@ fn requeue_plan(f: &Failure<'_>) -> Plan {
     }
 }
 
+/// The push of a Continuable job's next run (`retry_job` at an interrupt): a new Sidekiq job (new
+/// jid, `created_at` now) carrying the `job_data` the wrapper built, for the schedule set at `at`.
+/// Without that `job_data` (an action set by hand) or a payload that no longer parses, the payload
+/// is rescheduled as it is.
+fn continue_plan(f: &Failure<'_>, at: f64) -> Plan {
+    let at = bounded_at(at, 0.0);
+    match (&f.error.resume, f.job.to_map()) {
+        (Some(job_data), Ok(msg)) => {
+            let jid = crate::job::new_jid();
+            let created_at = f.time_format.value(f.now);
+            let msg =
+                crate::activejob::resumed_payload(&msg, (**job_data).clone(), &jid, created_at);
+            Plan::Continue {
+                payload: to_json(&msg),
+                at,
+                jid,
+            }
+        }
+        _ => Plan::Reschedule { at },
+    }
+}
+
 /// Writes the plan to Redis, consuming the job's `token` in the same script (see [`Token`]). The ack of
 /// the fetched job must come after this returns.
 pub(crate) async fn apply(
@@ -552,6 +588,14 @@ pub(crate) async fn apply(
                 at: *at,
             };
             write_fate(conn, token, write, job.raw().as_bytes()).await?;
+        }
+        // The next run in `schedule` and the end of the running job's stay, in one script.
+        Plan::Continue { payload, at, .. } => {
+            let write = FateWrite::Zadd {
+                key: keys::SCHEDULE,
+                at: *at,
+            };
+            write_fate(conn, token, write, payload.as_bytes()).await?;
         }
         Plan::Requeue { queue, payload } => {
             push_to_queue(conn, queue, payload.as_bytes(), None, token).await?;

@@ -195,6 +195,12 @@ pub enum RetryAction {
     /// as Sidekiq 8's `InterruptHandler` does). Counted as processed and failed in `stat:*`, as 8.1.7
     /// counts it.
     Requeue,
+    /// Not a failure: a Rails 8.1 Continuable job interrupted at a checkpoint
+    /// ([`crate::continuable`]). The payload Rails' `retry_job` would push (a new jid, the updated
+    /// `job_data`) goes to the `schedule` set at this epoch time, in the same script that ends the
+    /// running job's stay, which counts as a success. Only the continuable wrapper builds it (the new
+    /// `job_data` rides on the error); set by hand, without one, it reschedules the payload as it is.
+    Continue(f64),
 }
 
 /// A job's failure: what Ruby would store as `error_class` and `error_message`, and what to do next.
@@ -235,6 +241,8 @@ pub struct JobError {
     pub backtrace: Vec<String>,
     /// What the retry machinery does next.
     pub action: RetryAction,
+    /// For [`RetryAction::Continue`]: the `job_data` to push (set by the continuable wrapper).
+    pub(crate) resume: Option<Box<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl JobError {
@@ -245,6 +253,7 @@ impl JobError {
             message: message.into(),
             backtrace: Vec::new(),
             action: RetryAction::Default,
+            resume: None,
         }
     }
 
@@ -278,6 +287,7 @@ impl JobError {
             message: reason.into(),
             backtrace: Vec::new(),
             action: RetryAction::Reschedule(seconds),
+            resume: None,
         }
     }
 
@@ -359,6 +369,14 @@ pub enum Fate {
     },
     /// Pushed back to the end of its queue, unchanged but for `enqueued_at` ([`RetryAction::Requeue`]).
     Requeued,
+    /// A Continuable job interrupted at a checkpoint: its next run, under a new jid, is in the
+    /// schedule set ([`RetryAction::Continue`]).
+    Continued {
+        /// Score of the schedule-set entry.
+        at: f64,
+        /// The new jid.
+        jid: String,
+    },
 }
 
 /// Polls `fut`, turning a panic inside it into `Err` with the panic's payload.

@@ -503,7 +503,9 @@ impl Metrics {
         let rescheduled = error.is_some_and(|e| {
             matches!(
                 e.action,
-                crate::RetryAction::Reschedule(_) | crate::RetryAction::Requeue
+                crate::RetryAction::Reschedule(_)
+                    | crate::RetryAction::Requeue
+                    | crate::RetryAction::Continue(_)
             )
         });
         let failed = error.is_some() && !rescheduled;
@@ -523,7 +525,7 @@ impl Metrics {
             Fate::Retry { .. } => &self.retried,
             Fate::Dead => &self.dead,
             Fate::Discarded => &self.discarded,
-            Fate::Rescheduled { .. } => &self.rescheduled,
+            Fate::Rescheduled { .. } | Fate::Continued { .. } => &self.rescheduled,
             Fate::Requeued => &self.requeued,
         };
         family

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use oxidekiq::continuable::{Continuable, ContinuableWorker, ContinuationOptions, Step, StepDef};
 use oxidekiq::error::JobResult;
 use oxidekiq::iterable::{Enumerator, Iterable, IterableWorker};
 use oxidekiq::middleware::Keyed;
@@ -562,6 +563,96 @@ async fn chaos_iter_count(ctx: &JobContext, hash: &str) -> JobResult {
     Ok(())
 }
 
+/// The Redis hash where [`ChaosStepsJob`] counts its completions (its `finish` step), field = its id.
+pub const CHAOS_STEPS_DONE: &str = "chaos:steps-done";
+
+/// The list of what a [`ChaosStepsJob`] ran, in order: `<jid>:start`, `<jid>:<item>` (each item of
+/// its `walk` step), `<jid>:stop` (interrupted at a checkpoint), `<jid>:finish`.
+pub fn chaos_steps_seen(id: &str) -> String {
+    format!("chaos:steps-seen:{id}")
+}
+
+/// Test probe for the chaos test's Rails 8.1 Continuable jobs: steps `start`, `walk` (items `0..n`,
+/// cursor: the next item, each noted in [`chaos_steps_seen`] and slept on for `sleep_ms`) and
+/// `finish`; resumed 1 s after an interrupt.
+///
+/// ```ruby
+/// class ChaosStepsJob < ApplicationJob
+///   include ActiveJob::Continuable
+///   self.resume_options = { wait: 1.second }
+///   def perform(n, sleep_ms, id)
+///     step(:start) { note(id, "start") }
+///     step :walk do |step|
+///       (step.cursor || 0).upto(n - 1) { |i| note(id, i); sleep(sleep_ms / 1000.0); step.set!(i + 1) }
+///     end
+///     step(:finish) { Sidekiq.redis { |c| c.hincrby("chaos:steps-done", id, 1) }; note(id, "finish") }
+///   end
+/// end
+/// ```
+#[derive(Debug, Default)]
+pub struct ChaosStepsJob;
+
+impl ChaosStepsJob {
+    async fn note(ctx: &JobContext, id: &str, what: impl std::fmt::Display) -> JobResult {
+        let mut c = ctx.redis();
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(chaos_steps_seen(id))
+            .arg(format!("{}:{what}", ctx.jid()))
+            .query_async(&mut c)
+            .await?;
+        Ok(())
+    }
+}
+
+impl ContinuableWorker for ChaosStepsJob {
+    const CLASS: &'static str = "ChaosStepsJob";
+    type Args = (u64, u64, String);
+    const STEPS: &'static [StepDef] = &[
+        StepDef::new("start"),
+        StepDef::new("walk"),
+        StepDef::new("finish"),
+    ];
+
+    fn continuation_options(&self) -> ContinuationOptions {
+        ContinuationOptions {
+            resume_wait: Duration::from_secs(1),
+            ..ContinuationOptions::default()
+        }
+    }
+
+    async fn step(
+        &self,
+        ctx: &JobContext,
+        (n, sleep_ms, id): &Self::Args,
+        step: &mut Step,
+    ) -> JobResult {
+        match step.name() {
+            "start" => Self::note(ctx, id, "start").await,
+            "walk" => {
+                for i in step.cursor()?.unwrap_or(0)..*n {
+                    Self::note(ctx, id, i).await?;
+                    tokio::time::sleep(Duration::from_millis(*sleep_ms)).await;
+                    if let Err(e) = step.set(i + 1) {
+                        Self::note(ctx, id, "stop").await?;
+                        return Err(e);
+                    }
+                }
+                Ok(())
+            }
+            _ => {
+                let mut c = ctx.redis();
+                let _: i64 = redis::cmd("HINCRBY")
+                    .arg(CHAOS_STEPS_DONE)
+                    .arg(id)
+                    .arg(1)
+                    .query_async(&mut c)
+                    .await?;
+                Self::note(ctx, id, "finish").await
+            }
+        }
+    }
+}
+
 /// The longest a `block` [`ChaosJob`] holds its thread in this process: `CHAOS_BLOCK_CAP_MS` if set (the
 /// chaos test's last process, which drains what is left, must not wait out long blocks), else no cap.
 fn block_cap_ms() -> u64 {
@@ -668,6 +759,7 @@ pub fn registry() -> Registry {
         .register(ChaosJob)
         .register(PeakJob)
         .register(Iterable::new(ChaosIterJob))
+        .register(Continuable::new(ChaosStepsJob))
         .register(Blocking::new(SyncSleepJob))
         .register(UniqueNoopJob)
         .with(UniqueJob::new().key_by_args())

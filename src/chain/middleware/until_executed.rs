@@ -223,6 +223,38 @@ pub(crate) async fn claim(
     }
 }
 
+/// Sets `KEYS[1]` to `ARGV[2]` with `PX ARGV[3]` if it still holds `ARGV[1]`; returns 1 if it did.
+const HAND_OVER_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// The hand-over script, sent by SHA1 with the body as fallback on `NOSCRIPT`.
+static HAND_OVER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HAND_OVER_SCRIPT));
+
+/// After an interrupted Continuable job's next run is in the schedule set under `jid`: this run's
+/// lock becomes that jid's, as a push would have set it (its first run claims it as its own). A lock
+/// no longer this run's is left alone; errors are logged (the key then expires by its TTL).
+async fn hand_over(conn: Conn, lock: RunLock, jid: String) {
+    let RunLock { key, value, ttl } = lock;
+    let mut inv = HAND_OVER.prepare_invoke();
+    inv.key(&key).arg(&value).arg(&jid).arg(ttl_ms(ttl));
+    match inv.invoke_async::<i64>(&mut conn.clone()).await {
+        Ok(1) => {
+            tracing::debug!(lock = %key, next_jid = %jid, "unique lock handed to the next run")
+        }
+        Ok(_) => {
+            tracing::debug!(lock = %key, "unique lock already expired or taken by another run")
+        }
+        Err(e) => {
+            tracing::warn!(lock = %key, error = %e, "cannot hand the unique lock over; it expires by its ttl")
+        }
+    }
+}
+
 /// After the job's fate is in Redis: `finished` (done, discarded, dead) releases this run's lock;
 /// otherwise (retry, reschedule) renews its TTL. Both compare this run's value, so a stale run never
 /// touches a newer run's lock. Errors are logged: the key then expires by its TTL.
@@ -250,7 +282,8 @@ async fn settle(conn: Conn, lock: RunLock, finished: bool) {
 /// implemented in [`crate::client`], which sits above the middleware). On the server chain ([`Next::new`] runs it first, a no-op for a payload without `unique_key`) it claims the
 /// lock for this run (one `EVALSHA`), keeps it while the job runs, and settles it: released when the
 /// job is done; on a failure, once its fate is written ([`JobContext::after_fate`]): released when the
-/// job is dead or discarded, renewed while it waits for a retry or its rescheduled run.
+/// job is dead or discarded, renewed while it waits for a retry or its rescheduled run, handed to the
+/// next run's jid when a Continuable job was interrupted.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UntilExecuted;
 
@@ -265,9 +298,13 @@ impl ServerMiddleware for UntilExecuted {
             let result = guard.hold_while(next.run(ctx)).await;
             match &result {
                 Ok(()) => settle(conn, run, true).await,
-                Err(_) => ctx.after_fate(move |fate: &Fate| {
-                    let finished = matches!(fate, Fate::Dead | Fate::Discarded);
-                    Box::pin(settle(conn, run, finished))
+                Err(_) => ctx.after_fate(move |fate: &Fate| match fate {
+                    // A Continuable job's next run is a new job (a new jid): the lock is its now.
+                    Fate::Continued { jid, .. } => Box::pin(hand_over(conn, run, jid.clone())),
+                    _ => {
+                        let finished = matches!(fate, Fate::Dead | Fate::Discarded);
+                        Box::pin(settle(conn, run, finished))
+                    }
                 }),
             }
             result

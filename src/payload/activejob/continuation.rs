@@ -213,6 +213,21 @@ impl Continuation {
         now: DateTime<Utc>,
         wait: std::time::Duration,
     ) -> Result<Map<String, Value>, String> {
+        let message = format!("Interrupted {} ({})", self.description(), reason.as_str());
+        self.resumed_job_data(job_data, running_jid, &message, now, wait)
+    }
+
+    /// [`Continuation::interrupted_job_data`] for any reason Rails resumes a job (`resume_job`): the
+    /// interrupt, or an error after the job advanced (`resume_errors_after_advancing`), counted in
+    /// `exception_executions` under `counted_as` (`executions_for(exception)`'s `exception.to_s`).
+    pub fn resumed_job_data(
+        &self,
+        job_data: &Map<String, Value>,
+        running_jid: &str,
+        counted_as: &str,
+        now: DateTime<Utc>,
+        wait: std::time::Duration,
+    ) -> Result<Map<String, Value>, String> {
         let progress = self;
         let mut out = job_data.clone();
         let executions = match job_data.get("executions") {
@@ -227,17 +242,12 @@ impl Continuation {
             Some(v) => Continuation::from_value(v)?,
             None => Continuation::default(),
         };
-        let message = format!(
-            "Interrupted {} ({})",
-            progress.description(),
-            reason.as_str()
-        );
         let mut counts = match job_data.get("exception_executions") {
             Some(Value::Object(m)) => m.clone(),
             _ => Map::new(),
         };
-        let n = counts.get(&message).and_then(Value::as_u64).unwrap_or(0);
-        counts.insert(message, (n + 1).into());
+        let n = counts.get(counted_as).and_then(Value::as_u64).unwrap_or(0);
+        counts.insert(counted_as.to_owned(), (n + 1).into());
         let scheduled = chrono::Duration::from_std(wait)
             .ok()
             .and_then(|d| now.checked_add_signed(d))
@@ -255,6 +265,58 @@ impl Continuation {
         set(&mut out, "resumptions", resumed.into());
         Ok(out)
     }
+}
+
+/// Keys of a Sidekiq payload that belong to the run that failed or was enqueued, not to a new push:
+/// `retry_job` pushes a new job through Sidekiq's client, which writes none of them (a scheduled
+/// push has no `enqueued_at`; a new job has no retry state).
+const RUN_KEYS: &[&str] = &[
+    "enqueued_at",
+    "at",
+    "retry_count",
+    "retried_at",
+    "failed_at",
+    "error_message",
+    "error_class",
+    "error_backtrace",
+];
+
+/// The Sidekiq payload Rails 8.1's `retry_job` pushes through Sidekiq's adapter at a resume: the
+/// running job's payload (its `class`, `wrapped`, `retry` and the other options its class pushes
+/// with, in their order) without the keys of the run ([`RUN_KEYS`]), with `args` `[job_data]`, `queue`
+/// the job's `queue_name`, a new `jid` and `created_at`. Recorded as
+/// `fixtures/activejob-8.1/continuation_*.json`.
+pub(crate) fn resumed_payload(
+    running: &Map<String, Value>,
+    job_data: Map<String, Value>,
+    jid: &str,
+    created_at: Value,
+) -> Map<String, Value> {
+    let queue = job_data.get("queue_name").cloned();
+    let mut args = Some(job_data);
+    let mut out = Map::new();
+    for (k, v) in running {
+        if RUN_KEYS.contains(&k.as_str()) {
+            continue;
+        }
+        let v = match k.as_str() {
+            "args" => Value::Array(vec![Value::Object(args.take().unwrap_or_default())]),
+            "jid" => jid.into(),
+            "created_at" => created_at.clone(),
+            "queue" => match &queue {
+                Some(Value::String(q)) => Value::String(q.clone()),
+                _ => v.clone(),
+            },
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    if let Some(data) = args {
+        out.insert("args".into(), Value::Array(vec![Value::Object(data)]));
+    }
+    out.entry("jid").or_insert_with(|| jid.into());
+    out.entry("created_at").or_insert(created_at);
+    out
 }
 
 #[cfg(test)]
