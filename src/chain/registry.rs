@@ -6,7 +6,6 @@
 
 pub(crate) mod args_check;
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -134,8 +133,9 @@ mod tests {
 /// ```
 #[derive(Debug, Default, Clone)]
 pub struct Registry {
-    /// Registered workers by Ruby class name.
-    workers: HashMap<String, Entry>,
+    /// Registered workers by Ruby class name. Looked up for every job: foldhash, not the standard
+    /// SipHash (about 200 instructions a lookup of a short class name, against about 50).
+    workers: foldhash::HashMap<String, Entry>,
     /// Middleware that runs around every worker, in order.
     global: Vec<Arc<dyn ServerMiddleware>>,
     /// Classes registered more than once: [`Registry::freeze`] refuses them, since a second
