@@ -220,6 +220,28 @@ impl JobContext {
         }
     }
 
+    /// [`JobContext::new`] with the run's [`AfterFate`], without building a default one first (an
+    /// allocation a job otherwise made and dropped).
+    pub(crate) fn with_fate_hooks(
+        job: Arc<Job>,
+        queue: Arc<str>,
+        redis: Conn,
+        shutdown: ShutdownSignal,
+        activejob: Option<Arc<ActiveJobInfo>>,
+        after_fate: AfterFate,
+    ) -> Self {
+        JobContext {
+            job,
+            queue,
+            redis,
+            shutdown,
+            activejob,
+            after_fate,
+            locks: None,
+            unique_jobs: None,
+        }
+    }
+
     /// The same context, whose lock middleware batch their lock commands through `locks` (the
     /// processor hands each job the process's handle, built where the launcher wires the parts).
     pub(crate) fn with_locks(mut self, locks: Locks) -> Self {

@@ -562,14 +562,14 @@ impl Processor {
             },
             Some(_) => None,
         };
-        let ctx = JobContext::new(
+        let ctx = JobContext::with_fate_hooks(
             job.clone(),
             queue.clone(),
             self.conn.clone(),
             self.shutdown.clone(),
             activejob,
+            after.clone(),
         )
-        .with_after_fate(after.clone())
         .with_locks(self.locks.clone())
         .with_unique_jobs(self.unique_jobs.clone());
         match (entry, refused) {
