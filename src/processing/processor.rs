@@ -225,11 +225,11 @@ impl Processor {
             return handed;
         }
         // The token is only built when a hand-off is configured: most processes have none.
-        let token = self.handoff.as_ref().and_then(|_| state.token(&self));
+        let token = self.handoff.as_ref().and_then(|_| state.token(self));
         if let Some(handed) = self.hand_off(&job, token.as_ref(), state.park).await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
-                state.settle(&self);
+                state.settle(self);
             }
             return handed;
         }
@@ -269,7 +269,7 @@ impl Processor {
         let error = match result {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
-                state.settle(&self);
+                state.settle(self);
                 tracing::info!(
                     elapsed = crate::time::Secs3(elapsed).text().as_str(),
                     message = "done"
