@@ -43,7 +43,7 @@ impl<W: Worker> Handler for WorkerHandler<W> {
                     ),
                 )
             })?;
-            self.0.perform(ctx, args).await
+            crate::worker::run_cancellable(ctx, self.0.perform(ctx, args)).await
         })
     }
 }

@@ -22,7 +22,6 @@
 use crate::redact::{NAME_CHARS, clip};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -242,7 +241,10 @@ impl Processor {
         let timeout = job_timeout(&job, entry);
         // Sidekiq's `cancel!` reaches a plain async job (its row says which, see `process_unit`); a
         // job refused before its worker runs is left alone.
-        let cancel = cancel_row.map(|seq| (self.work.clone(), seq));
+        let cancel = cancel_row.map(|row| crate::worker::CancelCut {
+            source: self.work.clone(),
+            row,
+        });
         // The cut (timeout, cancel) stops the worker only, inside the chain: every middleware sees its
         // outcome and settles (locks released or renewed, limits freed) as Ruby's `ensure` would.
         let cut = Cut {
@@ -570,10 +572,11 @@ impl Processor {
             activejob,
             after.clone(),
         )
+        .with_cancel(cut.cancel)
         .with_locks(self.locks.clone())
         .with_unique_jobs(self.unique_jobs.clone());
         match (entry, refused) {
-            (Some(entry), None) if cut.timeout.is_none() && cut.cancel.is_none() => {
+            (Some(entry), None) if cut.timeout.is_none() => {
                 Next::new(&entry.chain, entry.handler.as_ref())
                     .run(&ctx)
                     .await
@@ -581,7 +584,7 @@ impl Processor {
             (Some(entry), None) => {
                 let bounded = Bounded {
                     worker: entry.handler.clone(),
-                    cut,
+                    timeout: cut.timeout,
                 };
                 Next::new(&entry.chain, &bounded).run(&ctx).await
             }
@@ -833,81 +836,43 @@ impl<'p> RunState<'p> {
 pub(crate) use crate::error::catch_unwind;
 
 /// What may stop a job's worker before it returns: its timeout (async workers only) and Sidekiq's
-/// `cancel!` (the heartbeat's signal).
+/// `cancel!` (the heartbeat's signal, honoured inside the worker's own handler:
+/// [`crate::worker::run_cancellable`]).
 #[derive(Debug, Default)]
 struct Cut {
     timeout: Option<Duration>,
     /// The work table and the job's row there, whose cancel mark the heartbeat's check sets.
-    cancel: Option<(Arc<WorkTable>, u64)>,
+    cancel: Option<crate::worker::CancelCut>,
 }
 
-/// The worker at the end of the chain under its [`Cut`]. Cutting here, not around the whole chain,
-/// lets each middleware's code after `next.run` run on a timeout or a cancel: an until-executed lock
-/// (ours or the gem's) is released or renewed by the fate, a concurrency slot is given back.
+/// The worker at the end of the chain under its timeout. Cutting here, not around the whole chain,
+/// lets each middleware's code after `next.run` run on a timeout (or a cancel, which the worker's
+/// handler honours): an until-executed lock (ours or the gem's) is released or renewed by the fate, a
+/// concurrency slot is given back.
 #[derive(Debug)]
 struct Bounded {
     worker: Arc<dyn crate::middleware::Handler>,
-    cut: Cut,
+    timeout: Option<Duration>,
 }
 
 impl crate::middleware::Handler for Bounded {
     fn call<'a>(&'a self, ctx: &'a JobContext) -> crate::worker::BoxFuture<'a, JobResult> {
         Box::pin(async move {
-            let run = async {
-                let Some(limit) = self.cut.timeout else {
-                    return self.worker.call(ctx).await;
-                };
-                match tokio::time::timeout(limit, self.worker.call(ctx)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(JobError::new(
-                        crate::error::JOB_TIMEOUT,
-                        format!(
-                            "{} ran past its timeout of {} s and was cancelled",
-                            clip(ctx.job().worker_class(), NAME_CHARS),
-                            limit.as_secs_f64()
-                        ),
-                    )),
-                }
+            let Some(limit) = self.timeout else {
+                return self.worker.call(ctx).await;
             };
-            let Some((work, seq)) = &self.cut.cancel else {
-                return run.await;
-            };
-            // The worker first, and the cancel wait only polled once the worker awaits: a job that
-            // ends at its first poll (most) pays for no more than this branch (a `select!` here cost
-            // a no-op job about 200 instructions).
-            // Both end with this block: a cancelled worker is dropped before its mark is removed.
-            let finished = {
-                let mut run = std::pin::pin!(run);
-                let mut wait = std::pin::pin!(work.cancelled(*seq));
-                std::future::poll_fn(|cx| match run.as_mut().poll(cx) {
-                    Poll::Ready(result) => Poll::Ready(Some(result)),
-                    Poll::Pending => wait.as_mut().poll(cx).map(|()| None),
-                })
-                .await
-            };
-            match finished {
-                Some(result) => result,
-                None => {
-                    cancelled(ctx).await;
-                    Ok(())
-                }
+            match tokio::time::timeout(limit, self.worker.call(ctx)).await {
+                Ok(result) => result,
+                Err(_) => Err(JobError::new(
+                    crate::error::JOB_TIMEOUT,
+                    format!(
+                        "{} ran past its timeout of {} s and was cancelled",
+                        clip(ctx.job().worker_class(), NAME_CHARS),
+                        limit.as_secs_f64()
+                    ),
+                )),
             }
         })
-    }
-}
-
-/// A plain job cancelled by Sidekiq's `cancel!` was dropped at its await point: it ends as done
-/// (acknowledged, not retried, not a failure), and its mark is removed as an iterable job removes
-/// its hash once it has honoured it.
-async fn cancelled(ctx: &JobContext) {
-    tracing::info!("cancelled (Sidekiq's cancel!): stopped at its await point, not retried");
-    let key = crate::keys::iteration(ctx.jid());
-    if let Err(e) = redis::cmd("UNLINK")
-        .arg(&key)
-        .query_async::<i64>(&mut ctx.redis())
-        .await
-    {
-        tracing::warn!(error = %e, key = %key, "cannot remove the cancel mark; it expires in 30 days");
     }
 }
 

@@ -178,3 +178,9 @@ impl WorkTable {
             .unwrap_or_default()
     }
 }
+
+impl crate::worker::CancelSource for WorkTable {
+    fn wait_cancel(&self, row: u64) -> crate::worker::BoxFuture<'_, ()> {
+        Box::pin(self.cancelled(row))
+    }
+}
