@@ -163,10 +163,9 @@ impl Processor {
                 // Sidekiq's `cancel!` reaches a plain async job through the heartbeat's check, which
                 // reads the job from its row; a worker that reads it itself, a synchronous one (its
                 // thread would run on) and a job without a worker are left alone.
-                let cancellable = self
-                    .registry
-                    .get(job.worker_class())
-                    .is_some_and(|e| !e.synchronous && !e.checks_cancel);
+                // The class is looked up once, here, and its entry handed to the run.
+                let worker = self.registry.get(job.worker_class());
+                let cancellable = worker.is_some_and(|e| !e.synchronous && !e.checks_cancel);
                 let entry = self.work.insert(unit, cancellable.then(|| job.clone()));
                 run.entered(entry, &raw);
                 // Clipped: a made-up class or jid can be megabytes, and it is on every line of the job.
@@ -188,8 +187,13 @@ impl Processor {
                     crate::logging::attach_otel(&span, t.context().clone());
                 }
                 let finished = self
-                    .clone()
-                    .run(job, queue.clone(), run)
+                    .run(
+                        job,
+                        worker,
+                        queue.clone(),
+                        run,
+                        cancellable.then_some(entry),
+                    )
                     .instrument(span)
                     .await;
                 if let Some(t) = traced {
@@ -207,34 +211,40 @@ impl Processor {
 
     /// The job span's body: run, then write the fate (retry wraps the chain from outside). False when the
     /// job ended with an error after the shutdown deadline: it has no fate of its own and is pushed back.
-    async fn run(self: Arc<Self>, job: Arc<Job>, queue: Arc<str>, state: &RunState<'_>) -> bool {
+    /// `entry` is the class's worker, `cancel_row` the job's work-table row when `cancel!` can reach it.
+    async fn run(
+        &self,
+        job: Arc<Job>,
+        entry: Option<&crate::registry::Entry>,
+        queue: Arc<str>,
+        state: &RunState<'_>,
+        cancel_row: Option<u64>,
+    ) -> bool {
         if let Some(handed) = self.roll_back(&job, &queue, state).await {
             return handed;
         }
         // The token is only built when a hand-off is configured: most processes have none.
-        let token = self.handoff.as_ref().and_then(|_| state.token(&self));
+        let token = self.handoff.as_ref().and_then(|_| state.token(self));
         if let Some(handed) = self.hand_off(&job, token.as_ref(), state.park).await {
             if handed {
                 // Its fate is the hand-off queue: a shutdown must not push it back as well.
-                state.settle(&self);
+                state.settle(self);
             }
             return handed;
         }
         let start = Instant::now();
         state.started(start);
         tracing::info!(message = "start");
-        let entry = self.registry.get(job.worker_class());
         // What the chain's middleware ask to run once a failure's fate is written (`fail`); kept in
         // the run state so that a panic's fate runs the hooks registered before it, too.
         let after = state.after.clone();
         let timeout = job_timeout(&job, entry.map(|e| &e.options));
         // Sidekiq's `cancel!` reaches a plain async job (its row says which, see `process_unit`); a
         // job refused before its worker runs is left alone.
-        let cancellable = entry.is_some_and(|e| !e.synchronous && !e.checks_cancel);
-        let cancel = state
-            .held()
-            .filter(|_| cancellable)
-            .map(|(seq, _)| (self.work.clone(), seq));
+        let cancel = cancel_row.map(|row| crate::worker::CancelCut {
+            source: self.work.clone(),
+            row,
+        });
         // The cut (timeout, cancel) stops the worker only, inside the chain: every middleware sees its
         // outcome and settles (locks released or renewed, limits freed) as Ruby's `ensure` would.
         let cut = Cut {
@@ -261,7 +271,7 @@ impl Processor {
         let error = match result {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
-                state.settle(&self);
+                state.settle(self);
                 tracing::info!(
                     elapsed = crate::time::Secs3(elapsed).text().as_str(),
                     message = "done"
@@ -537,18 +547,19 @@ impl Processor {
                 None
             }),
         };
-        let ctx = JobContext::new(
+        let ctx = JobContext::with_fate_hooks(
             job.clone(),
             queue.clone(),
             self.conn.clone(),
             self.shutdown.clone(),
             activejob,
+            after.clone(),
         )
-        .with_after_fate(after.clone())
+        .with_cancel(cut.cancel)
         .with_locks(self.locks.clone())
         .with_unique_jobs(self.unique_jobs.clone());
         match (entry, refused) {
-            (Some(entry), None) if cut.timeout.is_none() && cut.cancel.is_none() => {
+            (Some(entry), None) if cut.timeout.is_none() => {
                 Next::new(&entry.chain, entry.handler.as_ref())
                     .run(&ctx)
                     .await
@@ -556,7 +567,7 @@ impl Processor {
             (Some(entry), None) => {
                 let bounded = Bounded {
                     worker: entry.handler.clone(),
-                    cut,
+                    timeout: cut.timeout,
                 };
                 Next::new(&entry.chain, &bounded).run(&ctx).await
             }
@@ -808,64 +819,36 @@ impl<'p> RunState<'p> {
 pub(crate) use crate::error::catch_unwind;
 
 /// What may stop a job's worker before it returns: its timeout (async workers only) and Sidekiq's
-/// `cancel!` (the heartbeat's signal).
+/// `cancel!` (the heartbeat's signal, honoured inside the worker's own handler:
+/// [`crate::worker::run_cancellable`]).
 #[derive(Debug, Default)]
 struct Cut {
     timeout: Option<Duration>,
     /// The work table and the job's row there, whose cancel mark the heartbeat's check sets.
-    cancel: Option<(Arc<WorkTable>, u64)>,
+    cancel: Option<crate::worker::CancelCut>,
 }
 
-/// The worker at the end of the chain under its [`Cut`]. Cutting here, not around the whole chain,
-/// lets each middleware's code after `next.run` run on a timeout or a cancel: an until-executed lock
-/// (ours or the gem's) is released or renewed by the fate, a concurrency slot is given back.
+/// The worker at the end of the chain under its timeout. Cutting here, not around the whole chain,
+/// lets each middleware's code after `next.run` run on a timeout (or a cancel, which the worker's
+/// handler honours): an until-executed lock (ours or the gem's) is released or renewed by the fate, a
+/// concurrency slot is given back.
 #[derive(Debug)]
 struct Bounded {
     worker: Arc<dyn crate::middleware::Handler>,
-    cut: Cut,
+    timeout: Option<Duration>,
 }
 
 impl crate::middleware::Handler for Bounded {
     fn call<'a>(&'a self, ctx: &'a JobContext) -> crate::worker::BoxFuture<'a, JobResult> {
         Box::pin(async move {
-            let run = async {
-                let Some(limit) = self.cut.timeout else {
-                    return self.worker.call(ctx).await;
-                };
-                match tokio::time::timeout(limit, self.worker.call(ctx)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(timed_out(ctx.job(), limit)),
-                }
+            let Some(limit) = self.timeout else {
+                return self.worker.call(ctx).await;
             };
-            let Some((work, seq)) = &self.cut.cancel else {
-                return run.await;
-            };
-            // Biased, the worker first: the cancel wait is only polled (and only then costs anything)
-            // once the worker awaits.
-            tokio::select! {
-                biased;
-                result = run => result,
-                _ = work.cancelled(*seq) => {
-                    cancelled(ctx).await;
-                    Ok(())
-                }
+            match tokio::time::timeout(limit, self.worker.call(ctx)).await {
+                Ok(result) => result,
+                Err(_) => Err(timed_out(ctx.job(), limit)),
             }
         })
-    }
-}
-
-/// A plain job cancelled by Sidekiq's `cancel!` was dropped at its await point: it ends as done
-/// (acknowledged, not retried, not a failure), and its mark is removed as an iterable job removes
-/// its hash once it has honoured it.
-async fn cancelled(ctx: &JobContext) {
-    tracing::info!("cancelled (Sidekiq's cancel!): stopped at its await point, not retried");
-    let key = crate::keys::iteration(ctx.jid());
-    if let Err(e) = redis::cmd("UNLINK")
-        .arg(&key)
-        .query_async::<i64>(&mut ctx.redis())
-        .await
-    {
-        tracing::warn!(error = %e, key = %key, "cannot remove the cancel mark; it expires in 30 days");
     }
 }
 

@@ -677,9 +677,7 @@ fn quote_tail(out: &mut String, start: usize) {
     let Some(value) = out.get(start..) else {
         return;
     };
-    // A byte scan: the three are ASCII, so no byte of a multi-byte character matches, and a `char`
-    // pattern would decode every character of every value of every line.
-    if !value.bytes().any(|b| matches!(b, b' ' | b'=' | b'"')) {
+    if !needs_quotes(value.as_bytes()) {
         return;
     }
     let value = value.to_string();
@@ -692,6 +690,32 @@ fn quote_tail(out: &mut String, start: usize) {
         out.push(c);
     }
     out.push('"');
+}
+
+/// True when `value` has a space, `=` or `"`, tested eight bytes at a time (a job's span has three
+/// values, its done line one: byte by byte this test cost a no-op job about 350 instructions). The three
+/// are ASCII, so no byte of a multi-byte character matches.
+fn needs_quotes(value: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether any byte of `x` is zero (exact as to whether, not as to where).
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
+    let mut words = value.chunks_exact(8);
+    for w in &mut words {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        let x = u64::from_ne_bytes(word);
+        if zero(x ^ (ONES * u64::from(b' ')))
+            || zero(x ^ (ONES * u64::from(b'=')))
+            || zero(x ^ (ONES * u64::from(b'"')))
+        {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|b| matches!(b, b' ' | b'=' | b'"'))
 }
 
 /// A span's fields for JSON lines (see [`JsonVisitor`] for the values).
@@ -1126,6 +1150,27 @@ mod tests {
             assert!(out.contains("kept"), "{format:?}");
             if format == LogFormat::Json {
                 serde_json::from_str::<serde_json::Value>(out.trim()).expect("one JSON line");
+            }
+        }
+    }
+
+    /// The eight-at-a-time test agrees with a byte-by-byte one for each of the three bytes at every
+    /// position of values of every length up to three words, beside multi-byte characters and bytes
+    /// one off from the three.
+    #[test]
+    fn needs_quotes_finds_a_space_an_equals_sign_or_a_quote_anywhere() {
+        let slow = |v: &[u8]| v.iter().any(|b| matches!(b, b' ' | b'=' | b'"'));
+        for len in 0..=24 {
+            for fill in ["a", "é", "!", "<", "#", "\u{7f}", "\u{a0}"] {
+                let base: Vec<u8> = fill.as_bytes().iter().copied().cycle().take(len).collect();
+                assert_eq!(needs_quotes(&base), slow(&base), "{base:?}");
+                for at in 0..len {
+                    for c in [b' ', b'=', b'"', b'!', b'<', b'#', b'\x1f'] {
+                        let mut v = base.clone();
+                        v[at] = c;
+                        assert_eq!(needs_quotes(&v), slow(&v), "{v:?}");
+                    }
+                }
             }
         }
     }
