@@ -7,7 +7,7 @@
 #    (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (tests enqueue as a Rails
 #    app would, run a real Ruby Sidekiq server beside ours and render the Sidekiq Web UI;
 #    ruby-activejob pulls in ruby-globalid) and openssl (throwaway TLS certificates).
-# 2. `cargo build --workspace --tests`: the process-level tests run target/debug/oxidekiq, which
+# 2. `cargo build --workspace --all-targets`: the process-level tests run target/debug/oxidekiq, which
 #    `cargo test` alone does not build (it belongs to the `workers` crate). CARGO_TARGET_DIR is honoured.
 # 3. The tests: `cargo nextest run --workspace` (every test binary side by side, .config/nextest.toml)
 #    and `cargo test --workspace --doc`; where cargo-nextest is missing, or OXIDEKIQ_CARGO_TEST=1, or
@@ -31,9 +31,11 @@ valkey-server --version
 ruby --version
 ruby -e 'require "sidekiq"; require "active_job"; puts "sidekiq #{Sidekiq::VERSION}, activejob #{ActiveJob.version}"'
 
-step "cargo build --workspace --tests"
-cargo build --workspace
-cargo build --workspace --tests
+# One build of every target: the tests' features (tokio's test-util, oxidekiq's `testing`) are then the
+# binary's too, so the dependencies and the library build once, not once for the binary and again with
+# the tests' features (tokio and all that depends on it were compiled twice so).
+step "cargo build --workspace --all-targets"
+cargo build --workspace --all-targets
 
 # The fuzz target builds (release, instrumented) while the tests run: they wait far more than they
 # compute. FUZZ_SECONDS=0 skips it.
