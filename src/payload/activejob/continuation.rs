@@ -247,7 +247,8 @@ impl Continuation {
             _ => Map::new(),
         };
         let n = counts.get(counted_as).and_then(Value::as_u64).unwrap_or(0);
-        counts.insert(counted_as.to_owned(), (n + 1).into());
+        // Saturating: a payload's count of u64::MAX must not overflow (a panic in a debug build).
+        counts.insert(counted_as.to_owned(), n.saturating_add(1).into());
         let scheduled = chrono::Duration::from_std(wait)
             .ok()
             .and_then(|d| now.checked_add_signed(d))
@@ -256,12 +257,12 @@ impl Continuation {
             out.insert(k.into(), v);
         };
         set(&mut out, "provider_job_id", running_jid.into());
-        set(&mut out, "executions", (executions + 1).into());
+        set(&mut out, "executions", executions.saturating_add(1).into());
         set(&mut out, "exception_executions", Value::Object(counts));
         set(&mut out, "enqueued_at", iso8601_9(now).into());
         set(&mut out, "scheduled_at", iso8601_9(scheduled).into());
         set(&mut out, "continuation", progress.to_value());
-        let resumed = resumptions + u64::from(before.is_started());
+        let resumed = resumptions.saturating_add(u64::from(before.is_started()));
         set(&mut out, "resumptions", resumed.into());
         Ok(out)
     }
@@ -376,6 +377,37 @@ mod tests {
             c.to_value(),
             json!({"completed": ["prepare"], "current": ["records", "k1"]})
         );
+    }
+
+    /// Review (issue 39): counts from a payload at `u64::MAX` (`executions`, `resumptions`, an
+    /// `exception_executions` entry) stay there instead of overflowing (a panic in a debug build, a
+    /// wrap to 0 in release, which would restart `max_resumptions`' count).
+    #[test]
+    fn counts_at_their_largest_do_not_overflow() {
+        let max = u64::MAX;
+        let c = Continuation {
+            completed: vec![],
+            current: Some(("s".into(), json!(1))),
+        };
+        let message = format!("Interrupted {} (stopping)", c.description());
+        let data = json!({
+            "executions": max,
+            "resumptions": max,
+            "continuation": {"completed": [], "current": ["s", 0]},
+            "exception_executions": {message.clone(): max},
+        });
+        let out = c
+            .interrupted_job_data(
+                data.as_object().unwrap(),
+                "j",
+                InterruptReason::Stopping,
+                Utc::now(),
+                std::time::Duration::from_secs(5),
+            )
+            .unwrap();
+        assert_eq!(out["executions"], json!(max));
+        assert_eq!(out["resumptions"], json!(max));
+        assert_eq!(out["exception_executions"][&message], json!(max));
     }
 
     #[test]
