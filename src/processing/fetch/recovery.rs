@@ -774,8 +774,10 @@ pub(crate) const SCAN_EVERY: Duration = Duration::from_secs(300);
 
 /// Whether this process walks the keyspace now for the fleet: it takes [`keys::RECOVERY_WALK`] for
 /// [`SCAN_EVERY`] unless another process took it since. A key that cannot be taken for another reason
-/// (damaged, refused) lets it walk: the net must not fail closed.
-async fn take_walk(conn: &mut Conn, identity: &str) -> bool {
+/// (damaged, refused) lets it walk: the net must not fail closed. A key there that is no turn of
+/// ours (every one is a string with a TTL) counts as damaged: `SET NX` answers nil for a key of any type
+/// or without a TTL, which stopped every walk of the fleet for good (review of issue 43).
+pub(super) async fn take_walk(conn: &mut Conn, identity: &str) -> bool {
     let r: redis::RedisResult<Option<String>> = redis::cmd("SET")
         .arg(keys::RECOVERY_WALK)
         .arg(identity)
@@ -784,7 +786,27 @@ async fn take_walk(conn: &mut Conn, identity: &str) -> bool {
         .arg(SCAN_EVERY.as_millis() as u64)
         .query_async(conn)
         .await;
-    !matches!(r, Ok(None))
+    if !matches!(r, Ok(None)) {
+        return true;
+    }
+    let (Ok(kind), Ok(ttl)) = (
+        key_type(conn, keys::RECOVERY_WALK).await,
+        redis::cmd("PTTL")
+            .arg(keys::RECOVERY_WALK)
+            .query_async::<i64>(conn)
+            .await,
+    ) else {
+        return false;
+    };
+    if kind == "none" || (kind == "string" && ttl != -1) {
+        return false;
+    }
+    if first_report(&format!("{} {kind} {ttl}", keys::RECOVERY_WALK)) {
+        tracing::error!(key = keys::RECOVERY_WALK, key_type = %kind, ttl_ms = ttl,
+            "orphan recovery: {} is a {kind} without the TTL its turn always has: not a key of \
+             oxidekiq's; this process walks at its own turns (delete the key to restore it)", keys::RECOVERY_WALK);
+    }
+    true
 }
 
 /// The recovery loop of a reliable-fetch process: a pass at once, then one every `every` (jittered),

@@ -530,3 +530,32 @@ async fn a_process_found_by_a_walk_is_recovered_while_another_process_runs_passe
         c.llen::<_, usize>(&list).unwrap()
     );
 }
+
+/// Review of issue 43 (fixed): the fleet's walk, recovery's safety net, is taken with `SET
+/// oxidekiq:recovery-walk <id> NX PX 300000`, which answers nil for a key of any type or one without a
+/// TTL: such a key (damaged, or left by hand) stopped every periodic walk of the fleet for good, silently.
+/// Now only a turn of ours (a string with a TTL) keeps a process from walking.
+#[tokio::test]
+async fn a_damaged_walk_key_does_not_stop_the_fleets_walks() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let walk = oxidekiq::keys::RECOVERY_WALK;
+    assert!(super::recovery::take_walk(&mut conn, ME).await, "free");
+    assert!(
+        !super::recovery::take_walk(&mut conn, "other:1:aaaaaaaaaaaa").await,
+        "another process's turn"
+    );
+    let _: () = c.del(walk).unwrap();
+    let _: () = c.hset(walk, "f", "v").unwrap();
+    assert!(
+        super::recovery::take_walk(&mut conn, ME).await,
+        "a hash there stops no walk"
+    );
+    let _: () = c.del(walk).unwrap();
+    let _: () = c.set(walk, "by hand").unwrap();
+    assert!(
+        super::recovery::take_walk(&mut conn, ME).await,
+        "a string without a TTL stops no walk"
+    );
+}
