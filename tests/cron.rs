@@ -863,3 +863,65 @@ fn a_round_reads_only_the_due_schedules_between_whole_reads() {
         "{read} HGETALL in 5 s of a 1-second schedule beside 2 000 hourly ones (a whole read is 2 001)"
     );
 }
+
+/// Review of issue 43 (DEFECT, left open): between whole reads a round re-reads the schedules its cached
+/// copy finds due, and that copy is never told a tick was enqueued (its `last_enqueue_time` stays as the
+/// whole read found it, `src/ops/cron/mod.rs`, the cached branch of the round): after a minute's tick
+/// every minutely schedule stays "due" in the cache until the next whole read (up to the poll interval),
+/// so each round (every second, for a schedule ticking every second) reads all of them again. Measured
+/// with 2 000 minutely schedules: 2 000 `HGETALL` a second for about 25 s of every minute.
+#[test]
+#[ignore = "defect: the cache between whole reads keeps a schedule due after its tick was enqueued (review of issue 43)"]
+fn a_round_after_a_minutely_tick_does_not_read_every_minutely_schedule_again() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let mut pipe = redis::pipe();
+    let n = 500;
+    for i in 0..n {
+        let key = format!("cron_job:minutely{i}");
+        pipe.cmd("HSET")
+            .arg(&key)
+            .arg(&[
+                ("name", format!("minutely{i}").as_str()),
+                ("cron", "* * * * *"),
+                ("klass", "Minutely"),
+                (
+                    "message",
+                    r#"{"queue":"minutely","class":"Minutely","args":[]}"#,
+                ),
+            ])
+            .ignore()
+            .cmd("SADD")
+            .arg("cron_jobs")
+            .arg(&key)
+            .ignore();
+    }
+    pipe.cmd("HSET")
+        .arg("cron_job:every")
+        .arg(&[
+            ("name", "every"),
+            ("cron", "* * * * * *"),
+            ("klass", "Every"),
+            ("message", r#"{"queue":"every","class":"Every","args":[]}"#),
+        ])
+        .ignore()
+        .cmd("SADD")
+        .arg("cron_jobs")
+        .arg("cron_job:every")
+        .ignore();
+    let _: () = pipe.query(&mut conn).unwrap();
+    let ox = Oxidekiq::start(&redis.url(), &["-q", "idle", "--cron-poll-interval", "30"]);
+    // The first whole read enqueues the minute's ticks (all due within their 60 s grace); wait for the
+    // next minute's, which a round between whole reads enqueues from the cache.
+    let ticked = wait_until(Duration::from_secs(90), || {
+        conn.llen::<_, usize>("queue:minutely").unwrap() >= 2 * n
+    });
+    assert!(ticked, "no second minutely tick:\n{}", ox.log());
+    let before = hgetalls(&mut conn);
+    std::thread::sleep(Duration::from_secs(3));
+    let read = hgetalls(&mut conn) - before;
+    assert!(
+        read < 100,
+        "{read} HGETALL in 3 s after a minutely tick of {n} schedules beside one ticking every second"
+    );
+}

@@ -525,27 +525,50 @@ async fn recover_locked(
 ) -> Result<Recovered> {
     let (dead_holders, mut held) = held_by_dead_holders(conn, own_identity).await?;
     let mut watched: Option<&mut Vec<(String, Vec<String>)>> = None;
+    // Whether this pass saw every held key of the keyspace (a walk that Redis served): only such a
+    // pass may drop the suspect marks of the processes it did not judge (see the end of this function).
+    let mut walked = false;
     let mut by_process = match find {
-        Find::Scan(watch) => {
-            let found = held_by_others(conn).await?;
-            let all = group(found, own_identity);
-            let holders: Vec<String> =
-                match redis::cmd("SMEMBERS").arg(HOLDERS).query_async(conn).await {
-                    Ok(h) => h,
-                    Err(e) if crate::Error::from(e.clone()).is_outage() => return Err(e.into()),
-                    Err(_) => Vec::new(),
-                };
-            *watch = all
-                .iter()
-                .filter(|(id, _)| !holders.contains(id))
-                .map(|(id, keys)| (id.clone(), keys.iter().map(|k| k.key.clone()).collect()))
-                .collect();
-            // The index's keys too: a scan may miss a key created while it ran.
-            for (_, keys) in &all {
-                held.extend(keys.iter().map(|k| k.key.clone()));
+        Find::Scan(watch) => match held_by_others(conn).await {
+            Ok(found) => {
+                walked = true;
+                let all = group(found, own_identity);
+                let holders: Vec<String> =
+                    match redis::cmd("SMEMBERS").arg(HOLDERS).query_async(conn).await {
+                        Ok(h) => h,
+                        Err(e) if crate::Error::from(e.clone()).is_outage() => {
+                            return Err(e.into());
+                        }
+                        Err(_) => Vec::new(),
+                    };
+                *watch = all
+                    .iter()
+                    .filter(|(id, _)| !holders.contains(id))
+                    .map(|(id, keys)| (id.clone(), keys.iter().map(|k| k.key.clone()).collect()))
+                    .collect();
+                // The index's keys too: a scan may miss a key created while it ran.
+                for (_, keys) in &all {
+                    held.extend(keys.iter().map(|k| k.key.clone()));
+                }
+                group(held, own_identity)
             }
-            group(held, own_identity)
-        }
+            Err(e) if e.is_outage() => return Err(e),
+            Err(e) => {
+                // A walk refused for good (an ACL without `SCAN`) must not take the pass by index
+                // with it (the loop would then walk, refused, at every pass, and never read an index
+                // again): this pass reads the indexes and the watched processes, as any other.
+                if first_report(&e.to_string()) {
+                    tracing::error!(error = %e, cause = e.fault(),
+                        "orphan recovery cannot walk the keyspace; it reads the indexes of held lists \
+                         only, and lists no index names (an older release's) are not found (reported once)");
+                }
+                for (_, keys) in watch.iter() {
+                    held.extend(keys.iter().cloned());
+                }
+                watched = Some(watch);
+                group(held, own_identity)
+            }
+        },
         Find::Index(watch) => {
             for (_, keys) in watch.iter() {
                 held.extend(keys.iter().cloned());
@@ -685,6 +708,12 @@ async fn recover_locked(
         }
         return Ok(total);
     }
+    // Only a walk judged every process that holds keys: a pass by index judges the dead holders and
+    // its own watched processes, and dropping the others' marks wiped the mark of a process that only
+    // another process's walk found, at every pass, so that it was never recovered (review of issue 43).
+    if !walked {
+        return Ok(total);
+    }
     for hash in [SUSPECTS, BATCH_SUSPECTS] {
         let suspects: Vec<String> = conn.hkeys(hash).await?;
         let gone: Vec<&String> = suspects
@@ -745,8 +774,10 @@ pub(crate) const SCAN_EVERY: Duration = Duration::from_secs(300);
 
 /// Whether this process walks the keyspace now for the fleet: it takes [`keys::RECOVERY_WALK`] for
 /// [`SCAN_EVERY`] unless another process took it since. A key that cannot be taken for another reason
-/// (damaged, refused) lets it walk: the net must not fail closed.
-async fn take_walk(conn: &mut Conn, identity: &str) -> bool {
+/// (damaged, refused) lets it walk: the net must not fail closed. A key there that is no turn of
+/// ours (every one is a string with a TTL) counts as damaged: `SET NX` answers nil for a key of any type
+/// or without a TTL, which stopped every walk of the fleet for good (review of issue 43).
+pub(super) async fn take_walk(conn: &mut Conn, identity: &str) -> bool {
     let r: redis::RedisResult<Option<String>> = redis::cmd("SET")
         .arg(keys::RECOVERY_WALK)
         .arg(identity)
@@ -755,7 +786,27 @@ async fn take_walk(conn: &mut Conn, identity: &str) -> bool {
         .arg(SCAN_EVERY.as_millis() as u64)
         .query_async(conn)
         .await;
-    !matches!(r, Ok(None))
+    if !matches!(r, Ok(None)) {
+        return true;
+    }
+    let (Ok(kind), Ok(ttl)) = (
+        key_type(conn, keys::RECOVERY_WALK).await,
+        redis::cmd("PTTL")
+            .arg(keys::RECOVERY_WALK)
+            .query_async::<i64>(conn)
+            .await,
+    ) else {
+        return false;
+    };
+    if kind == "none" || (kind == "string" && ttl != -1) {
+        return false;
+    }
+    if first_report(&format!("{} {kind} {ttl}", keys::RECOVERY_WALK)) {
+        tracing::error!(key = keys::RECOVERY_WALK, key_type = %kind, ttl_ms = ttl,
+            "orphan recovery: {} is a {kind} without the TTL its turn always has: not a key of \
+             oxidekiq's; this process walks at its own turns (delete the key to restore it)", keys::RECOVERY_WALK);
+    }
+    true
 }
 
 /// The recovery loop of a reliable-fetch process: a pass at once, then one every `every` (jittered),

@@ -405,3 +405,157 @@ async fn a_pass_by_index_recovers_without_walking_the_keyspace() {
         "{left:?}"
     );
 }
+
+/// Review of issue 43 (fixed): a keyspace walk that Redis refuses for good (an ACL without
+/// `SCAN`, as managed Redis often has) ends the whole pass, the reading of the index with it
+/// (`recover_locked`: `held_by_others(conn).await?`). `recovery_loop` then gives the fleet's walk back
+/// and set `next_scan` to now, so every later pass of that process was again a walk, refused again: about
+/// five minutes after its start (`SCAN_EVERY`) a process whose ACL refuses `SCAN` never recovered a dead
+/// process again (measured: a killed process's list still held 60 s after the kill, 3 s grace).
+/// Now such a walk pass reads the indexes as any other pass: the dead holder's indexed lists go back.
+#[tokio::test]
+async fn a_refused_walk_still_recovers_by_index() {
+    use fetch::Fetch;
+    use fetch::recovery::Find;
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all", "-scan",
+        ])
+        .query(&mut c)
+        .unwrap();
+    let limited = redis.url().replacen("redis://", "redis://limited:pw@", 1);
+    let mut conn = redis_conn::connect(&redis::Client::open(limited).unwrap())
+        .await
+        .unwrap();
+    let other = "other:9:cccccccccccd";
+    super::tests_scripts::fill(&mut c, "a", 2);
+    let f = super::tests_scripts::fetcher(&redis, &["a"], other).await;
+    assert_eq!(f.retrieve_work(2).await.unwrap().len(), 2);
+    fetch::mark_alive(&mut conn, other, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let _: () = c.del(oxidekiq::keys::alive(other)).unwrap();
+    let grace = Duration::from_millis(300);
+    let mut requeued = 0;
+    let mut errors = Vec::new();
+    for _ in 0..3 {
+        let mut watch = Vec::new();
+        match fetch::recovery::recover_found(
+            &mut conn,
+            ME,
+            time::now(),
+            policy(grace),
+            Find::Scan(&mut watch),
+        )
+        .await
+        {
+            Ok(r) => requeued += r.map_or(0, |r| r.requeued),
+            Err(e) => errors.push(e.to_string()),
+        }
+        tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        requeued, 2,
+        "the dead holder's indexed jobs were not recovered by walk passes whose SCAN is refused: {errors:?}"
+    );
+}
+
+/// Review of issue 43 (fixed): a process that no index names (an older release's, or one
+/// whose index is damaged or that left the holders) is found only by a keyspace walk, then watched by
+/// the walker's passes until one a grace later recovers it. But every pass ends by deleting the suspect
+/// marks of the processes it did not judge (`recover_locked`, the `HDEL` of `gone`), and another
+/// process's pass by index judges only the dead holders and its own watch: in a fleet of two, the other
+/// process's pass between the walker's wipes the mark, the walker's next pass marks it again as if first
+/// seen, and so on: its jobs were never recovered (not "one grace after the walk"). Now only a walk,
+/// which judges every process holding keys, drops the marks of the processes it did not judge.
+#[tokio::test]
+async fn a_process_found_by_a_walk_is_recovered_while_another_process_runs_passes_by_index() {
+    use fetch::recovery::Find;
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let other_pass = "me2:2:bbbbbbbbbbbb";
+    // An older release's process (no index, not among the holders), dead, holding one batch list.
+    let old = "oldhost:6:eeeeeeeeeeee";
+    let list = format!("oxidekiq:batch:{old}:default:@1");
+    let _: () = c.rpush(&list, JOB).unwrap();
+    let grace = Duration::from_millis(300);
+    let mut watch = Vec::new();
+    let r = fetch::recovery::recover_found(
+        &mut conn,
+        ME,
+        time::now(),
+        policy(grace),
+        Find::Scan(&mut watch),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.suspects, 1);
+    assert_eq!(watch.len(), 1, "{watch:?}");
+    // Passes alternate between the walker and another live process of the fleet (each runs one every
+    // two beats; the recovery lock only keeps them from overlapping), over ten graces.
+    let mut requeued = 0;
+    for _ in 0..10 {
+        let mut none = Vec::new();
+        fetch::recovery::recover_found(
+            &mut conn,
+            other_pass,
+            time::now(),
+            policy(grace),
+            Find::Index(&mut none),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        tokio::time::sleep(grace + Duration::from_millis(50)).await;
+        requeued += fetch::recovery::recover_found(
+            &mut conn,
+            ME,
+            time::now(),
+            policy(grace),
+            Find::Index(&mut watch),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+        .requeued;
+    }
+    assert_eq!(
+        requeued,
+        1,
+        "the walked-only process's job was never recovered over ten graces ({} still in {list})",
+        c.llen::<_, usize>(&list).unwrap()
+    );
+}
+
+/// Review of issue 43 (fixed): the fleet's walk, recovery's safety net, is taken with `SET
+/// oxidekiq:recovery-walk <id> NX PX 300000`, which answers nil for a key of any type or one without a
+/// TTL: such a key (damaged, or left by hand) stopped every periodic walk of the fleet for good, silently.
+/// Now only a turn of ours (a string with a TTL) keeps a process from walking.
+#[tokio::test]
+async fn a_damaged_walk_key_does_not_stop_the_fleets_walks() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let walk = oxidekiq::keys::RECOVERY_WALK;
+    assert!(super::recovery::take_walk(&mut conn, ME).await, "free");
+    assert!(
+        !super::recovery::take_walk(&mut conn, "other:1:aaaaaaaaaaaa").await,
+        "another process's turn"
+    );
+    let _: () = c.del(walk).unwrap();
+    let _: () = c.hset(walk, "f", "v").unwrap();
+    assert!(
+        super::recovery::take_walk(&mut conn, ME).await,
+        "a hash there stops no walk"
+    );
+    let _: () = c.del(walk).unwrap();
+    let _: () = c.set(walk, "by hand").unwrap();
+    assert!(
+        super::recovery::take_walk(&mut conn, ME).await,
+        "a string without a TTL stops no walk"
+    );
+}
