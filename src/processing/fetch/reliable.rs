@@ -43,6 +43,10 @@
 //! The batch lists of processes that died (and the working keys and landing lists of older releases)
 //! are pushed back by [`super::recovery`]. The lists live under `oxidekiq:batch:`, a prefix no older
 //! release scans (see `keys::BATCH`).
+//!
+//! [`MAX_BATCH`]: super::MAX_BATCH
+//! [`BATCH_BYTES`]: super::BATCH_BYTES
+//! [`GUARD_LUA`]: fast::GUARD_LUA
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,13 +54,12 @@ use std::time::{Duration, Instant};
 
 use redis::Script;
 
-use super::{BATCH_BYTES, BoxFuture, Fetch, MAX_BATCH, QueueOrder, Setup, Stalls, UnitOfWork};
+use super::{BoxFuture, Fetch, QueueOrder, Setup, Stalls, UnitOfWork};
 use crate::config::QueueWeight;
 use crate::error::Result;
 use crate::keys;
-use crate::lua::{dead_trim, lua_common, script_error};
+use crate::lua::script_error;
 use crate::redis_conn::Conn;
-use crate::time::{self, score};
 
 mod acks;
 mod batch;
@@ -66,11 +69,11 @@ mod size_bound;
 mod sweeps;
 mod wait;
 
-use self::acks::*;
-use self::batch::*;
-use self::fast::*;
-use self::script::*;
-use self::size_bound::*;
+use self::acks::{RIDE_WAIT, Rider};
+use self::batch::Held;
+use self::fast::{Fast, fast_batch};
+use self::script::FETCH_LUA;
+use self::size_bound::COMPRESSED_RATIO;
 
 /// The reliable fetcher of one process.
 #[derive(Debug)]

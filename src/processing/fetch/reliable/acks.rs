@@ -1,7 +1,13 @@
 //! Acks of reliable fetch: the batch lists' acks sets and deletes, riding on the next fetch's pipeline
 //! or sent alone.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::super::UnitOfWork;
+use super::{Reliable, poisoned};
+use crate::error::Result;
 
 /// One ack's commands, built by [`Reliable::ack`].
 #[derive(Debug)]

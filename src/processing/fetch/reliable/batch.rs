@@ -1,7 +1,13 @@
 //! The batch lists a reliable fetcher holds: their numbers, the jobs handed out of each and the places
 //! settled, the fetches in flight and those whose reply never came, and the process's strays.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::super::UnitOfWork;
+use super::{Reliable, poisoned};
+use crate::error::Result;
+use crate::keys;
 
 /// The mask of a unit id's place in its batch list.
 pub(super) const PLACE_MASK: u64 = (1 << keys::PLACE_BITS) - 1;

@@ -1,7 +1,16 @@
 //! The fast path of reliable fetch: one transaction (`SORT .. STORE`, the guard, `LRANGE`) for a round
 //! whose first queue is expected to fill the batch.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::super::{MAX_BATCH, UnitOfWork};
+use super::acks::{add_acks, answer_riders};
+use super::batch::Reservation;
+use super::script::reply_bytes;
+use super::{Reliable, describe};
+use crate::error::Result;
+use crate::keys;
 
 /// The guard of the fast path, run inside its transaction (`MULTI`; `SORT` of up to n jobs of queue
 /// KEYS[1] into batch list KEYS[2]; this; `LRANGE` of the batch list; `EXEC`): it trims the queue of the
@@ -19,6 +28,8 @@ use super::*;
 /// queued. Every call goes through `pcall`, and no value is used before its type is checked: an error
 /// this script raised would leave that read unguarded too. A copy kept (trimmed off the queue) is added
 /// to the process's index of held lists KEYS[3] ([`keys::held_index`]).
+///
+/// [`COMPRESSED_RATIO`]: super::size_bound::COMPRESSED_RATIO
 pub(super) const GUARD_LUA: &str = include_str!("guard.lua");
 
 /// What a fast-path fetch did.

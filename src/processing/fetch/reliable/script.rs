@@ -1,7 +1,17 @@
 //! The script path of reliable fetch: the batch script over several queues and the reading of its
 //! records.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::super::{MAX_BATCH, UnitOfWork};
+use super::Reliable;
+use super::acks::{add_acks, answer_riders};
+use super::batch::Reservation;
+use crate::error::Result;
+use crate::keys;
+use crate::lua::{dead_trim, lua_common};
+use crate::time::{self, score};
 
 /// The batch fetch of the script path (see the module docs for when it runs). KEYS[1] is the dead set,
 /// then four keys per queue, in the round's order: its landing list (where a blocking wait put a job) and
@@ -29,6 +39,8 @@ use super::*;
 /// keyspace scan).
 /// Numbers go back as integer replies and constant arguments as strings: every number Lua turns into a
 /// string is a `printf` of a double, a few thousand instructions each, at a fixed cost per fetch.
+///
+/// [`COMPRESSED_RATIO`]: super::size_bound::COMPRESSED_RATIO
 pub(super) const FETCH_LUA: &str = concat!(lua_common!(), include_str!("fetch.lua"));
 
 /// What one run of the batch script reported, by source (its place in the round's sources).

@@ -1,7 +1,11 @@
 //! The payload size bound of a batch list's copy: the budget and limit, and the server's list
 //! compression, which `MEMORY USAGE` under-counts.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::super::BATCH_BYTES;
+use super::Reliable;
 
 /// How many bytes one list element may hold for each byte that `MEMORY USAGE` counts of its list, when
 /// the server compresses list nodes (`list-compress-depth` > 0; Valkey 9.1's `SORT .. STORE` builds its
@@ -39,6 +43,8 @@ impl Reliable {
     /// lists, so a batch of jobs within the limit is copied whole rather than read job by job through Lua
     /// at every fetch; no bound otherwise (a batch that could hold a payload over the limit is read job
     /// by job, as it was before compressed lists were accounted for).
+    ///
+    /// [`fast_batch`]: super::fast::fast_batch
     pub(super) fn batch_room(&self) -> usize {
         match self.mem_ratio.load(Ordering::Relaxed) {
             0 | 1 => usize::MAX,

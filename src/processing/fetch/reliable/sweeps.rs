@@ -1,6 +1,15 @@
 //! Push-back of reliable fetch: requeues, the sweeps of lost and held lists, and the held lists' index.
 
-use super::*;
+use std::sync::Arc;
+
+use redis::Script;
+
+use super::super::UnitOfWork;
+use super::{Reliable, poisoned};
+use crate::error::Result;
+use crate::keys;
+use crate::lua::{lua_common, script_error};
+use crate::redis_conn::Conn;
 
 /// Pushes every job of this process's own batch list KEYS[1] (in serve order, as every list of this
 /// release) not in its acks set KEYS[2] (or of its landing list KEYS[1], given as KEYS[2] too) back to

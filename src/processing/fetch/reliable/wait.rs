@@ -1,6 +1,12 @@
 //! The blocking wait of reliable fetch when every queue is empty, and the landing lists it marks.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::{QueueState, Reliable, describe};
+use crate::error::Result;
+use crate::keys;
 
 /// Counts a fetch loop in a blocking wait for as long as it lives.
 pub(super) struct Waiting<'a>(&'a AtomicUsize);
@@ -52,6 +58,8 @@ impl Reliable {
     /// ([`Fetch::requeue_leftovers`]), so a wait cut short, or one that Redis served after its reply
     /// was no longer awaited, strands nothing; and the fast path keeps off the queue until the script
     /// has looked at its landing list since.
+    ///
+    /// [`Fetch::requeue_leftovers`]: super::super::Fetch::requeue_leftovers
     pub(super) async fn wait_for_work(&self, order: &[Arc<str>]) -> Result<bool> {
         let Some(first) = order.first() else {
             tokio::time::sleep(self.block.min(Duration::from_millis(500))).await;
