@@ -149,7 +149,8 @@ fn the_mirrored_code_is_the_code_the_model_was_checked_against() {
     for (file, what, want) in mirrored::MIRRORED {
         let text =
             std::fs::read_to_string(src.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let snippet = mirrored::cut(&text, what).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let snippet =
+            mirrored::snippet(file, &text, what).unwrap_or_else(|e| panic!("{file}: {e}"));
         let got = mirrored::sha1_hex(&snippet);
         if got != *want {
             changed.push(format!("    (\"{file}\", \"{what}\", \"{got}\"),"));
@@ -204,9 +205,9 @@ fn a_changed_script_fails_the_guard() {
         .iter()
         .find(|(_, w, _)| *w == "const GUARD_LUA")
         .expect("GUARD_LUA is mirrored");
-    let text = std::fs::read_to_string(src.join(file)).expect("reliable.rs");
+    let text = std::fs::read_to_string(src.join(file)).expect("guard.lua");
     let moved = text.replacen("redis.pcall('LTRIM', q", "redis.pcall('LTRIM',  q", 1);
     assert_ne!(moved, text, "the guard's LTRIM was found");
-    let snippet = mirrored::cut(&moved, what).expect("cut");
+    let snippet = mirrored::snippet(file, &moved, what).expect("cut");
     assert_ne!(mirrored::sha1_hex(&snippet), *pinned);
 }

@@ -9,62 +9,63 @@ use sha1::{Digest, Sha1};
 
 /// (file under src/, what to cut, the SHA-1 of its text when the model was last checked against it).
 /// `const NAME` cuts a constant to its closing `"#;` or `);`; `fn NAME` a function to the `}` at its
-/// own indentation; `macro_rules! NAME` a macro likewise.
+/// own indentation; `macro_rules! NAME` a macro likewise. A `.lua` file (a script its constant loads
+/// with `include_str!`) is hashed whole, `what` naming the constant.
 pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/fetch.lua",
         "const FETCH_LUA",
-        "2ce255a69761d2049b6dd131244a6fa336acbd77",
+        "d2dc758ec4426acd4bdc1dd3c945b3d110e69452",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/guard.lua",
         "const GUARD_LUA",
-        "e6104d3a8b923ff4f12951900fd9cf57004474b2",
+        "778a1d9a2d9f57140ad705f97ca2e302b2450d7f",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/sweeps.rs",
         "const MOVE_BACK_LUA",
-        "c15d44d94ca72814c3070621cb31fdd4d183d456",
+        "e7cb8ce128dc22f5221fc9c8a8c7dd3c51e73ffa",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/push_back.lua",
         "const PUSH_BACK_LUA",
-        "c60ee92a979108315dfad84e4c1cdb7f58d665e3",
+        "f85192427c40c325975fa9c4f39dc132ab9201f8",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/fast.rs",
         "fn fetch_fast",
-        "d50185b0087f20f483b1ed2306c355868b9db910",
+        "8d5da1e9a2cf698ebabb573ba56468d569f3f007",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/script.rs",
         "fn fetch_batch",
-        "26d458518c43635e6fce4f19ee7d710f631e352e",
+        "d25a6ee0db730dd15d6c6866180bb722a733dbe2",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/batch.rs",
         "fn settle",
-        "d349084b0b777fa3a7eb110b479fd4a42a32f463",
+        "38ad53e2ea7556b3b278ed6887606d57867b4be3",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/acks.rs",
         "fn ack",
-        "31a276d67dde5c69f36e83e2382240d9e6b38225",
+        "7082b4ddcf234d91a166292ee81220e2201de850",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/sweeps.rs",
         "fn requeue",
-        "1c9ad8fec35b82558c6d319220b1a14189719feb",
+        "58fef675ba770ae81f0d626901b00cd1351472d4",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/sweeps.rs",
         "fn leftovers",
-        "ecaf7592da75103133c87c65eb2007fb63045c37",
+        "1c7efb19c4516baaa7816e0b5cfb5e46ae9e7042",
     ),
     (
-        "processing/fetch/reliable.rs",
+        "processing/fetch/reliable/sweeps.rs",
         "fn reconcile_now",
-        "0fb88d03afb4d373b3a1f9da3cef6d3bf440f2de",
+        "f9c1fc7c1dbf597e05a631f2b05e60b8a1f4ca6a",
     ),
     (
         "processing/fetch/mod.rs",
@@ -112,6 +113,14 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
         "1d85cf121cd5dc05ca80cc21975aafc7c9211d98",
     ),
 ];
+
+/// The text hashed for `what` of `file` whose text is `source`: a `.lua` file whole, else [`cut`].
+pub fn snippet(file: &str, source: &str, what: &str) -> Result<String, String> {
+    if file.ends_with(".lua") {
+        return Ok(source.to_string());
+    }
+    cut(source, what)
+}
 
 /// The text of `what` in `source`, or why it cannot be found.
 pub fn cut(source: &str, what: &str) -> Result<String, String> {

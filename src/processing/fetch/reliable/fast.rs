@@ -1,0 +1,285 @@
+//! The fast path of reliable fetch: one transaction (`SORT .. STORE`, the guard, `LRANGE`) for a round
+//! whose first queue is expected to fill the batch.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::super::{MAX_BATCH, UnitOfWork};
+use super::acks::{add_acks, answer_riders};
+use super::batch::Reservation;
+use super::script::reply_bytes;
+use super::{Reliable, describe};
+use crate::error::Result;
+use crate::keys;
+
+/// The guard of the fast path, run inside its transaction (`MULTI`; `SORT` of up to n jobs of queue
+/// KEYS[1] into batch list KEYS[2]; this; `LRANGE` of the batch list; `EXEC`): it trims the queue of the
+/// jobs the copy holds, and only when the copy is there and holds no job over ARGV[1] bytes (the payload
+/// limit or the batch budget, whichever is lower, over [`COMPRESSED_RATIO`] when the server may compress
+/// the list's nodes: every job in it is at most `MEMORY USAGE` of it, times that ratio).
+/// Returns that size (0 when the `SORT` copied nothing, or failed: then nothing is trimmed). Otherwise
+/// the copy is deleted and the queue left as it was, so the `LRANGE` reads nothing: `{'over', size}`,
+/// `{'refused', error}` (`MEMORY`, `LLEN` or `LTRIM` refused, an ACL) or `{'type', type}` (the queue is
+/// no list: `SORT` copies a set or a sorted set, which `LTRIM` refuses). The trim is here, not a command
+/// of the transaction: a command of a transaction that fails when it runs (a `SORT` refused by an ACL
+/// changed after it was queued) does not stop the others, and an `LTRIM` beside it would remove jobs
+/// no list holds. Sent whole with `EVAL` (a few hundred bytes), never `EVALSHA`: inside a transaction a
+/// `NOSCRIPT` would come after the `SORT` ran, and the `LRANGE` would read an unguarded list of jobs still
+/// queued. Every call goes through `pcall`, and no value is used before its type is checked: an error
+/// this script raised would leave that read unguarded too. A copy kept (trimmed off the queue) is added
+/// to the process's index of held lists KEYS[3] ([`keys::held_index`]).
+///
+/// [`COMPRESSED_RATIO`]: super::size_bound::COMPRESSED_RATIO
+pub(super) const GUARD_LUA: &str = include_str!("guard.lua");
+
+/// What a fast-path fetch did.
+#[derive(Debug)]
+pub(super) enum Fast {
+    /// Jobs taken from the queue, in the order it served them (none: it was empty).
+    Took(Vec<UnitOfWork>),
+    /// The queue's key is no list: paused, nothing taken.
+    Stalled,
+    /// Nothing taken, the queue as it was: this fetch goes through the script (the batch could hold a
+    /// payload over the limit, or Redis refused a command of the fast path).
+    Script,
+}
+
+/// About how many bytes one fast-path batch copies, unless that is fewer than [`FAST_BATCH_JOBS`] jobs:
+/// `SORT .. STORE` holds a copy of every job of the batch at once before it builds the list, and Redis's
+/// cost per job of it grows with the batch (4 KB payloads: 2 µs a job in batches of 50, 4 µs in batches of
+/// 200; 16 KB: 5-6 µs in batches of 50, 10-20 µs in batches of 200), while a batch's fixed cost (the
+/// guard, the `LTRIM`, a round trip) is spread over fewer jobs the smaller it is
+/// (bench/results/redis-per-job.md).
+pub(super) const FAST_BATCH_BYTES: usize = 256 * 1024;
+
+/// Jobs a fast-path batch may hold past [`FAST_BATCH_BYTES`], within [`FAST_BATCH_MAX_BYTES`].
+pub(super) const FAST_BATCH_JOBS: usize = 64;
+
+/// The most bytes a fast-path batch copies, whatever its count (it holds at least 8 jobs).
+pub(super) const FAST_BATCH_MAX_BYTES: usize = 1024 * 1024;
+
+/// Jobs one fast-path batch asks for: the free slots (at most [`MAX_BATCH`]), and, for jobs of
+/// `job_bytes` each (the last batch's `MEMORY USAGE` per job; 0: not known yet), about
+/// [`FAST_BATCH_BYTES`] of them or [`FAST_BATCH_JOBS`], whichever is more, within
+/// [`FAST_BATCH_MAX_BYTES`] and no fewer than 8, and within `room` (the most `MEMORY USAGE` a copy may
+/// have for the guard to pass it, while lists may be compressed; at least one job), so a copy is not
+/// made only to be deleted.
+pub(super) fn fast_batch(max: usize, job_bytes: usize, room: usize) -> usize {
+    let max = max.clamp(1, MAX_BATCH);
+    if job_bytes == 0 {
+        return max;
+    }
+    let n = (FAST_BATCH_BYTES / job_bytes)
+        .max(FAST_BATCH_JOBS)
+        .min(FAST_BATCH_MAX_BYTES / job_bytes)
+        .max(8)
+        .min((room / job_bytes).max(1));
+    max.min(n)
+}
+
+/// Replies of the fast path's transaction before the riding acks': `MULTI`, three `QUEUED`, `EXEC`.
+pub(super) const FAST_REPLIES: usize = 5;
+
+impl Reliable {
+    /// Whether a fetch whose round starts with `queue` takes the fast path.
+    pub(super) fn fast_fits(&self, queue: &str) -> bool {
+        self.fast.load(Ordering::Relaxed)
+            && self
+                .with_queue(queue, |s| s.full && !s.landing)
+                .unwrap_or(false)
+    }
+
+    /// Turns the fast path off for good, once: Redis refused one of its commands.
+    pub(super) fn refuse_fast(&self, why: &str) {
+        if self.fast.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                error = why,
+                "redis refused a command of the fast fetch path; this process fetches through the batch script from now on"
+            );
+        }
+    }
+
+    /// The fast path: one transaction takes up to `max` jobs of `queue` into a new batch list and reads
+    /// them, no script between them but a guard of a few calls ([`GUARD_LUA`]):
+    /// `MULTI; SORT queue:<q> BY nosort DESC LIMIT 0 <n> STORE <list>; EVAL <guard>; LRANGE <list> 0 -1;
+    /// EXEC`, with the acks waiting for a fetch after it. The `SORT`'s count is how many it took (a queue
+    /// shorter than n gives what it has); the guard trims exactly the jobs the list holds off the queue,
+    /// only once the copy is there and within the limit. Nothing runs between the copy and the trim, so
+    /// the list holds exactly the jobs the queue lost, and a copy that failed removes nothing.
+    pub(super) async fn fetch_fast(&self, queue: &Arc<str>, max: usize) -> Result<Fast> {
+        let job_bytes = self.with_queue(queue, |s| s.job_bytes).unwrap_or(0);
+        let n = fast_batch(max, job_bytes, self.batch_room());
+        let batch = self.reserve_numbers(1);
+        let list = self.lists(queue, batch);
+        let mut reservation = Reservation::new(self, vec![list.clone()], (batch, batch + 1));
+        let qkey = keys::queue(queue);
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI")
+            .cmd("SORT")
+            .arg(&qkey)
+            .arg("BY")
+            .arg("nosort")
+            .arg("DESC")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(n)
+            .arg("STORE")
+            .arg(&list.0)
+            .cmd("EVAL")
+            .arg(GUARD_LUA)
+            .arg(3)
+            .arg(&qkey)
+            .arg(&list.0)
+            .arg(&self.index)
+            .arg(self.room())
+            .cmd("LRANGE")
+            .arg(&list.0)
+            .arg(0)
+            .arg(-1)
+            .cmd("EXEC");
+        let riders = self.take_riders();
+        for r in &riders {
+            add_acks(&mut pipe, &r.cmds, &self.index);
+        }
+        pipe.ignore_errors();
+        let replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
+            pipe.query_async(&mut self.conn.clone()).await;
+        answer_riders(riders, &replies, FAST_REPLIES);
+        let mut replies = replies?;
+        replies.truncate(FAST_REPLIES);
+        let exec = match replies.pop() {
+            Some(Ok(redis::Value::Array(items))) => items,
+            Some(Err(e)) if e.code() == Some("EXECABORT") => {
+                // Refused before it ran (nothing happened): by an ACL or a command renamed away for
+                // good, or for now (a replica after a failover, out of memory).
+                reservation.answered = true;
+                let first = replies
+                    .into_iter()
+                    .skip(1)
+                    .find_map(|r| r.err())
+                    .unwrap_or(e);
+                if matches!(first.code(), Some("NOPERM") | Some("ERR")) {
+                    self.refuse_fast(&first.to_string());
+                    return Ok(Fast::Script);
+                }
+                return Err(first.into());
+            }
+            Some(Err(e)) => return Err(e.into()),
+            _ => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "the fast fetch's transaction answered no array",
+                ))
+                .into());
+            }
+        };
+        reservation.answered = true;
+        let mut exec = exec.into_iter();
+        let (sorted, guard, read) = (exec.next(), exec.next(), exec.next());
+        if let Some(redis::Value::ServerError(e)) = sorted {
+            // The copy failed, so the guard trimmed nothing: the queue is as it was. Its key is a hash
+            // or a string (`WRONGTYPE`), or Redis refused the `SORT` when the transaction ran (an ACL
+            // changed after it was queued).
+            let e = redis::RedisError::from(e);
+            if e.code() == Some("WRONGTYPE") {
+                let msg = describe(&self.conn, std::slice::from_ref(&qkey), &e).await;
+                self.stalls.stall(queue, &msg);
+                return Ok(Fast::Stalled);
+            }
+            self.refuse_fast(&e.to_string());
+            return Ok(Fast::Script);
+        }
+        let taken = match sorted {
+            Some(redis::Value::Int(c)) => usize::try_from(c).unwrap_or(0),
+            _ => 0,
+        };
+        let copied = match guard {
+            Some(redis::Value::Int(mem)) => usize::try_from(mem).unwrap_or(0),
+            Some(redis::Value::Array(parts)) => {
+                // The copy is deleted and the queue as it was: nothing taken.
+                let mut parts = parts.into_iter().map(reply_bytes);
+                let tag = parts.next().unwrap_or_default();
+                let what = String::from_utf8_lossy(&parts.next().unwrap_or_default()).into_owned();
+                match tag.as_slice() {
+                    // The script reads the queue job by job. Its size per job sizes the next batches
+                    // (the script's too).
+                    b"over" => {
+                        let per_job = what
+                            .parse::<usize>()
+                            .ok()
+                            .and_then(|m| m.checked_div(taken));
+                        self.with_queue(queue, |s| {
+                            s.full = false;
+                            s.job_bytes = per_job.unwrap_or(s.job_bytes);
+                        });
+                        return Ok(Fast::Script);
+                    }
+                    b"type" => {
+                        self.stalls
+                            .stall(queue, &format!("{qkey} is a {what}, not a list"));
+                        return Ok(Fast::Stalled);
+                    }
+                    _ => {
+                        self.refuse_fast(&what);
+                        return Ok(Fast::Script);
+                    }
+                }
+            }
+            other => {
+                // The guard failed (never seen: every call in it is a `pcall`, every value checked),
+                // so nothing was trimmed; what the list held was read, and is a copy of jobs still
+                // queued: deleted, never handed out (it would run them twice).
+                let what = match other {
+                    Some(redis::Value::ServerError(e)) => redis::RedisError::from(e).to_string(),
+                    _ => "no reply".into(),
+                };
+                self.refuse_fast(&what);
+                let _ = redis::cmd("DEL")
+                    .arg(&list.0)
+                    .query_async::<()>(&mut self.conn.clone())
+                    .await;
+                return Ok(Fast::Script);
+            }
+        };
+        let jobs: Vec<Vec<u8>> = match read {
+            Some(v @ redis::Value::Array(_)) => match redis::from_redis_value(v) {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    // Trimmed off the queue, never handed out: the list goes back with the next sweep.
+                    if let Ok(mut h) = self.held.lock() {
+                        h.lost.push(list.clone());
+                    }
+                    return Err(redis::RedisError::from(e).into());
+                }
+            },
+            _ => {
+                // Not read (an ACL changed after the transaction was queued): whatever the list holds
+                // goes back with the next sweep.
+                if let Ok(mut h) = self.held.lock() {
+                    h.lost.push(list.clone());
+                }
+                Vec::new()
+            }
+        };
+        if taken != jobs.len() {
+            // Only a recovery that judged this process dead touches its lists in between.
+            tracing::warn!(queue = %queue, expected = taken, read = jobs.len(),
+                "a batch list changed between the fetch and its read");
+        }
+        self.with_queue(queue, |s| {
+            s.full = taken >= n;
+            if let Some(per_job) = copied.checked_div(taken) {
+                s.job_bytes = per_job;
+            }
+        });
+        self.stalls.unstall(std::slice::from_ref(queue), &[]);
+        self.open(batch, list, jobs.len());
+        let base = batch << keys::PLACE_BITS;
+        Ok(Fast::Took(
+            jobs.into_iter()
+                .enumerate()
+                .map(|(place, raw)| UnitOfWork::new(queue.clone(), base | place as u64, raw))
+                .collect(),
+        ))
+    }
+}
