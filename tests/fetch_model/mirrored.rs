@@ -90,7 +90,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/recovery.rs",
         "fn recover_locked",
-        "255e2830fa58edb720c1c4c06b4690e3ac3cc3b5",
+        "3ff54625f45a81a338fe721a0cb0a0d5d8712ee1",
     ),
     (
         "processing/manager.rs",
