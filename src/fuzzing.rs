@@ -13,7 +13,7 @@ use crate::time::TimeFormat;
 /// the full re-encoding the retry path does, ActiveJob unwrapping, the scheduled poller's re-push and
 /// the dead-set annotations. None of them may panic, whatever the bytes; the assertions are the
 /// fuzzer's oracle (a panic is how libFuzzer reports a finding), so they are meant to panic. One holds
-/// the hand-written header reader (`job/header.rs`) to serde_json's reading of the same text.
+/// the hand-written header reader (`job/header/reader.rs`) to serde_json's reading of the same text.
 pub fn payload(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data)
         && let Err(diff) = crate::job::header::both_ways(text)

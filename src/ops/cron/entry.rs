@@ -16,6 +16,9 @@ use crate::client::{Claim, NewJob};
 use crate::config::truthy_text;
 use crate::keys;
 
+/// The namespace sidekiq-cron 2.x writes to unless told otherwise (`default_namespace`).
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
+
 /// How late a tick may still be enqueued: `not_past_scheduled_time?` (1.8.0) and
 /// `reschedule_grace_period`'s default (2.x), in seconds.
 pub(crate) const GRACE_SECS: i64 = 60;
@@ -225,7 +228,7 @@ pub(crate) fn link_twins(entries: &mut [Entry]) {
         .collect();
     for e in entries.iter_mut() {
         let plain = keys::cron_job(None, &e.name);
-        let namespaced = keys::cron_job(Some(super::store::DEFAULT_NAMESPACE), &e.name);
+        let namespaced = keys::cron_job(Some(DEFAULT_NAMESPACE), &e.name);
         let other = if e.key == plain {
             namespaced
         } else if e.key == namespaced {

@@ -12,15 +12,13 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 
+pub(crate) use super::entry::DEFAULT_NAMESPACE;
 use super::entry::LAST_ENQUEUE_TIME_FORMAT;
 use super::{CronJob, Schedule};
 use crate::error::Result;
 use crate::keys;
 use crate::redis_conn::Conn;
 use crate::time::score;
-
-/// The namespace sidekiq-cron 2.x writes to unless told otherwise (`default_namespace`).
-pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 
 /// How many schedules the gem's `jid_history` keeps (`cron_history_size`, 10).
 const HISTORY_SIZE: i64 = 10;

@@ -14,134 +14,13 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 
+use super::route::{Totals, read_metrics, serving, shares};
 use crate::error::Result;
 use crate::job::Job;
 use crate::keys;
-use crate::metrics::{BUCKET_BOUNDS_MS, BUCKETS};
+use crate::metrics::BUCKET_BOUNDS_MS;
 use crate::redis_conn::Conn;
 use crate::registry::Registry;
-
-/// One class's totals over the window.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Totals {
-    /// Jobs run (`|p`).
-    pub processed: u64,
-    /// Jobs failed (`|f`).
-    pub failed: u64,
-    /// Milliseconds of the successful ones (`|ms`).
-    pub ms: u64,
-    /// Successful jobs per histogram bucket.
-    pub histogram: [u64; BUCKETS],
-}
-
-impl Totals {
-    /// The upper bound (ms, exclusive) of the bucket holding the `q`-quantile job; `None` for the
-    /// last, open-ended bucket or an empty histogram.
-    pub(crate) fn quantile_bound(&self, q: f64) -> Option<Option<u64>> {
-        let total: u64 = self.histogram.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
-        let mut seen = 0;
-        for (i, n) in self.histogram.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                return Some(BUCKET_BOUNDS_MS.get(i).copied());
-            }
-        }
-        Some(None)
-    }
-}
-
-/// Both versions' metrics over a window: class → totals.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SidekiqMetrics {
-    /// From the 7.x keys.
-    pub v7: BTreeMap<String, Totals>,
-    /// From the 8.x keys.
-    pub v8: BTreeMap<String, Totals>,
-}
-
-/// Decodes a histogram string: 26 big-endian u16 counters (missing bytes are zero).
-pub(crate) fn decode_histogram(bytes: &[u8]) -> [u64; BUCKETS] {
-    let mut out = [0u64; BUCKETS];
-    for (i, slot) in out.iter_mut().enumerate() {
-        let hi = bytes.get(2 * i).copied().unwrap_or(0) as u64;
-        let lo = bytes.get(2 * i + 1).copied().unwrap_or(0) as u64;
-        *slot = (hi << 8) | lo;
-    }
-    out
-}
-
-/// Reads both versions' metrics for the `minutes` minutes up to `now`.
-pub(crate) async fn read_metrics(
-    conn: &mut Conn,
-    now: DateTime<Utc>,
-    minutes: i64,
-) -> Result<SidekiqMetrics> {
-    let times: Vec<DateTime<Utc>> = (0..minutes)
-        .map(|m| now - chrono::Duration::minutes(m))
-        .collect();
-    let mut out = SidekiqMetrics::default();
-    for v8 in [false, true] {
-        let mut pipe = redis::pipe();
-        for t in &times {
-            pipe.cmd("HGETALL").arg(if v8 {
-                keys::metrics_minute_v8(*t)
-            } else {
-                keys::metrics_minute_v7(*t)
-            });
-        }
-        // Bytes: a field that is not UTF-8, or a count that is not a number, is skipped.
-        let hashes: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = pipe.query_async(conn).await?;
-        let mut totals: BTreeMap<String, Totals> = BTreeMap::new();
-        for h in &hashes {
-            for (field, n) in h {
-                let (Ok(field), Some(n)) = (
-                    std::str::from_utf8(field),
-                    std::str::from_utf8(n)
-                        .ok()
-                        .and_then(|n| n.parse::<u64>().ok()),
-                ) else {
-                    continue;
-                };
-                let Some((class, metric)) = field.rsplit_once('|') else {
-                    continue;
-                };
-                let e = totals.entry(class.to_string()).or_default();
-                match metric {
-                    "p" => e.processed += n,
-                    "f" => e.failed += n,
-                    "ms" => e.ms += n,
-                    _ => {}
-                }
-            }
-        }
-        for (class, e) in totals.iter_mut() {
-            let mut pipe = redis::pipe();
-            for t in &times {
-                pipe.cmd("GET").arg(if v8 {
-                    keys::histogram_v8(class, *t)
-                } else {
-                    keys::histogram_v7(class, *t)
-                });
-            }
-            let hists: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await?;
-            for h in hists.into_iter().flatten() {
-                for (a, b) in e.histogram.iter_mut().zip(decode_histogram(&h)) {
-                    *a += b;
-                }
-            }
-        }
-        if v8 {
-            out.v8 = totals;
-        } else {
-            out.v7 = totals;
-        }
-    }
-    Ok(out)
-}
 
 fn bound(b: Option<Option<u64>>) -> String {
     match b {
@@ -159,8 +38,8 @@ pub(crate) async fn report(
     limit: usize,
     sample: usize,
 ) -> Result<String> {
-    let shares = super::route::shares(conn).await?;
-    let live = super::route::serving(conn).await?;
+    let shares = shares(conn).await?;
+    let live = serving(conn).await?;
     let metrics = read_metrics(conn, now, 60).await?;
     let rust_of = |class: &str| -> String {
         let registered = registry.get(class).is_some();
@@ -371,6 +250,7 @@ async fn sample_queues(
 
 #[cfg(test)]
 mod tests {
+    use super::super::route::decode_histogram;
     use super::*;
 
     #[test]

@@ -1,0 +1,105 @@
+use super::release::release_named;
+use super::*;
+
+/// Issue 43 item 10: `replace` found a digest's job in `schedule`/`retry` with `ZSCAN MATCH *<d>*`,
+/// so a digest holding a glob character (`?`, `*`, `[`) matched, and deleted, another digest's job.
+#[test]
+fn replace_matches_a_digest_with_glob_characters_literally() {
+    use redis::Commands;
+    let redis = crate::test_support::RedisServer::start();
+    let mut c = redis.conn();
+    let other = r#"{"class":"X","jid":"other","lock_digest":"uniquejobs:abc[1]"}"#;
+    let _: () = c.zadd("schedule", other, 1).unwrap();
+    let replace = |c: &mut redis::Connection, d: &str| -> Option<String> {
+        REPLACE
+            .key("queue:default")
+            .key("schedule")
+            .key("retry")
+            .key("uniquejobs:digests")
+            .arg(d)
+            .invoke(c)
+            .unwrap()
+    };
+    for d in ["uniquejobs:a?c", "uniquejobs:a*", "uniquejobs:abc[1-9]"] {
+        assert_eq!(replace(&mut c, d), None, "{d} matched another digest's job");
+    }
+    assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 1);
+    let mine = r#"{"class":"X","jid":"mine","lock_digest":"uniquejobs:a?c\\*"}"#;
+    let _: () = c.zadd("schedule", mine, 2).unwrap();
+    assert_eq!(
+        replace(&mut c, r"uniquejobs:a?c\\*").as_deref(),
+        Some(mine),
+        "its own job is found"
+    );
+    assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 1);
+}
+
+fn spec(json: &str) -> std::result::Result<Option<Spec>, JobError> {
+    Spec::read(&Job::from_str(json).unwrap())
+}
+
+#[test]
+fn the_gems_fields_are_read_from_the_payload_and_the_digest_is_never_recomputed() {
+    let s = spec(
+        r#"{"class":"X","args":[1],"jid":"j","lock":"while_executing","lock_digest":"uniquejobs:ab:RUN",
+           "lock_ttl":600,"lock_timeout":2,"on_conflict":{"client":"log","server":"reject"},"lock_info":true}"#,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(s.lock, LockType::WhileExecuting);
+    assert_eq!(s.digest, "uniquejobs:ab");
+    assert_eq!(s.run_digest(), "uniquejobs:ab:RUN");
+    assert_eq!((s.pttl, s.timeout, s.limit), (600_000, 2, 1));
+    assert_eq!(s.strategy, Strategy::Reject);
+    assert!(s.info);
+    assert!(
+        spec(r#"{"class":"X","args":["lock_digest"],"jid":"j"}"#)
+            .unwrap()
+            .is_none()
+    );
+    let e = spec(r#"{"class":"X","args":[],"jid":"j","lock":"sometimes","lock_digest":"u:1"}"#)
+        .unwrap_err();
+    assert!(e.message.contains("sometimes"), "{}", e.message);
+    for digest in [
+        "",
+        r#","lock_digest":null"#,
+        r#","lock_digest":"""#,
+        r#","lock_digest":7"#,
+    ] {
+        let e = spec(&format!(
+            r#"{{"class":"X","args":[],"jid":"j","lock":"while_executing"{digest}}}"#
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("without a lock_digest"), "{}", e.message);
+    }
+    assert!(
+        spec(r#"{"class":"X","args":[],"jid":"j","lock":"mine"}"#)
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
+fn the_release_the_gem_writes_names_its_rules() {
+    assert_eq!(release_named("7.1.33"), Some(UniqueJobsGem::V7_1));
+    assert_eq!(release_named("8.0.13"), Some(UniqueJobsGem::V8_0));
+    assert_eq!(release_named("8.1.0"), Some(UniqueJobsGem::V8_1));
+    assert_eq!(release_named("9"), Some(UniqueJobsGem::V8_1));
+    for v in ["", "6.0.0", "x", "-1.0"] {
+        assert_eq!(release_named(v), None, "{v}");
+    }
+}
+
+#[test]
+fn the_wait_follows_each_release() {
+    let s = spec(r#"{"class":"X","args":[],"jid":"j","lock":"until_executed","lock_digest":"u:1","lock_timeout":30}"#)
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.wait(UniqueJobsGem::V8_1), Duration::from_secs(5));
+    assert_eq!(s.wait(UniqueJobsGem::V7_1), Duration::from_secs(30));
+    let s =
+        spec(r#"{"class":"X","args":[],"jid":"j","lock":"until_executed","lock_digest":"u:1"}"#)
+            .unwrap()
+            .unwrap();
+    assert_eq!(s.wait(UniqueJobsGem::V8_0), Duration::from_secs(1));
+}

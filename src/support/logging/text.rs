@@ -1,0 +1,243 @@
+//! The text format: Sidekiq's line shape, `name=value` fields, quoting.
+
+use super::*;
+
+impl Logger {
+    /// Appends the fields of `index`'s span and its ancestors, root first, to `line` (text).
+    pub(super) fn write_context(spans: &Spans, index: usize, line: &mut String, depth: usize) {
+        let Some(slot) = spans.slots.get(index) else {
+            return;
+        };
+        if let Some(parent) = slot.parent
+            && depth < 64
+        {
+            Self::write_context(spans, parent, line, depth + 1);
+        }
+        line.push_str(&slot.text);
+    }
+
+    pub(super) fn text_event(&self, event: &Event<'_>) {
+        with_reused(&LINE, |line| {
+            line.clear();
+            write_time(line);
+            PID_TID.with(|p| line.push_str(p));
+            with_reused(&FIELDS, |f| {
+                // The event's own fields first: their `Debug` may run user code, which must not run
+                // while the span table is locked.
+                f.clear();
+                event.record(f);
+                if let Some(current) = self.current()
+                    && let Ok(spans) = self.spans.lock()
+                {
+                    Self::write_context(&spans, current, line, 0);
+                }
+                line.push_str(&f.rest);
+                line.push(' ');
+                line.push_str(level_name(event.metadata().level()));
+                line.push_str(": ");
+                line.push_str(&f.message);
+            });
+            // Escaped as a whole: classes, jids, queues and error messages come from payloads and
+            // Redis, and escaping the finished line covers every field, span or event, in one place.
+            self.append(|out| {
+                let _ = write_escaped(&mut Bytes(out), line);
+                out.push(b'\n');
+            });
+        });
+    }
+}
+
+/// `fmt::Write` into bytes.
+pub(super) struct Bytes<'a>(pub(super) &'a mut Vec<u8>);
+
+impl fmt::Write for Bytes<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// A span's fields as text, in the shape `tracing_subscriber`'s `DefaultFields` wrote them (which the
+/// line format kept): ` name=value` each, values by `Debug` (so a `%` field prints its `Display`, a
+/// plain string is quoted), a `r#` prefix dropped, `message` without its name.
+pub(super) struct SpanText<'a>(pub(super) &'a mut String);
+
+impl Visit for SpanText<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.0.push(' ');
+            self.0
+                .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
+        } else {
+            // `Debug` quotes it and escapes `"` and `\` inside: already one value.
+            self.0.push(' ');
+            let name = field.name();
+            self.0.push_str(name.strip_prefix("r#").unwrap_or(name));
+            self.0.push('=');
+            let _ = write!(self.0, "{:?}", crate::redact::clip(value, MAX_VALUE_CHARS));
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.push(' ');
+        let name = field.name();
+        if name != "message" {
+            self.0.push_str(name.strip_prefix("r#").unwrap_or(name));
+            self.0.push('=');
+        }
+        let start = self.0.len();
+        let _ = write!(self.0, "{value:?}");
+        clip_tail(self.0, start);
+        if name != "message" {
+            quote_tail(self.0, start);
+        }
+    }
+}
+
+/// The target of a job's span (`class`, `jid`, `queue`, made by the processor for every job): its
+/// values come as `&str` and are written as a `%` value would be, bare unless [`quote_tail`] quotes
+/// them, without going through `core::fmt` (about a tenth of a no-op job's instructions went to
+/// formatting its span and its two lines).
+pub(crate) const JOB_TARGET: &str = concat!(env!("CARGO_CRATE_NAME"), "::job");
+
+/// A job span's fields as text: ` name=value`, a string bare (as `%` writes it), anything else as
+/// [`SpanText`] writes it.
+pub(super) struct JobText<'a>(pub(super) &'a mut String);
+
+impl Visit for JobText<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push(' ');
+        self.0.push_str(field.name());
+        self.0.push('=');
+        let start = self.0.len();
+        self.0
+            .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
+        quote_tail(self.0, start);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        SpanText(self.0).record_debug(field, value);
+    }
+}
+
+/// Quotes the value `out` holds from `start` when it has a space, `=` or `"` in it, with `"` and `\`
+/// escaped inside: a class named `X jid=1 INFO: done` would otherwise read as fields of its own.
+/// Plain values (`HardWorker`, `0.007`) stay bare, as Sidekiq prints them.
+pub(super) fn quote_tail(out: &mut String, start: usize) {
+    let Some(value) = out.get(start..) else {
+        return;
+    };
+    if !needs_quotes(value.as_bytes()) {
+        return;
+    }
+    let value = value.to_string();
+    out.truncate(start);
+    out.push('"');
+    for c in value.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+/// True when `value` has a space, `=` or `"`, tested eight bytes at a time (a job's span has three
+/// values, its done line one: byte by byte this test cost a no-op job about 350 instructions). The three
+/// are ASCII, so no byte of a multi-byte character matches.
+pub(super) fn needs_quotes(value: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether any byte of `x` is zero (exact as to whether, not as to where).
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
+    let mut words = value.chunks_exact(8);
+    for w in &mut words {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        let x = u64::from_ne_bytes(word);
+        if zero(x ^ (ONES * u64::from(b' ')))
+            || zero(x ^ (ONES * u64::from(b'=')))
+            || zero(x ^ (ONES * u64::from(b'"')))
+        {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|b| matches!(b, b' ' | b'=' | b'"'))
+}
+
+/// Collects an event's message and its other fields as ` key=value`; reused per thread, so a log line
+/// allocates nothing once the buffers have grown.
+#[derive(Default)]
+pub(super) struct Fields {
+    pub(super) message: String,
+    pub(super) rest: String,
+}
+
+impl Fields {
+    pub(super) fn clear(&mut self) {
+        self.message.clear();
+        self.rest.clear();
+    }
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message
+                .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
+        } else {
+            self.rest.push(' ');
+            self.rest.push_str(field.name());
+            self.rest.push('=');
+            let start = self.rest.len();
+            self.rest
+                .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
+            quote_tail(&mut self.rest, start);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            let start = self.message.len();
+            let _ = write!(self.message, "{value:?}");
+            clip_tail(&mut self.message, start);
+        } else {
+            self.rest.push(' ');
+            self.rest.push_str(field.name());
+            self.rest.push('=');
+            let start = self.rest.len();
+            let _ = write!(self.rest, "{value:?}");
+            clip_tail(&mut self.rest, start);
+            quote_tail(&mut self.rest, start);
+        }
+    }
+}
+
+/// `2026-11-21T20:02:30.411Z`: the date part is formatted once per second per thread, the
+/// milliseconds written as three digits (no `core::fmt`, no calendar arithmetic per line).
+pub(super) fn write_time(out: &mut String) {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
+    let millis = since_epoch.subsec_millis().min(999);
+    SECOND.with(|cell| {
+        let mut c = cell.borrow_mut();
+        if c.0 != secs {
+            c.0 = secs;
+            c.1 = chrono::DateTime::from_timestamp(secs, 0)
+                .unwrap_or_default()
+                .format("%Y-%m-%dT%H:%M:%S")
+                .to_string();
+        }
+        out.push_str(&c.1);
+    });
+    out.push('.');
+    for d in [millis / 100, millis / 10 % 10, millis % 10] {
+        out.push(char::from(b'0' + d as u8));
+    }
+    out.push('Z');
+}
