@@ -57,6 +57,10 @@ pub(crate) struct Entry {
     last_enqueue: Option<DateTime<Utc>>,
     /// The same schedule's hash in the other key layout, when Redis holds both ([`link_twins`]).
     pub(crate) twin: Option<String>,
+    /// The latest tick this poller enqueued or found claimed by another process, set on the poller's
+    /// cached copy (never read from Redis): that tick is not due again, so the rounds between whole
+    /// reads do not read the schedule again until its next tick.
+    pub(crate) settled: Option<DateTime<Utc>>,
 }
 
 impl Entry {
@@ -100,6 +104,7 @@ impl Entry {
             description: take("description").map_or(Value::Null, Value::String),
             last_enqueue: take("last_enqueue_time").and_then(|t| parse_enqueue_time(&t)),
             twin: None,
+            settled: None,
         })
     }
 
@@ -123,6 +128,7 @@ impl Entry {
         if self
             .last_enqueue
             .is_some_and(|last| last.timestamp() > tick.timestamp())
+            || self.settled.is_some_and(|settled| settled >= tick)
         {
             return Ok(None);
         }
@@ -304,6 +310,15 @@ mod tests {
             &mut |c| Schedule::parse(c),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_settled_tick_is_not_due_again_but_the_next_one_is() {
+        let mut e = minutely("", "enabled");
+        e.settled = Some(at(10, 0, 0));
+        assert_eq!(e.due(at(10, 0, 1)).unwrap(), None);
+        assert_eq!(e.due(at(10, 0, 30)).unwrap(), None);
+        assert_eq!(e.due(at(10, 1, 1)).unwrap(), Some(at(10, 1, 0)));
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //! The gem polls every `cron_poll_interval` (30 s, with jitter); this poller sleeps until the next tick
 //! of any enabled schedule is claimable (a tick `T` is the latest from `T + 1 s` on, as fugit computes
 //! it), and looks at Redis at least every [`CronConfig::poll_interval`] for schedules created or
-//! enabled elsewhere. Missed ticks (Redis down, every process stopped) are not caught up: only the
+//! enabled elsewhere; between those whole reads a round reads again only the schedules its cached copy
+//! finds due, and the cached copy keeps each tick the round enqueued or found claimed, so a schedule is
+//! read once per tick, not every round until the next whole read. Missed ticks (Redis down, every process stopped) are not caught up: only the
 //! latest one, if at most 60 s old, as in the gem. A quiet process stops polling, as Ruby's
 //! `Launcher#quiet` stops the cron poller. With no schedule in Redis, a round is two `SMEMBERS`
 //! (`cron_jobs`, `cron_jobs:default`) per interval, and a `SCAN` for other namespaces every 10 minutes,
@@ -256,7 +258,14 @@ impl Poller {
                         .iter()
                         .find(|(k, _)| *k == key)
                         .and_then(|(_, t)| t.clone());
-                    self.enqueue_if_due(conn, client, &entry).await?;
+                    entry.settled = self.enqueue_if_due(conn, client, &entry).await?;
+                    // The fresh copy (with the tick just settled) replaces the cached one, so the
+                    // next rounds find it due only at its next tick.
+                    if let Some((cached, _)) = &mut self.read
+                        && let Some(slot) = cached.iter_mut().find(|e| e.key == key)
+                    {
+                        *slot = entry;
+                    }
                 }
             }
             return Ok(wake);
@@ -286,23 +295,30 @@ impl Poller {
                 if self.running { "running" } else { "no" }
             );
         }
-        for entry in &entries {
-            self.enqueue_if_due(conn, client, entry).await?;
+        for entry in &mut entries {
+            entry.settled = self.enqueue_if_due(conn, client, entry).await?;
         }
         let wake = next_wake(&entries, Utc::now(), cfg.poll_interval);
         self.read = Some((entries, tokio::time::Instant::now()));
         Ok(wake)
     }
 
-    /// Claims and pushes `entry`'s due tick, if it has one and no process claimed it yet.
-    async fn enqueue_if_due(&mut self, conn: &Conn, client: &Client, entry: &Entry) -> Result<()> {
+    /// Claims and pushes `entry`'s due tick, if it has one and no process claimed it yet. Returns the
+    /// tick when it is settled (enqueued here, or claimed by another process): the cached copy keeps
+    /// it so the rounds between whole reads do not read the schedule again for that tick.
+    async fn enqueue_if_due(
+        &mut self,
+        conn: &Conn,
+        client: &Client,
+        entry: &Entry,
+    ) -> Result<Option<DateTime<Utc>>> {
         let now = Utc::now();
         let tick = match entry.due(now) {
             Ok(Some(tick)) => tick,
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(None),
             Err(msg) => {
                 self.report(&entry.key, &msg);
-                return Ok(());
+                return Ok(None);
             }
         };
         match client
@@ -318,14 +334,14 @@ impl Poller {
                     let key = crate::logging::escape(&entry.key);
                     tracing::error!(key = %key, error = %e, "cron job enqueued, but its last_enqueue_time and jid_history were not written");
                 }
-                Ok(())
+                Ok(Some(tick))
             }
             // Another process claimed the tick first: it enqueued it.
-            Ok(None) => Ok(()),
+            Ok(None) => Ok(Some(tick)),
             Err(e) if e.is_connection_error() => Err(e),
             Err(e) => {
                 self.report(&entry.key, &format!("its job was not enqueued (the tick is left unclaimed, tried again each round): {e}"));
-                Ok(())
+                Ok(None)
             }
         }
     }
