@@ -561,11 +561,12 @@ mod tests {
                 .unwrap()
                 .to_string_lossy()
                 .replace('\\', "/");
-            // `tests_*.rs` files are whole test modules (moved in from tests/): test code, as a
-            // `mod tests`, may spell keys out.
-            let test_file = path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("tests_"));
+            // `tests_*.rs` and `tests.rs` files are whole test modules (moved in from tests/, or a
+            // `mod tests` in a file of its own): test code, as a `mod tests`, may spell keys out.
+            let test_file = path.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("tests_") || n == "tests.rs"
+            });
             if rel == "support/keys.rs"
                 || test_file
                 || NOT_YET_SCANNED.iter().any(|p| rel.starts_with(p))
