@@ -119,11 +119,13 @@ while read -r line; do
     passed=$((passed + BASH_REMATCH[1]))
     failed=$((failed + BASH_REMATCH[2]))
     ignored=$((ignored + BASH_REMATCH[3]))
-  elif [[ $line =~ tests\ run:\ ([0-9]+)\ passed(,\ ([0-9]+)\ failed)? ]]; then
-    # nextest: "Summary [ 120.0s] 629 tests run: 629 passed, 4 skipped"
+  elif [[ $line =~ tests\ run:\ ([0-9]+)\ passed ]]; then
+    # nextest: "Summary [ 120.0s] 678 tests run: 676 passed (1 slow), 2 failed, 13 skipped"
     suites=$((suites + 1))
     passed=$((passed + BASH_REMATCH[1]))
-    failed=$((failed + ${BASH_REMATCH[3]:-0}))
+    if [[ $line =~ ,\ ([0-9]+)\ failed ]]; then
+      failed=$((failed + BASH_REMATCH[1]))
+    fi
   fi
 done < <(grep -E '^test result:|Summary \[.*tests run:' "$log")
 echo "$suites test runs ($ignored doctests ignored; nextest skips the child-process helpers that other tests run)"
