@@ -114,8 +114,12 @@ impl RedisServer {
     fn start_binary_with(binary: &str, extra: &[&str]) -> RedisServer {
         for _attempt in 0..5 {
             let port = free_port();
-            let dir =
-                std::env::temp_dir().join(format!("oxidekiq-redis-{port}-{}", std::process::id()));
+            static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!(
+                "oxidekiq-redis-{port}-{}-{nth}",
+                std::process::id()
+            ));
             std::fs::create_dir_all(&dir).unwrap();
             let child = Command::new(binary)
                 .args([
@@ -129,6 +133,8 @@ impl RedisServer {
                     "no",
                     "--dir",
                     dir.to_str().unwrap(),
+                    "--logfile",
+                    dir.join("server.log").to_str().unwrap(),
                 ])
                 .args(extra)
                 .stdout(Stdio::null())
@@ -148,13 +154,20 @@ impl RedisServer {
         panic!("could not start {binary}");
     }
 
+    /// Waits until this server (not another test's, which may have taken the same port between
+    /// [`free_port`] and the bind) has said in its own log that it listens, then answers PING.
+    /// A server that could not bind exits; the caller tries another port.
     fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let log = self.dir.join("server.log");
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Ok(client) = redis::Client::open(self.url())
+            let listening = std::fs::read_to_string(&log)
+                .is_ok_and(|l| l.contains("Ready to accept connections"));
+            if listening
+                && let Ok(client) = redis::Client::open(self.url())
                 && let Ok(mut c) = client.get_connection()
             {
                 match redis::cmd("PING").query::<String>(&mut c) {
