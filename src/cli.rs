@@ -28,8 +28,8 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, ValueEnum};
 
 use crate::config::{
-    self, Config, FetchMode, FileOptions, QueueWeight, UnknownClass, check_queue_list,
-    normalize_weights, process_env, sidekiq_environment,
+    self, Config, FetchMode, FileOptions, QueueWeight, UnknownClass, check_queue_list, process_env,
+    sidekiq_environment,
 };
 use crate::error::Error;
 use crate::redact::redact_url;
@@ -438,9 +438,8 @@ pub fn config_from(
         config.timeout = t;
     }
     if !cli.queues.is_empty() {
-        let mut queues = cli.queues.clone();
+        let queues = cli.queues.clone();
         check_queue_list(&queues)?;
-        normalize_weights(&mut queues);
         config.queues = queues;
     }
     if !cli.capsules.is_empty() {
@@ -453,7 +452,6 @@ pub fn config_from(
                 Error::Config(m) => Error::Config(format!("--capsule {}: {m}", c.name)),
                 other => other,
             })?;
-            normalize_weights(&mut c.queues);
         }
         // The flag replaces the file's capsules: a queue only those served is now served by none.
         let served: std::collections::HashSet<&str> = config
@@ -760,7 +758,7 @@ mod tests {
                 .iter()
                 .map(|q| (q.name.as_str(), q.weight))
                 .collect::<Vec<_>>(),
-            vec![("a", 2), ("b", 1)]
+            vec![("a", 2), ("b", 0)]
         );
     }
 

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use oxidekiq::cli::{self, config_from, parse_args};
-use oxidekiq::config::{Config, FetchMode, QueueWeight, UnknownClass, render_erb};
+use oxidekiq::config::{
+    Config, FetchMode, QueueWeight, UnknownClass, normalize_weights, render_erb,
+};
 
 fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
     let map: HashMap<String, String> = vars
@@ -19,10 +21,19 @@ fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
     move |k| map.get(k).cloned()
 }
 
+/// The queues as the fetch weighs them: Sidekiq 6.4's expansion (`parse_queue`: a queue listed
+/// `max(weight, 1)` times once any weight is above 0), which is what the tests below compare with.
+/// The config itself keeps each weight as given (0 for none), as Sidekiq 7+ shows it.
 fn queues(c: &Config) -> Vec<(&str, u32)> {
-    c.queues
-        .iter()
-        .map(|q| (q.name.as_str(), q.weight))
+    weighed(&c.queues)
+}
+
+fn weighed(list: &[QueueWeight]) -> Vec<(&str, u32)> {
+    let mut normalized = list.to_vec();
+    normalize_weights(&mut normalized);
+    list.iter()
+        .zip(normalized)
+        .map(|(q, n)| (q.name.as_str(), n.weight))
         .collect()
 }
 
@@ -650,16 +661,7 @@ type CapsuleView<'a> = (&'a str, usize, Vec<(&'a str, u32)>);
 fn capsules(c: &Config) -> Vec<CapsuleView<'_>> {
     c.capsules
         .iter()
-        .map(|cap| {
-            (
-                cap.name.as_str(),
-                cap.concurrency,
-                cap.queues
-                    .iter()
-                    .map(|q| (q.name.as_str(), q.weight))
-                    .collect(),
-            )
-        })
+        .map(|cap| (cap.name.as_str(), cap.concurrency, weighed(&cap.queues)))
         .collect()
 }
 

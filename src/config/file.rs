@@ -11,8 +11,8 @@ use yaml_rust2::{Yaml, YamlLoader};
 use super::erb;
 use super::settings::{
     Capsule, Config, MAX_CONCURRENCY, MAX_CONFIG_FILE_BYTES, MAX_QUEUE_WEIGHT, MAX_YAML_DEPTH,
-    MAX_YAML_NODES, QueueWeight, check_queue_list, normalize_weights, positive_duration,
-    process_env, sidekiq_environment,
+    MAX_YAML_NODES, QueueWeight, check_queue_list, positive_duration, process_env,
+    sidekiq_environment,
 };
 use crate::error::Error;
 
@@ -705,7 +705,6 @@ fn queues(value: &Yaml) -> Result<Vec<QueueWeight>, Error> {
         Error::Config(m) => Error::Config(format!("queues: {m}")),
         other => other,
     })?;
-    normalize_weights(&mut out);
     Ok(out)
 }
 
@@ -921,7 +920,9 @@ mod tests {
     use crate::config::settings::tests::{env_of, q};
 
     #[test]
-    fn a_queue_without_weight_counts_as_one_once_another_has_a_weight() {
+    /// The weight as given is kept (0), as Sidekiq 7+ keeps it for the Busy page; the list is
+    /// weighted, and the fetch counts the 0 as 1 (`fetch::tests`).
+    fn a_queue_without_weight_keeps_0_in_a_weighted_list() {
         let mut c = Config::default();
         c.apply_yaml_with_env(
             ":queues:\n  - [critical, 2]\n  - default\n",
@@ -929,7 +930,7 @@ mod tests {
             &env_of(&[]),
         )
         .unwrap();
-        assert_eq!(c.queues, vec![q("critical", 2), q("default", 1)]);
+        assert_eq!(c.queues, vec![q("critical", 2), q("default", 0)]);
         assert!(!c.strict_queues());
     }
 

@@ -38,9 +38,11 @@
 //!
 //! Queue weights follow `cli.rb@v6.4.1 parse_queue`: a queue is listed `max(weight, 1)` times and any
 //! weight above 0 turns strict ordering off. So in `[[critical, 2], default]` the queue without a weight
-//! counts as weight 1 (critical is tried first two times in three); [`normalize_weights`] writes that
-//! down in [`QueueWeight::weight`], so that every weight is 0 (strict order) or every weight is at
-//! least 1 (weighted random). A queue given twice is an error, as in Ruby.
+//! counts as weight 1 (critical is tried first two times in three). [`QueueWeight::weight`] keeps the
+//! weight as given (0 for none), as Sidekiq 7+'s `Capsule#queues=` keeps it for the Busy page
+//! (`info.weights`, the capsule's mode); the fetch applies the `max(weight, 1)` rule itself
+//! ([`normalize_weights`] writes it down for a caller that wants the list as 6.4 expands it). A queue
+//! given twice is an error, as in Ruby.
 
 // The flags and the `Config` they fill, with the bounds every source of settings is held to.
 mod settings;

@@ -48,7 +48,8 @@ pub const MAX_YAML_DEPTH: usize = 64;
 pub struct QueueWeight {
     /// Queue name, without the `queue:` prefix.
     pub name: String,
-    /// Sidekiq weight; all 0 = strict order, otherwise weighted random.
+    /// Sidekiq weight as given (0 for none); all 0 = strict order, otherwise weighted random, where
+    /// a 0 counts as 1 (`cli.rb@v6.4.1 parse_queue`).
     pub weight: u32,
 }
 
@@ -63,7 +64,7 @@ pub struct Capsule {
     pub name: String,
     /// How many of its jobs run at once.
     pub concurrency: usize,
-    /// Its queues and weights, normalized as `-q`'s ([`normalize_weights`]).
+    /// Its queues and weights as given (0 for a queue given none), as `-q`'s.
     pub queues: Vec<QueueWeight>,
 }
 

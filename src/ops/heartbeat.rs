@@ -589,16 +589,13 @@ pub(crate) async fn run(
 mod tests {
     use super::*;
 
-    /// DEFECT (review of issue 38, not fixed): Sidekiq 7+/8 keep the weight a queue was given
-    /// (`capsule.rb queues=`: `@weights[name] = weight.to_i`, 0 for a queue given none) and derive the
-    /// mode from those, so `-q critical,2 -q default` is `{"critical"=>2, "default"=>0}`, weighted, and
-    /// `-q a,1 -q b` is `{"a"=>1, "b"=>0}`, weighted (Sidekiq 8.1.7's method run under Ruby). oxidekiq
-    /// writes the weights after `normalize_weights` (the queue without one counted as 1): the 7.x Busy
-    /// page then shows `default: 1` where a Ruby process shows `default`, and the second process is
-    /// called `random`. Ignored so the branch stays green: remove the `#[ignore]` once the heartbeat
-    /// writes the weights as given.
+    /// Sidekiq 7+/8 keep the weight a queue was given (`capsule.rb queues=`: `@weights[name] =
+    /// weight.to_i`, 0 for a queue given none) and derive the mode from those, so `-q critical,2 -q
+    /// default` is `{"critical"=>2, "default"=>0}`, weighted, and `-q a,1 -q b` is `{"a"=>1, "b"=>0}`,
+    /// weighted (Sidekiq 8.1.7's method run under Ruby). Found by the review of issue 38: the weights
+    /// were written after `normalize_weights`, so the 7.x Busy page showed `default: 1` where a Ruby
+    /// process shows `default`, and the second process was called `random`.
     #[test]
-    #[ignore = "defect: info.weights and capsules' mode are written after normalisation, not as Sidekiq writes them (issue 38 review)"]
     fn the_weights_and_mode_are_sidekiqs_for_the_same_queue_flags() {
         let info = |args: &[&str]| {
             let mut argv = vec!["oxidekiq"];

@@ -516,6 +516,18 @@ mod tests {
         assert_eq!(o.next().len(), 2);
     }
 
+    /// The config keeps a queue's weight as given (0 for none, as Sidekiq 7+ shows it); beside a
+    /// weighted queue it counts as 1 (`cli.rb@v6.4.1 parse_queue`): `[critical, 2], default` tries
+    /// critical first two times in three, not always.
+    #[test]
+    fn a_queue_given_no_weight_beside_a_weighted_one_counts_as_weight_1() {
+        let o = QueueOrder::new(&[qw("critical", 2), qw("default", 0)]);
+        let n = 3000;
+        let firsts = (0..n).filter(|_| &*o.next()[0] == "default").count();
+        let share = firsts as f64 / n as f64;
+        assert!((0.28..0.39).contains(&share), "default first {share}");
+    }
+
     #[test]
     fn every_strategy_is_selectable_by_its_name_and_the_named_modes_are_registered() {
         let names: Vec<&str> = strategy_names().collect();
