@@ -423,15 +423,25 @@ impl Token {
 
 /// One fate write, then the end of the job's stay in its batch list, atomically. KEYS[1] is the batch
 /// list and KEYS[5] its acks set (both ignored when ARGV[1], the job's place, is empty: basic fetch),
-/// KEYS[2] the key written,
+/// KEYS[2] the key written. Returns `{1, ''}` when it wrote; `{2, ''}` when the place was settled
+/// already and the member is where this write puts it (an earlier try of this write, whose reply was
+/// lost); `{0, ''}` when the place was settled already and the member is not there (a recovery or the
+/// stop's push-back took the job back: nothing of this write is anywhere); `{0, error}` when refused.
 const FATE_LUA: &str = concat!(
     crate::lua::lua_common!(),
     r#"
 local id = ARGV[1]
+local op, member = ARGV[2], ARGV[3]
 if id ~= '' and (redis.call('LLEN', KEYS[1]) <= tonumber(id) or redis.call('SISMEMBER', KEYS[5], id) == 1) then
+  local found = false
+  if op == 'zadd' or op == 'kill' then
+    found = type(redis.pcall('ZSCORE', KEYS[2], member)) == 'string'
+  elseif op == 'push' then
+    found = type(redis.pcall('LPOS', KEYS[2], member, 'MAXLEN', 1000)) == 'number'
+  end
+  if found then return {2, ''} end
   return {0, ''}
 end
-local op, member = ARGV[2], ARGV[3]
 if op == 'zadd' then
   local r = redis.pcall('ZADD', KEYS[2], ARGV[4], member)
   if failed(r) then return {0, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a sorted set: ' .. r.err} end
@@ -467,14 +477,29 @@ enum FateWrite<'a> {
     },
 }
 
-/// Runs [`FATE_LUA`]: true when `member` was written (and the token consumed), false when the token was
-/// already gone (nothing written). Without a token it always writes.
+/// What [`write_fate`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// Written now, and the token consumed.
+    Now,
+    /// The token was gone and the member is where this write puts it: an earlier try of the same
+    /// write landed (its reply was lost).
+    Before,
+    /// The token was gone and the member is nowhere: a recovery or the stop's push-back took the job
+    /// back before its fate was written. Nothing written. (A member an earlier try wrote that a poller
+    /// or a fetch already moved on, or pushed more than 1000 places deep, reads so too: only the
+    /// report differs, the write itself landed once.)
+    TakenBack,
+}
+
+/// Runs [`FATE_LUA`]: whether `member` was written now, by an earlier try, or not at all (the job was
+/// taken back). Without a token it always writes.
 async fn write_fate(
     conn: &mut Conn,
     token: Option<&Token>,
     write: FateWrite<'_>,
     member: &[u8],
-) -> Result<bool> {
+) -> Result<Written> {
     let mut inv = FATE.prepare_invoke();
     inv.key(token.map_or("", |t| t.working.as_str()));
     let acks = token.map(|t| keys::acks_of(&t.working)).unwrap_or_default();
@@ -510,13 +535,22 @@ async fn write_fate(
     if !err.is_empty() {
         return Err(crate::lua::script_error(err));
     }
-    if written == 0 {
-        tracing::info!(
-            "the job's working entry is already gone: its fate was written by an earlier try \
-            whose reply was lost, or a recovery took it back; nothing written"
-        );
-    }
-    Ok(written == 1)
+    Ok(match written {
+        1 => Written::Now,
+        2 => {
+            tracing::info!(
+                "the job's fate was written by an earlier try whose reply was lost; nothing written again"
+            );
+            Written::Before
+        }
+        _ => {
+            tracing::info!(
+                "the job's working entry was taken back (a recovery or the stop's push-back returned \
+                it) before its fate was written; nothing written"
+            );
+            Written::TakenBack
+        }
+    })
 }
 
 /// The push-back of an interrupted iterable job, as Sidekiq 8's `InterruptHandler` does it
@@ -561,33 +595,37 @@ fn continue_plan(f: &Failure<'_>, at: f64) -> Plan {
 }
 
 /// Writes the plan to Redis, consuming the job's `token` in the same script (see [`Token`]). The ack of
-/// the fetched job must come after this returns.
+/// the fetched job must come after this returns. The fate written (now, or by an earlier try of the
+/// same write whose reply was lost), or `None` when nothing of it was written because the job was taken
+/// back first (a recovery or the stop's push-back returned it to its queue): the run then has no fate
+/// of its own, and nothing may act on the plan's (a Continuable job's next run is nowhere).
 pub(crate) async fn apply(
     conn: &mut Conn,
     job: &Job,
     plan: &Plan,
     now: f64,
     token: Option<&Token>,
-) -> Result<Fate> {
-    match plan {
+) -> Result<Option<Fate>> {
+    let written = match plan {
         Plan::Retry { payload, at, .. } => {
             let write = FateWrite::Zadd {
                 key: keys::RETRY,
                 at: *at,
             };
-            write_fate(conn, token, write, payload.as_bytes()).await?;
+            write_fate(conn, token, write, payload.as_bytes()).await?
         }
         Plan::Dead { payload } => {
-            kill(conn, payload.as_bytes(), now, token).await?;
+            let write = FateWrite::Dead { now };
+            write_fate(conn, token, write, payload.as_bytes()).await?
         }
         // Nothing written: the ack (the token's place added to its acks set) is all there is to do.
-        Plan::Discard => {}
+        Plan::Discard => Written::Now,
         Plan::Reschedule { at } => {
             let write = FateWrite::Zadd {
                 key: keys::SCHEDULE,
                 at: *at,
             };
-            write_fate(conn, token, write, job.raw().as_bytes()).await?;
+            write_fate(conn, token, write, job.raw().as_bytes()).await?
         }
         // The next run in `schedule` and the end of the running job's stay, in one script.
         Plan::Continue { payload, at, .. } => {
@@ -595,13 +633,14 @@ pub(crate) async fn apply(
                 key: keys::SCHEDULE,
                 at: *at,
             };
-            write_fate(conn, token, write, payload.as_bytes()).await?;
+            write_fate(conn, token, write, payload.as_bytes()).await?
         }
         Plan::Requeue { queue, payload } => {
-            push_to_queue(conn, queue, payload.as_bytes(), None, token).await?;
+            let write = FateWrite::Push { queue, class: None };
+            write_fate(conn, token, write, payload.as_bytes()).await?
         }
-    }
-    Ok(plan.fate())
+    };
+    Ok((written != Written::TakenBack).then(|| plan.fate()))
 }
 
 /// `DeadSet#kill` (`job_retry.rb send_to_morgue`): adds the member and trims the set by age and size, in
@@ -620,7 +659,8 @@ pub(crate) async fn kill(
     now: f64,
     token: Option<&Token>,
 ) -> Result<bool> {
-    write_fate(conn, token, FateWrite::Dead { now }, payload).await
+    let written = write_fate(conn, token, FateWrite::Dead { now }, payload).await?;
+    Ok(written == Written::Now)
 }
 
 /// Pushes `payload` to `queue` as Ruby's client does (`SADD queues`, `LPUSH queue:<queue>`, the one
@@ -634,7 +674,8 @@ pub(crate) async fn push_to_queue(
     class: Option<&str>,
     token: Option<&Token>,
 ) -> Result<bool> {
-    write_fate(conn, token, FateWrite::Push { queue, class }, payload).await
+    let written = write_fate(conn, token, FateWrite::Push { queue, class }, payload).await?;
+    Ok(written == Written::Now)
 }
 
 /// The dead-set member for a payload the runtime could not decode: the original bytes when they are not
@@ -1096,25 +1137,17 @@ mod tests {
     }
 }
 
-/// Review (issue 39): what [`apply`] reports for an interrupt whose job a recovery took back.
+/// Review (issue 39): what [`apply`] writes and reports for an interrupt, retried or taken back.
 #[cfg(test)]
 mod tests_review_continue {
     use super::*;
     use crate::test_support::RedisServer;
     use redis::Commands;
 
-    /// REVIEW defect: `write_fate` returns false when the job's working entry is gone (a recovery or
-    /// the shutdown's push-back took the batch back while the interrupt ran), yet [`apply`] ignores
-    /// it and reports [`Fate::Continued`] with the plan's new jid. The processor then runs the
-    /// `after_fate` hooks with that fate: the until-executed middleware hands the run's lock to a jid
-    /// that exists nowhere (`hand_over`), so the recovered job (the old jid) cannot claim it and runs
-    /// without it; the log says "continued" and the metrics count a continuation that was never
-    /// written. (The same `Ok(plan.fate())` holds for every plan; only Continue acts on the jid.)
-    /// The false is ambiguous today (a retried write whose first try landed also returns it), so a
-    /// fix needs the script to say which.
-    /// Held: the interrupt's write retried after a lost reply (the same plan, the same token) writes
-    /// the next run once; a write refused (`schedule` of the wrong type) leaves the job held in its
-    /// batch list and writes nothing, and the retry once the key is repaired writes it once.
+    /// The interrupt's write retried after a lost reply (the same plan, the same token) writes the
+    /// next run once and reports it each time; a write refused (`schedule` of the wrong type) leaves
+    /// the job held in its batch list and writes nothing, and the retry once the key is repaired
+    /// writes it once.
     #[tokio::test]
     async fn the_interrupt_is_written_once_and_a_refused_write_keeps_the_job_held() {
         let redis = RedisServer::start();
@@ -1144,11 +1177,13 @@ mod tests_review_continue {
         let acked: Vec<u64> = c.smembers(&acks).unwrap();
         assert!(acked.is_empty(), "{acked:?}");
         let _: () = c.del(keys::SCHEDULE).unwrap();
-        // Repaired: written; then the retry after a "lost reply" writes nothing more.
+        // Repaired: written; then the retry after a "lost reply" writes nothing more, and reports
+        // the fate its first try wrote.
         for _ in 0..2 {
-            apply(&mut conn, &job, &plan, 1e9, Some(&token))
+            let fate = apply(&mut conn, &job, &plan, 1e9, Some(&token))
                 .await
                 .unwrap();
+            assert_eq!(fate, Some(plan.fate()));
         }
         let scheduled: Vec<String> = c.zrange(keys::SCHEDULE, 0, -1).unwrap();
         assert_eq!(scheduled.len(), 1, "{scheduled:?}");
@@ -1156,8 +1191,15 @@ mod tests_review_continue {
         assert_eq!(acked, vec![1]);
     }
 
+    /// REVIEW defect (fixed): `write_fate` answered false both when an earlier try had written the
+    /// fate and when the job's working entry was taken back (a recovery or the stop's push-back
+    /// returned it to its queue while the interrupt ran), and [`apply`] reported [`Fate::Continued`]
+    /// with the plan's new jid either way. The processor then ran the `after_fate` hooks with a fate
+    /// that was never written (the until-executed lock handed to a jid that exists nowhere; a
+    /// continuation logged and counted). The script now says which: the place is settled and the
+    /// member is where the write puts it (an earlier try), or it is not (taken back: `None`, no
+    /// hooks). Failed before the fix: reported `Continued`.
     #[tokio::test]
-    #[ignore = "review defect (issue 39): apply reports Continued (a new jid) when nothing was written"]
     async fn an_interrupt_whose_job_was_taken_back_is_not_reported_as_continued() {
         let redis = RedisServer::start();
         let mut c = redis.conn();
@@ -1179,9 +1221,45 @@ mod tests_review_continue {
             .unwrap();
         let scheduled: Vec<String> = c.zrange(keys::SCHEDULE, 0, -1).unwrap();
         assert!(scheduled.is_empty(), "nothing written: {scheduled:?}");
-        assert!(
-            !matches!(fate, Fate::Continued { .. }),
+        assert_eq!(
+            fate, None,
             "reported {fate:?}, a next run that is nowhere (its jid gets the lock)"
         );
+        // Its place acked by the stop's push-back (the list still there, the job back in its queue):
+        // nothing written either.
+        let working = "oxidekiq:batch:testhost:1:abcdef:default:@2";
+        let _: () = c.rpush(working, vec![raw; 2]).unwrap();
+        let _: () = c.sadd(keys::acks_of(working), 1).unwrap();
+        let token = Token {
+            working: working.into(),
+            id: 1,
+        };
+        let fate = apply(&mut conn, &job, &plan, 1e9, Some(&token))
+            .await
+            .unwrap();
+        assert_eq!(fate, None);
+        let scheduled: Vec<String> = c.zrange(keys::SCHEDULE, 0, -1).unwrap();
+        assert!(scheduled.is_empty(), "nothing written: {scheduled:?}");
+        // A retry set, a dead set and a queue push taken back the same way are not reported either.
+        let plans = [
+            Plan::Retry {
+                payload: raw.into(),
+                at: 2e9,
+                count: 0,
+            },
+            Plan::Dead {
+                payload: raw.into(),
+            },
+            Plan::Requeue {
+                queue: "default".into(),
+                payload: raw.into(),
+            },
+        ];
+        for plan in plans {
+            let fate = apply(&mut conn, &job, &plan, 1e9, Some(&token))
+                .await
+                .unwrap();
+            assert_eq!(fate, None, "{plan:?}");
+        }
     }
 }

@@ -110,7 +110,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "sidekiq/retry.rs",
         "const FATE_LUA",
-        "1d85cf121cd5dc05ca80cc21975aafc7c9211d98",
+        "62d1d9414169a3fe680e5e492de035fa325c9ee6",
     ),
 ];
 
