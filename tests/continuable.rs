@@ -750,18 +750,19 @@ fn tstp_mid_step_in_the_binary_then_another_process_resumes() {
     assert_eq!(done, 1);
 }
 
-/// REVIEW (issue 39), defect: the until-executed lock's hand-over
-/// (src/chain/middleware/until_executed.rs `hand_over`, run from `after_fate`) is a second Redis call
-/// after the fate script, not part of it. A SIGKILL between the two (or a Redis error on the hand-over,
-/// or the next run claiming first when its resume wait is short and another process picks it up before
-/// `after_fate` runs) leaves the lock holding the interrupted run's `<token>:<old jid>`, which the next
-/// run (a new jid) cannot claim (`CLAIM_SCRIPT` accepts only its own jid): the next run runs without
-/// the lock, never extends it, never releases it. The lock is stranded until its TTL after the job
-/// completes (duplicates refused), and lapses at its TTL while a long chain of runs still works
-/// (a duplicate accepted mid-job). Fails today: the key still holds the old run's value at the end.
+/// REVIEW (issue 39), defect (fixed): the until-executed lock's hand-over was a second Redis call
+/// after the fate script (an `after_fate` hook), not part of it. A SIGKILL between the two (or a Redis
+/// error on the hand-over, or the next run claiming first when another process picked it up before
+/// the hook ran) left the lock holding the interrupted run's `<token>:<old jid>`, which the next run
+/// (a new jid) could not claim (`CLAIM_SCRIPT` accepted only its own jid): it ran without the lock,
+/// and the lock was stranded until its TTL after the job completed. Now the fate script itself
+/// passes the lock to the next run's jid (`FATE_LUA`, checked in src/sidekiq/retry.rs
+/// `the_lock_goes_to_the_next_run_in_the_fate_write_and_nowhere_else`), and a continued run also
+/// claims the lock its predecessor's run left (`provider_job_id`), so the state below (what a
+/// process of an older version leaves when it dies between the two) strands nothing either. Failed
+/// before the fix: the key still held the old run's value at the end.
 #[tokio::test]
-#[ignore = "review defect (issue 39): the lock hand-over is not in the fate write; a crash between them strands the lock"]
-async fn a_crash_between_the_fate_write_and_the_lock_hand_over_strands_the_lock() {
+async fn a_crash_between_the_fate_write_and_the_lock_hand_over_strands_no_lock() {
     use oxidekiq::testing::{TestRedis, TestShutdown};
     let redis = TestRedis::start();
     let mut conn = redis.conn();

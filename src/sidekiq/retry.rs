@@ -220,7 +220,8 @@ pub(crate) enum Plan {
         /// Its score.
         at: f64,
     },
-    /// `ZADD schedule <at> <payload>`: the next run of an interrupted Continuable job (a new jid).
+    /// `ZADD schedule <at> <payload>`: the next run of an interrupted Continuable job (a new jid),
+    /// and its until-executed lock passed to that jid in the same script.
     Continue {
         /// The schedule-set member.
         payload: String,
@@ -228,6 +229,8 @@ pub(crate) enum Plan {
         at: f64,
         /// Its jid.
         jid: String,
+        /// The lock the interrupted run holds, if any.
+        lock: Option<crate::error::LockHandOver>,
     },
     /// `SADD queues <queue>`, `LPUSH queue:<queue> <payload>`: the payload with a new `enqueued_at`.
     Requeue {
@@ -423,7 +426,9 @@ impl Token {
 
 /// One fate write, then the end of the job's stay in its batch list, atomically. KEYS[1] is the batch
 /// list and KEYS[5] its acks set (both ignored when ARGV[1], the job's place, is empty: basic fetch),
-/// KEYS[2] the key written. Returns `{1, ''}` when it wrote; `{2, ''}` when the place was settled
+/// KEYS[2] the key written. A `zadd` with a KEYS[3] (an interrupted job's next run) also passes that
+/// until-executed lock to the next run: if it holds ARGV[5] (the interrupted run's value) or nothing,
+/// it becomes ARGV[6] (the next run's jid, as a push sets it) with `PX` ARGV[7]. Returns `{1, ''}` when it wrote; `{2, ''}` when the place was settled
 /// already and the member is where this write puts it (an earlier try of this write, whose reply was
 /// lost); `{0, ''}` when the place was settled already and the member is not there (a recovery or the
 /// stop's push-back took the job back: nothing of this write is anywhere); `{0, error}` when refused.
@@ -445,6 +450,10 @@ end
 if op == 'zadd' then
   local r = redis.pcall('ZADD', KEYS[2], ARGV[4], member)
   if failed(r) then return {0, KEYS[2] .. ' is a ' .. kind(KEYS[2]) .. ', not a sorted set: ' .. r.err} end
+  if KEYS[3] ~= '' then
+    local v = redis.pcall('GET', KEYS[3])
+    if v == false or v == ARGV[5] then redis.call('SET', KEYS[3], ARGV[6], 'PX', ARGV[7]) end
+  end
 elseif op == 'kill' then
   local err = to_dead(KEYS[2], member, ARGV[4], ARGV[5], tonumber(ARGV[6]))
   if err then return {0, err} end
@@ -466,8 +475,12 @@ static FATE: std::sync::LazyLock<redis::Script> =
 
 /// What [`write_fate`] writes.
 enum FateWrite<'a> {
-    /// `ZADD key at member` (retry or schedule set).
-    Zadd { key: &'a str, at: f64 },
+    /// `ZADD key at member` (retry or schedule set), passing `lock` to the member's jid if given.
+    Zadd {
+        key: &'a str,
+        at: f64,
+        lock: Option<HandOver<'a>>,
+    },
     /// `DeadSet#kill` at `now`.
     Dead { now: f64 },
     /// `SADD queues`, `LPUSH queue:<queue>`, and a count for `class` in [`keys::HANDOFF`] if given.
@@ -475,6 +488,16 @@ enum FateWrite<'a> {
         queue: &'a str,
         class: Option<&'a str>,
     },
+}
+
+/// An until-executed lock passed to the next run in its fate write ([`FATE_LUA`]).
+struct HandOver<'a> {
+    /// The lock and the interrupted run's value.
+    lock: &'a crate::error::LockHandOver,
+    /// The next run's jid.
+    jid: &'a str,
+    /// Its `PX`.
+    px: u64,
 }
 
 /// What [`write_fate`] found.
@@ -505,9 +528,15 @@ async fn write_fate(
     let acks = token.map(|t| keys::acks_of(&t.working)).unwrap_or_default();
     let id = token.map(|t| t.id.to_string()).unwrap_or_default();
     match write {
-        FateWrite::Zadd { key, at } => {
-            inv.key(key).key("").key("").key(&acks);
+        FateWrite::Zadd { key, at, lock } => {
+            inv.key(key)
+                .key(lock.as_ref().map_or("", |h| h.lock.key.as_str()))
+                .key("")
+                .key(&acks);
             inv.arg(id).arg("zadd").arg(member).arg(score(at));
+            if let Some(h) = lock {
+                inv.arg(&h.lock.value).arg(h.jid).arg(h.px);
+            }
         }
         FateWrite::Dead { now } => {
             let (trim_before, dead_max) = crate::lua::dead_trim(now);
@@ -579,15 +608,16 @@ fn requeue_plan(f: &Failure<'_>) -> Plan {
 fn continue_plan(f: &Failure<'_>, at: f64) -> Plan {
     let at = bounded_at(at, 0.0);
     match (&f.error.resume, f.job.to_map()) {
-        (Some(job_data), Ok(msg)) => {
+        (Some(resume), Ok(msg)) => {
             let jid = crate::job::new_jid();
             let created_at = f.time_format.value(f.now);
             let msg =
-                crate::activejob::resumed_payload(&msg, (**job_data).clone(), &jid, created_at);
+                crate::activejob::resumed_payload(&msg, resume.job_data.clone(), &jid, created_at);
             Plan::Continue {
                 payload: to_json(&msg),
                 at,
                 jid,
+                lock: resume.lock.clone(),
             }
         }
         _ => Plan::Reschedule { at },
@@ -611,6 +641,7 @@ pub(crate) async fn apply(
             let write = FateWrite::Zadd {
                 key: keys::RETRY,
                 at: *at,
+                lock: None,
             };
             write_fate(conn, token, write, payload.as_bytes()).await?
         }
@@ -624,14 +655,25 @@ pub(crate) async fn apply(
             let write = FateWrite::Zadd {
                 key: keys::SCHEDULE,
                 at: *at,
+                lock: None,
             };
             write_fate(conn, token, write, job.raw().as_bytes()).await?
         }
-        // The next run in `schedule` and the end of the running job's stay, in one script.
-        Plan::Continue { payload, at, .. } => {
+        // The next run in `schedule`, its lock, and the end of the running job's stay, in one script.
+        Plan::Continue {
+            payload,
+            at,
+            jid,
+            lock,
+        } => {
             let write = FateWrite::Zadd {
                 key: keys::SCHEDULE,
                 at: *at,
+                lock: lock.as_ref().map(|lock| HandOver {
+                    lock,
+                    jid,
+                    px: lock.ttl_ms,
+                }),
             };
             write_fate(conn, token, write, payload.as_bytes()).await?
         }
@@ -1165,6 +1207,7 @@ mod tests_review_continue {
             payload: r#"{"class":"A","args":[],"jid":"eeeeeeeeeeeeeeeeeeeeeeee"}"#.into(),
             at: 2e9,
             jid: "eeeeeeeeeeeeeeeeeeeeeeee".into(),
+            lock: None,
         };
         let acks = keys::acks_of(working);
         // `schedule` damaged: refused, nothing written, the place not acked.
@@ -1191,6 +1234,88 @@ mod tests_review_continue {
         assert_eq!(acked, vec![1]);
     }
 
+    /// An interrupted run's until-executed lock goes to the next run's jid in the script that
+    /// schedules it: the lock is the next run's exactly when the next run is in `schedule`. A write
+    /// refused, or a job taken back (the recovered job, the old jid, claims the lock it left), leaves
+    /// the lock as it was; a lock another job holds is left alone; one that expired is set again.
+    #[tokio::test]
+    async fn the_lock_goes_to_the_next_run_in_the_fate_write_and_nowhere_else() {
+        let redis = RedisServer::start();
+        let mut c = redis.conn();
+        let mut conn = redis.async_conn().await;
+        let working = "oxidekiq:batch:testhost:1:abcdef:default:@1";
+        let raw = r#"{"class":"A","args":[],"jid":"dddddddddddddddddddddddd","queue":"default"}"#;
+        let _: () = c.rpush(working, vec![raw; 6]).unwrap();
+        let job = Job::from_str(raw).unwrap();
+        let key = "oxidekiq:lock:unique:A:x";
+        let ran = "0123456789abcdef0123456789abcdef:dddddddddddddddddddddddd";
+        let plan = |n: u8| {
+            let jid = format!("{:0>24}", n);
+            Plan::Continue {
+                payload: format!(r#"{{"class":"A","args":[],"jid":"{jid}"}}"#),
+                at: 2e9,
+                jid,
+                lock: Some(crate::error::LockHandOver {
+                    key: key.into(),
+                    value: ran.into(),
+                    ttl_ms: 600_000,
+                }),
+            }
+        };
+        let token = |id| Token {
+            working: working.into(),
+            id,
+        };
+        let held = |c: &mut redis::Connection| -> Option<String> { c.get(key).unwrap() };
+        let _: () = c.set(key, ran).unwrap();
+
+        // Refused (`schedule` damaged): the lock stays the interrupted run's.
+        let _: () = c.set(keys::SCHEDULE, "oops").unwrap();
+        assert!(
+            apply(&mut conn, &job, &plan(1), 1e9, Some(&token(1)))
+                .await
+                .is_err()
+        );
+        assert_eq!(held(&mut c).as_deref(), Some(ran));
+        let _: () = c.del(keys::SCHEDULE).unwrap();
+
+        // Taken back (its place acked by the push-back): the lock stays the interrupted run's.
+        let _: () = c.sadd(keys::acks_of(working), 2).unwrap();
+        let fate = apply(&mut conn, &job, &plan(2), 1e9, Some(&token(2)))
+            .await
+            .unwrap();
+        assert_eq!(fate, None);
+        assert_eq!(held(&mut c).as_deref(), Some(ran));
+
+        // Written: the next run is in `schedule` and the lock is its jid's, with the lock's TTL.
+        let fate = apply(&mut conn, &job, &plan(3), 1e9, Some(&token(3)))
+            .await
+            .unwrap();
+        assert_eq!(fate, Some(plan(3).fate()));
+        let next = format!("{:0>24}", 3);
+        assert_eq!(held(&mut c), Some(next.clone()));
+        let ttl: i64 = c.pttl(key).unwrap();
+        assert!((590_000..=600_000).contains(&ttl), "{ttl}");
+        let scheduled: Vec<String> = c.zrange(keys::SCHEDULE, 0, -1).unwrap();
+        assert_eq!(scheduled.len(), 1, "{scheduled:?}");
+
+        // Another job's lock is left alone (the next run is still written).
+        let _: () = c.set(key, "ffffffffffffffffffffffff").unwrap();
+        apply(&mut conn, &job, &plan(4), 1e9, Some(&token(4)))
+            .await
+            .unwrap();
+        assert_eq!(held(&mut c).as_deref(), Some("ffffffffffffffffffffffff"));
+
+        // An expired lock is set again for the next run, which is still pending.
+        let _: () = c.del(key).unwrap();
+        apply(&mut conn, &job, &plan(5), 1e9, Some(&token(5)))
+            .await
+            .unwrap();
+        assert_eq!(held(&mut c), Some(format!("{:0>24}", 5)));
+        let scheduled: usize = c.zcard(keys::SCHEDULE).unwrap();
+        assert_eq!(scheduled, 3);
+    }
+
     /// REVIEW defect (fixed): `write_fate` answered false both when an earlier try had written the
     /// fate and when the job's working entry was taken back (a recovery or the stop's push-back
     /// returned it to its queue while the interrupt ran), and [`apply`] reported [`Fate::Continued`]
@@ -1215,6 +1340,7 @@ mod tests_review_continue {
             payload: r#"{"class":"A","args":[],"jid":"eeeeeeeeeeeeeeeeeeeeeeee"}"#.into(),
             at: 2e9,
             jid: "eeeeeeeeeeeeeeeeeeeeeeee".into(),
+            lock: None,
         };
         let fate = apply(&mut conn, &job, &plan, 1e9, Some(&token))
             .await

@@ -110,7 +110,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "sidekiq/retry.rs",
         "const FATE_LUA",
-        "62d1d9414169a3fe680e5e492de035fa325c9ee6",
+        "f786dfdc30e4bd4ece4f21afa2a3d206f9308a21",
     ),
 ];
 
