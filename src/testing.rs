@@ -340,9 +340,9 @@ impl TestJob {
         result: JobResult,
     ) -> Outcome {
         let (outcome, lock) = settle_now(&run.job, run.tc.queue(), options, result, &self.shutdown);
-        if let (Some(lock), Fate::Continued { jid, .. }) = (lock, &outcome.fate) {
-            crate::middleware::until_executed::hand_over(&self.redis, &lock, jid, lock.ttl_ms)
-                .await;
+        if let (Some(lock), Fate::Continued { jid, at }) = (lock, &outcome.fate) {
+            let px = retry::hand_over_px(&lock, *at, crate::time::now());
+            crate::middleware::until_executed::hand_over(&self.redis, &lock, jid, px).await;
         }
         if let Some(fate) = outcome.fate.written() {
             run.tc.after.run(&fate).await;

@@ -440,6 +440,63 @@ async fn quiet_mid_step_through_a_launcher_then_another_process_resumes() {
     assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
 }
 
+/// Through a running launcher (the processor's fate write): an interrupted run's until-executed lock
+/// is the next run's jid as soon as the next run is in `schedule`, and it lasts its TTL from the time
+/// the next run is due, not from the interrupt, as a push of a scheduled job sets it: here a 1 s
+/// `unique_ttl` and a 60 s resume wait. Counted from the interrupt, the lock lapsed 59 s before the
+/// next run could claim it, and a duplicate push was accepted meanwhile. Failed before the fix (the
+/// lock's PTTL was at most 1000 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_handed_to_the_next_run_lasts_until_it_is_due() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let key = "oxidekiq:lock:unique:ImportRecordsJob:wait";
+    let mut p: Map<String, Value> =
+        serde_json::from_str(&recording("continuable_enqueued")).unwrap();
+    p.insert("unique_key".into(), json!(key));
+    p.insert("unique_ttl".into(), json!(1));
+    let _: () = c.set(key, p["jid"].as_str().unwrap()).unwrap();
+    let _: i64 = c
+        .lpush("queue:default", serde_json::to_string(&p).unwrap())
+        .unwrap();
+    let _: i64 = c.sadd("queues", "default").unwrap();
+    let mut registry = Registry::new();
+    registry.register(Continuable::new(Import {
+        pause_at_3: true,
+        in_redis: true,
+        options: ContinuationOptions {
+            resume_wait: Duration::from_secs(60),
+            ..ContinuationOptions::default()
+        },
+        ..Import::default()
+    }));
+    let launcher = launch(config(&redis.url(), &["default"], 2), registry).await;
+    wait_for("record 2", Duration::from_secs(30), || {
+        c.lrange::<_, Vec<String>>("seen", 0, -1)
+            .unwrap()
+            .contains(&"record:2".to_string())
+    })
+    .await;
+    launcher.send(Control::Quiet);
+    wait_for("the next run in schedule", Duration::from_secs(30), || {
+        c.zcard::<_, i64>("schedule").unwrap() == 1
+    })
+    .await;
+    let (held, ttl): (Option<String>, i64) =
+        redis::pipe().get(key).pttl(key).query(&mut c).unwrap();
+    launcher.stop().await.unwrap();
+    let members: Vec<String> = c.zrange("schedule", 0, -1).unwrap();
+    let next: Map<String, Value> = serde_json::from_str(&members[0]).unwrap();
+    assert_eq!(
+        held.as_ref(),
+        next["jid"].as_str().map(str::to_string).as_ref()
+    );
+    assert!(
+        ttl > 55_000,
+        "the lock lapses {ttl} ms after the interrupt, the next run is due in 60 s"
+    );
+}
+
 /// And the reverse, with real ActiveJob 8.1 (local only: `fixtures/activejob-7-8/live_check.sh` sets
 /// `OXIDEKIQ_AJ_LIVE`; its `v8.1` entry is used): a job Rust interrupted at cursor 4 runs in Ruby,
 /// resumed there, and Ruby interrupts it at cursor 7 (its adapter's `stopping?` turned true after

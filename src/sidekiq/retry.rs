@@ -500,6 +500,15 @@ struct HandOver<'a> {
     px: u64,
 }
 
+/// The `PX` of a lock passed to a next run due at `at`, at `now`: the lock's TTL counted from the
+/// time the run is due, as a push of a scheduled job sets it (`until_executed::push`), so the lock
+/// outlives the wait before the run claims it.
+pub(crate) fn hand_over_px(lock: &crate::error::LockHandOver, at: f64, now: f64) -> u64 {
+    let wait = (at - now) * 1000.0;
+    // `as` saturates (NaN is 0): a run already due waits nothing.
+    lock.ttl_ms.saturating_add(wait.max(0.0).ceil() as u64)
+}
+
 /// What [`write_fate`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Written {
@@ -672,7 +681,7 @@ pub(crate) async fn apply(
                 lock: lock.as_ref().map(|lock| HandOver {
                     lock,
                     jid,
-                    px: lock.ttl_ms,
+                    px: hand_over_px(lock, *at, crate::time::now()),
                 }),
             };
             write_fate(conn, token, write, payload.as_bytes()).await?
@@ -1249,11 +1258,12 @@ mod tests_review_continue {
         let job = Job::from_str(raw).unwrap();
         let key = "oxidekiq:lock:unique:A:x";
         let ran = "0123456789abcdef0123456789abcdef:dddddddddddddddddddddddd";
+        let at = crate::time::now() + 60.0;
         let plan = |n: u8| {
             let jid = format!("{:0>24}", n);
             Plan::Continue {
                 payload: format!(r#"{{"class":"A","args":[],"jid":"{jid}"}}"#),
-                at: 2e9,
+                at,
                 jid,
                 lock: Some(crate::error::LockHandOver {
                     key: key.into(),
@@ -1287,7 +1297,8 @@ mod tests_review_continue {
         assert_eq!(fate, None);
         assert_eq!(held(&mut c).as_deref(), Some(ran));
 
-        // Written: the next run is in `schedule` and the lock is its jid's, with the lock's TTL.
+        // Written: the next run is in `schedule` and the lock is its jid's, its TTL counted from the
+        // time the next run is due (60 s from now).
         let fate = apply(&mut conn, &job, &plan(3), 1e9, Some(&token(3)))
             .await
             .unwrap();
@@ -1295,7 +1306,7 @@ mod tests_review_continue {
         let next = format!("{:0>24}", 3);
         assert_eq!(held(&mut c), Some(next.clone()));
         let ttl: i64 = c.pttl(key).unwrap();
-        assert!((590_000..=600_000).contains(&ttl), "{ttl}");
+        assert!((655_000..=660_000).contains(&ttl), "{ttl}");
         let scheduled: Vec<String> = c.zrange(keys::SCHEDULE, 0, -1).unwrap();
         assert_eq!(scheduled.len(), 1, "{scheduled:?}");
 

@@ -14,7 +14,10 @@
 //!   (`Oxidekiq::InvalidPayload`) before it runs.
 //! - **Fate**: done, discarded or dead → compare-and-delete on the run's value; back to the retry or
 //!   schedule set → the TTL is renewed (the job is still pending). A failed run learns its fate from
-//!   [`JobContext::after_fate`], once the fate is in Redis.
+//!   [`JobContext::after_fate`], once the fate is in Redis. An interrupted Continuable job's next run
+//!   (a new jid) gets the lock in the fate write that schedules it, set to its jid as a push sets it,
+//!   its TTL counted from the time the next run is due; that run claims it as its own (or, from the
+//!   value its predecessor's run left, through `provider_job_id`).
 //!
 //! Every step compares the stored value before it deletes or extends, so a job never frees a lock a later
 //! job took, and a stale run of a job never frees the lock of a newer run of the same job. A lock never outlives its job by more than its TTL: a process that dies mid-job, or a
