@@ -878,15 +878,16 @@ async fn a_crash_between_the_fate_write_and_the_lock_hand_over_strands_no_lock()
     );
 }
 
-/// REVIEW (issue 39), finding: a Continuable job the Ruby router sent to `<queue>_rust` (its payload's
-/// `queue` rewritten, `job_data.queue_name` not) is resumed on `<queue>`, Ruby's queue
-/// (`resumed_payload` in src/payload/activejob/continuation.rs takes `queue` from `queue_name`), and no
-/// oxidekiq poller routes it back (`enqueue_due_routed` only rolls back): after its first interrupt a
-/// routed job's runs leave Rust for good, whatever the route's share, where Rails' `retry_job` would
-/// pass through the Ruby router again. A retry (`queue` kept) and an iterable push-back (the queue it
-/// was fetched from) stay on `<queue>_rust`. Fails today: the next run names `default`.
+/// REVIEW (issue 39), finding (fixed): a Continuable job the Ruby router sent to `<queue>_rust` (its
+/// payload's `queue` rewritten, `job_data.queue_name` not) was resumed on `<queue>`, Ruby's queue
+/// (`resumed_payload` took `queue` from `queue_name`), and no oxidekiq poller routes it back
+/// (`enqueue_due_routed` only rolls back): after its first interrupt a routed job's runs left Rust for
+/// good, whatever the route's share, where Rails' `retry_job` would pass through the Ruby router
+/// again (which keeps a `_rust` job there while the class is routed). Now the next run stays on
+/// `<queue>_rust`, as a retry and an iterable push-back do; a roll back sends it to `<queue>` when it
+/// comes due (the pollers' own rule). A job that was not routed resumes on `queue_name`. Failed
+/// before the fix: the next run named `default`.
 #[tokio::test]
-#[ignore = "review finding (issue 39): a routed Continuable job resumes on Ruby's queue, not its _rust twin"]
 async fn a_routed_continuable_job_resumes_on_its_rust_queue() {
     use oxidekiq::testing::TestShutdown;
     let mut p: Map<String, Value> =
@@ -910,4 +911,25 @@ async fn a_routed_continuable_job_resumes_on_its_rust_queue() {
         json!(routed),
         "the next run left the Rust queue"
     );
+    assert_eq!(next["args"][0]["queue_name"], json!(queue));
+    // Its next run, fetched from `_rust`, resumes there again.
+    let again = out
+        .next_run()
+        .shutdown(&quiet)
+        .perform_chain(&registry)
+        .await;
+    assert!(
+        matches!(again.fate, Fate::Continued { .. }),
+        "{:?}",
+        again.fate
+    );
+    assert_eq!(again.written().unwrap()["queue"], json!(routed));
+    // A queue that is not the twin of `queue_name` (a job not routed, or sent elsewhere by hand) is
+    // not kept: the next run goes to `queue_name`, as Rails pushes it.
+    p.insert("queue".into(), json!("elsewhere_rust"));
+    let out = TestJob::payload(serde_json::to_vec(&p).unwrap())
+        .shutdown(&quiet)
+        .perform_chain(&registry)
+        .await;
+    assert_eq!(out.written().unwrap()["queue"], json!(queue));
 }
