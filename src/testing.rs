@@ -327,18 +327,23 @@ impl TestJob {
     /// The outcome of a job refused with `error` before any worker runs.
     fn refused(&self, job: &Job, error: JobError) -> Outcome {
         let queue = self.fetched_from(job);
-        settle_now(job, &queue, None, Err(error), &self.shutdown)
+        settle_now(job, &queue, None, Err(error), &self.shutdown).0
     }
 
     /// The outcome of a run that ended with `result`; the after-fate hooks its middleware
-    /// registered run with the fate, as the processor runs them once the fate is written.
+    /// registered run with the fate, as the processor runs them once the fate is written, and an
+    /// interrupted run's until-executed lock goes to its next run, as the fate write passes it.
     async fn finish(
         &self,
         run: &Prepared,
         options: Option<&WorkerOptions>,
         result: JobResult,
     ) -> Outcome {
-        let outcome = settle_now(&run.job, run.tc.queue(), options, result, &self.shutdown);
+        let (outcome, lock) = settle_now(&run.job, run.tc.queue(), options, result, &self.shutdown);
+        if let (Some(lock), Fate::Continued { jid, at }) = (lock, &outcome.fate) {
+            let px = retry::hand_over_px(&lock, *at, crate::time::now());
+            crate::middleware::until_executed::hand_over(&self.redis, &lock, jid, px).await;
+        }
         if let Some(fate) = outcome.fate.written() {
             run.tc.after.run(&fate).await;
         }
@@ -396,31 +401,34 @@ fn undecodable(bytes: &[u8], e: &crate::job::PayloadError) -> Outcome {
 }
 
 /// The outcome of a run that ended with `result`: done, or the fate the retry rules give its
-/// failure, as the processor's `fail` computes it before writing it.
+/// failure, as the processor's `fail` computes it before writing it; with the until-executed lock a
+/// continued run's fate write passes to its next run.
 fn settle_now(
     job: &Job,
     queue: &str,
     options: Option<&WorkerOptions>,
     result: JobResult,
     shutdown: &TestShutdown,
-) -> Outcome {
+) -> (Outcome, Option<crate::error::LockHandOver>) {
     let mut error = match result {
         Ok(()) => {
-            return Outcome {
+            let done = Outcome {
                 result: Ok(()),
                 fate: Fate::Done,
                 written: None,
             };
+            return (done, None);
         }
         Err(e) => e,
     };
     crate::processor::redact_error(&mut error);
     if crate::processor::interrupted(&shutdown.signal()) {
-        return Outcome {
+        let pushed_back = Outcome {
             result: Err(error),
             fate: Fate::PushedBack,
             written: None,
         };
+        return (pushed_back, None);
     }
     let now = crate::time::now();
     let rules = RetryRules::default();
@@ -454,19 +462,20 @@ fn settle_now(
             jid: jid.clone(),
         },
     };
-    let written = match plan {
-        Plan::Retry { payload, .. }
-        | Plan::Dead { payload }
-        | Plan::Requeue { payload, .. }
-        | Plan::Continue { payload, .. } => Some(payload),
-        Plan::Reschedule { .. } => Some(job.raw().to_string()),
-        Plan::Discard => None,
+    let (written, lock) = match plan {
+        Plan::Continue { payload, lock, .. } => (Some(payload), lock),
+        Plan::Retry { payload, .. } | Plan::Dead { payload } | Plan::Requeue { payload, .. } => {
+            (Some(payload), None)
+        }
+        Plan::Reschedule { .. } => (Some(job.raw().to_string()), None),
+        Plan::Discard => (None, None),
     };
-    Outcome {
+    let outcome = Outcome {
         result: Err(error),
         fate,
         written,
-    }
+    };
+    (outcome, lock)
 }
 
 /// A job's context built for a test ([`TestJob::context`]); derefs to the [`JobContext`].

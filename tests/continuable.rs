@@ -440,6 +440,63 @@ async fn quiet_mid_step_through_a_launcher_then_another_process_resumes() {
     assert_eq!(c.llen::<_, i64>("queue:default").unwrap(), 0);
 }
 
+/// Through a running launcher (the processor's fate write): an interrupted run's until-executed lock
+/// is the next run's jid as soon as the next run is in `schedule`, and it lasts its TTL from the time
+/// the next run is due, not from the interrupt, as a push of a scheduled job sets it: here a 1 s
+/// `unique_ttl` and a 60 s resume wait. Counted from the interrupt, the lock lapsed 59 s before the
+/// next run could claim it, and a duplicate push was accepted meanwhile. Failed before the fix (the
+/// lock's PTTL was at most 1000 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_handed_to_the_next_run_lasts_until_it_is_due() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let key = "oxidekiq:lock:unique:ImportRecordsJob:wait";
+    let mut p: Map<String, Value> =
+        serde_json::from_str(&recording("continuable_enqueued")).unwrap();
+    p.insert("unique_key".into(), json!(key));
+    p.insert("unique_ttl".into(), json!(1));
+    let _: () = c.set(key, p["jid"].as_str().unwrap()).unwrap();
+    let _: i64 = c
+        .lpush("queue:default", serde_json::to_string(&p).unwrap())
+        .unwrap();
+    let _: i64 = c.sadd("queues", "default").unwrap();
+    let mut registry = Registry::new();
+    registry.register(Continuable::new(Import {
+        pause_at_3: true,
+        in_redis: true,
+        options: ContinuationOptions {
+            resume_wait: Duration::from_secs(60),
+            ..ContinuationOptions::default()
+        },
+        ..Import::default()
+    }));
+    let launcher = launch(config(&redis.url(), &["default"], 2), registry).await;
+    wait_for("record 2", Duration::from_secs(30), || {
+        c.lrange::<_, Vec<String>>("seen", 0, -1)
+            .unwrap()
+            .contains(&"record:2".to_string())
+    })
+    .await;
+    launcher.send(Control::Quiet);
+    wait_for("the next run in schedule", Duration::from_secs(30), || {
+        c.zcard::<_, i64>("schedule").unwrap() == 1
+    })
+    .await;
+    let (held, ttl): (Option<String>, i64) =
+        redis::pipe().get(key).pttl(key).query(&mut c).unwrap();
+    launcher.stop().await.unwrap();
+    let members: Vec<String> = c.zrange("schedule", 0, -1).unwrap();
+    let next: Map<String, Value> = serde_json::from_str(&members[0]).unwrap();
+    assert_eq!(
+        held.as_ref(),
+        next["jid"].as_str().map(str::to_string).as_ref()
+    );
+    assert!(
+        ttl > 55_000,
+        "the lock lapses {ttl} ms after the interrupt, the next run is due in 60 s"
+    );
+}
+
 /// And the reverse, with real ActiveJob 8.1 (local only: `fixtures/activejob-7-8/live_check.sh` sets
 /// `OXIDEKIQ_AJ_LIVE`; its `v8.1` entry is used): a job Rust interrupted at cursor 4 runs in Ruby,
 /// resumed there, and Ruby interrupts it at cursor 7 (its adapter's `stopping?` turned true after
@@ -750,18 +807,19 @@ fn tstp_mid_step_in_the_binary_then_another_process_resumes() {
     assert_eq!(done, 1);
 }
 
-/// REVIEW (issue 39), defect: the until-executed lock's hand-over
-/// (src/chain/middleware/until_executed.rs `hand_over`, run from `after_fate`) is a second Redis call
-/// after the fate script, not part of it. A SIGKILL between the two (or a Redis error on the hand-over,
-/// or the next run claiming first when its resume wait is short and another process picks it up before
-/// `after_fate` runs) leaves the lock holding the interrupted run's `<token>:<old jid>`, which the next
-/// run (a new jid) cannot claim (`CLAIM_SCRIPT` accepts only its own jid): the next run runs without
-/// the lock, never extends it, never releases it. The lock is stranded until its TTL after the job
-/// completes (duplicates refused), and lapses at its TTL while a long chain of runs still works
-/// (a duplicate accepted mid-job). Fails today: the key still holds the old run's value at the end.
+/// REVIEW (issue 39), defect (fixed): the until-executed lock's hand-over was a second Redis call
+/// after the fate script (an `after_fate` hook), not part of it. A SIGKILL between the two (or a Redis
+/// error on the hand-over, or the next run claiming first when another process picked it up before
+/// the hook ran) left the lock holding the interrupted run's `<token>:<old jid>`, which the next run
+/// (a new jid) could not claim (`CLAIM_SCRIPT` accepted only its own jid): it ran without the lock,
+/// and the lock was stranded until its TTL after the job completed. Now the fate script itself
+/// passes the lock to the next run's jid (`FATE_LUA`, checked in src/sidekiq/retry.rs
+/// `the_lock_goes_to_the_next_run_in_the_fate_write_and_nowhere_else`), and a continued run also
+/// claims the lock its predecessor's run left (`provider_job_id`), so the state below (what a
+/// process of an older version leaves when it dies between the two) strands nothing either. Failed
+/// before the fix: the key still held the old run's value at the end.
 #[tokio::test]
-#[ignore = "review defect (issue 39): the lock hand-over is not in the fate write; a crash between them strands the lock"]
-async fn a_crash_between_the_fate_write_and_the_lock_hand_over_strands_the_lock() {
+async fn a_crash_between_the_fate_write_and_the_lock_hand_over_strands_no_lock() {
     use oxidekiq::testing::{TestRedis, TestShutdown};
     let redis = TestRedis::start();
     let mut conn = redis.conn();
@@ -820,15 +878,16 @@ async fn a_crash_between_the_fate_write_and_the_lock_hand_over_strands_the_lock(
     );
 }
 
-/// REVIEW (issue 39), finding: a Continuable job the Ruby router sent to `<queue>_rust` (its payload's
-/// `queue` rewritten, `job_data.queue_name` not) is resumed on `<queue>`, Ruby's queue
-/// (`resumed_payload` in src/payload/activejob/continuation.rs takes `queue` from `queue_name`), and no
-/// oxidekiq poller routes it back (`enqueue_due_routed` only rolls back): after its first interrupt a
-/// routed job's runs leave Rust for good, whatever the route's share, where Rails' `retry_job` would
-/// pass through the Ruby router again. A retry (`queue` kept) and an iterable push-back (the queue it
-/// was fetched from) stay on `<queue>_rust`. Fails today: the next run names `default`.
+/// REVIEW (issue 39), finding (fixed): a Continuable job the Ruby router sent to `<queue>_rust` (its
+/// payload's `queue` rewritten, `job_data.queue_name` not) was resumed on `<queue>`, Ruby's queue
+/// (`resumed_payload` took `queue` from `queue_name`), and no oxidekiq poller routes it back
+/// (`enqueue_due_routed` only rolls back): after its first interrupt a routed job's runs left Rust for
+/// good, whatever the route's share, where Rails' `retry_job` would pass through the Ruby router
+/// again (which keeps a `_rust` job there while the class is routed). Now the next run stays on
+/// `<queue>_rust`, as a retry and an iterable push-back do; a roll back sends it to `<queue>` when it
+/// comes due (the pollers' own rule). A job that was not routed resumes on `queue_name`. Failed
+/// before the fix: the next run named `default`.
 #[tokio::test]
-#[ignore = "review finding (issue 39): a routed Continuable job resumes on Ruby's queue, not its _rust twin"]
 async fn a_routed_continuable_job_resumes_on_its_rust_queue() {
     use oxidekiq::testing::TestShutdown;
     let mut p: Map<String, Value> =
@@ -852,4 +911,25 @@ async fn a_routed_continuable_job_resumes_on_its_rust_queue() {
         json!(routed),
         "the next run left the Rust queue"
     );
+    assert_eq!(next["args"][0]["queue_name"], json!(queue));
+    // Its next run, fetched from `_rust`, resumes there again.
+    let again = out
+        .next_run()
+        .shutdown(&quiet)
+        .perform_chain(&registry)
+        .await;
+    assert!(
+        matches!(again.fate, Fate::Continued { .. }),
+        "{:?}",
+        again.fate
+    );
+    assert_eq!(again.written().unwrap()["queue"], json!(routed));
+    // A queue that is not the twin of `queue_name` (a job not routed, or sent elsewhere by hand) is
+    // not kept: the next run goes to `queue_name`, as Rails pushes it.
+    p.insert("queue".into(), json!("elsewhere_rust"));
+    let out = TestJob::payload(serde_json::to_vec(&p).unwrap())
+        .shutdown(&quiet)
+        .perform_chain(&registry)
+        .await;
+    assert_eq!(out.written().unwrap()["queue"], json!(queue));
 }

@@ -427,7 +427,10 @@ fn resume(
             let at = (now.timestamp_micros() as f64) / 1e6 + opts.resume_wait.as_secs_f64();
             let mut e = JobError::new(INTERRUPT, counted_as);
             e.action = RetryAction::Continue(at);
-            e.resume = Some(Box::new(job_data));
+            e.resume = Some(Box::new(crate::error::Resume {
+                job_data,
+                lock: None,
+            }));
             e
         }
         Err(m) => JobError::new(INVALID_STEP, m),

@@ -385,11 +385,19 @@ impl Processor {
                 async move { retry::apply(&mut conn, &job, &plan, now, token.as_ref()).await }
             })
             .await;
-        let Some(fate) = fate else {
+        let Some(written) = fate else {
             // Given up at the stop (its write kept failing): no fate, so it is pushed back.
             return false;
         };
         state.settle(self);
+        let Some(fate) = written else {
+            // Its entry was taken back before the write (a recovery or the stop's push-back returned
+            // it to its queue): this run has no fate of its own, so no hook acts on the plan's (a
+            // lock handed to a next run that is nowhere, one released while the job waits again).
+            tracing::info!(reason = %error.message,
+                "taken back before its fate was written (a recovery or the stop's push-back): nothing written");
+            return true;
+        };
         after.run(&fate).await;
         crate::prom::metrics().fate(job.wrapped().unwrap_or(job.class()), &fate);
         match fate {

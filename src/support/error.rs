@@ -241,8 +241,30 @@ pub struct JobError {
     pub backtrace: Vec<String>,
     /// What the retry machinery does next.
     pub action: RetryAction,
-    /// For [`RetryAction::Continue`]: the `job_data` to push (set by the continuable wrapper).
-    pub(crate) resume: Option<Box<serde_json::Map<String, serde_json::Value>>>,
+    /// For [`RetryAction::Continue`]: the next run to push (set by the continuable wrapper).
+    pub(crate) resume: Option<Box<Resume>>,
+}
+
+/// What an interrupted Continuable job's fate write pushes besides the job itself.
+#[derive(Debug)]
+pub(crate) struct Resume {
+    /// The next run's `job_data` (set by the continuable wrapper).
+    pub job_data: serde_json::Map<String, serde_json::Value>,
+    /// The until-executed lock the interrupted run holds, passed to the next run's jid by the same
+    /// script that schedules it (set by the until-executed middleware).
+    pub lock: Option<LockHandOver>,
+}
+
+/// An until-executed lock to pass to an interrupted job's next run, in its fate write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockHandOver {
+    /// The lock's key.
+    pub key: String,
+    /// The value the interrupted run holds it under (`<token>:<jid>`): only that value (or no value,
+    /// the lock expired) is replaced.
+    pub value: String,
+    /// The lock's TTL, in milliseconds.
+    pub ttl_ms: u64,
 }
 
 impl JobError {

@@ -110,7 +110,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "sidekiq/retry.rs",
         "const FATE_LUA",
-        "1d85cf121cd5dc05ca80cc21975aafc7c9211d98",
+        "f786dfdc30e4bd4ece4f21afa2a3d206f9308a21",
     ),
 ];
 

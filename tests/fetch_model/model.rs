@@ -745,7 +745,8 @@ impl State {
                 }
                 Us::Failing => {
                     // `FATE_LUA` (retry.rs): writes the retry set and marks the place done, only if the
-                    // entry is still there. A lost reply: written again later, finding the entry gone.
+                    // entry is still there. A lost reply: written again later, finding the entry gone
+                    // (the script then only reads whether its member is there, to report the fate).
                     for &lost_reply in replies(b) {
                         let mut s = self.clone();
                         if let Some(j) = s.r.entry(pu, u.n, u.place) {

@@ -14,7 +14,10 @@
 //!   (`Oxidekiq::InvalidPayload`) before it runs.
 //! - **Fate**: done, discarded or dead → compare-and-delete on the run's value; back to the retry or
 //!   schedule set → the TTL is renewed (the job is still pending). A failed run learns its fate from
-//!   [`JobContext::after_fate`], once the fate is in Redis.
+//!   [`JobContext::after_fate`], once the fate is in Redis. An interrupted Continuable job's next run
+//!   (a new jid) gets the lock in the fate write that schedules it, set to its jid as a push sets it,
+//!   its TTL counted from the time the next run is due; that run claims it as its own (or, from the
+//!   value its predecessor's run left, through `provider_job_id`).
 //!
 //! Every step compares the stored value before it deletes or extends, so a job never frees a lock a later
 //! job took, and a stale run of a job never frees the lock of a newer run of the same job. A lock never outlives its job by more than its TTL: a process that dies mid-job, or a
@@ -39,7 +42,7 @@ use serde_json::Value;
 
 use super::lock_key::args_digest;
 use super::{BoxFuture, Next, ServerMiddleware};
-use crate::error::{INVALID_PAYLOAD, JobError, JobResult, Result};
+use crate::error::{INVALID_PAYLOAD, JobError, JobResult, LockHandOver, Result, RetryAction};
 use crate::job::{Job, checked_seconds};
 use crate::keys;
 use crate::lock::{self, LockGuard, ttl_ms};
@@ -156,12 +159,17 @@ pub fn unique_lock(job: &Job) -> std::result::Result<Option<(String, Duration)>,
 
 /// Hands the lock from the push (or from an earlier run of the same job) to this run: if `KEYS[1]` holds
 /// the jid `ARGV[1]` itself (set at push) or a `<token>:<jid>` of an earlier run, or nothing (it
-/// expired), it becomes `ARGV[2]` (`<token>:<jid>`) with `PX ARGV[3]`; returns 1. Another job's value
-/// is left alone; returns 0.
+/// expired), it becomes `ARGV[2]` (`<token>:<jid>`) with `PX ARGV[3]`; returns 1. So it does if it
+/// holds the same of `ARGV[4]`, when given: the jid of the run this job continues (an interrupted
+/// Continuable job's, whose lock its fate write passes on; a run of an older version left it
+/// unpassed). Another job's value is left alone; returns 0.
 const CLAIM_SCRIPT: &str = r"
 local v = redis.call('GET', KEYS[1])
-local suffix = ':' .. ARGV[1]
-if v == false or v == ARGV[1] or (#v > #suffix and string.sub(v, -#suffix) == suffix) then
+local function held_by(jid)
+  local suffix = ':' .. jid
+  return v == jid or (#v > #suffix and string.sub(v, -#suffix) == suffix)
+end
+if v == false or held_by(ARGV[1]) or (ARGV[4] ~= '' and held_by(ARGV[4])) then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
@@ -195,21 +203,27 @@ impl RunLock {
     }
 }
 
-/// At the start of a run: validates the job's lock fields and takes the lock over for this run.
-/// One `EVALSHA` for a job with a lock; nothing for a job without one. `Ok(None)`
-/// when the job has no lock, when another job holds it (this job still runs: it was already pushed), or
-/// when Redis cannot be reached (logged; the lock then expires by its TTL). `Err` when the payload's lock
-/// fields are invalid: the job fails with that error.
+/// At the start of a run: validates the job's lock fields and takes the lock over for this run (from
+/// the push, an earlier run of its jid, or the run it continues: `continues`, the jid of an interrupted
+/// Continuable job's run that pushed this one). One `EVALSHA` for a job with a lock; nothing for a job
+/// without one. `Ok(None)` when the job has no lock, when another job holds it (this job still runs: it
+/// was already pushed), or when Redis cannot be reached (logged; the lock then expires by its TTL).
+/// `Err` when the payload's lock fields are invalid: the job fails with that error.
 pub(crate) async fn claim(
     conn: &Conn,
     job: &Job,
+    continues: Option<&str>,
 ) -> std::result::Result<Option<RunLock>, JobError> {
     let Some((key, ttl)) = unique_lock(job)? else {
         return Ok(None);
     };
     let value = lock::job_value(job.jid());
     let mut inv = CLAIM.prepare_invoke();
-    inv.key(&key).arg(job.jid()).arg(&value).arg(ttl_ms(ttl));
+    inv.key(&key)
+        .arg(job.jid())
+        .arg(&value)
+        .arg(ttl_ms(ttl))
+        .arg(continues.unwrap_or(""));
     match inv.invoke_async::<i64>(&mut conn.clone()).await {
         Ok(1) => Ok(Some(RunLock { key, value, ttl })),
         Ok(_) => {
@@ -223,9 +237,12 @@ pub(crate) async fn claim(
     }
 }
 
-/// Sets `KEYS[1]` to `ARGV[2]` with `PX ARGV[3]` if it still holds `ARGV[1]`; returns 1 if it did.
+/// Sets `KEYS[1]` to `ARGV[2]` with `PX ARGV[3]` if it holds `ARGV[1]` or nothing; returns 1 if it
+/// did. What the fate write of an interrupted job ([`crate::retry`]'s `FATE_LUA`) does with its lock.
+#[cfg(feature = "testing")]
 const HAND_OVER_SCRIPT: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
@@ -233,26 +250,33 @@ return 0
 ";
 
 /// The hand-over script, sent by SHA1 with the body as fallback on `NOSCRIPT`.
+#[cfg(feature = "testing")]
 static HAND_OVER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HAND_OVER_SCRIPT));
 
-/// After an interrupted Continuable job's next run is in the schedule set under `jid`: this run's
-/// lock becomes that jid's, as a push would have set it (its first run claims it as its own). A lock
-/// no longer this run's is left alone; errors are logged (the key then expires by its TTL).
-async fn hand_over(conn: Conn, lock: RunLock, jid: String) {
-    let RunLock { key, value, ttl } = lock;
+/// The lock hand-over of an interrupted job's fate write, alone: what `oxidekiq::testing`, which
+/// writes no fate, does once a run is continued, so a test sees the lock where production leaves it.
+#[cfg(feature = "testing")]
+pub(crate) async fn hand_over(conn: &Conn, lock: &crate::error::LockHandOver, jid: &str, px: u64) {
+    let key = &lock.key;
     let mut inv = HAND_OVER.prepare_invoke();
-    inv.key(&key).arg(&value).arg(&jid).arg(ttl_ms(ttl));
+    inv.key(key).arg(&lock.value).arg(jid).arg(px);
     match inv.invoke_async::<i64>(&mut conn.clone()).await {
         Ok(1) => {
             tracing::debug!(lock = %key, next_jid = %jid, "unique lock handed to the next run")
         }
-        Ok(_) => {
-            tracing::debug!(lock = %key, "unique lock already expired or taken by another run")
-        }
+        Ok(_) => tracing::debug!(lock = %key, "unique lock taken by another run: left alone"),
         Err(e) => {
             tracing::warn!(lock = %key, error = %e, "cannot hand the unique lock over; it expires by its ttl")
         }
     }
+}
+
+/// The jid of the run a continued Continuable job's run continues (`job_data`'s `provider_job_id`,
+/// which Rails' `retry_job` and the Rust interrupt write; only for a payload with a `continuation`).
+fn continues(ctx: &JobContext) -> Option<&str> {
+    let data = ctx.activejob()?.job_data();
+    data.contains_key("continuation").then_some(())?;
+    data.get("provider_job_id").and_then(Value::as_str)
 }
 
 /// After the job's fate is in Redis: `finished` (done, discarded, dead) releases this run's lock;
@@ -282,8 +306,10 @@ async fn settle(conn: Conn, lock: RunLock, finished: bool) {
 /// implemented in [`crate::client`], which sits above the middleware). On the server chain ([`Next::new`] runs it first, a no-op for a payload without `unique_key`) it claims the
 /// lock for this run (one `EVALSHA`), keeps it while the job runs, and settles it: released when the
 /// job is done; on a failure, once its fate is written ([`JobContext::after_fate`]): released when the
-/// job is dead or discarded, renewed while it waits for a retry or its rescheduled run, handed to the
-/// next run's jid when a Continuable job was interrupted.
+/// job is dead or discarded, renewed while it waits for a retry or its rescheduled run. When a
+/// Continuable job is interrupted, the fate write that schedules its next run passes the lock to that
+/// run's jid in the same script (the middleware puts the lock in the interrupt's error), so no crash,
+/// Redis error or fast pick-up of the next run can come between them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UntilExecuted;
 
@@ -291,21 +317,33 @@ impl ServerMiddleware for UntilExecuted {
     fn call<'a>(&'a self, ctx: &'a JobContext, next: Next<'a>) -> BoxFuture<'a, JobResult> {
         Box::pin(async move {
             let conn = ctx.redis();
-            let Some(run) = claim(&conn, ctx.job()).await? else {
+            let Some(run) = claim(&conn, ctx.job(), continues(ctx)).await? else {
                 return next.run(ctx).await;
             };
             let guard = LockGuard::taken(conn.clone(), run.key.clone(), run.value.clone(), run.ttl);
-            let result = guard.hold_while(next.run(ctx)).await;
-            match &result {
+            let mut result = guard.hold_while(next.run(ctx)).await;
+            match &mut result {
                 Ok(()) => settle(conn, run, true).await,
-                Err(_) => ctx.after_fate(move |fate: &Fate| match fate {
-                    // A Continuable job's next run is a new job (a new jid): the lock is its now.
-                    Fate::Continued { jid, .. } => Box::pin(hand_over(conn, run, jid.clone())),
-                    _ => {
-                        let finished = matches!(fate, Fate::Dead | Fate::Discarded);
-                        Box::pin(settle(conn, run, finished))
+                Err(e) => {
+                    // An interrupted Continuable job: its next run (a new jid) gets the lock in the
+                    // fate write that schedules it.
+                    if let (RetryAction::Continue(_), Some(resume)) = (e.action, e.resume.as_mut())
+                    {
+                        resume.lock = Some(LockHandOver {
+                            key: run.key.clone(),
+                            value: run.value.clone(),
+                            ttl_ms: ttl_ms(run.ttl),
+                        });
                     }
-                }),
+                    ctx.after_fate(move |fate: &Fate| match fate {
+                        // Passed on by the fate write itself.
+                        Fate::Continued { .. } => Box::pin(std::future::ready(())),
+                        _ => {
+                            let finished = matches!(fate, Fate::Dead | Fate::Discarded);
+                            Box::pin(settle(conn, run, finished))
+                        }
+                    })
+                }
             }
             result
         })

@@ -287,6 +287,12 @@ const RUN_KEYS: &[&str] = &[
 /// with, in their order) without the keys of the run ([`RUN_KEYS`]), with `args` `[job_data]`, `queue`
 /// the job's `queue_name`, a new `jid` and `created_at`. Recorded as
 /// `fixtures/activejob-8.1/continuation_*.json`.
+///
+/// A job the migration router sent to `<queue_name>_rust` (its `queue` rewritten, `queue_name` not)
+/// resumes there, where the Rust processes drain it, as a retry does: Ruby's `retry_job` would pass
+/// through the router again, which keeps a job on `_rust` while its class is routed and a live Rust
+/// process serves it, and no Rust poller routes a job toward `_rust`. A class rolled back meanwhile
+/// (`oxidekiq route CLASS 0`) is sent to `<queue_name>` when the next run comes due (both pollers).
 pub(crate) fn resumed_payload(
     running: &Map<String, Value>,
     job_data: Map<String, Value>,
@@ -305,7 +311,7 @@ pub(crate) fn resumed_payload(
             "jid" => jid.into(),
             "created_at" => created_at.clone(),
             "queue" => match &queue {
-                Some(Value::String(q)) => Value::String(q.clone()),
+                Some(Value::String(q)) if !routed_to_rust(v, q) => Value::String(q.clone()),
                 _ => v.clone(),
             },
             _ => v.clone(),
@@ -318,6 +324,14 @@ pub(crate) fn resumed_payload(
     out.entry("jid").or_insert_with(|| jid.into());
     out.entry("created_at").or_insert(created_at);
     out
+}
+
+/// Whether `queue` (the running payload's) is the `_rust` twin of `queue_name`.
+fn routed_to_rust(queue: &Value, queue_name: &str) -> bool {
+    queue
+        .as_str()
+        .and_then(|q| q.strip_suffix(crate::keys::RUST_QUEUE_SUFFIX))
+        == Some(queue_name)
 }
 
 #[cfg(test)]
