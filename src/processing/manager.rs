@@ -29,8 +29,9 @@ use crate::processor::{Park, Processor};
 use crate::shutdown::{Phase, ShutdownSignal};
 use crate::work_table::WorkTable;
 
-/// A unit of work on its way to a processor, with the slot it holds.
-type Task = (UnitOfWork, OwnedSemaphorePermit);
+/// A unit of work on its way to a processor, with the permit of the manager's slot it holds (given
+/// back when its job ends, or when a stuck fate write parks it: [`Park`]).
+type SlottedUnit = (UnitOfWork, OwnedSemaphorePermit);
 
 /// The queue from the fetch loops to the processors: a FIFO under a short lock, and one wake-up of one
 /// waiting processor per unit. It replaces an mpsc receiver behind an async mutex, which cost two
@@ -39,7 +40,7 @@ type Task = (UnitOfWork, OwnedSemaphorePermit);
 #[derive(Debug, Default)]
 struct Feed {
     /// Units not yet taken, oldest first.
-    queue: Mutex<VecDeque<Task>>,
+    queue: Mutex<VecDeque<SlottedUnit>>,
     /// One notification per unit queued; every waiter when the last sender is gone.
     ready: Notify,
     /// Live [`FeedSender`]s; none left means nothing more comes.
@@ -54,7 +55,7 @@ impl Feed {
     }
 
     /// The oldest unit, if any.
-    fn try_recv(&self) -> Option<Task> {
+    fn try_recv(&self) -> Option<SlottedUnit> {
         self.queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -64,7 +65,7 @@ impl Feed {
     /// The oldest unit, waiting for one; `None` once every sender is gone and nothing is queued.
     /// Cancel-safe: a unit is only taken in `try_recv`, and a notification a cancelled wait received is
     /// passed on to another waiter by `Notified`'s drop.
-    async fn recv(&self) -> Option<Task> {
+    async fn recv(&self) -> Option<SlottedUnit> {
         loop {
             // Registered before the checks, so a unit queued (or the last sender gone) after them wakes
             // this wait.
@@ -98,7 +99,7 @@ impl FeedSender {
     }
 
     /// Queues a unit and wakes one waiting processor (or leaves the wake for the next one to wait).
-    fn send(&self, task: Task) {
+    fn send(&self, task: SlottedUnit) {
         self.0
             .queue
             .lock()
