@@ -123,8 +123,10 @@ impl Drop for FeedSender {
     }
 }
 
-/// When the last Redis outage began, shared by the fetch loops so an outage is logged once.
-type Outage = Arc<Mutex<Option<Instant>>>;
+/// When the Redis outage under way began (`None`: Redis answers), shared by a manager's fetch loops so
+/// that an outage is logged once when it begins ([`outage_began`]) and once when it ends
+/// ([`outage_ended`]), however many loops meet it.
+type OutageStart = Arc<Mutex<Option<Instant>>>;
 
 /// The running manager of one process.
 #[derive(Debug)]
@@ -396,7 +398,7 @@ async fn run(
     for _ in 0..concurrency {
         spawner.spawn(&mut processors);
     }
-    let outage: Outage = Arc::default();
+    let outage: OutageStart = Arc::default();
     let mut loops = JoinSet::new();
     let (fetching_tx, fetching_rx) = mpsc::channel::<()>(1);
     let loop_count = fetch.fetch_loops(concurrency).max(1);
@@ -661,7 +663,7 @@ async fn fetch_loop(
     processor: Arc<Processor>,
     tasks: FeedSender,
     share: Share,
-    outage: Outage,
+    outage: OutageStart,
     mut signal: ShutdownSignal,
     fetching: mpsc::Sender<()>,
 ) -> Vec<UnitOfWork> {
@@ -766,7 +768,7 @@ async fn hand_out(
 }
 
 /// Logs the start of an outage once.
-fn outage_began(outage: &Outage, e: &crate::Error) {
+fn outage_began(outage: &OutageStart, e: &crate::Error) {
     if let Ok(mut o) = outage.lock()
         && o.is_none()
     {
@@ -776,7 +778,7 @@ fn outage_began(outage: &Outage, e: &crate::Error) {
 }
 
 /// True (and logged) when a fetch succeeded after an outage.
-fn outage_ended(outage: &Outage) -> bool {
+fn outage_ended(outage: &OutageStart) -> bool {
     let Some(since) = outage.lock().ok().and_then(|mut o| o.take()) else {
         return false;
     };
