@@ -413,7 +413,7 @@ async fn run(
             fetch.clone(),
             processor.clone(),
             tasks.clone(),
-            Share {
+            FetchLoopSlots {
                 slots: slots.clone(),
                 max: share,
             },
@@ -593,8 +593,9 @@ async fn quiet_sweep(
     waiting
 }
 
-/// The slots, and how many of them one fetch loop takes at most.
-struct Share {
+/// The manager's slots as one fetch loop takes them: the semaphore its fetch loops and processors
+/// share, and the most slots this loop takes for one fetch (its share of the concurrency).
+struct FetchLoopSlots {
     slots: Arc<Semaphore>,
     max: usize,
 }
@@ -613,7 +614,7 @@ const GATHER: Duration = Duration::from_micros(500);
 /// Redis round trip and a script, was most of what a job cost oxidekiq and Redis. An idle process (slots
 /// free, queues empty) never waits: an enqueued job starts at once.
 async fn take_slots(
-    share: &Share,
+    share: &FetchLoopSlots,
     signal: &mut ShutdownSignal,
     backlog: bool,
 ) -> Option<Vec<OwnedSemaphorePermit>> {
@@ -648,7 +649,7 @@ async fn take_slots(
 }
 
 /// Adds the free slots to `permits`, up to the loop's share.
-fn grab_free(share: &Share, permits: &mut Vec<OwnedSemaphorePermit>) {
+fn grab_free(share: &FetchLoopSlots, permits: &mut Vec<OwnedSemaphorePermit>) {
     while permits.len() < share.max {
         match share.slots.clone().try_acquire_owned() {
             Ok(p) => permits.push(p),
@@ -662,7 +663,7 @@ async fn fetch_loop(
     fetch: Arc<dyn Fetch>,
     processor: Arc<Processor>,
     tasks: FeedSender,
-    share: Share,
+    share: FetchLoopSlots,
     outage: OutageStart,
     mut signal: ShutdownSignal,
     fetching: mpsc::Sender<()>,
@@ -898,7 +899,7 @@ mod tests {
         let slots = Arc::new(Semaphore::new(10));
         // Nine slots busy with running jobs: one free, fewer than half the share.
         let busy = slots.clone().acquire_many_owned(9).await.unwrap();
-        let share = Share {
+        let share = FetchLoopSlots {
             slots: slots.clone(),
             max: 10,
         };
