@@ -53,10 +53,12 @@ impl Batch {
     }
 }
 
-/// The batch lists this process holds: those with jobs handed out, and those a fetch may have filled
-/// without its reply reaching us ("lost": nothing in them was handed out, so all of it goes back).
+/// The batch lists a reliable fetcher (one capsule's) holds, under one lock: those with jobs handed out
+/// (`open`), those a fetch may have filled without its reply reaching us (`lost`: nothing in them was
+/// handed out, so all of it goes back at the next sweep), and the numbers of fetches in flight
+/// (`pending`), which no sweep may take as strays.
 #[derive(Debug, Default)]
-pub(super) struct Held {
+pub(super) struct HeldBatches {
     /// By batch number.
     pub(super) open: foldhash::HashMap<u64, Batch>,
     /// Lists of fetches whose reply never came.
@@ -65,7 +67,7 @@ pub(super) struct Held {
     pub(super) pending: Vec<(u64, u64)>,
 }
 
-impl Held {
+impl HeldBatches {
     /// Whether batch `n` is one this process knows: handed out, or its fetch in flight.
     pub(super) fn knows(&self, n: u64) -> bool {
         self.open.contains_key(&n) || self.pending.iter().any(|(a, b)| (*a..*b).contains(&n))
