@@ -69,7 +69,7 @@ mod size_bound;
 mod sweeps;
 mod wait;
 
-use self::acks::{RIDE_WAIT, Rider};
+use self::acks::{PiggybackAck, RIDE_WAIT};
 use self::batch::HeldBatches;
 use self::fast::{Fast, fast_batch};
 use self::script::FETCH_LUA;
@@ -114,7 +114,7 @@ pub(crate) struct Reliable {
     /// Oversized jobs sent to the dead set since the last [`Fetch::take_dead`].
     dead: AtomicU64,
     /// Acks waiting to ride on the next fetch's pipeline ([`Reliable::ack`]).
-    riders: Mutex<Vec<Rider>>,
+    riders: Mutex<Vec<PiggybackAck>>,
     /// Keys whose ack Redis refused (a damaged acks set), each logged once ([`Reliable::send_acks`]).
     refused_acks: Mutex<foldhash::HashSet<String>>,
     /// Ids of riders.
