@@ -247,7 +247,7 @@ impl Processor {
         });
         // The cut (timeout, cancel) stops the worker only, inside the chain: every middleware sees its
         // outcome and settles (locks released or renewed, limits freed) as Ruby's `ensure` would.
-        let cut = Cut {
+        let cut = WorkerCutoffs {
             timeout: timeout.filter(|_| !entry.is_some_and(|e| e.synchronous)),
             cancel,
         };
@@ -501,7 +501,7 @@ impl Processor {
         entry: Option<&crate::registry::Entry>,
         after: &AfterFate,
         limit: Duration,
-        cut: Cut,
+        cut: WorkerCutoffs,
     ) -> JobResult {
         let report_after = watchdog_delay(limit, entry.is_some_and(|e| e.synchronous));
         let class = job.wrapped().unwrap_or(job.class()).to_string();
@@ -527,7 +527,7 @@ impl Processor {
         queue: &Arc<str>,
         entry: Option<&crate::registry::Entry>,
         after: &AfterFate,
-        cut: Cut,
+        cut: WorkerCutoffs,
     ) -> JobResult {
         // A job refused before its worker runs (no worker for its class, ActiveJob arguments that do not
         // decode) still passes the built-in until-executed stage, so its lock is settled with its fate
@@ -818,11 +818,11 @@ impl<'p> RunState<'p> {
 // Lives in the support layer so that the locks layer catches a perform's panic the same way.
 pub(crate) use crate::error::catch_unwind;
 
-/// What may stop a job's worker before it returns: its timeout (async workers only) and Sidekiq's
-/// `cancel!` (the heartbeat's signal, honoured inside the worker's own handler:
-/// [`crate::worker::run_cancellable`]).
+/// What may cut a job's worker off before it returns, applied inside the chain around the worker
+/// alone: its timeout (async workers only: [`Bounded`]) and Sidekiq's `cancel!` (the
+/// heartbeat's signal, honoured inside the worker's own handler: [`crate::worker::run_cancellable`]).
 #[derive(Debug, Default)]
-struct Cut {
+struct WorkerCutoffs {
     timeout: Option<Duration>,
     /// The work table and the job's row there, whose cancel mark the heartbeat's check sets.
     cancel: Option<crate::worker::CancelCut>,
