@@ -490,7 +490,7 @@ impl Processor {
 
     /// [`Processor::invoke`] under a timeout: an async job still running after `limit` is dropped at
     /// its next await point and fails with [`crate::error::JOB_TIMEOUT`] (the retry path, Sidekiq's
-    /// backoff); the cut is [`Bounded`]'s, around the worker inside the chain. A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
+    /// backoff); the cut is [`WorkerWithTimeout`]'s, around the worker inside the chain. A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
     /// would run on while its retry is written); it and an async job stuck in a busy loop (whose
     /// future never yields, so never sees its timeout) are reported once past the limit: one error
     /// line naming the class and jid, and `oxidekiq_jobs_past_timeout_total{class}`.
@@ -565,7 +565,7 @@ impl Processor {
                     .await
             }
             (Some(entry), None) => {
-                let bounded = Bounded {
+                let bounded = WorkerWithTimeout {
                     worker: entry.handler.clone(),
                     timeout: cut.timeout,
                 };
@@ -819,7 +819,7 @@ impl<'p> RunState<'p> {
 pub(crate) use crate::error::catch_unwind;
 
 /// What may cut a job's worker off before it returns, applied inside the chain around the worker
-/// alone: its timeout (async workers only: [`Bounded`]) and Sidekiq's `cancel!` (the
+/// alone: its timeout (async workers only: [`WorkerWithTimeout`]) and Sidekiq's `cancel!` (the
 /// heartbeat's signal, honoured inside the worker's own handler: [`crate::worker::run_cancellable`]).
 #[derive(Debug, Default)]
 struct WorkerCutoffs {
@@ -828,17 +828,19 @@ struct WorkerCutoffs {
     cancel: Option<crate::worker::CancelCut>,
 }
 
-/// The worker at the end of the chain under its timeout. Cutting here, not around the whole chain,
+/// The handler at the end of the chain in the worker's place when the job has a timeout: the worker's
+/// own handler, failed with [`crate::error::JOB_TIMEOUT`] once `timeout` passes (an async worker is
+/// dropped at its next await point). Cutting here, not around the whole chain,
 /// lets each middleware's code after `next.run` run on a timeout (or a cancel, which the worker's
 /// handler honours): an until-executed lock (ours or the gem's) is released or renewed by the fate, a
 /// concurrency slot is given back.
 #[derive(Debug)]
-struct Bounded {
+struct WorkerWithTimeout {
     worker: Arc<dyn crate::middleware::Handler>,
     timeout: Option<Duration>,
 }
 
-impl crate::middleware::Handler for Bounded {
+impl crate::middleware::Handler for WorkerWithTimeout {
     fn call<'a>(&'a self, ctx: &'a JobContext) -> crate::worker::BoxFuture<'a, JobResult> {
         Box::pin(async move {
             let Some(limit) = self.timeout else {
