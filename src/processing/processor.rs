@@ -572,7 +572,7 @@ impl Processor {
                 Next::new(&entry.chain, &bounded).run(&ctx).await
             }
             (_, refused) => {
-                let refuse = Refuse(std::sync::Mutex::new(refused));
+                let refuse = RefusedJobHandler(std::sync::Mutex::new(refused));
                 Next::new(&[], &refuse).run(&ctx).await
             }
         }
@@ -1028,11 +1028,14 @@ mod tests {
     }
 }
 
-/// The handler of a job refused before its worker runs: answers the refusal once.
+/// The handler in the worker's place for a job refused before its worker runs (no worker for its
+/// class, ActiveJob arguments that do not decode), run behind the built-in until-executed stage only:
+/// it fails with the refusal (a second call, which nothing makes, with a `RuntimeError`), so the
+/// job's lock is settled with its fate as for any failure.
 #[derive(Debug)]
-struct Refuse(std::sync::Mutex<Option<JobError>>);
+struct RefusedJobHandler(std::sync::Mutex<Option<JobError>>);
 
-impl crate::middleware::Handler for Refuse {
+impl crate::middleware::Handler for RefusedJobHandler {
     fn call<'a>(&'a self, _: &'a JobContext) -> crate::middleware::BoxFuture<'a, JobResult> {
         let refused = match self.0.lock() {
             Ok(mut r) => r.take(),
