@@ -76,7 +76,7 @@ mod steps;
 mod tests;
 
 use conflict::{Strategy, conflict};
-pub(crate) use fields::{LockType, Spec, lacks_digest};
+pub(crate) use fields::{LockConfig, LockType, lacks_digest};
 pub use release::GemVersion;
 use steps::{DELETE, GemLock, REPLACE, step_failure};
 
@@ -87,7 +87,7 @@ pub(crate) async fn execute<F>(conn: &Conn, job: &Job, gem: UniqueJobsGem, perfo
 where
     F: Future<Output = JobResult>,
 {
-    let spec = match Spec::read(job) {
+    let spec = match LockConfig::read(job) {
         Ok(Some(spec)) => spec,
         Ok(None) => return perform.await,
         Err(e) => return Err(e),
@@ -156,7 +156,7 @@ where
 async fn run_locked<F>(
     conn: &Conn,
     job: &Job,
-    spec: &Spec,
+    spec: &LockConfig,
     run: &GemLock<'_>,
     perform: F,
 ) -> JobResult

@@ -63,7 +63,7 @@ pub(super) fn gem_code(gem: UniqueJobsGem) -> &'static str {
 
 /// One of the gem's locks of a job: the digest (`<d>` or `<d>:RUN`) and the job's fields.
 pub(super) struct GemLock<'a> {
-    pub(super) spec: &'a Spec,
+    pub(super) spec: &'a LockConfig,
     pub(super) digest: String,
     pub(super) gem: UniqueJobsGem,
 }

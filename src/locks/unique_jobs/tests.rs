@@ -34,8 +34,8 @@ fn replace_matches_a_digest_with_glob_characters_literally() {
     assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 1);
 }
 
-fn spec(json: &str) -> std::result::Result<Option<Spec>, JobError> {
-    Spec::read(&Job::from_str(json).unwrap())
+fn spec(json: &str) -> std::result::Result<Option<LockConfig>, JobError> {
+    LockConfig::read(&Job::from_str(json).unwrap())
 }
 
 #[test]
