@@ -163,6 +163,26 @@ impl GemLock<'_> {
         }
     }
 
+    /// [`GemLock::release`] only if `jid` holds the lock (`HEXISTS <d>:LOCKED jid`): for a job that is
+    /// not performed, whose earlier run (cut by a crash) may have left it. An error is logged.
+    pub(super) async fn release_if_held(&self, conn: &Conn, jid: &str) {
+        let [_, _, _, locked, ..] = &keys::unique_family(&self.digest);
+        let held: redis::RedisResult<bool> = redis::cmd("HEXISTS")
+            .arg(locked)
+            .arg(jid)
+            .query_async(&mut conn.clone())
+            .await;
+        match held {
+            Ok(true) => self.release(conn, jid).await,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), error = %e,
+                    "cannot read the sidekiq-unique-jobs lock {} a crashed run of this job may have left: it stays until the gem's reaper frees it",
+                    self.digest)
+            }
+        }
+    }
+
     /// Takes the lock back for `jid` after a failed perform (`until_executing`,
     /// `until_and_while_executing`, as the gem's `lock(wait: …)`); an error is logged.
     pub(super) async fn relock(&self, conn: &Conn, jid: &str) {
