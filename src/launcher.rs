@@ -399,7 +399,9 @@ impl RunningLauncher {
         locks.batcher();
         let registry = registry.freeze()?;
         let handoff = crate::migrate::handoff::Handoff::from_config(&cfg);
-        let unique_jobs = Arc::new(crate::unique_jobs::GemVersion::new(cfg.unique_jobs_gem));
+        let unique_jobs = Arc::new(crate::unique_jobs::FleetGemRelease::new(
+            cfg.unique_jobs_gem,
+        ));
         let routes = crate::routes::RolledBack::new(conn.clone());
         let fetch = capsules[0].1.clone();
         // Each capsule's processor: the same parts, but its own work table (its push-back drains only

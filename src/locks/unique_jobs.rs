@@ -81,7 +81,7 @@ mod tests;
 
 use conflict::{Strategy, conflict};
 pub(crate) use fields::{LockConfig, LockType, lacks_digest};
-pub use release::GemVersion;
+pub use release::FleetGemRelease;
 use steps::{DELETE, GemLock, REPLACE, step_failure};
 
 /// Runs `perform` under the gem's rules for `job`'s lock (a job without `lock_digest` just runs).

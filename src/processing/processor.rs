@@ -98,7 +98,7 @@ pub(crate) struct Processor {
     /// The job locks' batch task, handed to each job's context for the lock middleware.
     pub locks: crate::lock_batch::Locks,
     /// Which sidekiq-unique-jobs release the gem's jobs follow, handed to each job's context.
-    pub unique_jobs: Arc<crate::unique_jobs::GemVersion>,
+    pub unique_jobs: Arc<crate::unique_jobs::FleetGemRelease>,
     /// The classes rolled back (`route CLASS 0`): their jobs fetched from `<queue>_rust` go to
     /// `<queue>` instead of running.
     pub routes: Arc<crate::routes::RolledBack>,
