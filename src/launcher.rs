@@ -402,7 +402,7 @@ impl RunningLauncher {
         let unique_jobs = Arc::new(crate::unique_jobs::FleetGemRelease::new(
             cfg.unique_jobs_gem,
         ));
-        let routes = crate::routes::RolledBack::new(conn.clone());
+        let routes = crate::route_table::RolledBack::new(conn.clone());
         let fetch = capsules[0].1.clone();
         // Each capsule's processor: the same parts, but its own work table (its push-back drains only
         // its own jobs, through its own fetch) and its own acker (an ack goes to the fetch that holds

@@ -92,7 +92,7 @@ pub(crate) use ops::{heartbeat, http, queue_gauges};
 pub(crate) use payload::activejob;
 pub use payload::job;
 pub(crate) use processing::{fetch, manager, migrate, processor, work_table};
-pub(crate) use sidekiq::{fleet, metrics, retry, routes, scheduled};
+pub(crate) use sidekiq::{fleet, metrics, retry, route_table, scheduled};
 pub use support::error;
 pub(crate) use support::{encoding, events, keys, logging, otel, prom, redact, shutdown, time};
 

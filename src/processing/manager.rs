@@ -157,7 +157,7 @@ pub(crate) struct Manager {
 #[derive(Debug)]
 struct ToRuby {
     /// The classes rolled back.
-    routes: Arc<crate::routes::RolledBack>,
+    routes: Arc<crate::route_table::RolledBack>,
     /// Connection for the pushes.
     conn: crate::redis_conn::Conn,
     /// This process's working-hash prefix (reliable fetch): each push consumes the job's entry.
@@ -192,8 +192,9 @@ impl ToRuby {
             let job = std::str::from_utf8(unit.raw())
                 .ok()
                 .and_then(|s| Job::from_str(s).ok());
-            let base = job
-                .and_then(|j| crate::routes::redirect(&rolled_back, &unit.queue, j.worker_class()));
+            let base = job.and_then(|j| {
+                crate::route_table::redirect(&rolled_back, &unit.queue, j.worker_class())
+            });
             let Some(base) = base else {
                 rest.push(unit);
                 continue;

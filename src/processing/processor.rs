@@ -101,7 +101,7 @@ pub(crate) struct Processor {
     pub unique_jobs: Arc<crate::unique_jobs::FleetGemRelease>,
     /// The classes rolled back (`route CLASS 0`): their jobs fetched from `<queue>_rust` go to
     /// `<queue>` instead of running.
-    pub routes: Arc<crate::routes::RolledBack>,
+    pub routes: Arc<crate::route_table::RolledBack>,
     /// This process's batch-list prefix ([`crate::keys::batch_prefix`]) under reliable fetch, `None`
     /// with basic fetch: a job's entry there is its [`retry::Token`], consumed by its fate write.
     pub working_prefix: Option<String>,

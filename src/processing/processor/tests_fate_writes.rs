@@ -96,7 +96,7 @@ fn processor(
         registry: Registry::new().freeze().unwrap(),
         locks: oxidekiq::lock_batch::Locks::new(conn.clone()),
         unique_jobs: std::sync::Arc::new(oxidekiq::unique_jobs::FleetGemRelease::default()),
-        routes: oxidekiq::routes::RolledBack::new(conn.clone()),
+        routes: oxidekiq::route_table::RolledBack::new(conn.clone()),
         conn,
         stats: Arc::new(Default::default()),
         work: Arc::new(Default::default()),
