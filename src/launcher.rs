@@ -253,7 +253,7 @@ impl Launcher {
                 },
             ));
         }
-        let parts = Parts::build(
+        let parts = RunningLauncher::build(
             cfg,
             self.registry,
             Conns {
@@ -345,8 +345,10 @@ struct Conns {
     lock_dialer: Option<redis_conn::resp::Dialer>,
 }
 
-/// Everything the running launcher owns.
-struct Parts {
+/// A started launcher: everything it owns while it runs (its connection, job runtime, managers,
+/// heartbeat, control channel, lock batch task, `--http` endpoint). [`RunningLauncher::build`] starts
+/// the managers; [`RunningLauncher::run`] serves until the stop and cleans up.
+struct RunningLauncher {
     /// The `--http` endpoint, served until the launcher ends.
     http: Option<crate::http::Server>,
     cfg: Config,
@@ -368,7 +370,7 @@ struct Parts {
     locks: Locks,
 }
 
-impl Parts {
+impl RunningLauncher {
     /// Builds the processor, the heartbeat and the `--http` endpoint, registers the process, and starts
     /// the manager.
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the list
@@ -380,7 +382,7 @@ impl Parts {
         fleet: Arc<Fleet>,
         info: ProcessInfo,
         jobs: JobRuntime,
-    ) -> Result<Parts> {
+    ) -> Result<RunningLauncher> {
         let Conns {
             control: conn,
             jobs: job_conn,
@@ -397,8 +399,10 @@ impl Parts {
         locks.batcher();
         let registry = registry.freeze()?;
         let handoff = crate::migrate::handoff::Handoff::from_config(&cfg);
-        let unique_jobs = Arc::new(crate::unique_jobs::GemVersion::new(cfg.unique_jobs_gem));
-        let routes = crate::routes::RolledBack::new(conn.clone());
+        let unique_jobs = Arc::new(crate::unique_jobs::FleetGemRelease::new(
+            cfg.unique_jobs_gem,
+        ));
+        let routes = crate::route_table::RolledBack::new(conn.clone());
         let fetch = capsules[0].1.clone();
         // Each capsule's processor: the same parts, but its own work table (its push-back drains only
         // its own jobs, through its own fetch) and its own acker (an ack goes to the fetch that holds
@@ -470,7 +474,7 @@ impl Parts {
                 .collect(),
         );
         let (control_tx, control_rx) = mpsc::unbounded_channel();
-        Ok(Parts {
+        Ok(RunningLauncher {
             http,
             cfg,
             conn,

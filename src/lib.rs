@@ -92,9 +92,9 @@ pub(crate) use ops::{heartbeat, http, queue_gauges};
 pub(crate) use payload::activejob;
 pub use payload::job;
 pub(crate) use processing::{fetch, manager, migrate, processor, work_table};
-pub(crate) use sidekiq::{fleet, metrics, retry, routes, scheduled};
+pub(crate) use sidekiq::{fleet, metrics, retry, route_table, scheduled};
 pub use support::error;
-pub(crate) use support::{events, keys, logging, otel, prom, redact, shutdown, text, time};
+pub(crate) use support::{encoding, events, keys, logging, otel, prom, redact, shutdown, time};
 
 // Tests moved in from tests/ (they need crate-internal items) start their own redis-server and Ruby
 // through the integration tests' own harness, and keep their `oxidekiq::` paths.

@@ -40,7 +40,7 @@ const LOCKS: [&str; 5] = [
 ];
 const STRATEGIES: [&str; 4] = ["", "log", "reject", "raise"];
 
-/// `SADD running jid`, then raises `max` to the set's size if it is higher.
+/// `SADD running <pid>:<jid>`, then raises `max` to the set's size if it is higher.
 const ENTER_LUA: &str = r"
 redis.call('SADD', KEYS[1], ARGV[1])
 local n = redis.call('SCARD', KEYS[1])
@@ -69,18 +69,21 @@ macro_rules! chaos_worker {
                     })
                     .unwrap_or_default();
                 let digest = digest.trim_end_matches(":RUN").to_string();
-                // A set of running jids, not a counter: a run cut by SIGKILL leaves its jid, which
-                // its recovered rerun (the same jid) takes out; a counter would stay one too high.
+                // A set of running runs (`<pid>:<jid>`), not a counter: a run cut by SIGKILL leaves
+                // its member, which the test takes out once the process is dead (`forget_runs_of`); a
+                // counter would stay one too high, and so would a member its recovered rerun must
+                // take out (a rerun skipped because a newer job holds the digest never runs).
+                let run = format!("{}:{}", std::process::id(), ctx.jid());
                 let _: () = redis::Script::new(ENTER_LUA)
                     .key(format!("running:{digest}"))
                     .key(format!("max:{digest}"))
-                    .arg(ctx.jid())
+                    .arg(&run)
                     .invoke_async(&mut c)
                     .await?;
                 let _: () = c.rpush("performed", ctx.jid()).await?;
                 tokio::time::sleep(Duration::from_millis(5 + (ctx.jid().len() as u64 % 3) * 10))
                     .await;
-                let _: i64 = c.srem(format!("running:{digest}"), ctx.jid()).await?;
+                let _: i64 = c.srem(format!("running:{digest}"), &run).await?;
                 match outcome {
                     1 => Err(JobError::new("ArgumentError", "chaos failure")),
                     2 => panic!("chaos panic"),
@@ -234,6 +237,7 @@ async fn one_seed(seed: u64) {
             && let Some(p) = child.as_mut()
         {
             p.kill_9();
+            forget_runs_of(&mut c, p.pid()).await;
         }
         let lock = rng.random_range(0..LOCKS.len());
         let digest = format!(
@@ -353,6 +357,19 @@ async fn one_seed(seed: u64) {
         "{what}: ok ({} pushed, {refused} refused by the client lock)",
         pushed.len()
     );
+}
+
+/// Takes the runs of the dead process `pid` out of every digest's set of running runs: they ended with
+/// it. No run of their digests can have started since: the runtime locks those runs held stay theirs
+/// until orphan recovery brings their jobs back, long after this.
+async fn forget_runs_of(c: &mut oxidekiq::worker::Conn, pid: u32) {
+    let prefix = format!("{pid}:");
+    for key in c.keys::<_, Vec<String>>("running:*").await.unwrap() {
+        let members: Vec<String> = c.smembers(&key).await.unwrap();
+        for m in members.iter().filter(|m| m.starts_with(&prefix)) {
+            let _: i64 = c.srem(&key, m).await.unwrap();
+        }
+    }
 }
 
 /// Pushed jobs not (yet) performed, in the dead set, in the retry set, or named by a `Limit exceeded`

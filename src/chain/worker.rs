@@ -196,7 +196,7 @@ pub struct JobContext {
     /// The job locks' batch task the lock middleware send through (`None`: each lock command alone).
     pub(crate) locks: Option<Locks>,
     /// Which sidekiq-unique-jobs release the gem's jobs follow (`None`: detected per job).
-    pub(crate) unique_jobs: Option<Arc<crate::unique_jobs::GemVersion>>,
+    pub(crate) unique_jobs: Option<Arc<crate::unique_jobs::FleetGemRelease>>,
     /// Where Sidekiq's `cancel!` reaches this job from, when it can (a plain async job): the worker's
     /// own handler honours it ([`run_cancellable`]).
     pub(crate) cancel: Option<CancelCut>,
@@ -318,7 +318,10 @@ impl JobContext {
     }
 
     /// The same context, whose sidekiq-unique-jobs jobs follow the release `gem` tells.
-    pub(crate) fn with_unique_jobs(mut self, gem: Arc<crate::unique_jobs::GemVersion>) -> Self {
+    pub(crate) fn with_unique_jobs(
+        mut self,
+        gem: Arc<crate::unique_jobs::FleetGemRelease>,
+    ) -> Self {
         self.unique_jobs = Some(gem);
         self
     }
@@ -328,7 +331,7 @@ impl JobContext {
         match &self.unique_jobs {
             Some(g) => g.current(&self.redis).await,
             None => {
-                crate::unique_jobs::GemVersion::default()
+                crate::unique_jobs::FleetGemRelease::default()
                     .current(&self.redis)
                     .await
             }

@@ -20,7 +20,7 @@
 
 use sha1::{Digest, Sha1};
 
-use crate::text::hex;
+use crate::encoding::hex;
 
 /// The shared helpers, as a literal for `concat!` (scripts are `&'static str` sent by SHA1).
 macro_rules! lua_common {

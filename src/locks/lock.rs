@@ -690,7 +690,7 @@ async fn keep_extending(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::hex;
+    use crate::encoding::hex;
 
     #[test]
     fn script_sha1_is_lowercase_hex_of_the_source() {

@@ -28,7 +28,11 @@
 //!
 //! A job whose lock another jid holds (lost, reaped, expired and retaken) is not performed, as the gem
 //! does; unlike the gem it is never silent: a warning names the class, jid, digest and what happened,
-//! and `oxidekiq_unique_conflicts_total{class, strategy}` counts it.
+//! and `oxidekiq_unique_conflicts_total{class, strategy}` counts it. One deviation: an
+//! `until_and_while_executing` job so skipped releases the `<d>:RUN` lock its own jid holds, left by an
+//! earlier run of the job that a crash cut (the job came back by orphan recovery). The gem leaves that
+//! lock to its reaper (`Orphans::Reaper`), which a fleet of oxidekiq only does not run: held without a
+//! TTL, it turned away every later job of the digest.
 //!
 //! A Redis error in a step before the perform fails the job (retry path, nothing lost); one after it
 //! (the release) is logged at error level naming the key, and the job stays done.
@@ -76,8 +80,8 @@ mod steps;
 mod tests;
 
 use conflict::{Strategy, conflict};
-pub(crate) use fields::{LockType, Spec, lacks_digest};
-pub use release::GemVersion;
+pub(crate) use fields::{LockConfig, LockType, lacks_digest};
+pub use release::FleetGemRelease;
 use steps::{DELETE, GemLock, REPLACE, step_failure};
 
 /// Runs `perform` under the gem's rules for `job`'s lock (a job without `lock_digest` just runs).
@@ -87,7 +91,7 @@ pub(crate) async fn execute<F>(conn: &Conn, job: &Job, gem: UniqueJobsGem, perfo
 where
     F: Future<Output = JobResult>,
 {
-    let spec = match Spec::read(job) {
+    let spec = match LockConfig::read(job) {
         Ok(Some(spec)) => spec,
         Ok(None) => return perform.await,
         Err(e) => return Err(e),
@@ -139,6 +143,11 @@ where
                 .await
                 .map_err(|e| step_failure(&main.digest, &e))?;
             if unlocked.is_none() {
+                // A rerun whose earlier run a crash cut after it took `<d>:RUN` (orphan recovery
+                // brought the job back): skipped as the gem skips it, but the runtime lock that run
+                // left goes. The gem leaves it to its reaper, which a fleet of oxidekiq only does not
+                // run; held without a TTL it would turn away every later job of the digest.
+                run.release_if_held(conn, jid).await;
                 lost(job, &main.digest, "another job holds its lock");
                 return Ok(());
             }
@@ -156,7 +165,7 @@ where
 async fn run_locked<F>(
     conn: &Conn,
     job: &Job,
-    spec: &Spec,
+    spec: &LockConfig,
     run: &GemLock<'_>,
     perform: F,
 ) -> JobResult

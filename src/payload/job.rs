@@ -14,8 +14,8 @@ use serde_json::{Map, Value};
 
 use header::Header;
 
-// Its home is the support layer (`text`); kept at this public path.
-pub use crate::text::hex;
+// Its home is the support layer (`encoding`); kept at this public path.
+pub use crate::encoding::hex;
 
 /// The payload key holding the until-executed lock's full Redis key
 /// ([`crate::middleware::until_executed`]): named here, below the header reader that notes whether a

@@ -29,8 +29,9 @@ use crate::processor::{Park, Processor};
 use crate::shutdown::{Phase, ShutdownSignal};
 use crate::work_table::WorkTable;
 
-/// A unit of work on its way to a processor, with the slot it holds.
-type Task = (UnitOfWork, OwnedSemaphorePermit);
+/// A unit of work on its way to a processor, with the permit of the manager's slot it holds (given
+/// back when its job ends, or when a stuck fate write parks it: [`Park`]).
+type SlottedUnit = (UnitOfWork, OwnedSemaphorePermit);
 
 /// The queue from the fetch loops to the processors: a FIFO under a short lock, and one wake-up of one
 /// waiting processor per unit. It replaces an mpsc receiver behind an async mutex, which cost two
@@ -39,7 +40,7 @@ type Task = (UnitOfWork, OwnedSemaphorePermit);
 #[derive(Debug, Default)]
 struct Feed {
     /// Units not yet taken, oldest first.
-    queue: Mutex<VecDeque<Task>>,
+    queue: Mutex<VecDeque<SlottedUnit>>,
     /// One notification per unit queued; every waiter when the last sender is gone.
     ready: Notify,
     /// Live [`FeedSender`]s; none left means nothing more comes.
@@ -54,7 +55,7 @@ impl Feed {
     }
 
     /// The oldest unit, if any.
-    fn try_recv(&self) -> Option<Task> {
+    fn try_recv(&self) -> Option<SlottedUnit> {
         self.queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -64,7 +65,7 @@ impl Feed {
     /// The oldest unit, waiting for one; `None` once every sender is gone and nothing is queued.
     /// Cancel-safe: a unit is only taken in `try_recv`, and a notification a cancelled wait received is
     /// passed on to another waiter by `Notified`'s drop.
-    async fn recv(&self) -> Option<Task> {
+    async fn recv(&self) -> Option<SlottedUnit> {
         loop {
             // Registered before the checks, so a unit queued (or the last sender gone) after them wakes
             // this wait.
@@ -98,7 +99,7 @@ impl FeedSender {
     }
 
     /// Queues a unit and wakes one waiting processor (or leaves the wake for the next one to wait).
-    fn send(&self, task: Task) {
+    fn send(&self, task: SlottedUnit) {
         self.0
             .queue
             .lock()
@@ -122,8 +123,10 @@ impl Drop for FeedSender {
     }
 }
 
-/// When the last Redis outage began, shared by the fetch loops so an outage is logged once.
-type Outage = Arc<Mutex<Option<Instant>>>;
+/// When the Redis outage under way began (`None`: Redis answers), shared by a manager's fetch loops so
+/// that an outage is logged once when it begins ([`outage_began`]) and once when it ends
+/// ([`outage_ended`]), however many loops meet it.
+type OutageStart = Arc<Mutex<Option<Instant>>>;
 
 /// The running manager of one process.
 #[derive(Debug)]
@@ -154,7 +157,7 @@ pub(crate) struct Manager {
 #[derive(Debug)]
 struct ToRuby {
     /// The classes rolled back.
-    routes: Arc<crate::routes::RolledBack>,
+    routes: Arc<crate::route_table::RolledBack>,
     /// Connection for the pushes.
     conn: crate::redis_conn::Conn,
     /// This process's working-hash prefix (reliable fetch): each push consumes the job's entry.
@@ -189,8 +192,9 @@ impl ToRuby {
             let job = std::str::from_utf8(unit.raw())
                 .ok()
                 .and_then(|s| Job::from_str(s).ok());
-            let base = job
-                .and_then(|j| crate::routes::redirect(&rolled_back, &unit.queue, j.worker_class()));
+            let base = job.and_then(|j| {
+                crate::route_table::redirect(&rolled_back, &unit.queue, j.worker_class())
+            });
             let Some(base) = base else {
                 rest.push(unit);
                 continue;
@@ -395,7 +399,7 @@ async fn run(
     for _ in 0..concurrency {
         spawner.spawn(&mut processors);
     }
-    let outage: Outage = Arc::default();
+    let outage: OutageStart = Arc::default();
     let mut loops = JoinSet::new();
     let (fetching_tx, fetching_rx) = mpsc::channel::<()>(1);
     let loop_count = fetch.fetch_loops(concurrency).max(1);
@@ -410,7 +414,7 @@ async fn run(
             fetch.clone(),
             processor.clone(),
             tasks.clone(),
-            Share {
+            FetchLoopSlots {
                 slots: slots.clone(),
                 max: share,
             },
@@ -590,8 +594,9 @@ async fn quiet_sweep(
     waiting
 }
 
-/// The slots, and how many of them one fetch loop takes at most.
-struct Share {
+/// The manager's slots as one fetch loop takes them: the semaphore its fetch loops and processors
+/// share, and the most slots this loop takes for one fetch (its share of the concurrency).
+struct FetchLoopSlots {
     slots: Arc<Semaphore>,
     max: usize,
 }
@@ -610,7 +615,7 @@ const GATHER: Duration = Duration::from_micros(500);
 /// Redis round trip and a script, was most of what a job cost oxidekiq and Redis. An idle process (slots
 /// free, queues empty) never waits: an enqueued job starts at once.
 async fn take_slots(
-    share: &Share,
+    share: &FetchLoopSlots,
     signal: &mut ShutdownSignal,
     backlog: bool,
 ) -> Option<Vec<OwnedSemaphorePermit>> {
@@ -645,7 +650,7 @@ async fn take_slots(
 }
 
 /// Adds the free slots to `permits`, up to the loop's share.
-fn grab_free(share: &Share, permits: &mut Vec<OwnedSemaphorePermit>) {
+fn grab_free(share: &FetchLoopSlots, permits: &mut Vec<OwnedSemaphorePermit>) {
     while permits.len() < share.max {
         match share.slots.clone().try_acquire_owned() {
             Ok(p) => permits.push(p),
@@ -659,8 +664,8 @@ async fn fetch_loop(
     fetch: Arc<dyn Fetch>,
     processor: Arc<Processor>,
     tasks: FeedSender,
-    share: Share,
-    outage: Outage,
+    share: FetchLoopSlots,
+    outage: OutageStart,
     mut signal: ShutdownSignal,
     fetching: mpsc::Sender<()>,
 ) -> Vec<UnitOfWork> {
@@ -765,7 +770,7 @@ async fn hand_out(
 }
 
 /// Logs the start of an outage once.
-fn outage_began(outage: &Outage, e: &crate::Error) {
+fn outage_began(outage: &OutageStart, e: &crate::Error) {
     if let Ok(mut o) = outage.lock()
         && o.is_none()
     {
@@ -775,7 +780,7 @@ fn outage_began(outage: &Outage, e: &crate::Error) {
 }
 
 /// True (and logged) when a fetch succeeded after an outage.
-fn outage_ended(outage: &Outage) -> bool {
+fn outage_ended(outage: &OutageStart) -> bool {
     let Some(since) = outage.lock().ok().and_then(|mut o| o.take()) else {
         return false;
     };
@@ -895,7 +900,7 @@ mod tests {
         let slots = Arc::new(Semaphore::new(10));
         // Nine slots busy with running jobs: one free, fewer than half the share.
         let busy = slots.clone().acquire_many_owned(9).await.unwrap();
-        let share = Share {
+        let share = FetchLoopSlots {
             slots: slots.clone(),
             max: 10,
         };

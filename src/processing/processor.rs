@@ -98,10 +98,10 @@ pub(crate) struct Processor {
     /// The job locks' batch task, handed to each job's context for the lock middleware.
     pub locks: crate::lock_batch::Locks,
     /// Which sidekiq-unique-jobs release the gem's jobs follow, handed to each job's context.
-    pub unique_jobs: Arc<crate::unique_jobs::GemVersion>,
+    pub unique_jobs: Arc<crate::unique_jobs::FleetGemRelease>,
     /// The classes rolled back (`route CLASS 0`): their jobs fetched from `<queue>_rust` go to
     /// `<queue>` instead of running.
-    pub routes: Arc<crate::routes::RolledBack>,
+    pub routes: Arc<crate::route_table::RolledBack>,
     /// This process's batch-list prefix ([`crate::keys::batch_prefix`]) under reliable fetch, `None`
     /// with basic fetch: a job's entry there is its [`retry::Token`], consumed by its fate write.
     pub working_prefix: Option<String>,
@@ -247,7 +247,7 @@ impl Processor {
         });
         // The cut (timeout, cancel) stops the worker only, inside the chain: every middleware sees its
         // outcome and settles (locks released or renewed, limits freed) as Ruby's `ensure` would.
-        let cut = Cut {
+        let cut = WorkerCutoffs {
             timeout: timeout.filter(|_| !entry.is_some_and(|e| e.synchronous)),
             cancel,
         };
@@ -498,7 +498,7 @@ impl Processor {
 
     /// [`Processor::invoke`] under a timeout: an async job still running after `limit` is dropped at
     /// its next await point and fails with [`crate::error::JOB_TIMEOUT`] (the retry path, Sidekiq's
-    /// backoff); the cut is [`Bounded`]'s, around the worker inside the chain. A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
+    /// backoff); the cut is [`WorkerWithTimeout`]'s, around the worker inside the chain. A synchronous worker ([`crate::Worker::SYNCHRONOUS`]) is not cut off (its thread
     /// would run on while its retry is written); it and an async job stuck in a busy loop (whose
     /// future never yields, so never sees its timeout) are reported once past the limit: one error
     /// line naming the class and jid, and `oxidekiq_jobs_past_timeout_total{class}`.
@@ -509,7 +509,7 @@ impl Processor {
         entry: Option<&crate::registry::Entry>,
         after: &AfterFate,
         limit: Duration,
-        cut: Cut,
+        cut: WorkerCutoffs,
     ) -> JobResult {
         let report_after = watchdog_delay(limit, entry.is_some_and(|e| e.synchronous));
         let class = job.wrapped().unwrap_or(job.class()).to_string();
@@ -535,7 +535,7 @@ impl Processor {
         queue: &Arc<str>,
         entry: Option<&crate::registry::Entry>,
         after: &AfterFate,
-        cut: Cut,
+        cut: WorkerCutoffs,
     ) -> JobResult {
         // A job refused before its worker runs (no worker for its class, ActiveJob arguments that do not
         // decode) still passes the built-in until-executed stage, so its lock is settled with its fate
@@ -573,14 +573,14 @@ impl Processor {
                     .await
             }
             (Some(entry), None) => {
-                let bounded = Bounded {
+                let bounded = WorkerWithTimeout {
                     worker: entry.handler.clone(),
                     timeout: cut.timeout,
                 };
                 Next::new(&entry.chain, &bounded).run(&ctx).await
             }
             (_, refused) => {
-                let refuse = Refuse(std::sync::Mutex::new(refused));
+                let refuse = RefusedJobHandler(std::sync::Mutex::new(refused));
                 Next::new(&[], &refuse).run(&ctx).await
             }
         }
@@ -826,27 +826,29 @@ impl<'p> RunState<'p> {
 // Lives in the support layer so that the locks layer catches a perform's panic the same way.
 pub(crate) use crate::error::catch_unwind;
 
-/// What may stop a job's worker before it returns: its timeout (async workers only) and Sidekiq's
-/// `cancel!` (the heartbeat's signal, honoured inside the worker's own handler:
-/// [`crate::worker::run_cancellable`]).
+/// What may cut a job's worker off before it returns, applied inside the chain around the worker
+/// alone: its timeout (async workers only: [`WorkerWithTimeout`]) and Sidekiq's `cancel!` (the
+/// heartbeat's signal, honoured inside the worker's own handler: [`crate::worker::run_cancellable`]).
 #[derive(Debug, Default)]
-struct Cut {
+struct WorkerCutoffs {
     timeout: Option<Duration>,
     /// The work table and the job's row there, whose cancel mark the heartbeat's check sets.
     cancel: Option<crate::worker::CancelCut>,
 }
 
-/// The worker at the end of the chain under its timeout. Cutting here, not around the whole chain,
+/// The handler at the end of the chain in the worker's place when the job has a timeout: the worker's
+/// own handler, failed with [`crate::error::JOB_TIMEOUT`] once `timeout` passes (an async worker is
+/// dropped at its next await point). Cutting here, not around the whole chain,
 /// lets each middleware's code after `next.run` run on a timeout (or a cancel, which the worker's
 /// handler honours): an until-executed lock (ours or the gem's) is released or renewed by the fate, a
 /// concurrency slot is given back.
 #[derive(Debug)]
-struct Bounded {
+struct WorkerWithTimeout {
     worker: Arc<dyn crate::middleware::Handler>,
     timeout: Option<Duration>,
 }
 
-impl crate::middleware::Handler for Bounded {
+impl crate::middleware::Handler for WorkerWithTimeout {
     fn call<'a>(&'a self, ctx: &'a JobContext) -> crate::worker::BoxFuture<'a, JobResult> {
         Box::pin(async move {
             let Some(limit) = self.timeout else {
@@ -1034,11 +1036,14 @@ mod tests {
     }
 }
 
-/// The handler of a job refused before its worker runs: answers the refusal once.
+/// The handler in the worker's place for a job refused before its worker runs (no worker for its
+/// class, ActiveJob arguments that do not decode), run behind the built-in until-executed stage only:
+/// it fails with the refusal (a second call, which nothing makes, with a `RuntimeError`), so the
+/// job's lock is settled with its fate as for any failure.
 #[derive(Debug)]
-struct Refuse(std::sync::Mutex<Option<JobError>>);
+struct RefusedJobHandler(std::sync::Mutex<Option<JobError>>);
 
-impl crate::middleware::Handler for Refuse {
+impl crate::middleware::Handler for RefusedJobHandler {
     fn call<'a>(&'a self, _: &'a JobContext) -> crate::middleware::BoxFuture<'a, JobResult> {
         let refused = match self.0.lock() {
             Ok(mut r) => r.take(),

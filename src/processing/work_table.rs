@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::Notify;
 
+use crate::encoding::to_base36;
 use crate::fetch::UnitOfWork;
 use crate::job::Job;
 use crate::keys;
 use crate::redis_conn::Conn;
-use crate::text::to_base36;
 
 /// A job that is running or whose fate is not yet in Redis: a row of the work table.
 #[derive(Debug, Clone)]

@@ -6,5 +6,5 @@
 pub(crate) mod fleet;
 pub(crate) mod metrics;
 pub(crate) mod retry;
-pub(crate) mod routes;
+pub(crate) mod route_table;
 pub(crate) mod scheduled;

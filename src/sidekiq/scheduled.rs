@@ -107,7 +107,7 @@ pub(crate) async fn enqueue_due_routed(
     set: &str,
     now: f64,
     tf: TimeFormat,
-    routes: Option<&crate::routes::RolledBack>,
+    routes: Option<&crate::route_table::RolledBack>,
 ) -> Result<u64> {
     let suffix = format!("{}\"", keys::RUST_QUEUE_SUFFIX);
     let script = Script::new(ENQUEUE_LUA);
@@ -137,7 +137,7 @@ pub(crate) async fn enqueue_due_routed(
             .iter()
             .any(|m| m.windows(suffix.len()).any(|w| w == suffix.as_bytes()));
         let rolled_back = match routes {
-            Some(r) if headed_to_rust => r.classes(crate::routes::REFRESH).await,
+            Some(r) if headed_to_rust => r.classes(crate::route_table::REFRESH).await,
             _ => Default::default(),
         };
         for member in &due {
@@ -204,7 +204,7 @@ fn requeued_to(
         .and_then(Value::as_str)
         .or_else(|| msg.get("class").and_then(Value::as_str))
         .unwrap_or_default();
-    let queue = match crate::routes::redirect(rolled_back, &queue, class) {
+    let queue = match crate::route_table::redirect(rolled_back, &queue, class) {
         Some(base) => {
             msg.insert("queue".into(), Value::String(base.clone()));
             base
@@ -255,7 +255,7 @@ pub(crate) async fn run(
     fleet: std::sync::Arc<crate::fleet::Fleet>,
     mut shutdown: ShutdownSignal,
 ) {
-    let routes = crate::routes::RolledBack::new(conn.clone());
+    let routes = crate::route_table::RolledBack::new(conn.clone());
     // Ruby waits 10–15 s before the first round; we scale that with the configured average so a short
     // test interval also starts soon.
     let initial = average.as_secs_f64() * (2.0 + rand::rng().random::<f64>());

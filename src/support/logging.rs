@@ -129,7 +129,7 @@ thread_local! {
     static PID_TID: String = {
         let name = format!("{:?}", std::thread::current().id());
         let n: u64 = name.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
-        format!(" pid={} tid={}", pid(), crate::text::to_base36(n ^ u64::from(pid())))
+        format!(" pid={} tid={}", pid(), crate::encoding::to_base36(n ^ u64::from(pid())))
     };
     /// This thread's reusable line buffer (the line before escaping).
     static LINE: RefCell<String> = const { RefCell::new(String::new()) };

@@ -3,6 +3,7 @@
 //! One layer of the ladder in docs/layout.md; `tests/layers.rs` checks that every module here uses
 //! only this folder's modules left of it and the folders below.
 
+pub(crate) mod encoding;
 pub mod error;
 pub(crate) mod events;
 pub(crate) mod keys;
@@ -11,5 +12,4 @@ pub(crate) mod otel;
 pub(crate) mod prom;
 pub(crate) mod redact;
 pub(crate) mod shutdown;
-pub(crate) mod text;
 pub(crate) mod time;

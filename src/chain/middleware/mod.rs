@@ -178,7 +178,7 @@ impl<'a> Next<'a> {
 async fn gem_locked<'a>(ctx: &'a JobContext, rest: Next<'a>) -> JobResult {
     let conn = ctx.redis();
     // Registered before the run, so a panic's fate runs it too (hooks run only after a failure).
-    if let Ok(Some(spec)) = crate::unique_jobs::Spec::read(ctx.job()) {
+    if let Ok(Some(spec)) = crate::unique_jobs::LockConfig::read(ctx.job()) {
         let (conn, digest, jid) = (conn.clone(), spec.digest.clone(), ctx.jid().to_string());
         ctx.after_fate(move |fate: &crate::retry::Fate| {
             let dead = matches!(fate, crate::retry::Fate::Dead);

@@ -49,7 +49,7 @@ impl Strategy {
 pub(super) async fn conflict<F>(
     conn: &Conn,
     job: &Job,
-    spec: &Spec,
+    spec: &LockConfig,
     run: &GemLock<'_>,
     perform: F,
 ) -> JobResult
@@ -134,7 +134,7 @@ where
 /// server overwrites the fields, so they change nothing there).
 pub(super) async fn reschedule(
     conn: &Conn,
-    spec: &Spec,
+    spec: &LockConfig,
     gem: UniqueJobsGem,
     now: f64,
 ) -> Result<()> {
@@ -171,7 +171,7 @@ pub(super) async fn reschedule(
     let at = now + delay;
     let mut client_map = map.clone();
     client_map.insert("at".into(), time::float_value(at));
-    let rescheduled = Spec {
+    let rescheduled = LockConfig {
         map: client_map,
         score: time::score(at),
         ..spec.clone()

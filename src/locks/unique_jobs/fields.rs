@@ -1,4 +1,5 @@
-//! The gem's fields in a payload: the lock type, and [`Spec`], what a job's fields ask of its lock.
+//! The gem's fields in a payload: the lock type, and [`LockConfig`] (the gem's name), what a job's
+//! fields ask of its lock.
 
 use super::*;
 
@@ -30,9 +31,11 @@ impl LockType {
     }
 }
 
-/// What the gem's fields of one payload ask for.
+/// What the gem's fields of one payload ask of its lock: the gem's own
+/// `SidekiqUniqueJobs::LockConfig` (`lock_config.rb`), which reads the same fields of the job hash,
+/// plus the digest, the score and the payload the steps need.
 #[derive(Debug, Clone)]
-pub(crate) struct Spec {
+pub(crate) struct LockConfig {
     /// The lock type.
     pub lock: LockType,
     /// The payload's `lock` text (the `type` the gem writes).
@@ -67,7 +70,7 @@ pub(super) fn to_i(v: Option<&Value>) -> i64 {
     }
 }
 
-/// The cheap test before [`Spec::read`] parses the payload: false when it names neither
+/// The cheap test before [`LockConfig::read`] parses the payload: false when it names neither
 /// `lock_digest` nor a `lock` option at all, as for most jobs.
 pub(crate) fn may_be_gems(job: &Job) -> bool {
     let raw = job.raw();
@@ -89,10 +92,10 @@ pub(crate) fn lacks_digest(map: &Map<String, Value>) -> bool {
             .is_none_or(str::is_empty)
 }
 
-impl Spec {
+impl LockConfig {
     /// The gem's fields of `job`: `Ok(None)` for a job that is not the gem's (no `lock_digest`);
     /// `Err` when it is, but names a lock type the gem does not know (the gem raises too).
-    pub(crate) fn read(job: &Job) -> std::result::Result<Option<Spec>, JobError> {
+    pub(crate) fn read(job: &Job) -> std::result::Result<Option<LockConfig>, JobError> {
         if !may_be_gems(job) {
             return Ok(None);
         }
@@ -147,7 +150,7 @@ impl Spec {
             Some(Value::String(s)) => s.clone(),
             _ => String::new(),
         };
-        Ok(Some(Spec {
+        Ok(Some(LockConfig {
             lock,
             lock_name: lock_name.to_string(),
             digest,

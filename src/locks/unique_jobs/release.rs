@@ -2,19 +2,22 @@
 
 use super::*;
 
-/// Which release of the gem a process follows: the configured one, or read once from Redis.
+/// The release of sidekiq-unique-jobs (7.1, 8.0, 8.1) whose rules this process follows, the fleet's:
+/// `--unique-jobs-version` when given, else detected from what the fleet writes to Redis (`detect`)
+/// at the first job of the gem and kept once found. Not a version number: `FleetGemRelease::current`
+/// answers the release.
 #[derive(Debug, Default)]
-pub struct GemVersion {
+pub struct FleetGemRelease {
     /// `--unique-jobs-version`.
     pub(super) forced: Option<UniqueJobsGem>,
     /// The detected release (0: not yet).
     pub(super) found: AtomicU8,
 }
 
-impl GemVersion {
+impl FleetGemRelease {
     /// Follows `forced` if given, else what `detect` reads at the first gem job.
     pub fn new(forced: Option<UniqueJobsGem>) -> Self {
-        GemVersion {
+        FleetGemRelease {
             forced,
             found: AtomicU8::new(0),
         }

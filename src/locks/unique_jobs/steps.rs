@@ -63,7 +63,7 @@ pub(super) fn gem_code(gem: UniqueJobsGem) -> &'static str {
 
 /// One of the gem's locks of a job: the digest (`<d>` or `<d>:RUN`) and the job's fields.
 pub(super) struct GemLock<'a> {
-    pub(super) spec: &'a Spec,
+    pub(super) spec: &'a LockConfig,
     pub(super) digest: String,
     pub(super) gem: UniqueJobsGem,
 }
@@ -160,6 +160,26 @@ impl GemLock<'_> {
             tracing::error!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), error = %e,
                 "cannot release the sidekiq-unique-jobs lock {}: it stays until the gem's reaper frees it",
                 self.digest);
+        }
+    }
+
+    /// [`GemLock::release`] only if `jid` holds the lock (`HEXISTS <d>:LOCKED jid`): for a job that is
+    /// not performed, whose earlier run (cut by a crash) may have left it. An error is logged.
+    pub(super) async fn release_if_held(&self, conn: &Conn, jid: &str) {
+        let [_, _, _, locked, ..] = &keys::unique_family(&self.digest);
+        let held: redis::RedisResult<bool> = redis::cmd("HEXISTS")
+            .arg(locked)
+            .arg(jid)
+            .query_async(&mut conn.clone())
+            .await;
+        match held {
+            Ok(true) => self.release(conn, jid).await,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(digest = %crate::redact::clip(&self.digest, crate::redact::NAME_CHARS), error = %e,
+                    "cannot read the sidekiq-unique-jobs lock {} a crashed run of this job may have left: it stays until the gem's reaper frees it",
+                    self.digest)
+            }
         }
     }
 

@@ -34,8 +34,8 @@ fn replace_matches_a_digest_with_glob_characters_literally() {
     assert_eq!(c.zcard::<_, usize>("schedule").unwrap(), 1);
 }
 
-fn spec(json: &str) -> std::result::Result<Option<Spec>, JobError> {
-    Spec::read(&Job::from_str(json).unwrap())
+fn spec(json: &str) -> std::result::Result<Option<LockConfig>, JobError> {
+    LockConfig::read(&Job::from_str(json).unwrap())
 }
 
 #[test]
@@ -102,4 +102,78 @@ fn the_wait_follows_each_release() {
             .unwrap()
             .unwrap();
     assert_eq!(s.wait(UniqueJobsGem::V8_0), Duration::from_secs(1));
+}
+
+/// The unique-jobs chaos test's seed 61312 (1 run in 3 to 6): an `until_and_while_executing` job
+/// SIGKILLed after it unlocked its digest and took `<d>:RUN` comes back by orphan recovery; meanwhile
+/// a newer job of the digest took its client lock, so the rerun's unlock yields (7.1, 8.1) and the job
+/// is skipped, as the gem skips it. The `:RUN` lock its own cut run left must not stay behind: without
+/// a TTL, and with no reaper in a fleet of oxidekiq only, it turned away every later job of the digest
+/// (`Limit exceeded`) for good. 8.0's unlock answers the jid when it yields, so its rerun runs and
+/// releases the lock as any run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_rerun_releases_the_run_lock_its_cut_run_left() {
+    use redis::AsyncCommands;
+    let redis = crate::test_support::RedisServer::start();
+    for gem in [
+        UniqueJobsGem::V7_1,
+        UniqueJobsGem::V8_0,
+        UniqueJobsGem::V8_1,
+    ] {
+        let conn: Conn = redis.async_conn().await;
+        let mut c = conn.clone();
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let payload = |jid: &str| {
+            format!(
+                r#"{{"class":"X","args":[],"jid":"{jid}","queue":"default","lock":"until_and_while_executing","lock_digest":"uniquejobs:d"}}"#
+            )
+        };
+        let cut = Job::from_str(&payload("cut")).unwrap();
+        let config = LockConfig::read(&cut).unwrap().unwrap();
+        let main = GemLock {
+            spec: &config,
+            digest: config.digest.clone(),
+            gem,
+        };
+        let run = GemLock {
+            spec: &config,
+            digest: config.run_digest(),
+            gem,
+        };
+        // The client lock at push, then the run the SIGKILL cut: unlocked, `:RUN` taken.
+        assert!(main.take(&conn, "cut", None).await.unwrap());
+        assert!(main.unlock(&conn, "cut").await.unwrap().is_some());
+        assert!(run.take(&conn, "cut", None).await.unwrap());
+        // A newer job of the digest pushed meanwhile: its client lock.
+        assert!(main.take(&conn, "newer", None).await.unwrap());
+        // The recovered rerun.
+        let performed = std::sync::atomic::AtomicBool::new(false);
+        execute(&conn, &cut, gem, async {
+            performed.store(true, Ordering::Relaxed);
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let held: Vec<String> = c.hkeys("uniquejobs:d:RUN:LOCKED").await.unwrap();
+        assert!(
+            held.is_empty(),
+            "gem {}: uniquejobs:d:RUN still held by {held:?} after the rerun",
+            gem.name()
+        );
+        let digests: Vec<String> = c.zrange("uniquejobs:digests", 0, -1).await.unwrap();
+        assert_eq!(digests, ["uniquejobs:d"], "gem {}", gem.name());
+        let main_held: Vec<String> = c.hkeys("uniquejobs:d:LOCKED").await.unwrap();
+        assert_eq!(
+            main_held,
+            ["newer"],
+            "gem {}: the newer job's lock",
+            gem.name()
+        );
+        assert_eq!(
+            performed.load(Ordering::Relaxed),
+            gem == UniqueJobsGem::V8_0,
+            "gem {}: performed as the gem would",
+            gem.name()
+        );
+    }
 }

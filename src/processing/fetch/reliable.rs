@@ -69,8 +69,8 @@ mod size_bound;
 mod sweeps;
 mod wait;
 
-use self::acks::{RIDE_WAIT, Rider};
-use self::batch::Held;
+use self::acks::{PiggybackAck, RIDE_WAIT};
+use self::batch::HeldBatches;
 use self::fast::{Fast, fast_batch};
 use self::script::FETCH_LUA;
 use self::size_bound::COMPRESSED_RATIO;
@@ -108,13 +108,13 @@ pub(crate) struct Reliable {
     /// The live fleet, which decides how `failed_at` is written on such a payload (issue 13).
     fleet: Arc<crate::fleet::Fleet>,
     /// The batch lists held.
-    held: Mutex<Held>,
+    held: Mutex<HeldBatches>,
     /// Queues paused after an error of their own.
     stalls: Stalls,
     /// Oversized jobs sent to the dead set since the last [`Fetch::take_dead`].
     dead: AtomicU64,
     /// Acks waiting to ride on the next fetch's pipeline ([`Reliable::ack`]).
-    riders: Mutex<Vec<Rider>>,
+    riders: Mutex<Vec<PiggybackAck>>,
     /// Keys whose ack Redis refused (a damaged acks set), each logged once ([`Reliable::send_acks`]).
     refused_acks: Mutex<foldhash::HashSet<String>>,
     /// Ids of riders.
@@ -197,7 +197,7 @@ impl Reliable {
             block,
             max_payload_bytes: 16 * 1024 * 1024,
             fleet: Arc::new(crate::fleet::Fleet::new(None)),
-            held: Mutex::new(Held::default()),
+            held: Mutex::new(HeldBatches::default()),
             stalls: Stalls::default(),
             dead: AtomicU64::new(0),
             riders: Mutex::new(Vec::new()),

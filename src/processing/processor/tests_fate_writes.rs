@@ -95,8 +95,8 @@ fn processor(
     oxidekiq::processor::Processor {
         registry: Registry::new().freeze().unwrap(),
         locks: oxidekiq::lock_batch::Locks::new(conn.clone()),
-        unique_jobs: std::sync::Arc::new(oxidekiq::unique_jobs::GemVersion::default()),
-        routes: oxidekiq::routes::RolledBack::new(conn.clone()),
+        unique_jobs: std::sync::Arc::new(oxidekiq::unique_jobs::FleetGemRelease::default()),
+        routes: oxidekiq::route_table::RolledBack::new(conn.clone()),
         conn,
         stats: Arc::new(Default::default()),
         work: Arc::new(Default::default()),

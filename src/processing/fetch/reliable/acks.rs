@@ -39,12 +39,13 @@ impl AckCmd {
     }
 }
 
-/// An ack waiting for a fetch to carry its commands. The fetch that takes it answers through `sent`:
-/// true once Redis answered its pipeline, false when it failed; a fetch dropped midway drops `sent`. In
-/// both latter cases the ack sends its commands itself (they are idempotent: an `SADD` of places again,
-/// a `DEL` of keys already gone).
+/// An ack piggybacked on a fetch, as TCP piggybacks an ACK on data: its commands wait for the next
+/// fetch's pipeline to carry them (they "ride" on it: [`Reliable::ride`]). The fetch that takes it
+/// answers through `sent`: true once Redis answered its pipeline, false when it failed; a fetch dropped
+/// midway drops `sent`. In both latter cases the ack sends its commands itself (they are idempotent: an
+/// `SADD` of places again, a `DEL` of keys already gone).
 #[derive(Debug)]
-pub(super) struct Rider {
+pub(super) struct PiggybackAck {
     pub(super) id: u64,
     pub(super) cmds: Arc<Vec<AckCmd>>,
     pub(super) sent: tokio::sync::oneshot::Sender<bool>,
@@ -58,7 +59,7 @@ pub(super) const RIDE_WAIT: Duration = Duration::from_millis(2);
 /// Answers the acks that rode on a fetch's pipeline (their replies follow the fetch's first `skip`):
 /// each true once Redis took every command of it.
 pub(super) fn answer_riders(
-    riders: Vec<Rider>,
+    riders: Vec<PiggybackAck>,
     replies: &redis::RedisResult<Vec<redis::RedisResult<redis::Value>>>,
     skip: usize,
 ) {
@@ -82,7 +83,7 @@ pub(super) fn answer_riders(
 
 impl Reliable {
     /// The acks waiting for a fetch to carry them, taken for this one.
-    pub(super) fn take_riders(&self) -> Vec<Rider> {
+    pub(super) fn take_riders(&self) -> Vec<PiggybackAck> {
         self.riders
             .lock()
             .map(|mut r| std::mem::take(&mut *r))
@@ -197,7 +198,7 @@ impl Reliable {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let id = self.next_rider.fetch_add(1, Ordering::Relaxed);
         match self.riders.lock() {
-            Ok(mut r) => r.push(Rider {
+            Ok(mut r) => r.push(PiggybackAck {
                 id,
                 cmds: cmds.clone(),
                 sent: tx,

@@ -12,6 +12,19 @@ use crate::keys;
 /// The mask of a unit id's place in its batch list.
 pub(super) const PLACE_MASK: u64 = (1 << keys::PLACE_BITS) - 1;
 
+/// A list of this process holding jobs fetched from `queue`, with what pushes them back: a batch list
+/// and its acks set (the places of its jobs already done), or a landing list, given as its own acks set
+/// (it has none; the push-back script reads it so).
+#[derive(Debug, Clone)]
+pub(super) struct HeldList {
+    /// The list.
+    pub(super) key: String,
+    /// Its acks set.
+    pub(super) acks: String,
+    /// The queue its jobs came from, and go back to.
+    pub(super) queue: Arc<str>,
+}
+
 /// One batch list holding jobs handed out.
 #[derive(Debug)]
 pub(super) struct Batch {
@@ -40,19 +53,21 @@ impl Batch {
     }
 }
 
-/// The batch lists this process holds: those with jobs handed out, and those a fetch may have filled
-/// without its reply reaching us ("lost": nothing in them was handed out, so all of it goes back).
+/// The batch lists a reliable fetcher (one capsule's) holds, under one lock: those with jobs handed out
+/// (`open`), those a fetch may have filled without its reply reaching us (`lost`: nothing in them was
+/// handed out, so all of it goes back at the next sweep), and the numbers of fetches in flight
+/// (`pending`), which no sweep may take as strays.
 #[derive(Debug, Default)]
-pub(super) struct Held {
+pub(super) struct HeldBatches {
     /// By batch number.
     pub(super) open: foldhash::HashMap<u64, Batch>,
-    /// Lists (key, acks set, queue) of fetches whose reply never came.
-    pub(super) lost: Vec<(String, String, Arc<str>)>,
+    /// Lists of fetches whose reply never came.
+    pub(super) lost: Vec<HeldList>,
     /// `[start, end)` batch numbers of fetches in flight: lists a sweep must leave alone.
     pub(super) pending: Vec<(u64, u64)>,
 }
 
-impl Held {
+impl HeldBatches {
     /// Whether batch `n` is one this process knows: handed out, or its fetch in flight.
     pub(super) fn knows(&self, n: u64) -> bool {
         self.open.contains_key(&n) || self.pending.iter().any(|(a, b)| (*a..*b).contains(&n))
@@ -63,7 +78,7 @@ impl Held {
 /// fetch's jobs were never handed out: the next sweep pushes them back).
 pub(super) struct Reservation<'a> {
     pub(super) fetcher: &'a Reliable,
-    pub(super) lists: Vec<(String, String, Arc<str>)>,
+    pub(super) lists: Vec<HeldList>,
     /// Its batch numbers, `[start, end)`.
     pub(super) range: (u64, u64),
     pub(super) answered: bool,
@@ -71,11 +86,7 @@ pub(super) struct Reservation<'a> {
 
 impl<'a> Reservation<'a> {
     /// Reserves `lists`, numbered from `range.0`, while the fetch is in flight.
-    pub(super) fn new(
-        fetcher: &'a Reliable,
-        lists: Vec<(String, String, Arc<str>)>,
-        range: (u64, u64),
-    ) -> Self {
+    pub(super) fn new(fetcher: &'a Reliable, lists: Vec<HeldList>, range: (u64, u64)) -> Self {
         if let Ok(mut h) = fetcher.held.lock() {
             h.pending.push(range);
         }
@@ -130,19 +141,18 @@ impl Reliable {
     }
 
     /// Batch `batch`'s list for `queue` and its acks set.
-    pub(super) fn lists(&self, queue: &Arc<str>, batch: u64) -> (String, String, Arc<str>) {
+    pub(super) fn lists(&self, queue: &Arc<str>, batch: u64) -> HeldList {
         let key = keys::batch_list(&self.batch_prefix, queue, batch);
         let acks = keys::acks_of(&key);
-        (key, acks, queue.clone())
+        HeldList {
+            key,
+            acks,
+            queue: queue.clone(),
+        }
     }
 
     /// Records the jobs of one batch list as handed out.
-    pub(super) fn open(
-        &self,
-        batch: u64,
-        (key, acks, queue): (String, String, Arc<str>),
-        count: usize,
-    ) {
+    pub(super) fn open(&self, batch: u64, HeldList { key, acks, queue }: HeldList, count: usize) {
         if count == 0 {
             return;
         }
@@ -205,13 +215,13 @@ impl Reliable {
     /// ([`keys::held_index`]), which the write that fills a batch list fills in the same script or
     /// transaction (so a replica that has the list has its entry): what it costs follows what the
     /// process holds, not the keyspace (the stop's two sweeps each walked the whole keyspace before).
-    pub(super) async fn strays(&self) -> Result<Vec<(String, String, Arc<str>)>> {
+    pub(super) async fn strays(&self) -> Result<Vec<HeldList>> {
         let mut conn = self.conn.clone();
         let found: Vec<String> = redis::cmd("SMEMBERS")
             .arg(&self.index)
             .query_async(&mut conn)
             .await?;
-        let unknown: Vec<(String, String, Arc<str>)> = {
+        let unknown: Vec<HeldList> = {
             let h = self.held.lock().map_err(|_| poisoned())?;
             found
                 .into_iter()
@@ -222,7 +232,11 @@ impl Reliable {
                     // Another capsule's list is that capsule's to know, never this one's stray.
                     (super::super::capsule_of(n) == self.capsule && !h.knows(n)).then(|| {
                         let acks = keys::acks_of(&key);
-                        (key.clone(), acks, Arc::from(queue))
+                        HeldList {
+                            key: key.clone(),
+                            acks,
+                            queue: Arc::from(queue),
+                        }
                     })
                 })
                 .collect()

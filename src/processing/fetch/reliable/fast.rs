@@ -124,16 +124,16 @@ impl Reliable {
             .arg(0)
             .arg(n)
             .arg("STORE")
-            .arg(&list.0)
+            .arg(&list.key)
             .cmd("EVAL")
             .arg(GUARD_LUA)
             .arg(3)
             .arg(&qkey)
-            .arg(&list.0)
+            .arg(&list.key)
             .arg(&self.index)
             .arg(self.room())
             .cmd("LRANGE")
-            .arg(&list.0)
+            .arg(&list.key)
             .arg(0)
             .arg(-1)
             .cmd("EXEC");
@@ -235,7 +235,7 @@ impl Reliable {
                 };
                 self.refuse_fast(&what);
                 let _ = redis::cmd("DEL")
-                    .arg(&list.0)
+                    .arg(&list.key)
                     .query_async::<()>(&mut self.conn.clone())
                     .await;
                 return Ok(Fast::Script);

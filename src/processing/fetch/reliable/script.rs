@@ -115,8 +115,8 @@ impl Reliable {
         let mut pipe = redis::pipe();
         let eval = pipe.cmd("EVALSHA").arg(self.script.get_hash());
         eval.arg(2 + 2 * lists.len()).arg(keys::DEAD);
-        for ((_, src), (dest, _, _)) in sources.iter().zip(&lists) {
-            eval.arg(src).arg(dest);
+        for ((_, src), dest) in sources.iter().zip(&lists) {
+            eval.arg(src).arg(&dest.key);
         }
         eval.arg(&self.index);
         eval.arg(max)
@@ -128,8 +128,8 @@ impl Reliable {
             .arg(trim_before)
             .arg(dead_max)
             .arg(self.mem_ratio.load(Ordering::Relaxed));
-        for (key, _, _) in &lists {
-            pipe.cmd("LRANGE").arg(key).arg(0).arg(-1);
+        for list in &lists {
+            pipe.cmd("LRANGE").arg(&list.key).arg(0).arg(-1);
         }
         // Acks waiting for a fetch ride along (one round trip fewer each); they are answered below,
         // and if this fetch fails or is dropped they go out on their own (`Reliable::ack`). Each reply

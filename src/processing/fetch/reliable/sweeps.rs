@@ -1,10 +1,9 @@
 //! Push-back of reliable fetch: requeues, the sweeps of lost and held lists, and the held lists' index.
 
-use std::sync::Arc;
-
 use redis::Script;
 
 use super::super::UnitOfWork;
+use super::batch::HeldList;
 use super::{Reliable, poisoned};
 use crate::error::Result;
 use crate::keys;
@@ -33,13 +32,13 @@ pub(super) const PUSH_BACK_LUA: &str = concat!(lua_common!(), include_str!("push
 
 /// Orders batch lists the newest batch first: pushed back in this order, each to the served end of its
 /// queue, the oldest batch's jobs are served first again.
-pub(super) fn newest_first(lists: &mut [(String, String, Arc<str>)]) {
+pub(super) fn newest_first(lists: &mut [HeldList]) {
     let batch = |key: &str| {
         key.rsplit_once(":@")
             .and_then(|(_, n)| n.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    lists.sort_by_key(|l| std::cmp::Reverse(batch(&l.0)));
+    lists.sort_by_key(|l| std::cmp::Reverse(batch(&l.key)));
 }
 
 /// A sweep's outcome: `moved` when nothing failed; else the first outage among `errors` (so the sweep
@@ -126,8 +125,8 @@ impl Reliable {
     /// not be moved are returned with the errors.
     pub(super) async fn move_back(
         &self,
-        lists: Vec<(String, String, Arc<str>)>,
-    ) -> (u64, Vec<(String, String, Arc<str>)>, Vec<crate::Error>) {
+        lists: Vec<HeldList>,
+    ) -> (u64, Vec<HeldList>, Vec<crate::Error>) {
         let mut conn = self.conn.clone();
         let script = Script::new(MOVE_BACK_LUA);
         let (mut moved, mut kept, mut errors) = (0, Vec::new(), Vec::new());
@@ -135,9 +134,9 @@ impl Reliable {
         let mut gone: Vec<String> = Vec::new();
         for list in lists {
             let r: redis::RedisResult<(u64, String)> = script
-                .key(&list.0)
-                .key(&list.1)
-                .key(keys::queue(&list.2))
+                .key(&list.key)
+                .key(&list.acks)
+                .key(keys::queue(&list.queue))
                 .invoke_async(&mut conn)
                 .await;
             match r {
@@ -146,15 +145,15 @@ impl Reliable {
                     if !err.is_empty() {
                         errors.push(script_error(err));
                         kept.push(list);
-                    } else if list.0.starts_with(&self.batch_prefix) {
-                        gone.push(list.0);
+                    } else if list.key.starts_with(&self.batch_prefix) {
+                        gone.push(list.key);
                     }
                 }
                 Err(e) => {
                     // Kept as Redis's error: a lost connection must stay an outage, which the sweeps
                     // retry (flattened into a message it read as a wrong-type key, and the quiet sweep
                     // gave up at once).
-                    tracing::warn!(key = %list.0, error = %e, "could not push back a list");
+                    tracing::warn!(key = %list.key, error = %e, "could not push back a list");
                     errors.push(e.into());
                     kept.push(list);
                 }
@@ -187,7 +186,7 @@ impl Reliable {
             Err(_) => return Err(poisoned()),
         };
         for s in strays {
-            if !lost.iter().any(|l| l.0 == s.0) {
+            if !lost.iter().any(|l| l.key == s.key) {
                 lost.push(s);
             }
         }
@@ -230,7 +229,7 @@ impl Reliable {
                     let n = rest
                         .rsplit_once(":@")
                         .and_then(|(_, n)| n.parse::<u64>().ok());
-                    n.is_none_or(|n| !h.knows(n) && !h.lost.iter().any(|l| l.0 == *key))
+                    n.is_none_or(|n| !h.knows(n) && !h.lost.iter().any(|l| l.key == *key))
                 })
                 .collect()
         };
@@ -260,7 +259,11 @@ impl Reliable {
             .iter()
             .map(|q| {
                 let key = format!("{}{q}", self.landing_prefix);
-                (key.clone(), key, q.clone())
+                HeldList {
+                    key: key.clone(),
+                    acks: key,
+                    queue: q.clone(),
+                }
             })
             .collect();
         let (mut moved, _, mut errors) = self.move_back(landing).await;
@@ -273,7 +276,11 @@ impl Reliable {
                 Ok(mut h) => h
                     .open
                     .drain()
-                    .map(|(_, b)| (b.key, b.acks, b.queue))
+                    .map(|(_, b)| HeldList {
+                        key: b.key,
+                        acks: b.acks,
+                        queue: b.queue,
+                    })
                     .collect(),
                 Err(_) => return Err(poisoned()),
             };

@@ -1,5 +1,6 @@
-//! The route table as a worker process reads it: which classes are rolled back (`oxidekiq route CLASS
-//! 0`), so that no new Rust run of them starts and none of their jobs is left on a `_rust` queue.
+//! The route table (`oxidekiq:routes`) as a worker process reads it: which classes are rolled back
+//! (`oxidekiq route CLASS 0`), so that no new Rust run of them starts and none of their jobs is left on
+//! a `_rust` queue.
 //!
 //! Layer: Sidekiq data (beside `retry`, `scheduled`, `fleet`); it reads [`keys::ROUTES`] through a
 //! connection and depends only on `keys`, `redis_conn` and `error`. The processor (a job fetched from
