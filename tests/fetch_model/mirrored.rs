@@ -35,12 +35,12 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable/fast.rs",
         "fn fetch_fast",
-        "8d5da1e9a2cf698ebabb573ba56468d569f3f007",
+        "9886fc36ec3bbba09ee5c6608e3e266744d6305d",
     ),
     (
         "processing/fetch/reliable/script.rs",
         "fn fetch_batch",
-        "d25a6ee0db730dd15d6c6866180bb722a733dbe2",
+        "c4fd4c1b7b0bd5161a71bf0a38b947f6e65929d6",
     ),
     (
         "processing/fetch/reliable/batch.rs",
@@ -60,12 +60,12 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable/sweeps.rs",
         "fn leftovers",
-        "1c7efb19c4516baaa7816e0b5cfb5e46ae9e7042",
+        "facf6216ef179f0ae66e86e09f47b921457518cb",
     ),
     (
         "processing/fetch/reliable/sweeps.rs",
         "fn reconcile_now",
-        "f9c1fc7c1dbf597e05a631f2b05e60b8a1f4ca6a",
+        "6aabcd58b58394d5448d5f7ddd5d01b68ad831f1",
     ),
     (
         "processing/fetch/mod.rs",
