@@ -1497,4 +1497,44 @@ mod tests_review_continue {
         assert_eq!(copies, 1, "written {copies} times (reported {again:?})");
         assert_eq!(queued.len(), 1002);
     }
+
+    /// Review (issue 39): an interrupted run's lock key holding another type (a hash) does not
+    /// stop the fate write halfway: the next run is written and the place acked, the key left as it
+    /// was.
+    #[tokio::test]
+    async fn a_lock_key_of_the_wrong_type_does_not_stop_the_interrupt_halfway() {
+        let redis = RedisServer::start();
+        let mut c = redis.conn();
+        let mut conn = redis.async_conn().await;
+        let working = "oxidekiq:batch:testhost:1:abcdef:default:@1";
+        let raw = r#"{"class":"A","args":[],"jid":"dddddddddddddddddddddddd","queue":"default"}"#;
+        let _: () = c.rpush(working, vec![raw; 2]).unwrap();
+        let job = Job::from_str(raw).unwrap();
+        let key = "oxidekiq:lock:unique:A:x";
+        let _: () = c.hset(key, "f", "v").unwrap();
+        let plan = Plan::Continue {
+            payload: r#"{"class":"A","args":[],"jid":"eeeeeeeeeeeeeeeeeeeeeeee"}"#.into(),
+            at: crate::time::now() + 5.0,
+            jid: "eeeeeeeeeeeeeeeeeeeeeeee".into(),
+            lock: Some(crate::error::LockHandOver {
+                key: key.into(),
+                value: "0123:dddddddddddddddddddddddd".into(),
+                ttl_ms: 600_000,
+            }),
+        };
+        let token = Token {
+            working: working.into(),
+            id: 1,
+        };
+        let fate = apply(&mut conn, &job, &plan, 1e9, Some(&token))
+            .await
+            .unwrap();
+        assert_eq!(fate, Some(plan.fate()));
+        let scheduled: usize = c.zcard(keys::SCHEDULE).unwrap();
+        assert_eq!(scheduled, 1);
+        let acked: Vec<u64> = c.smembers(keys::acks_of(working)).unwrap();
+        assert_eq!(acked, vec![1]);
+        let kind: String = redis::cmd("TYPE").arg(key).query(&mut c).unwrap();
+        assert_eq!(kind, "hash");
+    }
 }
