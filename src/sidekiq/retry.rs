@@ -428,7 +428,8 @@ impl Token {
 /// list and KEYS[5] its acks set (both ignored when ARGV[1], the job's place, is empty: basic fetch),
 /// KEYS[2] the key written. A `zadd` with a KEYS[3] (an interrupted job's next run) also passes that
 /// until-executed lock to the next run: if it holds ARGV[5] (the interrupted run's value) or nothing,
-/// it becomes ARGV[6] (the next run's jid, as a push sets it) with `PX` ARGV[7]. Returns `{1, ''}` when it wrote; `{2, ''}` when the place was settled
+/// it becomes ARGV[6] (the next run's jid, as a push sets it) with `PX` ARGV[7]. An `ack` (a
+/// discarded job) writes nothing but the end of the stay. Returns `{1, ''}` when it wrote; `{2, ''}` when the place was settled
 /// already and the member is where this write puts it (an earlier try of this write, whose reply was
 /// lost); `{0, ''}` when the place was settled already and the member is not there (a recovery or the
 /// stop's push-back took the job back: nothing of this write is anywhere); `{0, error}` when refused.
@@ -461,7 +462,7 @@ elseif op == 'push' then
   local err = push_job(KEYS[3], KEYS[2], ARGV[4], member)
   if err then return {0, err} end
   if ARGV[5] ~= '' then redis.pcall('HINCRBY', KEYS[4], ARGV[5], 1) end
-else
+elseif op ~= 'ack' then
   return {0, 'unknown fate write ' .. op}
 end
 if id ~= '' then redis.call('SADD', KEYS[5], id) end
@@ -488,6 +489,8 @@ enum FateWrite<'a> {
         queue: &'a str,
         class: Option<&'a str>,
     },
+    /// Nothing but the end of the job's stay (a discarded job).
+    Ack,
 }
 
 /// An until-executed lock passed to the next run in its fate write ([`FATE_LUA`]).
@@ -520,7 +523,8 @@ enum Written {
     /// The token was gone and the member is nowhere: a recovery or the stop's push-back took the job
     /// back before its fate was written. Nothing written. (A member an earlier try wrote that a poller
     /// or a fetch already moved on, or pushed more than 1000 places deep, reads so too: only the
-    /// report differs, the write itself landed once.)
+    /// report differs, the write itself landed once. A discard's ack retried after a lost reply
+    /// reads so always, having no member: its until-executed lock then lapses by its TTL.)
     TakenBack,
 }
 
@@ -567,6 +571,10 @@ async fn write_fate(
                 .arg(member)
                 .arg(queue)
                 .arg(class.unwrap_or(""));
+        }
+        FateWrite::Ack => {
+            inv.key("").key("").key("").key(&acks);
+            inv.arg(id).arg("ack").arg("");
         }
     }
     let (written, err): (u8, String) = inv.invoke_async(conn).await?;
@@ -658,8 +666,13 @@ pub(crate) async fn apply(
             let write = FateWrite::Dead { now };
             write_fate(conn, token, write, payload.as_bytes()).await?
         }
-        // Nothing written: the ack (the token's place added to its acks set) is all there is to do.
-        Plan::Discard => Written::Now,
+        // Nothing written: the end of the stay (the token's place added to its acks set) is all
+        // there is to do, and only it tells a job taken back meanwhile (its until-executed lock then
+        // stays, for the run of the job in its queue again). Without a token there is nothing to ask.
+        Plan::Discard => match token {
+            Some(_) => write_fate(conn, token, FateWrite::Ack, b"").await?,
+            None => Written::Now,
+        },
         Plan::Reschedule { at } => {
             let write = FateWrite::Zadd {
                 key: keys::SCHEDULE,
@@ -1398,5 +1411,130 @@ mod tests_review_continue {
                 .unwrap();
             assert_eq!(fate, None, "{plan:?}");
         }
+    }
+
+    /// REVIEW defect (issue 39, fixed): a discard wrote nothing and [`apply`] reported
+    /// [`Fate::Discarded`] without asking Redis, so a job taken back while it ran (a recovery or the
+    /// stop's push-back returned it to its queue) was reported discarded and its until-executed hook
+    /// released the lock while the job waited in its queue again (a duplicate push then accepted).
+    /// The discard now ends the stay in the fate script: `None` when the place was settled already,
+    /// and the place acked when it was not. Failed before the fix: reported `Some(Discarded)`.
+    #[tokio::test]
+    async fn a_discard_whose_job_was_taken_back_is_not_reported_as_discarded() {
+        let redis = RedisServer::start();
+        let mut c = redis.conn();
+        let mut conn = redis.async_conn().await;
+        let raw = r#"{"class":"A","args":[],"jid":"dddddddddddddddddddddddd","queue":"default"}"#;
+        let job = Job::from_str(raw).unwrap();
+        let working = "oxidekiq:batch:testhost:1:abcdef:default:@1";
+        let token = |id| Token {
+            working: working.into(),
+            id,
+        };
+        // The batch list is gone: a recovery pushed the job back to its queue.
+        let fate = apply(&mut conn, &job, &Plan::Discard, 1e9, Some(&token(0)))
+            .await
+            .unwrap();
+        assert_eq!(
+            fate, None,
+            "a discard of a job that waits in its queue again"
+        );
+        // Its place acked by the stop's push-back: not reported either.
+        let _: () = c.rpush(working, vec![raw; 3]).unwrap();
+        let _: () = c.sadd(keys::acks_of(working), 1).unwrap();
+        let fate = apply(&mut conn, &job, &Plan::Discard, 1e9, Some(&token(1)))
+            .await
+            .unwrap();
+        assert_eq!(fate, None);
+        // Still held: discarded, and its place acked in the same script.
+        let fate = apply(&mut conn, &job, &Plan::Discard, 1e9, Some(&token(2)))
+            .await
+            .unwrap();
+        assert_eq!(fate, Some(Fate::Discarded));
+        let mut acked: Vec<u64> = c.smembers(keys::acks_of(working)).unwrap();
+        acked.sort();
+        assert_eq!(acked, vec![1, 2]);
+        // Basic fetch (no token): discarded, nothing to ask.
+        let fate = apply(&mut conn, &job, &Plan::Discard, 1e9, None)
+            .await
+            .unwrap();
+        assert_eq!(fate, Some(Fate::Discarded));
+    }
+
+    /// Review (issue 39): a push-back (`Requeue`) retried after a lost reply, once more than 1000
+    /// other jobs were pushed in front of it (`LPOS ... MAXLEN 1000` no longer sees it), is not
+    /// written again: the place settled decides, the look-up only picks the report (then `None`,
+    /// as for a job taken back; see [`Written::TakenBack`]).
+    #[tokio::test]
+    async fn a_retried_push_behind_a_thousand_others_is_written_once() {
+        let redis = RedisServer::start();
+        let mut c = redis.conn();
+        let mut conn = redis.async_conn().await;
+        let raw = r#"{"class":"A","args":[],"jid":"dddddddddddddddddddddddd","queue":"default"}"#;
+        let job = Job::from_str(raw).unwrap();
+        let working = "oxidekiq:batch:testhost:1:abcdef:default:@1";
+        let _: () = c.rpush(working, vec![raw; 2]).unwrap();
+        let token = Token {
+            working: working.into(),
+            id: 1,
+        };
+        let payload = r#"{"class":"A","args":[],"jid":"dddddddddddddddddddddddd","queue":"default","enqueued_at":1.5}"#;
+        let plan = Plan::Requeue {
+            queue: "default".into(),
+            payload: payload.into(),
+        };
+        let first = apply(&mut conn, &job, &plan, 1e9, Some(&token))
+            .await
+            .unwrap();
+        assert_eq!(first, Some(Fate::Requeued));
+        let others: Vec<String> = (0..1001).map(|i| format!(r#"{{"jid":"{i}"}}"#)).collect();
+        let _: () = c.lpush(keys::queue("default"), others).unwrap();
+        let again = apply(&mut conn, &job, &plan, 1e9, Some(&token))
+            .await
+            .unwrap();
+        let queued: Vec<String> = c.lrange(keys::queue("default"), 0, -1).unwrap();
+        let copies = queued.iter().filter(|m| m.as_str() == payload).count();
+        assert_eq!(copies, 1, "written {copies} times (reported {again:?})");
+        assert_eq!(queued.len(), 1002);
+    }
+
+    /// Review (issue 39): an interrupted run's lock key holding another type (a hash) does not
+    /// stop the fate write halfway: the next run is written and the place acked, the key left as it
+    /// was.
+    #[tokio::test]
+    async fn a_lock_key_of_the_wrong_type_does_not_stop_the_interrupt_halfway() {
+        let redis = RedisServer::start();
+        let mut c = redis.conn();
+        let mut conn = redis.async_conn().await;
+        let working = "oxidekiq:batch:testhost:1:abcdef:default:@1";
+        let raw = r#"{"class":"A","args":[],"jid":"dddddddddddddddddddddddd","queue":"default"}"#;
+        let _: () = c.rpush(working, vec![raw; 2]).unwrap();
+        let job = Job::from_str(raw).unwrap();
+        let key = "oxidekiq:lock:unique:A:x";
+        let _: () = c.hset(key, "f", "v").unwrap();
+        let plan = Plan::Continue {
+            payload: r#"{"class":"A","args":[],"jid":"eeeeeeeeeeeeeeeeeeeeeeee"}"#.into(),
+            at: crate::time::now() + 5.0,
+            jid: "eeeeeeeeeeeeeeeeeeeeeeee".into(),
+            lock: Some(crate::error::LockHandOver {
+                key: key.into(),
+                value: "0123:dddddddddddddddddddddddd".into(),
+                ttl_ms: 600_000,
+            }),
+        };
+        let token = Token {
+            working: working.into(),
+            id: 1,
+        };
+        let fate = apply(&mut conn, &job, &plan, 1e9, Some(&token))
+            .await
+            .unwrap();
+        assert_eq!(fate, Some(plan.fate()));
+        let scheduled: usize = c.zcard(keys::SCHEDULE).unwrap();
+        assert_eq!(scheduled, 1);
+        let acked: Vec<u64> = c.smembers(keys::acks_of(working)).unwrap();
+        assert_eq!(acked, vec![1]);
+        let kind: String = redis::cmd("TYPE").arg(key).query(&mut c).unwrap();
+        assert_eq!(kind, "hash");
     }
 }

@@ -223,6 +223,10 @@ pub(crate) const RECOVERY_LOCK: &str = "oxidekiq:recovery-lock";
 /// The prefix of every named lock's key ([`lock`]).
 pub(crate) const LOCK_PREFIX: &str = "oxidekiq:lock:";
 
+/// The prefix of the lock keys of versions before [`LOCK_PREFIX`], which a payload enqueued then
+/// may still carry as its `unique_key`.
+pub(crate) const OLD_LOCK_PREFIX: &str = "lock:";
+
 /// The key of a named lock (unique, sequential and until-executed locks): `oxidekiq:lock:<key>`.
 pub(crate) fn lock(key: &str) -> String {
     let mut k = String::with_capacity(LOCK_PREFIX.len() + key.len());

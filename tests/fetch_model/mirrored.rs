@@ -110,7 +110,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "sidekiq/retry.rs",
         "const FATE_LUA",
-        "f786dfdc30e4bd4ece4f21afa2a3d206f9308a21",
+        "c3c66036703436ee22df42bf3f3f01e7ad3e9ced",
     ),
 ];
 

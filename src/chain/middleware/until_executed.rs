@@ -125,6 +125,10 @@ pub(crate) async fn push(
 /// duration arithmetic overflowing.
 pub const MAX_UNIQUE_TTL_SECS: f64 = 10.0 * 365.0 * 24.0 * 3600.0;
 
+/// The prefixes a payload's `unique_key` may start with: oxidekiq's lock prefix, and the `lock:` of
+/// the versions before it (a job enqueued then keeps the key its payload carries).
+const LOCK_KEY_PREFIXES: [&str; 2] = [keys::LOCK_PREFIX, keys::OLD_LOCK_PREFIX];
+
 /// The cheap test before [`unique_lock`] parses the payload: false when the payload has no top-level
 /// field of the lock, as for most jobs (noted while the payload was decoded: no second walk of its
 /// bytes).
@@ -154,6 +158,14 @@ pub fn unique_lock(job: &Job) -> std::result::Result<Option<(String, Duration)>,
             Duration::try_from_secs_f64(secs).unwrap_or(Duration::from_secs(30))
         }
     };
+    // Only a lock key: a run sets a key it finds empty, and one of Sidekiq's (`schedule` while
+    // empty) set as a string would refuse every write to it until the TTL.
+    if !LOCK_KEY_PREFIXES.iter().any(|p| key.starts_with(p)) {
+        let m = format!(
+            "{UNIQUE_KEY_FIELD} is not a lock key (it starts with none of {LOCK_KEY_PREFIXES:?})"
+        );
+        return Err(JobError::new(INVALID_PAYLOAD, m));
+    }
     Ok(Some((key.to_string(), ttl)))
 }
 
@@ -400,5 +412,31 @@ mod tests {
             assert_eq!(e.class, INVALID_PAYLOAD, "{ttl}");
             assert!(e.message.contains("unique_ttl"), "{ttl}: {}", e.message);
         }
+    }
+
+    /// REVIEW defect (issue 39, fixed): `unique_key` was taken from the payload as any Redis key. A payload
+    /// naming one of Sidekiq's keys that does not exist at the moment (`schedule` or `retry` while
+    /// empty, `queue:<name>` while drained) has its run `SET` that key as a string (the claim of a
+    /// lock that expired), renewed while it runs and after a retry: every `ZADD schedule` (Ruby's
+    /// and ours, the interrupt's fate write among them) or `LPUSH` fails with WRONGTYPE for up to
+    /// `unique_ttl` (10 years at most). A lock key outside the lock prefixes (`oxidekiq:lock:`, the
+    /// older `lock:`) now fails the job as an invalid payload. Failed before the fix: `schedule` was
+    /// a string.
+    #[tokio::test]
+    async fn a_unique_key_naming_a_sidekiq_key_is_not_claimed() {
+        let redis = crate::test_support::RedisServer::start();
+        let mut c = redis.conn();
+        let conn = redis.async_conn().await;
+        let job = Job::from_str(
+            r#"{"class":"X","args":[],"jid":"j1","unique_key":"schedule","unique_ttl":600}"#,
+        )
+        .unwrap();
+        let claimed = claim(&conn, &job, None).await;
+        let kind: String = redis::cmd("TYPE").arg("schedule").query(&mut c).unwrap();
+        assert_eq!(
+            kind, "none",
+            "claimed {claimed:?}: schedule is now a {kind}"
+        );
+        assert!(claimed.is_err(), "{claimed:?}");
     }
 }
