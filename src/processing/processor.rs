@@ -169,8 +169,8 @@ impl Processor {
     /// ([`Processor::after_panic`]): the job never stays stranded in the working hash and the Busy page.
     ///
     /// `park` holds the processor's slot: a job whose fate write is stuck gives it up (see [`Park`]).
-    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park) {
-        let run = RunState::new(unit.queue.clone(), unit.id, park);
+    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park, after: AfterFate) {
+        let run = RunState::new(unit.queue.clone(), unit.id, park, after);
         let unit_run = std::pin::pin!(self.clone().process_unit(unit, &run));
         if let Err(panic) = catch_unwind(unit_run).await {
             self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
@@ -806,7 +806,7 @@ struct RunState<'p> {
 }
 
 impl<'p> RunState<'p> {
-    fn new(queue: Arc<str>, id: u64, park: &'p Park) -> Self {
+    fn new(queue: Arc<str>, id: u64, park: &'p Park, after: AfterFate) -> Self {
         RunState {
             park,
             queue,
@@ -816,7 +816,7 @@ impl<'p> RunState<'p> {
             acked: AtomicBool::new(false),
             started: Mutex::new(None),
             counted: AtomicBool::new(false),
-            after: AfterFate::default(),
+            after,
         }
     }
 
