@@ -139,6 +139,18 @@ impl std::fmt::Debug for AfterFate {
 }
 
 impl AfterFate {
+    /// Ready for the next run of the same processor, without a new allocation when it can: the hooks
+    /// the last run left (a run that did not fail never runs its hooks) are dropped, as they were when
+    /// its list was dropped, and the list is kept when nobody else holds it; when a clone of it outlived
+    /// the run (a context cloned into a task of the worker's own), that clone keeps the old list and a
+    /// new one starts. One allocation and its free less a job (about 150 instructions).
+    pub(crate) fn reuse(&mut self) {
+        match Arc::get_mut(&mut self.0).map(Mutex::get_mut) {
+            Some(Ok(hooks)) => hooks.clear(),
+            _ => *self = AfterFate::default(),
+        }
+    }
+
     /// Runs every hook once with the fate written, in the order they were added.
     pub async fn run(&self, fate: &Fate) {
         let hooks = match self.0.lock() {
@@ -417,6 +429,46 @@ impl JobContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Adds a hook to `after` that counts its runs in `ran`.
+    fn counting_hook(after: &AfterFate, ran: &Arc<std::sync::atomic::AtomicUsize>) {
+        let ran = ran.clone();
+        after.0.lock().unwrap().push(Box::new(move |_: &Fate| {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async {})
+        }));
+    }
+
+    /// A processor's list of hooks serves its next job only once its last run let go of it, and never
+    /// hands that job the hooks of the run before (which did not fail, so never ran them); a clone that
+    /// outlived its run keeps its own list.
+    #[tokio::test]
+    async fn a_reused_hook_list_holds_none_of_the_last_runs_hooks() {
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut after = AfterFate::default();
+        let first = Arc::as_ptr(&after.0);
+        // A run that did not fail: its hook is left behind, then the run's clone is gone.
+        let run = after.clone();
+        counting_hook(&run, &ran);
+        drop(run);
+        after.reuse();
+        assert_eq!(Arc::as_ptr(&after.0), first, "the list is kept");
+        after.run(&Fate::Dead).await;
+        assert_eq!(
+            ran.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the last run's hook ran"
+        );
+        // A clone that outlived its run: the next run gets a list of its own.
+        let escaped = after.clone();
+        after.reuse();
+        assert_ne!(Arc::as_ptr(&after.0), first, "a list still held was reused");
+        counting_hook(&escaped, &ran);
+        after.run(&Fate::Dead).await;
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+        escaped.run(&Fate::Dead).await;
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn no_args_takes_any_array() {

@@ -454,6 +454,8 @@ async fn process_loop(
     signal: ShutdownSignal,
     respawn: mpsc::UnboundedSender<()>,
 ) -> Option<UnitOfWork> {
+    // The list of the jobs' `after_fate` hooks, reused from one job to the next (see `AfterFate::reuse`).
+    let mut after = crate::worker::AfterFate::default();
     loop {
         let next = feed.recv().await;
         // `None`: the fetch loops are gone and nothing is queued.
@@ -464,12 +466,13 @@ async fn process_loop(
         // `process` catches a job's panic itself; this guard only keeps the processor alive should its
         // own recovery panic as well (the job then stays held, and the shutdown pushes it back).
         let park = Park::new(slot, respawn.clone());
-        let job = std::pin::pin!(processor.clone().process(unit, &park));
+        let job = std::pin::pin!(processor.clone().process(unit, &park, after.clone()));
         if crate::processor::catch_unwind(job).await.is_err() {
             tracing::error!(
                 "a job's panic recovery panicked; the job stays held until the shutdown"
             );
         }
+        after.reuse();
         if park.parked() {
             // Its job gave up the slot while its fate write was stuck, and a fresh processor took
             // this one's place: end, so the count stays `concurrency`.

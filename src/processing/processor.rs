@@ -107,14 +107,70 @@ pub(crate) struct Processor {
     pub working_prefix: Option<String>,
 }
 
+/// Awaits the future `$work` polled inside `$span` (a `&Span`), as `.instrument(span)` does, without
+/// entering the span once more to drop a future that has finished (`Instrumented` does on every drop:
+/// an enter and an exit of the job's span). A macro, not a function: the future is built in the
+/// caller's own state, where a function taking it would copy the job's whole run state once more (a
+/// no-op job's run: about 260 instructions of `memcpy`, more than the enter and exit it saves). A future
+/// dropped before it finished (the shutdown deadline, a panic) is dropped inside the span, as
+/// `Instrumented` drops it: whatever its drop logs carries the job's fields.
+macro_rules! in_span {
+    ($span:expr, $work:expr) => {{
+        let span: &tracing::Span = $span;
+        let pending = AtomicBool::new(true);
+        // Dropped last: exits the span `_enter` entered once the future is dropped.
+        let _exit = SpanBracket {
+            span,
+            pending: &pending,
+            enter: false,
+        };
+        let mut work = std::pin::pin!($work);
+        // Dropped first: enters the span before the future is dropped.
+        let _enter = SpanBracket {
+            span,
+            pending: &pending,
+            enter: true,
+        };
+        let out = std::future::poll_fn(|cx| {
+            let _in = span.enter();
+            work.as_mut().poll(cx)
+        })
+        .await;
+        pending.store(false, Ordering::Relaxed);
+        out
+    }};
+}
+/// Enters (`enter: true`) or exits `span` when dropped while `pending` is set: [`in_span!`] declares
+/// one on each side of the pinned future, so that they bracket the drop of a future that never
+/// finished.
+struct SpanBracket<'a> {
+    span: &'a tracing::Span,
+    pending: &'a AtomicBool,
+    enter: bool,
+}
+
+impl Drop for SpanBracket<'_> {
+    fn drop(&mut self) {
+        if self.pending.load(Ordering::Relaxed) {
+            self.span.with_subscriber(|(id, dispatch)| {
+                if self.enter {
+                    dispatch.enter(id)
+                } else {
+                    dispatch.exit(id)
+                }
+            });
+        }
+    }
+}
+
 impl Processor {
     /// Runs one fetched job to its fate and queues its ack. A panic anywhere on the way (the worker, a
     /// middleware, oxidekiq's own code) is caught here and becomes the job's failure
     /// ([`Processor::after_panic`]): the job never stays stranded in the working hash and the Busy page.
     ///
     /// `park` holds the processor's slot: a job whose fate write is stuck gives it up (see [`Park`]).
-    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park) {
-        let run = RunState::new(unit.queue.clone(), unit.id, park);
+    pub(crate) async fn process(self: Arc<Self>, unit: UnitOfWork, park: &Park, after: AfterFate) {
+        let run = RunState::new(unit.queue.clone(), unit.id, park, after);
         let unit_run = std::pin::pin!(self.clone().process_unit(unit, &run));
         if let Err(panic) = catch_unwind(unit_run).await {
             self.after_panic(run.queue.clone(), &run, panic_message(panic.as_ref()))
@@ -186,16 +242,17 @@ impl Processor {
                 if let Some(t) = &traced {
                     crate::logging::attach_otel(&span, t.context().clone());
                 }
-                let finished = self
-                    .run(
+                let finished = in_span!(
+                    &span,
+                    self.run(
                         job,
                         worker,
                         queue.clone(),
                         run,
                         cancellable.then_some(entry),
                     )
-                    .instrument(span)
-                    .await;
+                );
+                drop(span);
                 if let Some(t) = traced {
                     t.end();
                 }
@@ -757,7 +814,7 @@ struct RunState<'p> {
 }
 
 impl<'p> RunState<'p> {
-    fn new(queue: Arc<str>, id: u64, park: &'p Park) -> Self {
+    fn new(queue: Arc<str>, id: u64, park: &'p Park, after: AfterFate) -> Self {
         RunState {
             park,
             queue,
@@ -767,7 +824,7 @@ impl<'p> RunState<'p> {
             acked: AtomicBool::new(false),
             started: Mutex::new(None),
             counted: AtomicBool::new(false),
-            after: AfterFate::default(),
+            after,
         }
     }
 
@@ -1012,6 +1069,98 @@ mod tests_fate_writes;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts span entries and, for each event, whether a span was entered when it was logged.
+    #[derive(Default)]
+    struct Entries {
+        depth: AtomicU64,
+        enters: AtomicU64,
+        events_in_span: Mutex<Vec<bool>>,
+    }
+
+    struct Counting(Arc<Entries>);
+
+    impl tracing::Subscriber for Counting {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {
+            let entered = self.0.depth.load(Ordering::Relaxed) > 0;
+            self.0.events_in_span.lock().unwrap().push(entered);
+        }
+        fn enter(&self, _: &tracing::span::Id) {
+            self.0.depth.fetch_add(1, Ordering::Relaxed);
+            self.0.enters.fetch_add(1, Ordering::Relaxed);
+        }
+        fn exit(&self, _: &tracing::span::Id) {
+            self.0.depth.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Logs from its drop (as a worker's guard may when the shutdown drops the job).
+    struct LogsOnDrop;
+
+    impl Drop for LogsOnDrop {
+        fn drop(&mut self) {
+            tracing::info!("dropped");
+        }
+    }
+
+    /// The job's span is entered for each poll of its run (its lines carry the job's fields), and for
+    /// the drop of a run that never finished (its drop's lines too), but not once more to drop a run
+    /// that finished, as `Instrumented` did for every job.
+    #[test]
+    fn a_run_is_polled_in_its_span_and_a_finished_one_is_not_entered_again() {
+        let entries = Arc::new(Entries::default());
+        tracing::subscriber::with_default(Counting(entries.clone()), || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let span = tracing::info_span!("job");
+            // Two polls: it yields once.
+            rt.block_on(async {
+                in_span!(&span, async {
+                    tracing::info!("start");
+                    tokio::task::yield_now().await;
+                    tracing::info!("done");
+                })
+            });
+            assert_eq!(
+                entries.enters.load(Ordering::Relaxed),
+                2,
+                "one entry a poll"
+            );
+            assert_eq!(entries.depth.load(Ordering::Relaxed), 0);
+            // Dropped while pending: its drop runs in the span.
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let span_ref = &span;
+            let pending = async move {
+                in_span!(span_ref, async move {
+                    let _guard = LogsOnDrop;
+                    let _ = rx.await;
+                })
+            };
+            rt.block_on(async {
+                let mut pending = std::pin::pin!(pending);
+                assert!(futures_poll_once(pending.as_mut()).await.is_pending());
+            });
+            drop(tx);
+            assert_eq!(entries.depth.load(Ordering::Relaxed), 0);
+            assert_eq!(*entries.events_in_span.lock().unwrap(), [true, true, true]);
+        });
+    }
+
+    /// Polls `f` once.
+    async fn futures_poll_once<F: std::future::Future>(
+        mut f: std::pin::Pin<&mut F>,
+    ) -> std::task::Poll<F::Output> {
+        std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx))).await
+    }
 
     /// A worker's `timeout` of `Duration::MAX` (no practical limit) must not overflow the watchdog's
     /// delay: the overflow panicked in the watchdog task.
