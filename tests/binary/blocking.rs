@@ -356,7 +356,7 @@ async fn a_blocked_job_that_ends_after_the_push_back_writes_no_fate() {
             LATE_ENDED.load(Ordering::SeqCst) >= ended + 2
         })
         .await;
-        // Give a late write time to land, were there one.
+        // Give a late write time to land, were there one (it must NOT happen: no event to wait for).
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_back_once(&mut conn, &payloads);
         let retries: usize = conn.zcard("retry").unwrap();

@@ -1020,7 +1020,8 @@ impl<'a> Run<'a> {
             if first.is_empty() {
                 continue;
             }
-            std::thread::sleep(Duration::from_secs_f64(3.0 * BEAT_SECS));
+            // Three of its beats later (a quiet process keeps beating), not three beats' time.
+            support::wait_beats(&mut self.c, &identity, 3, Duration::from_secs(30));
             let second = strand(&mut self.c);
             let both: Vec<&String> = first.intersection(&second).collect();
             if !both.is_empty() {

@@ -287,6 +287,8 @@ fn stuck_fates_do_not_pin_their_processors(
             && (failed_writes(&ox) == 4 || c.hlen::<_, usize>("chaos:runs").unwrap() == 4)
     });
     assert!(pinned, "the bad jobs were never held:\n{}", ox.log());
+    // Time for the held fates to retry and, were the bug back, pin every slot: nothing marks a slot
+    // that is NOT freed, so this is a window on purpose.
     std::thread::sleep(Duration::from_millis(500));
     // Pushed once every processor has a failing job: before the fix, all four were pinned.
     let good: Vec<String> = (0..5)
@@ -413,6 +415,8 @@ async fn a_wrong_typed_schedule_set_pins_no_processor_and_loses_no_job() {
         held_jids(&mut c) == want
     })
     .await;
+    // Time for the held fates to retry and, were the bug back, pin both slots: nothing marks a slot
+    // that is NOT freed, so this is a window on purpose.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let good: Vec<String> = (0..3)
         .map(|i| format!(r#"{{"class":"GoodJob","args":[],"jid":"good{i}","queue":"default"}}"#))

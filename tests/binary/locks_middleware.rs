@@ -257,6 +257,7 @@ async fn a_process_killed_while_holding_a_lock_blocks_others_no_longer_than_the_
         .await
         .unwrap();
     // The holder runs longer than the TTL: its keeper extends the lock, so the waiter keeps waiting.
+    // Time past the TTL is the point (the lock must NOT expire), so no event replaces this wait.
     tokio::time::sleep(ttl + ttl / 2).await;
     let value: String = c.get("oxidekiq:lock:SequentialReportJob").unwrap();
     assert!(value.ends_with(&format!(":{long}")), "{value}");

@@ -41,6 +41,8 @@ fn probes_answer_while_idle_clients_hold_every_connection_slot() {
     let idle: Vec<TcpStream> = (0..64)
         .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();
+    // Time for the server to accept them all: nothing outside it marks an accepted connection that
+    // sends nothing (one accepted late only makes the probe's way easier, never a false failure).
     std::thread::sleep(Duration::from_millis(500));
     for path in ["/health", "/ready"] {
         let asked = Instant::now();

@@ -8,7 +8,7 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use support::{Oxidekiq, RedisServer, wait_until};
+use support::{Oxidekiq, RedisServer, identity_of, wait_beats, wait_until};
 
 /// A generous bound for anything the tests wait for (a loaded shared machine).
 const WAIT: Duration = Duration::from_secs(60);
@@ -71,10 +71,19 @@ fn idle_recovery_walks_the_keyspace_only_at_its_first_pass_and_still_recovers_a_
         rescuer.log()
     );
     // Past the starts' walks (recovery's first pass, the cron poller's look for namespaces, which
-    // runs every ten minutes), ten beats of both: five recovery passes each, none walking.
-    std::thread::sleep(Duration::from_secs(3));
+    // runs every ten minutes), ten beats of both: five recovery passes each, none walking. Counted in
+    // beats each process writes, not in seconds a loaded machine may stretch.
+    let ids = [
+        identity_of(&mut c, victim.pid(), WAIT),
+        identity_of(&mut c, rescuer.pid(), WAIT),
+    ];
+    for id in &ids {
+        assert!(wait_beats(&mut c, id, 3, WAIT), "{id} stopped beating");
+    }
     let before = scans(&mut c);
-    std::thread::sleep(Duration::from_secs(10));
+    for id in &ids {
+        assert!(wait_beats(&mut c, id, 10, WAIT), "{id} stopped beating");
+    }
     let walked = scans(&mut c);
     assert_eq!(
         walked, before,

@@ -186,6 +186,8 @@ fn idle_http_clients_cannot_take_the_descriptors_redis_needs() {
             }
         })
     };
+    // Time for the server to take the flood in: a connect completes in the kernel's backlog, before
+    // the server accepts it, so nothing outside the server marks the moment it holds them.
     std::thread::sleep(Duration::from_secs(2));
     // Every connection of the process is cut: it must open new ones while the flood lasts.
     let _: redis::Value = redis::cmd("CLIENT")
@@ -253,6 +255,7 @@ fn handoff_remembers_and_logs_a_bounded_amount_per_made_up_class() {
     assert_eq!(counts.get(&b"Legacy::Mailer"[..]), Some(&1));
     assert_eq!(counts.len(), 2);
     assert!(ox.wait_for_log("handing off jobs of Legacy::Mailer", PATIENCE));
+    // Log lines that must NOT come (one per job, before): a window on purpose.
     std::thread::sleep(Duration::from_millis(300));
     let log = ox.log();
     // Each made-up name was written three times per line, once per job: 9 MB before.

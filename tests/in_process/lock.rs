@@ -72,7 +72,11 @@ async fn release_with_a_stale_token_deletes_nothing() {
 
     // A holder whose lock expired and was taken by someone else.
     let old = lock.try_lock().await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut c = server.conn();
+    support::wait_for("the lock's TTL to end", Duration::from_secs(10), || {
+        get(&mut c, "oxidekiq:lock:k").is_none()
+    })
+    .await;
     let new = lock
         .try_lock()
         .await
@@ -132,6 +136,7 @@ async fn blocking_lock_waits_until_the_holder_releases() {
     let held = lock.try_lock().await.unwrap().unwrap();
 
     let releaser = tokio::spawn(async move {
+        // The holder's own work: the waiter must wait it out (no event; the wait is the point).
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(held.release().await.unwrap());
     });
@@ -189,6 +194,7 @@ async fn a_lock_told_to_wait_without_limit_waits_for_its_holder_instead_of_panic
         },
     );
     let waiting = tokio::spawn(async move { waiter.lock().await.map(|g| g.token().to_string()) });
+    // Time passes to prove the waiter does NOT give up: there is no event for "still waiting".
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "still waiting for the holder");
     assert!(held.release().await.unwrap());
@@ -229,6 +235,7 @@ async fn the_keeper_holds_a_short_ttl_lock_through_long_work_and_release_deletes
 
     let mut c = server.conn();
     let started = Instant::now();
+    // Four TTLs pass to prove the lock does NOT expire while the keeper runs: time is the point.
     while started.elapsed() < Duration::from_millis(1_200) {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
@@ -256,12 +263,18 @@ async fn dropping_a_guard_stops_its_keeper_and_the_lock_expires_by_ttl() {
     let lock = RedisLock::new(server.async_conn().await, "k", opts(300, 10, 1_000));
     let mut guard = lock.try_lock().await.unwrap().unwrap();
     guard.keep_alive();
+    // Half a TTL, so the keeper is running (it first waits `ttl / 3`) when the guard drops.
     tokio::time::sleep(Duration::from_millis(150)).await;
     drop(guard);
 
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The key expires by its TTL once nobody extends it (a keeper left running would hold it forever).
     let mut c = server.conn();
-    assert_eq!(get(&mut c, "oxidekiq:lock:k"), None);
+    support::wait_for(
+        "the lock to expire by its TTL",
+        Duration::from_secs(10),
+        || get(&mut c, "oxidekiq:lock:k").is_none(),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -278,9 +291,13 @@ async fn the_keeper_marks_the_guard_lost_when_someone_else_owns_the_key() {
         .arg("someone-else")
         .query(&mut c)
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-
-    assert!(guard.is_lost());
+    // The keeper's next pass (every `ttl / 3`) sees the key is someone else's.
+    support::wait_for(
+        "the keeper to see the lock lost",
+        Duration::from_secs(10),
+        || guard.is_lost(),
+    )
+    .await;
     assert!(!guard.release().await.unwrap());
     assert_eq!(
         get(&mut c, "oxidekiq:lock:k").as_deref(),

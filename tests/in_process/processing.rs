@@ -256,7 +256,8 @@ async fn concurrency_bounds_running_jobs_and_fetches_no_more_than_free_slots() {
         c.get::<_, Option<i64>>("running").unwrap() == Some(3)
     })
     .await;
-    // Give a fetch loop that ignored its free slots the time to fetch more (it polls every few ms).
+    // Give a fetch loop that ignored its free slots the time to fetch more (it polls every few ms): a
+    // fetch that must NOT happen has no event to wait for.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let working: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     let held: usize = working

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use oxidekiq::config::Config;
 use oxidekiq::error::JobResult;
-use oxidekiq::launcher::Launcher;
+use oxidekiq::launcher::{Event, Launcher};
 use oxidekiq::{JobContext, Registry, Worker};
 use rand::Rng;
 use redis::Commands;
@@ -73,6 +73,7 @@ async fn killed_connections_and_a_stopped_redis_lose_no_job() {
 
     // Kill every client connection but ours, several times, while the drain runs.
     for _ in 0..5 {
+        // The chaos's own rhythm: kills spread over the drain (no event to wait for).
         tokio::time::sleep(Duration::from_millis(150)).await;
         let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
             .arg("KILL")
@@ -89,6 +90,7 @@ async fn killed_connections_and_a_stopped_redis_lose_no_job() {
     );
     let pid = redis.pid().to_string();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    // The outage's own length: what the test puts the drain through.
     tokio::time::sleep(Duration::from_secs(3)).await;
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
 
@@ -184,6 +186,7 @@ fn sigkill_at_random_moments_loses_no_job_and_duplicates_only_what_was_in_flight
         let existing = working_keys(&mut c);
         let mut child = spawn_worker(&redis.url());
         let before = runs(&mut c).0;
+        // A random moment to kill at: the chaos itself.
         std::thread::sleep(Duration::from_millis(rng.random_range(300..1200)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
@@ -302,7 +305,10 @@ async fn running_then_redis_stopped(
     let pid = redis.pid().to_string();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
     // The job ends during the outage; its ack waits on Redis.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    support::wait_for("the job to end", Duration::from_secs(30), || {
+        NAPPED.lock().unwrap().iter().any(|j| j == jid)
+    })
+    .await;
     handle
 }
 
@@ -366,9 +372,15 @@ async fn quiet_hands_back_a_job_that_a_pending_fetch_took() {
     ) == [
         "slow"
     ]));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        support::wait_blocked(&mut c, 1, Duration::from_secs(20)),
+        "the free slot's fetch never reached its blocking wait"
+    );
     handle.send(oxidekiq::launcher::Control::Quiet);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    support::wait_for("quiet", Duration::from_secs(20), || {
+        handle.phase() == oxidekiq::launcher::Phase::Quiet
+    })
+    .await;
     push(&mut c, "RecordJob", "late", 0);
     let back = support::wait_until(Duration::from_secs(20), || {
         let queued: Vec<String> = c.lrange("queue:default", 0, -1).unwrap();
@@ -418,12 +430,19 @@ async fn a_redis_stall_past_the_liveness_ttl_takes_no_live_process_jobs() {
     let ttl = oxidekiq::launcher::alive_ttl(Duration::from_millis(200));
     let pid = redis.pid().to_string();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
-    // Past the TTL and past the 5 s response timeout, so the processes' connections give up too.
+    // Past the TTL and past the 5 s response timeout, so the processes' connections give up too: the
+    // outage's own length.
     std::thread::sleep(ttl.max(Duration::from_secs(5)) + Duration::from_secs(2));
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
     let done = support::wait_until(Duration::from_secs(60), || runs(&mut c).0 == 4);
     // Some more recovery rounds after the jobs ended must not bring any back either.
-    tokio::time::sleep(ttl * 2).await;
+    let mut passes = a.events();
+    assert!(
+        passes
+            .wait_for(Event::RecoveryPass, 2, Duration::from_secs(60))
+            .await,
+        "no recovery pass after the jobs ended"
+    );
     a.stop().await.unwrap();
     b.stop().await.unwrap();
     let all: Vec<(String, u64)> = c.hgetall("runs").unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use oxidekiq::Registry;
 use oxidekiq::config::{Config, FetchMode};
-use oxidekiq::launcher::Control;
+use oxidekiq::launcher::{Control, Phase};
 use redis::Commands;
 use support::RedisServer;
 
@@ -24,11 +24,16 @@ async fn a_job_basic_fetch_takes_after_the_deadline_goes_back_to_its_queue() {
             ..support::config(&redis.url(), &["default"], 2)
         };
         let handle = support::launch(config, Registry::new()).await;
-        // Let the first fetch reach its blocking wait.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            support::wait_blocked(&mut c, 1, Duration::from_secs(30)),
+            "{fetch:?}: the fetch never reached its blocking wait"
+        );
         handle.send(Control::Stop);
         handle.send(Control::Stop);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        support::wait_for("the deadline", Duration::from_secs(30), || {
+            handle.phase() == Phase::Cancelled
+        })
+        .await;
         let job = r#"{"class":"NobodyHere","args":[],"jid":"0123456789abcdef01234567","queue":"default"}"#;
         let _: () = c.lpush("queue:default", job).unwrap();
         handle.join().await.unwrap();

@@ -289,6 +289,7 @@ async fn one_seed(seed: u64) {
             refused += 1;
         }
         if rng.random_range(0..4) == 0 {
+            // The chaos's own rhythm: pushes spread over the runs.
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..40))).await;
         }
     }

@@ -377,7 +377,12 @@ fn ruby_quiet_bang_quiets_within_one_beat_and_nothing_new_is_fetched() {
     let later = hard_worker(&jid(), "rust", "after-quiet", 1);
     let _: () = c.lpush("queue:rust", &later).unwrap();
     wait_busy(&mut c, &id, 0);
-    std::thread::sleep(Duration::from_millis(1500));
+    // Three beats of the quiet process later (not a time window a loaded machine may shrink), the
+    // job it must NOT fetch is still queued.
+    assert!(
+        support::wait_beats(&mut c, &id, 3, Duration::from_secs(30)),
+        "a quiet process keeps beating"
+    );
     assert_eq!(
         queue_bytes(&mut c, "rust"),
         vec![later.into_bytes()],
@@ -540,7 +545,11 @@ fn tstp_quiets_the_process_and_it_keeps_beating() {
     );
     let later = hard_worker(&jid(), "rust", "after-tstp", 1);
     let _: () = c.lpush("queue:rust", &later).unwrap();
-    std::thread::sleep(Duration::from_millis(1000));
+    // Two beats later, the job it must NOT fetch is still queued.
+    assert!(
+        support::wait_beats(&mut c, &id, 2, Duration::from_secs(30)),
+        "a quiet process keeps beating"
+    );
     assert_eq!(queue_bytes(&mut c, "rust"), vec![later.into_bytes()]);
     assert!(ox.try_exit().is_none(), "TSTP does not stop the process");
     ox.signal("TERM");
@@ -749,6 +758,7 @@ async fn nothing_is_lost_when_stop_arrives_at_random_moments_mid_drain() {
         registry.register(RecordingHardWorker);
         let handle = Launcher::new(cfg, registry).start().await.unwrap();
         let identity = handle.identity().to_string();
+        // A random moment to stop at: the race itself.
         let wait = rand::random_range(50..1500);
         tokio::time::sleep(Duration::from_millis(wait)).await;
         handle.stop().await.unwrap();
@@ -798,6 +808,7 @@ fn term_at_random_moments_leaves_every_unrun_payload_byte_identical_in_the_queue
         let _: () = c.lpush("queue:rust", &payloads).unwrap();
         let mut ox = start(&redis, &["rust"], &["-c", "20", "-t", "2"]);
         let id = identity_of(&mut c, ox.pid());
+        // A random moment to stop at: the race itself.
         std::thread::sleep(Duration::from_millis(rand::random_range(50..1500)));
         ox.signal("TERM");
         let status = ox.wait_exit(Duration::from_secs(10)).expect("exits");

@@ -50,8 +50,9 @@ fn a_redis_password_in_a_panic_or_error_message_is_stored_and_logged_redacted() 
         "the jobs never reached the retry set:\n{}",
         ox.log()
     );
+    // Both jobs' log lines, the ones a password would be in.
     assert!(ox.wait_for_log("job failed", PATIENCE));
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(ox.wait_for_log("job panicked", PATIENCE), "{}", ox.log());
     let retries: Vec<String> = conn.zrange("retry", 0, -1).unwrap();
     for r in &retries {
         let v: serde_json::Value = serde_json::from_str(r).unwrap();
@@ -392,8 +393,16 @@ fn a_class_name_cannot_split_a_json_line_or_fake_fields_in_a_text_line() {
         "{}",
         ox.log()
     );
-    assert!(ox.wait_for_log("\"message\":\"fail\"", PATIENCE));
-    std::thread::sleep(Duration::from_millis(300));
+    // Both jobs' `fail` lines.
+    assert!(
+        support::wait_until(PATIENCE, || ox
+            .log()
+            .matches("\"message\":\"fail\"")
+            .count()
+            >= 2),
+        "{}",
+        ox.log()
+    );
     let log = ox.log();
     for c in ['\u{2028}', '\u{85}', '\u{202e}', '\u{7f}'] {
         assert!(!log.contains(c), "{c:?} raw in:\n{log}");
@@ -412,8 +421,8 @@ fn a_class_name_cannot_split_a_json_line_or_fake_fields_in_a_text_line() {
     });
     let _: () = conn.lpush("queue:default", payload.to_string()).unwrap();
     let ox = support::Oxidekiq::start(&redis.url(), &["-q", "default"]);
+    // The job's one `fail` line, the line read below.
     assert!(ox.wait_for_log("INFO: fail", PATIENCE), "{}", ox.log());
-    std::thread::sleep(Duration::from_millis(300));
     let log = ox.log();
     assert!(
         log.contains(r#"class="X jid=forged INFO: done" jid=j2 "#),

@@ -182,6 +182,7 @@ fn a_ruby_schedule_runs_once_per_tick_from_oxidekiq_alone_and_beside_the_gems_po
         .arg(3000)
         .query(&mut redis.conn())
         .unwrap();
+    // The stall's own length.
     std::thread::sleep(Duration::from_secs(3));
     wait_for_jobs(&redis, "cron", n + 3, "after a 3 s Redis stall");
     let n = assert_once_per_tick(&redis, key, "cron", &before);
@@ -195,6 +196,8 @@ fn a_ruby_schedule_runs_once_per_tick_from_oxidekiq_alone_and_beside_the_gems_po
         ),
         &redis.url(),
     );
+    // A child process announces no rounds: 2.5 s lets a round that read the schedule before the
+    // disable end, then three ticks that must NOT be enqueued are time passing on purpose.
     std::thread::sleep(Duration::from_millis(2_500));
     let disabled_at = assert_once_per_tick(&redis, key, "cron", &before);
     std::thread::sleep(Duration::from_secs(3));
@@ -556,6 +559,8 @@ async fn a_quiet_process_stops_enqueuing_cron_jobs() {
     })
     .await;
     handle.send(oxidekiq::launcher::Control::Quiet);
+    // A round under way when quiet lands may still enqueue: let it end. A quiet poller announces no
+    // more rounds, so no event marks that; and three ticks that must NOT be enqueued are time passing.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let quiet_at: usize = conn.llen("queue:ticks").unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -854,6 +859,7 @@ fn a_round_reads_only_the_due_schedules_between_whole_reads() {
         hgetalls(&mut conn),
         conn.llen::<_, usize>("queue:every").unwrap(),
     );
+    // A rate: reads and ticks per five seconds of wall clock, so the window is the measure.
     std::thread::sleep(Duration::from_secs(5));
     let read = hgetalls(&mut conn) - before;
     let ticks = conn.llen::<_, usize>("queue:every").unwrap() - jobs;
@@ -917,6 +923,7 @@ fn a_round_after_a_minutely_tick_does_not_read_every_minutely_schedule_again() {
     });
     assert!(ticked, "no second minutely tick:\n{}", ox.log());
     let before = hgetalls(&mut conn);
+    // A rate: reads per three seconds of wall clock, so the window is the measure.
     std::thread::sleep(Duration::from_secs(3));
     let read = hgetalls(&mut conn) - before;
     assert!(

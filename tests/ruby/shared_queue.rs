@@ -163,7 +163,8 @@ fn ruby_and_oxidekiq_drain_one_queue_and_every_job_runs_exactly_once() {
         c.zcard::<_, usize>("dead"),
         failing.len()
     );
-    // Anything still running or written late shows up in the counts below.
+    // Anything still running or written late shows up in the counts below: a second for a late write
+    // that must NOT come (no event marks its absence).
     std::thread::sleep(Duration::from_secs(1));
 
     let done = counts(&mut c, "chaos:done");
@@ -243,7 +244,12 @@ fn sigkill_of_oxidekiq_on_a_shared_queue_ruby_cleanup_and_our_recovery_keep_to_t
         .arg(1)
         .query(&mut c)
         .unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        wait_until(Duration::from_secs(10), || !c
+            .exists::<_, bool>(&ox_id)
+            .unwrap()),
+        "{ox_id} never expired"
+    );
     let out = ruby(
         r#"require "sidekiq/api"
 cleaned = Sidekiq::ProcessSet.new(false).cleanup
@@ -287,6 +293,7 @@ puts Sidekiq::ProcessSet.new(false).map(&:identity).sort.join(",")"#,
         c.hlen::<_, usize>("chaos:done").unwrap(),
         ids.len()
     );
+    // A second for a late second run that must NOT come (no event marks its absence).
     std::thread::sleep(Duration::from_secs(1));
     let done = counts(&mut c, "chaos:done");
     for id in &ids {

@@ -477,6 +477,7 @@ fn without_otel_configuration_nothing_is_traced_or_injected() {
         let log = stop(ox);
         assert!(!log.contains("OpenTelemetry"), "{log}");
     }
+    // Spans that must NOT arrive: time for a late export to reach the receiver, were there one.
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         receiver.spans().is_empty(),
@@ -526,6 +527,7 @@ puts "ok"
         "{}",
         ox.log()
     );
+    // A second warning must NOT come: time for more batches to fail, were it written per batch.
     std::thread::sleep(Duration::from_millis(500));
     let log = stop(ox);
     assert_eq!(log.matches("exporting spans failed").count(), 1, "{log}");
