@@ -76,7 +76,7 @@ if [ $# -eq 0 ] && [ "${VALKEY_TESTS:-1}" != "0" ]; then
   if cargo nextest --version >/dev/null 2>&1 && [ -z "${OXIDEKIQ_CARGO_TEST:-}" ]; then
     step "on Valkey: cargo nextest run -p oxidekiq (core and chaos)"
     OXIDEKIQ_TEST_SERVER=valkey CHAOS_SEEDS=${VALKEY_CHAOS_SEEDS:-2} cargo nextest run -p oxidekiq -E \
-      '(kind(lib) & test(/fetch::|retry::/)) | test(/^(smoke|processing|stop_races|lock|citizen|damaged_keys|chaos)::/)' \
+      '(kind(lib) & test(/fetch::|retry::/)) | (kind(test) & test(/^(smoke|processing|stop_races|lock|citizen|damaged_keys|chaos)::/))' \
       2>&1 | tee -a "$log"
     valkey_status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] && status=$valkey_status
