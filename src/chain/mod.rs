@@ -1,6 +1,6 @@
 //! The job chain: the `Worker` trait and its context, blocking, iterable and continuable workers, the server middleware, the registry and the client. Uses layers 1-6.
 //!
-//! One layer of the ladder in docs/layout.md; `tests/layers.rs` checks that every module here uses
+//! One layer of the ladder in docs/layout.md; `tests/offline/layers.rs` checks that every module here uses
 //! only this folder's modules left of it and the folders below.
 
 pub(crate) mod blocking;

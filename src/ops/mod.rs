@@ -1,6 +1,6 @@
 //! Operations: the heartbeat and Busy page, the queue gauges, `/metrics` and the probes, sidekiq-cron's poller. Uses layers 1-8.
 //!
-//! One layer of the ladder in docs/layout.md; `tests/layers.rs` checks that every module here uses
+//! One layer of the ladder in docs/layout.md; `tests/offline/layers.rs` checks that every module here uses
 //! only this folder's modules left of it and the folders below.
 
 pub mod cron;

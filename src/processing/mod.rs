@@ -1,6 +1,6 @@
 //! Processing: the fetch strategies, the jobs in flight, the migration tools, one job's run, and the slots, acker and push-back. Uses layers 1-7.
 //!
-//! One layer of the ladder in docs/layout.md; `tests/layers.rs` checks that every module here uses
+//! One layer of the ladder in docs/layout.md; `tests/offline/layers.rs` checks that every module here uses
 //! only this folder's modules left of it and the folders below.
 
 pub(crate) mod fetch;

@@ -1,6 +1,6 @@
 //! Support: the layer every other one builds on. It knows nothing else of the crate.
 //!
-//! One layer of the ladder in docs/layout.md; `tests/layers.rs` checks that every module here uses
+//! One layer of the ladder in docs/layout.md; `tests/offline/layers.rs` checks that every module here uses
 //! only this folder's modules left of it and the folders below.
 
 pub(crate) mod encoding;

@@ -332,6 +332,19 @@ pub fn wait_beats(
     })
 }
 
+/// Waits until at least `n` clients are blocked in Redis (`INFO clients`' `blocked_clients`: a fetch in
+/// its `BRPOP` or `BLMOVE` on an empty queue), for at most `timeout`; returns whether they were. The
+/// event to wait for when a test means "the fetch has reached its blocking wait".
+pub fn wait_blocked(conn: &mut redis::Connection, n: usize, timeout: Duration) -> bool {
+    wait_until(timeout, || {
+        let info: String = redis::cmd("INFO").arg("clients").query(conn).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .is_some_and(|b| b >= n)
+    })
+}
+
 /// Starts `DEBUG SLEEP secs` on a connection of its own and returns once Redis is seen stalled (a PING
 /// on another connection, opened beforehand, gets no answer within 200 ms).
 pub fn stall(url: &str, secs: u64) -> std::thread::JoinHandle<()> {

@@ -338,7 +338,7 @@ pub const CHAOS_RUNS: &str = "chaos:runs";
 /// The Redis hash where [`ChaosJob`] counts every successful end, field = its id.
 pub const CHAOS_DONE: &str = "chaos:done";
 
-/// Test probe for the chaos tests (`tests/chaos.rs`, `tests/shared_queue.rs`): its arguments say what
+/// Test probe for the chaos tests (`tests/binary/chaos.rs`, `tests/ruby/shared_queue.rs`): its arguments say what
 /// to do, and each run is counted in Redis so a test can account for every job.
 ///
 /// `mode` is `ok` (succeed at once), `sleep` (succeed after `sleep_ms`, or stop early at the shutdown
@@ -407,7 +407,7 @@ impl Worker for ChaosJob {
     }
 }
 
-/// Test probe for synchronous work (`tests/blocking.rs`), declared blocking so it runs on the blocking
+/// Test probe for synchronous work (`tests/binary/blocking.rs`), declared blocking so it runs on the blocking
 /// pool: counts its run in [`CHAOS_RUNS`], holds its thread for `sleep_ms` with `std::thread::sleep`
 /// (ending early once the stop's deadline passed: it is pushed back), then counts its end in
 /// [`CHAOS_DONE`].
@@ -680,7 +680,7 @@ pub fn peak_max(group: &str) -> String {
     format!("peak:max:{group}")
 }
 
-/// Test probe for capsules (`tests/capsules.rs`): counts itself running in its `group` (an atomic
+/// Test probe for capsules (`tests/ruby/capsules.rs`): counts itself running in its `group` (an atomic
 /// `INCR` that also raises the group's high mark), sleeps `sleep_ms` (ending early, uncounted as done,
 /// once the stop's deadline passed), then counts itself out. The high mark is what the process let run
 /// at once, measured by Redis, not by a clock.
