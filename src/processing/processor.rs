@@ -291,7 +291,11 @@ impl Processor {
         }
         let start = Instant::now();
         state.started(start);
-        tracing::info!(message = "start");
+        // Straight into the text logger when it is the subscriber (the same bytes, without tracing's
+        // event machinery), else as an event.
+        if !crate::logging::job_line("start", None) {
+            tracing::info!(message = "start");
+        }
         // What the chain's middleware ask to run once a failure's fate is written (`fail`); kept in
         // the run state so that a panic's fate runs the hooks registered before it, too.
         let after = state.after.clone();
@@ -329,10 +333,10 @@ impl Processor {
             Ok(()) => {
                 // Done: from here a panic must not turn the job into a failure (it would run twice).
                 state.settle(self);
-                tracing::info!(
-                    elapsed = crate::time::Secs3(elapsed).text().as_str(),
-                    message = "done"
-                );
+                let text = crate::time::Secs3(elapsed).text();
+                if !crate::logging::job_line("done", Some(text.as_str())) {
+                    tracing::info!(elapsed = text.as_str(), message = "done");
+                }
                 return true;
             }
             Err(e) => e,

@@ -10,7 +10,9 @@
 //! out every 20 ms, so a job never waits on the terminal and a busy process does not wake a writer
 //! thread per line; past 1 MiB the logging thread writes the buffer itself (back-pressure, no line is
 //! ever dropped). The subscriber is this module's own [`Logger`], built for the two lines every job
-//! logs: see there for why not `tracing_subscriber`'s.
+//! logs: see there for why not `tracing_subscriber`'s. Those two lines ([`job_line`]) the processor
+//! writes straight into it when it is the subscriber, in the text format, with OpenTelemetry off: the
+//! same bytes as the `tracing` events would make, without the event's dispatch and field visitors.
 //!
 //! Every line is escaped as a whole before it is written ([`write_escaped`]): a newline, a carriage
 //! return, an ANSI escape or a bidirectional override from a payload or from Redis (a class, a jid, a
@@ -62,8 +64,8 @@ use otel_context::OtelFields;
 pub(crate) use otel_context::{attach_otel, current_otel};
 use panic_hook::install_panic_hook;
 use spans::{INSTANCES, Slot, Spans, index_of};
-pub(crate) use text::JOB_TARGET;
 use text::{Fields, JobText, SpanText, write_time};
+pub(crate) use text::{JOB_TARGET, job_line};
 use writer::FLUSH_AT;
 pub(crate) use writer::{Sink, init_with, warn_early};
 

@@ -234,3 +234,76 @@ fn the_word_at_a_time_test_agrees_with_a_byte_at_a_time_one() {
         assert_eq!(printable_ascii(&word[1..]), slow(&word[1..]), "{b:#x}");
     }
 }
+
+/// What `log` writes through a text [`Logger`] at `level`.
+fn captured_at(level: LevelFilter, log: impl FnOnce()) -> String {
+    let sink = Arc::new(Sink::default());
+    let subscriber = Logger::new(level, LogFormat::Text, sink.clone());
+    tracing::subscriber::with_default(subscriber, log);
+    String::from_utf8(sink.lines.lock().unwrap().clone()).unwrap()
+}
+
+/// The processor's start and done lines written by [`job_line`] straight into the text logger are
+/// byte for byte the lines its `tracing::info!` events write (the time aside, which is read for each
+/// line: its shape is checked): the same context of the job's span and its parent, the same quoting,
+/// clipping and escaping; hidden alike below the level; and left to `tracing` in the JSON format.
+#[test]
+fn job_lines_written_directly_are_the_lines_tracing_writes() {
+    let huge = "9".repeat(MAX_VALUE_CHARS + 5);
+    for (class, jid, elapsed) in [
+        ("HardWorker", "abc123", "0.007"),
+        ("X jid=1 INFO: done", "j\"q", "12.250"),
+        ("Evil\nINFO: forged\u{1b}[31m", "é☃\u{202e}", "a b=\"c\""),
+        ("Big", "j", huge.as_str()),
+    ] {
+        let lines = |direct: bool| {
+            captured_at(LevelFilter::INFO, || {
+                let outer = tracing::info_span!("fetch", worker = 3);
+                let _out = outer.enter();
+                let span = tracing::info_span!(target: JOB_TARGET, "job", class = class, jid = jid, queue = "q");
+                let _in = span.enter();
+                if direct {
+                    assert!(job_line("start", None));
+                    assert!(job_line("done", Some(elapsed)));
+                } else {
+                    tracing::info!(message = "start");
+                    tracing::info!(elapsed = elapsed, message = "done");
+                }
+            })
+        };
+        let (direct, general) = (lines(true), lines(false));
+        let split = |t: &str| -> Vec<String> {
+            t.split_inclusive('\n')
+                .map(|l| {
+                    let (time, rest) = l.split_at(24);
+                    let b = time.as_bytes();
+                    assert!(b[10] == b'T' && b[19] == b'.' && b[23] == b'Z', "{l}");
+                    rest.to_string()
+                })
+                .collect()
+        };
+        assert_eq!(split(&direct), split(&general), "{class:?}");
+        assert_eq!(split(&direct).len(), 2, "{direct}");
+        assert!(direct.ends_with(" INFO: done\n"), "{direct}");
+    }
+    // Hidden at WARN, both ways.
+    let hidden = |direct: bool| {
+        captured_at(LevelFilter::WARN, || {
+            let span =
+                tracing::info_span!(target: JOB_TARGET, "job", class = "C", jid = "j", queue = "q");
+            let _in = span.enter();
+            if direct {
+                assert!(job_line("start", None));
+            } else {
+                tracing::info!(message = "start");
+            }
+        })
+    };
+    assert_eq!(hidden(true), "");
+    assert_eq!(hidden(false), "");
+    // JSON: not this path's format; the caller logs through tracing.
+    let json = captured(LogFormat::Json, || {
+        assert!(!job_line("start", None));
+    });
+    assert_eq!(json, "");
+}

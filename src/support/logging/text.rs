@@ -47,6 +47,68 @@ impl Logger {
     }
 }
 
+/// A job's `start` or `done` line (`elapsed` the done line's one field) written by the caller straight
+/// into the text logger: true when it was handled here (written, or hidden by the level), false when the
+/// caller must log it through `tracing` (`tracing::info!(elapsed = .., message = ..)`), which it does
+/// whenever the current subscriber is not this module's [`Logger`] in the text format, or while
+/// OpenTelemetry is on (the line is an event of the job's trace then).
+///
+/// The line is byte for byte the one [`Logger::text_event`] writes for that event (the
+/// `job_lines_written_directly_are_the_lines_tracing_writes` test compares them): what it skips is
+/// tracing's event machinery (the callsite, the value set, the dispatch and its field visitors) and
+/// the second copy of the fields through [`Fields`]: about a tenth of a no-op job's instructions went
+/// to the two lines every job logs. `message` is one of the processor's own constants.
+pub(crate) fn job_line(message: &'static str, elapsed: Option<&str>) -> bool {
+    if crate::otel::enabled() {
+        return false;
+    }
+    tracing::dispatcher::get_default(|dispatch| {
+        let Some(logger) = dispatch.downcast_ref::<Logger>() else {
+            return false;
+        };
+        if logger.format != LogFormat::Text {
+            return false;
+        }
+        // Below the level (or compiled out): `tracing::info!` would write nothing either.
+        if tracing::level_enabled!(Level::INFO) && Level::INFO <= logger.max {
+            logger.text_job_line(message, elapsed);
+        }
+        true
+    })
+}
+
+impl Logger {
+    /// [`job_line`]'s line: [`Logger::text_event`]'s steps for an INFO event whose fields are
+    /// `elapsed` (if any) and `message`, without the event.
+    fn text_job_line(&self, message: &str, elapsed: Option<&str>) {
+        with_reused(&LINE, |line| {
+            line.clear();
+            write_time(line);
+            PID_TID.with(|p| line.push_str(p));
+            if let Some(current) = self.current()
+                && let Ok(spans) = self.spans.lock()
+            {
+                Self::write_context(&spans, current, line, 0);
+            }
+            // As `Fields::record_str` writes a field other than the message.
+            if let Some(value) = elapsed {
+                line.push_str(" elapsed=");
+                let start = line.len();
+                line.push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
+                quote_tail(line, start);
+            }
+            line.push(' ');
+            line.push_str(level_name(&Level::INFO));
+            line.push_str(": ");
+            line.push_str(&crate::redact::clip(message, MAX_VALUE_CHARS));
+            self.append(|out| {
+                let _ = write_escaped(&mut Bytes(out), line);
+                out.push(b'\n');
+            });
+        });
+    }
+}
+
 /// `fmt::Write` into bytes.
 pub(super) struct Bytes<'a>(pub(super) &'a mut Vec<u8>);
 
