@@ -176,8 +176,16 @@ async fn five_unique_reports_enqueued_during_one_run_run_once_and_four_are_logge
 async fn three_sequential_reports_all_run_one_after_another_never_overlapping() {
     let redis = RedisServer::start();
     let mut c = redis.conn();
-    // One slot in the first process: the second must take the other jobs and wait in its slots.
+    // One slot in the first process: the second must take the other jobs and wait in its slots. The
+    // first is blocked in its fetch before the second starts, so Redis hands it the first job (the
+    // longest-blocked client is served first): both processes take jobs whatever the timing.
     let a = oxidekiq(&redis, "1");
+    wait_for_processes(&mut c, 1);
+    assert!(
+        support::wait_blocked(&mut c, 1, Duration::from_secs(15)),
+        "the first process did not reach its blocking fetch: {}",
+        a.log()
+    );
     let b = oxidekiq(&redis, "5");
     wait_for_processes(&mut c, 2);
     let client = Client::connect(&redis.url()).await.unwrap();
