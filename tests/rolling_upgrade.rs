@@ -139,6 +139,8 @@ struct Run {
     /// Faults, in order, for the summary: `K` kill, `T` stop, `C` crash of another process.
     trace: Vec<String>,
     keep_logs: Option<PathBuf>,
+    /// The release of every identity that ran.
+    releases: HashMap<String, Release>,
 }
 
 fn now() -> f64 {
@@ -194,9 +196,11 @@ impl Run {
             identity.is_some()
         });
         assert!(up, "{name} never registered:\n{}", proc.log());
+        let identity = identity.unwrap();
+        self.releases.insert(identity.clone(), release);
         Proc {
             proc,
-            identity: identity.unwrap(),
+            identity,
             release,
         }
     }
@@ -462,14 +466,12 @@ impl Run {
             }
         }
         let queue_keys: Vec<String> = self.c.keys("queue:*").unwrap();
+        let mut unserved: Vec<(String, usize)> = Vec::new();
         for k in queue_keys {
             let known = QUEUES.iter().any(|q| k == format!("queue:{q}"));
             let members: Vec<String> = self.c.lrange(&k, 0, -1).unwrap();
             if !known && !members.is_empty() {
-                self.findings.push(format!(
-                    "STRANDED in a queue nobody serves: {k} holds {} job(s)",
-                    members.len()
-                ));
+                unserved.push((k.clone(), members.len()));
             }
             for m in members {
                 let v: serde_json::Value = serde_json::from_str(&m).unwrap_or_default();
@@ -481,6 +483,15 @@ impl Run {
                         .push(("queue", err));
                 }
             }
+        }
+        if !unserved.is_empty() {
+            unserved.sort();
+            self.findings.push(format!(
+                "STRANDED in queues nobody serves: {} job(s) in {} queue(s): {:?}",
+                unserved.iter().map(|(_, n)| n).sum::<usize>(),
+                unserved.len(),
+                unserved.iter().take(5).collect::<Vec<_>>()
+            ));
         }
         let stranded = self.held(None);
         if !stranded.is_empty() {
@@ -589,14 +600,54 @@ impl Run {
         }
         format!(
             "jobs={} done={n_done} retry={n_retry} dead={n_dead} queued={n_queued} dups={dups} \
-             (at faults {}, outside {}) lost={} stranded={} secs={secs:.1} faults=[{}]",
+             (at faults {}, outside {}) lost={} stranded={} secs={secs:.1} faults=[{}] \
+             recovered[{}]",
             self.pushed.len(),
             dup_allowed.len(),
             dup_outside.len(),
             lost.len(),
             stranded.len(),
-            self.trace.join(" ")
+            self.trace.join(" "),
+            self.recoveries()
         )
+    }
+}
+
+impl Run {
+    /// Jobs pushed back from dead processes, by the recovering process's release and the dead one's
+    /// (`new<old:16` = processes of this release recovered 16 jobs of dead processes of the older
+    /// one), from every process's `recovered jobs of a process that died` lines.
+    fn recoveries(&self) -> String {
+        let name = |r: Option<&Release>| match r {
+            Some(Release::Old) => "old",
+            Some(Release::New) => "new",
+            None => "?",
+        };
+        let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+        for (identity, log) in &self.logs {
+            for line in log
+                .lines()
+                .filter(|l| l.contains("recovered jobs of a process that died"))
+            {
+                let field = |k: &str| {
+                    line.split(' ')
+                        .find_map(|w| w.strip_prefix(k))
+                        .map(str::to_string)
+                };
+                let dead = field("process=").unwrap_or_default();
+                let n: u64 = field("requeued=").and_then(|n| n.parse().ok()).unwrap_or(0);
+                let key = format!(
+                    "{}<{}",
+                    name(self.releases.get(identity)),
+                    name(self.releases.get(&dead))
+                );
+                *by.entry(key).or_default() += n;
+            }
+        }
+        by.iter()
+            .map(|(k, n)| format!("{k}:{n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
@@ -623,6 +674,7 @@ fn run_seed(seed: u64, direction: Direction, old_binary: &Path) -> Outcome {
         logs: Vec::new(),
         trace: Vec::new(),
         keep_logs: std::env::var_os("ROLLING_KEEP_LOGS").map(PathBuf::from),
+        releases: HashMap::new(),
     };
     let (first, second) = match direction {
         Direction::Upgrade => (Release::Old, Release::New),
