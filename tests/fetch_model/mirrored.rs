@@ -110,7 +110,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "sidekiq/retry.rs",
         "const FATE_LUA",
-        "1d85cf121cd5dc05ca80cc21975aafc7c9211d98",
+        "d65a4bf63646000545cbe88e78fd9530a21b9d59",
     ),
 ];
 
