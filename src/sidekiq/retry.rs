@@ -433,12 +433,20 @@ impl Token {
 /// already and the member is where this write puts it (an earlier try of this write, whose reply was
 /// lost); `{0, ''}` when the place was settled already and the member is not there (a recovery or the
 /// stop's push-back took the job back: nothing of this write is anywhere); `{0, error}` when refused.
+/// An acks set of another type (a damaged key) can neither say the place is done nor take it: the
+/// fate is written and the place left unmarked, as the acker drops that batch's ack (the damaged set
+/// costs its batch's ack, not its jobs' fates; the list stays for the operator).
 const FATE_LUA: &str = concat!(
     crate::lua::lua_common!(),
     r#"
 local id = ARGV[1]
 local op, member = ARGV[2], ARGV[3]
-if id ~= '' and (redis.call('LLEN', KEYS[1]) <= tonumber(id) or redis.call('SISMEMBER', KEYS[5], id) == 1) then
+local marks = id ~= ''
+if marks then
+  local t = kind(KEYS[5])
+  marks = t == 'set' or t == 'none'
+end
+if id ~= '' and (redis.call('LLEN', KEYS[1]) <= tonumber(id) or (marks and redis.call('SISMEMBER', KEYS[5], id) == 1)) then
   local found = false
   if op == 'zadd' or op == 'kill' then
     found = type(redis.pcall('ZSCORE', KEYS[2], member)) == 'string'
@@ -465,7 +473,7 @@ elseif op == 'push' then
 elseif op ~= 'ack' then
   return {0, 'unknown fate write ' .. op}
 end
-if id ~= '' then redis.call('SADD', KEYS[5], id) end
+if marks then redis.call('SADD', KEYS[5], id) end
 return {1, ''}
 "#
 );
@@ -1339,6 +1347,53 @@ mod tests_review_continue {
         let scheduled: usize = c.zcard(keys::SCHEDULE).unwrap();
         assert_eq!(scheduled, 3);
     }
+
+    /// A fate written beside an acks set of the wrong type (issue 43, found by the chaos test): the
+    /// script read the set with `SISMEMBER`, which raised, so the fate of every job of that batch that
+    /// failed, was killed or handed off could never be written (retried until the stop pushed the
+    /// job back to run again, its slot given up but its row left on the Busy page, `/ready` at 503).
+    /// A damaged set costs only its batch's ack (docs/guarantees.md): the fate is written, the place
+    /// not marked (the set cannot hold it), and the batch list stays for the operator.
+    #[tokio::test]
+    async fn a_fate_is_written_beside_a_damaged_acks_set() {
+        let redis = RedisServer::start();
+        let mut c = redis.conn();
+        let mut conn = redis.async_conn().await;
+        let working = "oxidekiq:batch:testhost:1:abcdef:default:@1";
+        let raw = r#"{"class":"A","args":[],"jid":"dddddddddddddddddddddddd","queue":"default"}"#;
+        let _: () = c.rpush(working, vec![raw; 3]).unwrap();
+        let token = Token {
+            working: working.into(),
+            id: 1,
+        };
+        let acks = keys::acks_of(working);
+        for (i, damage) in ["SET", "HSET", "ZADD", "RPUSH"].into_iter().enumerate() {
+            let _: () = c.del(&acks).unwrap();
+            let mut cmd = redis::cmd(damage);
+            cmd.arg(&acks);
+            match damage {
+                "SET" => cmd.arg("damaged"),
+                "HSET" => cmd.arg("f").arg("v"),
+                "ZADD" => cmd.arg(1).arg("m"),
+                _ => cmd.arg("x"),
+            };
+            let _: () = cmd.query(&mut c).unwrap();
+            // A member of its own each time (the dead set would count one payload once).
+            let payload = raw.replace("dddd", &format!("{i:04}"));
+            let written = kill(&mut conn, payload.as_bytes(), 1e9, Some(&token)).await;
+            assert!(
+                matches!(written, Ok(true)),
+                "acks set damaged with {damage}: {written:?}"
+            );
+            let dead: usize = c.zcard(keys::DEAD).unwrap();
+            assert_eq!(dead, i + 1, "written to the dead set");
+            let kind: String = redis::cmd("TYPE").arg(&acks).query(&mut c).unwrap();
+            assert_ne!(kind, "set", "the damaged key is left as it is");
+        }
+        let held: usize = c.llen(working).unwrap();
+        assert_eq!(held, 3, "the batch list stays for the operator");
+    }
+
 
     /// REVIEW defect (fixed): `write_fate` answered false both when an earlier try had written the
     /// fate and when the job's working entry was taken back (a recovery or the stop's push-back

@@ -111,6 +111,12 @@ impl RedisServer {
         Self::start_binary_with(&binary, extra)
     }
 
+    /// As [`RedisServer::start`], on this server binary whatever [`SERVER_VAR`] says (the chaos test
+    /// runs a share of its seeds on Valkey).
+    pub fn start_binary(binary: &str) -> RedisServer {
+        Self::start_binary_with(binary, &[])
+    }
+
     fn start_binary_with(binary: &str, extra: &[&str]) -> RedisServer {
         for _attempt in 0..5 {
             let port = free_port();

@@ -154,6 +154,10 @@ struct QueueState {
     /// Bytes a job of the last fast-path batch took in Redis (`MEMORY USAGE` of the batch over its
     /// count; 0 before one): sizes the next batch ([`fast_batch`]).
     job_bytes: usize,
+    /// Its landing list was added to this process's index of held lists ([`keys::held_index`]) before
+    /// its first blocking wait (`wait_for_work`): recovery by index finds it from the first job that
+    /// lands there, not from the process's first recovery pass on.
+    indexed: bool,
 }
 
 impl Default for QueueState {
@@ -163,6 +167,7 @@ impl Default for QueueState {
             landing: false,
             waits: 0,
             job_bytes: 0,
+            indexed: false,
         }
     }
 }

@@ -1106,3 +1106,22 @@ async fn an_ack_riding_on_a_fetch_dropped_midway_goes_out_alone() {
         "the finished batch is still in Redis"
     );
 }
+
+/// A landing list is in its process's index of held lists from the first blocking wait that may fill
+/// it, not from the process's first recovery pass on (issue 43): a process that dies with a job there
+/// before any pass of its own is recovered by index, not by the fleet's walk minutes later. No recovery
+/// pass runs here: only the wait can have added it.
+#[tokio::test]
+async fn a_landing_list_is_indexed_before_its_first_blocking_wait() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let f = fetcher(&redis, &["a"], ME).await;
+    let got = f.retrieve_work(10).await.unwrap();
+    assert!(got.is_empty(), "the queue is empty: the fetch waited");
+    let index: Vec<String> = c.smembers(oxidekiq::keys::held_index(ME)).unwrap();
+    assert_eq!(
+        index,
+        vec![format!("oxidekiq:landing:{ME}:a")],
+        "the landing list of queue a is in the index after the wait"
+    );
+}

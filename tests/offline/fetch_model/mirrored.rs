@@ -110,7 +110,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "sidekiq/retry.rs",
         "const FATE_LUA",
-        "c3c66036703436ee22df42bf3f3f01e7ad3e9ced",
+        "619ade98f95869193814e7e7869813ed4b1eedbd",
     ),
 ];
 

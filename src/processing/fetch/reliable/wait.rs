@@ -75,6 +75,17 @@ impl Reliable {
             keys::queue(first),
             format!("{}{first}", self.landing_prefix),
         );
+        // The landing list goes into this process's index of held lists before the first wait that
+        // may fill it: one `SADD` per queue for the process's life (its recovery passes add it again
+        // after a recovery that took the process for dead dropped its index: `tidy_index`). A refusal
+        // (a damaged index) is left to the pass, which names it.
+        if self.with_queue(first, |q| !q.indexed) == Some(true) {
+            let added: redis::RedisResult<()> =
+                redis::AsyncCommands::sadd(&mut self.conn.clone(), &self.index, &landing).await;
+            if added.is_ok() {
+                self.with_queue(first, |q| q.indexed = true);
+            }
+        }
         let _waiting = Waiting::new(&self.waiting);
         let _landing = LandingWait::new(self, first);
         // The payload comes back in the reply; the batch script copies it out of the landing list (an
