@@ -1394,7 +1394,6 @@ mod tests_review_continue {
         assert_eq!(held, 3, "the batch list stays for the operator");
     }
 
-
     /// REVIEW defect (fixed): `write_fate` answered false both when an earlier try had written the
     /// fate and when the job's working entry was taken back (a recovery or the stop's push-back
     /// returned it to its queue while the interrupt ran), and [`apply`] reported [`Fate::Continued`]
