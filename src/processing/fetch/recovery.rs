@@ -162,6 +162,28 @@ fn first_report(text: &str) -> bool {
     seen.insert(text.to_string())
 }
 
+/// The members (or key names) of `raw` that are text: one that is not UTF-8 is no key or identity of
+/// oxidekiq's, and is named once and skipped, so it costs only itself (read as text, the whole reply
+/// failed: one such member of the holders set stopped every pass by index of the fleet, one in an index
+/// lost its process's real lists, one key name failed every walk).
+fn text_only(raw: Vec<Vec<u8>>, key: &str) -> Vec<String> {
+    raw.into_iter()
+        .filter_map(|m| match String::from_utf8(m) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                let shown = crate::redact::clip(&String::from_utf8_lossy(e.as_bytes()), 200)
+                    .into_owned();
+                if first_report(&format!("{key} not UTF-8 {shown}")) {
+                    tracing::error!(key, member = %shown,
+                        "orphan recovery: a member or key name that is not UTF-8 is no key of oxidekiq's; \
+                         skipped (reported once)");
+                }
+                None
+            }
+        })
+        .collect()
+}
+
 /// `TYPE key`.
 async fn key_type(conn: &mut Conn, key: &str) -> Result<String> {
     Ok(redis::cmd("TYPE").arg(key).query_async(conn).await?)
@@ -335,19 +357,19 @@ struct HeldKey {
 /// Every batch list, working key (of older releases) and landing list in Redis, found by one walk of the
 /// keyspace (`SCAN MATCH`).
 async fn held_by_others(conn: &mut Conn) -> Result<Vec<String>> {
-    let mut held: Vec<String> = Vec::new();
+    let mut held: Vec<Vec<u8>> = Vec::new();
     // COUNT 1000, not the default 10: a pass walks the whole keyspace, which may hold millions of
     // unrelated keys (a million took 190 000 round trips at 10, about a thousand at 1000), and each SCAN
     // step stays short for Redis.
     let opts = redis::ScanOptions::default()
         .with_pattern(keys::HELD_PATTERN)
         .with_count(SCAN_COUNT);
-    let mut iter: redis::AsyncIter<'_, String> = conn.scan_options(opts).await?;
+    let mut iter: redis::AsyncIter<'_, Vec<u8>> = conn.scan_options(opts).await?;
     while let Some(item) = iter.next_item().await {
         held.push(item?);
     }
     drop(iter);
-    Ok(held)
+    Ok(text_only(held, keys::HELD_PATTERN))
 }
 
 /// The processes of [`HOLDERS`] but this one whose liveness key is not a live one (gone, or not the
@@ -360,7 +382,7 @@ async fn held_by_dead_holders(
     own_identity: &str,
 ) -> Result<(Vec<String>, Vec<String>)> {
     let holders: Vec<String> = match redis::cmd("SMEMBERS").arg(HOLDERS).query_async(conn).await {
-        Ok(h) => h,
+        Ok(h) => text_only(h, HOLDERS),
         Err(e) => {
             let e = crate::Error::from(e);
             if e.is_outage() {
@@ -405,7 +427,7 @@ async fn held_by_dead_holders(
     for id in &dead {
         pipe.smembers(keys::held_index(id));
     }
-    let replies: Vec<redis::RedisResult<Vec<String>>> = {
+    let replies: Vec<redis::RedisResult<Vec<Vec<u8>>>> = {
         let raw: Vec<redis::RedisResult<redis::Value>> = pipe.query_async(conn).await?;
         raw.into_iter()
             .map(|r| r.and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from)))
@@ -414,7 +436,7 @@ async fn held_by_dead_holders(
     let mut held = Vec::new();
     for (id, r) in dead.iter().zip(replies) {
         match r {
-            Ok(keys) => held.extend(keys),
+            Ok(keys) => held.extend(text_only(keys, &keys::held_index(id))),
             Err(e) => {
                 let index = keys::held_index(id);
                 if first_report(&format!("{index} {e}")) {
@@ -535,7 +557,7 @@ async fn recover_locked(
                 let all = group(found, own_identity);
                 let holders: Vec<String> =
                     match redis::cmd("SMEMBERS").arg(HOLDERS).query_async(conn).await {
-                        Ok(h) => h,
+                        Ok(h) => text_only(h, HOLDERS),
                         Err(e) if crate::Error::from(e.clone()).is_outage() => {
                             return Err(e.into());
                         }

@@ -559,3 +559,95 @@ async fn a_damaged_walk_key_does_not_stop_the_fleets_walks() {
         "a string without a TTL stops no walk"
     );
 }
+
+/// A dead holder (`other`) with two jobs in an indexed batch list; its liveness key gone.
+async fn dead_holder(redis: &support::RedisServer, conn: &mut Conn, other: &str) {
+    use fetch::Fetch;
+    let mut c = redis.conn();
+    super::tests_scripts::fill(&mut c, "a", 2);
+    let f = super::tests_scripts::fetcher(redis, &["a"], other).await;
+    assert_eq!(f.retrieve_work(2).await.unwrap().len(), 2);
+    fetch::mark_alive(conn, other, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let _: () = c.del(oxidekiq::keys::alive(other)).unwrap();
+}
+
+/// Two passes a grace apart (the first marks, the second recovers); what they pushed back.
+async fn two_passes(conn: &mut Conn, walk: bool) -> u64 {
+    use fetch::recovery::Find;
+    let grace = Duration::from_millis(300);
+    let mut watch = Vec::new();
+    let mut requeued = 0;
+    for _ in 0..2 {
+        let find = if walk {
+            Find::Scan(&mut watch)
+        } else {
+            Find::Index(&mut watch)
+        };
+        requeued += fetch::recovery::recover_found(conn, ME, time::now(), policy(grace), find)
+            .await
+            .unwrap()
+            .unwrap()
+            .requeued;
+        tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    }
+    requeued
+}
+
+/// Review of issue 43: one member of `oxidekiq:holders` that is not UTF-8 (written by anything but
+/// oxidekiq) made the whole `SMEMBERS` fail to read as text, so every pass by index read no holder at
+/// all: no dead process of the fleet was recovered by index, only by the fleet's walk minutes later.
+#[tokio::test]
+async fn a_holder_that_is_not_utf8_stops_no_recovery_by_index() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    dead_holder(&redis, &mut conn, "other:9:ccccccccccce").await;
+    let _: () = c.sadd(oxidekiq::keys::HOLDERS, &b"ghost\xff"[..]).unwrap();
+    assert_eq!(
+        two_passes(&mut conn, false).await,
+        2,
+        "the dead holder's indexed jobs were not recovered by index beside a holder that is not UTF-8"
+    );
+}
+
+/// Review of issue 43: one member of a dead process's index that is not UTF-8 made the whole index
+/// unreadable, so the pass judged the process with no keys, found nothing to push back, and deleted
+/// its index and its place among the holders: its real batch lists were left to the fleet's next walk.
+#[tokio::test]
+async fn an_index_member_that_is_not_utf8_costs_only_itself() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let other = "other:9:cccccccccccf";
+    dead_holder(&redis, &mut conn, other).await;
+    let _: () = c
+        .sadd(oxidekiq::keys::held_index(other), &b"junk\xff"[..])
+        .unwrap();
+    assert_eq!(
+        two_passes(&mut conn, false).await,
+        2,
+        "the dead holder's indexed jobs were not recovered beside an index member that is not UTF-8"
+    );
+}
+
+/// Review of issue 43: one key under a held-list prefix whose name is not UTF-8 failed the keyspace
+/// walk's iterator, which the pass took for a walk refused for good (the ACL message, once): every walk
+/// of the fleet then found nothing, so no list outside the indexes (an older release's) was recovered.
+#[tokio::test]
+async fn a_key_name_that_is_not_utf8_stops_no_walk() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let mut conn = conn(&redis).await;
+    let _: () = c.rpush(&b"oxidekiq:landing:\xff"[..], "x").unwrap();
+    let old = "oldhost:5:dddddddddddf";
+    let _: () = c
+        .hset(format!("oxidekiq:working:{old}:a"), "1", JOB)
+        .unwrap();
+    assert_eq!(
+        two_passes(&mut conn, true).await,
+        1,
+        "the older release's working hash was not recovered by walks beside a key name that is not UTF-8"
+    );
+}

@@ -90,7 +90,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/recovery.rs",
         "fn recover_locked",
-        "3ff54625f45a81a338fe721a0cb0a0d5d8712ee1",
+        "e548861c72470fefd8b6dfb25fc75dbc5d281b29",
     ),
     (
         "processing/manager.rs",
