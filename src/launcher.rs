@@ -360,6 +360,9 @@ struct RunningLauncher {
     /// The first capsule's fetch: every capsule's is of the same kind, which the liveness key and
     /// recovery ask about.
     fetch: Arc<dyn Fetch>,
+    /// Every capsule's fetch, the default one first: recovery keeps each one's part of the process's
+    /// index of held lists true (`Fetch::tidy_index`: each capsule's landing lists).
+    fetches: Vec<Arc<dyn Fetch>>,
     /// One manager per capsule, the default one first: each its own slots, fetch, work table and acker.
     managers: Managers,
     heartbeat: Arc<Heartbeat>,
@@ -404,6 +407,7 @@ impl RunningLauncher {
         ));
         let routes = crate::route_table::RolledBack::new(conn.clone());
         let fetch = capsules[0].1.clone();
+        let fetches: Vec<Arc<dyn Fetch>> = capsules.iter().map(|(_, f)| f.clone()).collect();
         // Each capsule's processor: the same parts, but its own work table (its push-back drains only
         // its own jobs, through its own fetch) and its own acker (an ack goes to the fetch that holds
         // the job). The tables' thread ids are distinct (`WorkTable::striped`).
@@ -481,6 +485,7 @@ impl RunningLauncher {
             jobs,
             shutdown,
             fetch,
+            fetches,
             managers,
             heartbeat: Arc::new(heartbeat),
             control_tx,
@@ -550,7 +555,7 @@ impl RunningLauncher {
                 cfg.beat_interval * 2,
                 policy,
                 self.fleet.clone(),
-                self.fetch.clone(),
+                self.fetches.clone(),
                 signal,
             ));
         }

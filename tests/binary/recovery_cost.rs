@@ -187,3 +187,58 @@ fn a_refused_keyspace_walk_is_named_and_recovery_by_index_goes_on() {
     rescuer.signal("TERM");
     assert!(rescuer.wait_exit(WAIT).is_some());
 }
+
+/// Review of issue 43: a recovery that took a live process for dead (a pause past its liveness TTL and
+/// the grace) deletes its index of held lists; each landing list was indexed once, before its first
+/// blocking wait, and is added again only by the process's own recovery passes (`tidy_index`). But the
+/// recovery loop is given the first capsule's fetch alone (`launcher.rs`: `self.fetch`), so another
+/// capsule's landing lists never went back into the index: a job caught there by a later kill was found
+/// only by the fleet's walk, minutes later, not within the recovery bound.
+#[test]
+fn every_capsules_landing_list_goes_back_into_an_index_a_recovery_dropped() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let mut ox = Oxidekiq::start(
+        &redis.url(),
+        &[
+            "-q",
+            "default",
+            "-c",
+            "1",
+            "--capsule",
+            "other:1:b",
+            "--beat-interval",
+            "0.5",
+        ],
+    );
+    let id = identity_of(&mut c, ox.pid(), WAIT);
+    let index = format!("oxidekiq:held:{id}");
+    let landing_default = format!("oxidekiq:landing:{id}:default");
+    let landing_b = format!("oxidekiq:landing:{id}:b");
+    assert!(
+        wait_until(WAIT, || {
+            let m: Vec<String> = c.smembers(&index).unwrap();
+            m.contains(&landing_default) && m.contains(&landing_b)
+        }),
+        "both capsules' landing lists indexed before their first waits:\n{}",
+        ox.log()
+    );
+    // What a recovery that took this process for dead does to its index.
+    let _: () = c.del(&index).unwrap();
+    assert!(
+        wait_until(WAIT, || c
+            .sismember::<_, _, bool>(&index, &landing_default)
+            .unwrap()),
+        "the process's own pass never indexed its landing list again:\n{}",
+        ox.log()
+    );
+    // Two more passes (one every two beats).
+    assert!(wait_beats(&mut c, &id, 5, WAIT), "{id} stopped beating");
+    let members: Vec<String> = c.smembers(&index).unwrap();
+    assert!(
+        members.contains(&landing_b),
+        "the second capsule's landing list is in no index after the process's passes: {members:?}"
+    );
+    ox.signal("TERM");
+    assert!(ox.wait_exit(WAIT).is_some());
+}

@@ -835,14 +835,14 @@ pub(super) async fn take_walk(conn: &mut Conn, identity: &str) -> bool {
 /// until the process goes quiet. Its first pass walks the keyspace, and so does one pass about every
 /// [`SCAN_EVERY`] in the fleet (the process that takes [`keys::RECOVERY_WALK`]);
 /// the others read the indexes of held lists (and watch the processes the last walk found outside
-/// them). Each pass first keeps this process's own index true (`fetch.tidy_index`).
+/// them). Each pass first keeps this process's own index true (each capsule's `tidy_index`).
 pub(crate) async fn recovery_loop(
     mut conn: Conn,
     identity: String,
     every: Duration,
     policy: RecoveryPolicy,
     fleet: Arc<Fleet>,
-    fetch: Arc<dyn super::Fetch>,
+    fetches: Vec<Arc<dyn super::Fetch>>,
     mut signal: ShutdownSignal,
 ) {
     let mut watch: Vec<(String, Vec<String>)> = Vec::new();
@@ -854,11 +854,15 @@ pub(crate) async fn recovery_loop(
             time_format: fleet.time_format(),
             ..policy
         };
-        if let Err(e) = fetch.tidy_index().await
-            && !e.is_outage()
-            && first_report(&e.to_string())
-        {
-            tracing::error!(error = %e, "cannot tidy this process's index of held lists (a damaged key?); recovery's keyspace walk still finds its lists");
+        // Every capsule's part of the index: each one's landing lists (a recovery that took the
+        // process for dead dropped them all; the first capsule's alone came back before).
+        for fetch in &fetches {
+            if let Err(e) = fetch.tidy_index().await
+                && !e.is_outage()
+                && first_report(&e.to_string())
+            {
+                tracing::error!(error = %e, "cannot tidy this process's index of held lists (a damaged key?); recovery's keyspace walk still finds its lists");
+            }
         }
         let mut periodic = false;
         let find = if tokio::time::Instant::now() >= next_scan {
