@@ -1125,3 +1125,21 @@ async fn a_landing_list_is_indexed_before_its_first_blocking_wait() {
         "the landing list of queue a is in the index after the wait"
     );
 }
+
+/// Review of issue 43: one member of this process's own index of held lists that is not UTF-8 made the
+/// whole index unreadable as text, so the reconcile (and the stop's) pushed back no stray batch list at
+/// all: the stop then deleted the index and left the stray to the fleet's walk, minutes later.
+#[tokio::test]
+async fn a_member_that_is_not_utf8_in_the_own_index_keeps_no_stray_from_going_back() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let f = fetcher(&redis, &["a"], ME).await;
+    let stray = oxidekiq::keys::batch_list(&oxidekiq::keys::batch_prefix(ME), "a", 999);
+    let _: () = c.rpush(&stray, vec![job("s0", "a")]).unwrap();
+    let _: () = c.sadd(oxidekiq::keys::held_index(ME), &stray).unwrap();
+    let _: () = c
+        .sadd(oxidekiq::keys::held_index(ME), &b"junk\xff"[..])
+        .unwrap();
+    assert_eq!(f.reconcile().await.unwrap(), 1, "the stray went back");
+    assert_eq!(list_jids(&mut c, "queue:a"), ["s0"]);
+}

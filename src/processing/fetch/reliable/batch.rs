@@ -217,7 +217,9 @@ impl Reliable {
     /// process holds, not the keyspace (the stop's two sweeps each walked the whole keyspace before).
     pub(super) async fn strays(&self) -> Result<Vec<HeldList>> {
         let mut conn = self.conn.clone();
-        let found: Vec<String> = redis::cmd("SMEMBERS")
+        // As bytes: a member that is not UTF-8 (no list of ours) must not make the whole index
+        // unreadable as text, and the stray lists with it (review of issue 43).
+        let found: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
             .arg(&self.index)
             .query_async(&mut conn)
             .await?;
@@ -225,6 +227,7 @@ impl Reliable {
             let h = self.held.lock().map_err(|_| poisoned())?;
             found
                 .into_iter()
+                .filter_map(|key| String::from_utf8(key).ok())
                 .filter_map(|key| {
                     let rest = key.strip_prefix(&self.batch_prefix)?;
                     let (queue, n) = rest.rsplit_once(":@")?;

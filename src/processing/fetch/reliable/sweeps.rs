@@ -217,11 +217,14 @@ impl Reliable {
             .collect();
         pipe.sadd(&self.index, &landing).ignore();
         pipe.smembers(&self.index);
-        let (members,): (Vec<String>,) = pipe.query_async(&mut conn).await?;
+        // As bytes: a member that is not UTF-8 (no list of ours) is left alone, not a failure of every
+        // pass (review of issue 43).
+        let (members,): (Vec<Vec<u8>>,) = pipe.query_async(&mut conn).await?;
         let unknown: Vec<String> = {
             let h = self.held.lock().map_err(|_| poisoned())?;
             members
                 .into_iter()
+                .filter_map(|key| String::from_utf8(key).ok())
                 .filter(|key| {
                     let Some(rest) = key.strip_prefix(&self.batch_prefix) else {
                         return false;
