@@ -211,6 +211,34 @@ fn orphan_recovery_goes_on_when_its_lock_key_is_not_a_lock() {
     );
 }
 
+/// Review of issue 43: a recovery lock that is no lock (a list here) is named at error level once, not
+/// at every pass of every process (one every two beats: a line a second per process at the default
+/// beat), as every other damaged key of recovery is.
+#[test]
+fn a_recovery_lock_that_is_not_a_lock_is_named_once() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = c.rpush("oxidekiq:recovery-lock", "x").unwrap();
+    let mut ox = Oxidekiq::start(
+        &redis.url(),
+        &["-q", "default", "--beat-interval", "0.3", "-t", "3"],
+    );
+    let id = support::identity_of(&mut c, ox.pid(), WAIT);
+    // Twelve beats: about six recovery passes.
+    assert!(
+        support::wait_beats(&mut c, &id, 12, WAIT),
+        "{id} stopped beating:\n{}",
+        ox.log()
+    );
+    let log = ox.log();
+    let named = log
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("oxidekiq:recovery-lock"))
+        .count();
+    stop(&mut ox);
+    assert_eq!(named, 1, "named {named} times:\n{log}");
+}
+
 /// A `ChaosJob` that fails straight into the dead set (`retry: 0`).
 fn dying(queue: &str, jid: &str) -> String {
     chaos(queue, "fail", 0, jid).replace(r#""retry":true"#, r#""retry":0"#)

@@ -314,9 +314,13 @@ pub(crate) async fn recover_found(
         if kind == "none" || (kind == "string" && ttl != -1) {
             return Ok(None);
         }
-        tracing::error!(key = keys::RECOVERY_LOCK, key_type = %kind, ttl_ms = ttl,
-            "orphan recovery: {} is a {kind} without the TTL its lock always has: not a lock of \
-             oxidekiq's; recovering without the lock (delete the key to restore it)", keys::RECOVERY_LOCK);
+        // Named once, not at every pass of every process (review of issue 43).
+        if first_report(&format!("{} {kind} {}", keys::RECOVERY_LOCK, ttl == -1)) {
+            tracing::error!(key = keys::RECOVERY_LOCK, key_type = %kind, ttl_ms = ttl,
+                "orphan recovery: {} is a {kind} without the TTL its lock always has: not a lock of \
+                 oxidekiq's; recovering without the lock (delete the key to restore it; reported \
+                 once)", keys::RECOVERY_LOCK);
+        }
         return recover_locked(conn, own_identity, now, policy, false, find)
             .await
             .map(Some);
