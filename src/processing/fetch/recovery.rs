@@ -381,10 +381,7 @@ async fn held_by_others(conn: &mut Conn) -> Result<Vec<String>> {
 /// ([`keys::held_index`]) names. What this costs follows the processes and the lists of the dead ones,
 /// whatever else Redis holds. A damaged holders set or index is reported once and costs only what it
 /// names: the keyspace scan still finds those keys.
-async fn held_by_dead_holders(
-    conn: &mut Conn,
-    own_identity: &str,
-) -> Result<(Vec<String>, Vec<String>)> {
+async fn held_by_dead_holders(conn: &mut Conn, own_identity: &str) -> Result<DeadHolders> {
     let holders: Vec<String> = match redis::cmd("SMEMBERS").arg(HOLDERS).query_async(conn).await {
         Ok(h) => text_only(h, HOLDERS),
         Err(e) => {
@@ -395,12 +392,15 @@ async fn held_by_dead_holders(
             if first_report(&format!("{HOLDERS} {e}")) {
                 report_damaged(conn, HOLDERS, &e.to_string()).await;
             }
-            Vec::new()
+            return Ok(DeadHolders {
+                holders_unreadable: true,
+                ..DeadHolders::default()
+            });
         }
     };
     let others: Vec<String> = holders.into_iter().filter(|h| h != own_identity).collect();
     if others.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(DeadHolders::default());
     }
     let mut pipe = redis::pipe();
     for id in &others {
@@ -424,7 +424,7 @@ async fn held_by_dead_holders(
         .map(|(id, _)| id)
         .collect();
     if dead.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(DeadHolders::default());
     }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
@@ -449,7 +449,24 @@ async fn held_by_dead_holders(
             }
         }
     }
-    Ok((dead, held))
+    Ok(DeadHolders {
+        dead,
+        held,
+        holders_unreadable: false,
+    })
+}
+
+/// What [`held_by_dead_holders`] found.
+#[derive(Debug, Default)]
+struct DeadHolders {
+    /// The holders judged dead.
+    dead: Vec<String>,
+    /// The keys their indexes name.
+    held: Vec<String>,
+    /// [`HOLDERS`] could not be read (a key of another type: reported once): no pass by index can
+    /// find a dead process then, so the pass walks the keyspace instead (review of issue 43: every
+    /// dead process waited for the fleet's walk, about 5 minutes, past its grace).
+    holders_unreadable: bool,
 }
 
 /// `held` (key names of held lists) by process, but this one's: every key of one process goes to one
@@ -549,7 +566,18 @@ async fn recover_locked(
     locked: bool,
     find: Find<'_>,
 ) -> Result<Recovered> {
-    let (dead_holders, mut held) = held_by_dead_holders(conn, own_identity).await?;
+    let DeadHolders {
+        dead: dead_holders,
+        mut held,
+        holders_unreadable,
+    } = held_by_dead_holders(conn, own_identity).await?;
+    // A holders set of another type hides every holder from a pass by index: this pass walks, as
+    // every pass did before the index, until an operator deletes the key (named at ERROR once). That
+    // costs the old keyspace walk per pass, not the recovery of the fleet.
+    let find = match find {
+        Find::Index(watch) if holders_unreadable => Find::Scan(watch),
+        other => other,
+    };
     let mut watched: Option<&mut Vec<(String, Vec<String>)>> = None;
     // Whether this pass saw every held key of the keyspace (a walk that Redis served): only such a
     // pass may drop the suspect marks of the processes it did not judge (see the end of this function).

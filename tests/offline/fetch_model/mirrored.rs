@@ -90,7 +90,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/recovery.rs",
         "fn recover_locked",
-        "e548861c72470fefd8b6dfb25fc75dbc5d281b29",
+        "7c8099cdfb5f19bb3d7e02503bfc2ccb9deb9422",
     ),
     (
         "processing/manager.rs",
