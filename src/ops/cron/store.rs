@@ -109,10 +109,19 @@ pub(crate) async fn shared_schedule_sets(
                     .await?;
                 let fresh_for = match u64::try_from(ttl) {
                     Ok(ms) => Duration::from_millis(ms).min(interval) + WALK_RENEW,
-                    // Gone meanwhile (-2) or without a TTL (-1, not as we write it): look again
-                    // after a walk's interval at most, a second at least.
+                    // Gone meanwhile: look again in a second.
                     Err(_) if ttl == -2 => WALK_RENEW,
-                    Err(_) => interval,
+                    // Without a TTL it would never expire, and no process would walk again.
+                    Err(_) => {
+                        let mut s = alone((
+                            keys::CRON_NAMESPACES,
+                            "has no TTL, as oxidekiq always writes it; this process walks by \
+                             itself (delete the key to restore the fleet's shared walk)"
+                                .to_string(),
+                        ));
+                        s.sets = walk(conn, false).await?;
+                        return Ok(s);
+                    }
                 };
                 let mut sets = sets;
                 sets.retain(|s| s == keys::CRON_JOBS || s.starts_with("cron_jobs:"));
@@ -174,23 +183,24 @@ pub(crate) async fn shared_schedule_sets(
             }
             Ok(None) => {
                 // Another process walks, unless the turn is no turn of ours: every turn is a
-                // string with a TTL, and a key without one would stop every walk of the fleet.
+                // string with a TTL of at most the lease, and any other key there would stop every
+                // walk of the fleet for as long as it lasts.
+                let kind: String = redis::cmd("TYPE")
+                    .arg(keys::CRON_WALK)
+                    .query_async(&mut c)
+                    .await?;
                 let ttl: i64 = redis::cmd("PTTL")
                     .arg(keys::CRON_WALK)
                     .query_async(&mut c)
                     .await?;
-                if ttl == -1 {
-                    let kind: String = redis::cmd("TYPE")
-                        .arg(keys::CRON_WALK)
-                        .query_async(&mut c)
-                        .await
-                        .unwrap_or_else(|_| "unknown".into());
+                let lease = WALK_LEASE.as_millis() as i64;
+                if kind != "none" && (kind != "string" || ttl == -1 || ttl > lease) {
                     let mut s = alone((
                         keys::CRON_WALK,
                         format!(
-                            "is a {kind} without the TTL its turn always has, not a key of \
-                             oxidekiq's; this process walks by itself (delete the key to restore the \
-                             fleet's shared walk)"
+                            "is a {kind} with a TTL of {ttl} ms, not a turn of oxidekiq's (a string \
+                             expiring within {lease} ms); this process walks by itself (delete the \
+                             key to restore the fleet's shared walk)"
                         ),
                     ));
                     s.sets = walk(conn, false).await?;
@@ -205,8 +215,8 @@ pub(crate) async fn shared_schedule_sets(
 }
 
 /// The sets that hold schedules: `cron_jobs` and every `cron_jobs:<namespace>` that exists (found by
-/// `SCAN`, as 2.x's `available_namespaces = :auto` finds them with `KEYS`). A walker holding the fleet's turn (`lease`: its identity) renews the
-/// turn while it walks (`lease`).
+/// `SCAN`, as 2.x's `available_namespaces = :auto` finds them with `KEYS`). A walker holding the
+/// fleet's turn (`lease`) renews the turn while it walks.
 async fn walk(conn: &Conn, lease: bool) -> Result<Vec<String>> {
     let mut sets = vec![keys::CRON_JOBS.to_string()];
     let mut cursor: u64 = 0;

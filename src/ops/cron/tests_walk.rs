@@ -142,8 +142,9 @@ async fn a_namespace_created_later_is_found_by_every_process() {
     assert!(created.elapsed() < every * 2, "{:?}", created.elapsed());
 }
 
-/// A damaged key of ours (the stored walk a hash, the turn a string without a TTL) is reported and
-/// makes the process walk by itself, so the namespaced schedule still runs.
+/// A damaged key of ours (the stored walk a hash or without a TTL, the turn a string without a TTL
+/// or a hash with a long one) is reported and makes the process walk by itself, so the namespaced
+/// schedule still runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_stored_walk_does_not_stop_schedules() {
     let redis = support::RedisServer::start();
@@ -167,6 +168,23 @@ async fn a_damaged_stored_walk_does_not_stop_schedules() {
         .unwrap();
     assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
     assert_eq!(s.damaged.map(|d| d.0), Some(keys::CRON_WALK));
+
+    // A turn of another type with a long TTL, and a stored walk that would never expire.
+    let _: () = c.del(keys::CRON_WALK).unwrap();
+    let _: () = c.hset(keys::CRON_WALK, "f", "v").unwrap();
+    let _: () = c.expire(keys::CRON_WALK, 86_400).unwrap();
+    let s = store::shared_schedule_sets(&conn, "a", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+    assert_eq!(s.damaged.map(|d| d.0), Some(keys::CRON_WALK));
+    let _: () = c.set(keys::CRON_NAMESPACES, r#"["cron_jobs"]"#).unwrap();
+    let s = store::shared_schedule_sets(&conn, "a", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+    assert_eq!(s.damaged.map(|d| d.0), Some(keys::CRON_NAMESPACES));
+    let _: () = c.del(keys::CRON_NAMESPACES).unwrap();
 
     // A poller on that Redis still runs the namespaced schedule.
     let _: () = c.hset(keys::CRON_NAMESPACES, "f", "v").unwrap();
