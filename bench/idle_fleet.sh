@@ -11,9 +11,9 @@
 # survey), then Redis's own CPU (INFO cpu, used_cpu_sys + used_cpu_user) over MINUTE seconds (60).
 # Prints one line per run: keys, processes, Redis CPU seconds in that minute. A count of keys the
 # machine's free memory cannot hold (about 200 bytes a key with DEBUG POPULATE's values, checked
-# against MemAvailable) is refused before Redis starts. With millions of keys, raise SETTLE: every
-# process's start walks the keyspace (cron's look for namespaces, a first recovery pass), about 0.55 s
-# of Redis CPU per million keys each, and those walks must end before the minute starts.
+# against MemAvailable) is refused before Redis starts. With millions of keys, raise SETTLE: a fleet's
+# start walks the keyspace (cron's look for namespaces, once per fleet; a first recovery pass), about
+# 0.55 s of Redis CPU per million keys each, and those walks must end before the minute starts.
 set -euo pipefail
 BIN=${1:-target/debug/oxidekiq}; shift || true
 PROCS=(); KEYS=()

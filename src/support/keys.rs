@@ -213,6 +213,14 @@ pub(crate) const RECOVERED: &str = "oxidekiq:recovered";
 /// periodic safety net, so a fleet walks it about once per interval, however many processes it has.
 pub(crate) const RECOVERY_WALK: &str = "oxidekiq:recovery-walk";
 
+/// Taken (`SET NX PX`, 30 s, renewed while it walks) by the process whose cron poller walks the
+/// keyspace for sidekiq-cron 2.x namespaces for the fleet, so a fleet walks it once per interval.
+pub(crate) const CRON_WALK: &str = "oxidekiq:cron-walk";
+
+/// What the fleet's last walk for sidekiq-cron namespaces found: a JSON array of the `cron_jobs*`
+/// sets, a string that expires when the next walk is due; the other processes read it.
+pub(crate) const CRON_NAMESPACES: &str = "oxidekiq:cron-namespaces";
+
 /// The key guarding orphan recovery, so one process at a time does it.
 pub(crate) const RECOVERY_LOCK: &str = "oxidekiq:recovery-lock";
 

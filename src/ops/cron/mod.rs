@@ -21,8 +21,9 @@
 //! read once per tick, not every round until the next whole read. Missed ticks (Redis down, every process stopped) are not caught up: only the
 //! latest one, if at most 60 s old, as in the gem. A quiet process stops polling, as Ruby's
 //! `Launcher#quiet` stops the cron poller. With no schedule in Redis, a round is two `SMEMBERS`
-//! (`cron_jobs`, `cron_jobs:default`) per interval, and a `SCAN` for other namespaces every 10 minutes,
-//! run beside the rounds so that a large keyspace delays no tick.
+//! (`cron_jobs`, `cron_jobs:default`) per interval, and a `SCAN` for other namespaces every 10 minutes
+//! by one process of the fleet (`store::shared_schedule_sets`; the others read what it found), run
+//! beside the rounds so that a large keyspace delays no tick.
 //!
 //! Schedules are also declared here: `config/schedule.yml` (as the gem's `schedule_loader.rb` reads
 //! it), `sidekiq.yml`'s `:schedule:`, and [`CronJob`]s given in Rust are written at start in the gem's
@@ -31,6 +32,8 @@
 mod entry;
 mod schedule;
 mod store;
+#[cfg(test)]
+mod tests_walk;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -49,8 +52,10 @@ use crate::shutdown::ShutdownSignal;
 /// `T + 1 s`, and a little margin keeps the wake-up on the right side of that second.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
-/// How often the keyspace is scanned for sidekiq-cron 2.x namespaces other than `default` (a `SCAN`
+/// How often the fleet scans the keyspace for sidekiq-cron 2.x namespaces other than `default` (a `SCAN`
 /// walks every key: on a large Redis, every 30 s from every process would cost more than the polls).
+/// One process walks per interval; the others read what it stored (issue 43: 20 processes each
+/// walking 5 M keys every ten minutes cost Redis about 14 s of CPU a minute).
 /// `cron_jobs` and `cron_jobs:default` are read every round.
 const NAMESPACE_SCAN_INTERVAL: Duration = Duration::from_secs(600);
 
@@ -63,8 +68,10 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The poller's memory between rounds.
 #[derive(Debug, Default)]
 struct Poller {
-    /// The schedule sets found by the last `SCAN` (and `cron_jobs`), and when it started.
+    /// The schedule sets found by the fleet's last walk (and `cron_jobs`), and when to look again.
     sets: Option<(Vec<String>, tokio::time::Instant)>,
+    /// How often the fleet walks the keyspace for namespaces ([`NAMESPACE_SCAN_INTERVAL`]).
+    namespace_interval: Duration,
     /// Schedules reported as unreadable (key and message), so each is reported once, not each round.
     reported: HashSet<(String, String)>,
     /// Whether the last round saw any schedule (for the one log line when that changes).
@@ -92,7 +99,25 @@ pub(crate) async fn run(
     conn: Conn,
     millisecond_timestamps: Option<bool>,
     cfg: CronConfig,
+    shutdown: ShutdownSignal,
+) {
+    run_every(
+        conn,
+        millisecond_timestamps,
+        cfg,
+        shutdown,
+        NAMESPACE_SCAN_INTERVAL,
+    )
+    .await
+}
+
+/// [`run`], the fleet walking the keyspace for namespaces every `namespace_interval`.
+async fn run_every(
+    conn: Conn,
+    millisecond_timestamps: Option<bool>,
+    cfg: CronConfig,
     mut shutdown: ShutdownSignal,
+    namespace_interval: Duration,
 ) {
     let mode = match millisecond_timestamps {
         Some(true) => TimeMode::Millis,
@@ -107,16 +132,23 @@ pub(crate) async fn run(
     };
     let mut poller = Poller {
         pending: declared(&cfg),
+        namespace_interval: namespace_interval.max(cfg.poll_interval),
         ..Poller::default()
     };
     // The keyspace SCAN for namespaces runs beside the rounds, not inside one: it walks every key
-    // (about 0.8 s per million keys), and a round waiting for it enqueues no tick meanwhile.
+    // (about 0.8 s per million keys), and a round waiting for it enqueues no tick meanwhile. One
+    // process of the fleet walks per interval; the others read what it found.
+    let identity = crate::job::new_jid();
     let mut scan: Option<Scan> = None;
     loop {
-        if scan.is_none() && poller.scan_due(cfg.poll_interval) {
+        if scan.is_none() && poller.scan_due() {
             let (conn, started) = (conn.clone(), tokio::time::Instant::now());
+            let (identity, every) = (identity.clone(), poller.namespace_interval);
             scan = Some(Box::pin(async move {
-                (store::schedule_sets(&conn).await, started)
+                (
+                    store::shared_schedule_sets(&conn, &identity, every).await,
+                    started,
+                )
             }));
         }
         let wait = match poller.round(&conn, &client, &cfg).await {
@@ -147,10 +179,10 @@ pub(crate) async fn run(
 
 /// The namespace scan under way: the sets found, and when it started.
 type Scan =
-    std::pin::Pin<Box<dyn Future<Output = (Result<Vec<String>>, tokio::time::Instant)> + Send>>;
+    std::pin::Pin<Box<dyn Future<Output = (Result<store::Shared>, tokio::time::Instant)> + Send>>;
 
 /// Waits for the scan under way; never ends when there is none.
-async fn running(scan: &mut Option<Scan>) -> (Result<Vec<String>>, tokio::time::Instant) {
+async fn running(scan: &mut Option<Scan>) -> (Result<store::Shared>, tokio::time::Instant) {
     match scan {
         Some(s) => s.await,
         None => std::future::pending().await,
@@ -346,21 +378,29 @@ impl Poller {
         }
     }
 
-    /// Whether the namespace scan is due: none has finished yet, or the last one started
-    /// [`NAMESPACE_SCAN_INTERVAL`] (at least `poll_interval`) ago.
-    fn scan_due(&self, poll_interval: Duration) -> bool {
+    /// Whether the namespace look is due: none has finished yet, or the fleet's next walk is due
+    /// (the stored result expired).
+    fn scan_due(&self) -> bool {
         self.sets
             .as_ref()
-            .is_none_or(|(_, at)| at.elapsed() >= NAMESPACE_SCAN_INTERVAL.max(poll_interval))
+            .is_none_or(|(_, at)| tokio::time::Instant::now() >= *at)
     }
 
     /// Keeps what the scan that began at `started` found. A scan the server refuses (an ACL without
     /// `SCAN`) is reported once and counts as finding no namespace, so declared schedules are still
     /// written and the usual sets read; it is tried again after the interval. Any other failure
     /// (Redis unreachable) is logged and tried again from the next round.
-    fn scanned(&mut self, found: Result<Vec<String>>, started: tokio::time::Instant) {
+    fn scanned(&mut self, found: Result<store::Shared>, started: tokio::time::Instant) {
         match found {
-            Ok(sets) => self.sets = Some((sets, started)),
+            Ok(shared) => {
+                if let Some((key, why)) = &shared.damaged {
+                    self.report(key, why);
+                }
+                // At least a second apart: a process whose stored walk is about to expire looks
+                // again after it, not in a loop.
+                let next = tokio::time::Instant::now() + shared.fresh_for;
+                self.sets = Some((shared.sets, next.max(started + Duration::from_secs(1))));
+            }
             Err(e) if !e.is_connection_error() => {
                 self.report(
                     crate::keys::CRON_JOBS_NAMESPACED,
@@ -370,7 +410,10 @@ impl Poller {
                         crate::keys::cron_jobs_in(store::DEFAULT_NAMESPACE)
                     ),
                 );
-                self.sets = Some((vec![crate::keys::CRON_JOBS.to_string()], started));
+                self.sets = Some((
+                    vec![crate::keys::CRON_JOBS.to_string()],
+                    started + self.namespace_interval,
+                ));
             }
             Err(e) => {
                 tracing::error!(error = %e, "cron poller: the scan for sidekiq-cron namespaces failed; trying again")

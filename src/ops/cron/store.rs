@@ -8,6 +8,7 @@
 //! need not know the layout; only writing a new schedule does ([`Layout`]).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
@@ -35,12 +36,200 @@ pub(crate) enum Layout {
     Namespaced,
 }
 
+/// How long the walker's turn lasts unless renewed: a walker that dies mid-walk leaves it to expire,
+/// and another process walks then.
+const WALK_LEASE: Duration = Duration::from_secs(30);
+
+/// How often a walker renews its turn, and how often a process waiting for another's walk looks.
+const WALK_RENEW: Duration = Duration::from_secs(1);
+
+/// Ends the walker's turn if it is still its own.
+const RELEASE_TURN: &str = r"
+if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0";
+
+/// What the fleet's namespace walk gave this process.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The sets that hold schedules (`cron_jobs` and every `cron_jobs:<namespace>` found).
+    pub(crate) sets: Vec<String>,
+    /// How long until the fleet's next walk: look again then.
+    pub(crate) fresh_for: Duration,
+    /// A key of ours that was no turn or walk of ours (key, why), to be reported once: this process
+    /// walked by itself.
+    pub(crate) damaged: Option<(&'static str, String)>,
+}
+
+/// The sets that hold schedules, walked for once per `interval` by the fleet, not by every process:
+/// the process that takes [`keys::CRON_WALK`] walks the keyspace and stores what it found in
+/// [`keys::CRON_NAMESPACES`] until the next walk is due; the others read that, and wait (looking every
+/// second) while a walk is under way. A key of ours of the wrong type, or holding no walk of ours,
+/// makes this process walk by itself (as every process did before), so declared and stored schedules
+/// still run. A walk the server refuses (an ACL without `SCAN`) is stored as finding nothing, so the
+/// others read only the usual sets instead of waiting for a walk that cannot happen.
+pub(crate) async fn shared_schedule_sets(
+    conn: &Conn,
+    identity: &str,
+    interval: Duration,
+) -> Result<Shared> {
+    let mut c = conn.clone();
+    let alone = |damaged: (&'static str, String)| Shared {
+        sets: Vec::new(),
+        fresh_for: interval,
+        damaged: Some(damaged),
+    };
+    loop {
+        let stored: redis::RedisResult<Option<String>> = redis::cmd("GET")
+            .arg(keys::CRON_NAMESPACES)
+            .query_async(&mut c)
+            .await;
+        match stored {
+            Err(e) if is_connection(&e) => return Err(e.into()),
+            Err(e) => {
+                let why = refused(conn, keys::CRON_NAMESPACES, "string", &e).await;
+                let mut s = alone((keys::CRON_NAMESPACES, why));
+                s.sets = walk(conn, false).await?;
+                return Ok(s);
+            }
+            Ok(Some(text)) => {
+                let Ok(sets) = serde_json::from_str::<Vec<String>>(&text) else {
+                    let mut s = alone((
+                        keys::CRON_NAMESPACES,
+                        "holds no list of sets written by oxidekiq; this process walks by itself"
+                            .to_string(),
+                    ));
+                    s.sets = walk(conn, false).await?;
+                    return Ok(s);
+                };
+                let ttl: i64 = redis::cmd("PTTL")
+                    .arg(keys::CRON_NAMESPACES)
+                    .query_async(&mut c)
+                    .await?;
+                let fresh_for = match u64::try_from(ttl) {
+                    Ok(ms) => Duration::from_millis(ms).min(interval) + WALK_RENEW,
+                    // Gone meanwhile: look again in a second.
+                    Err(_) if ttl == -2 => WALK_RENEW,
+                    // Without a TTL it would never expire, and no process would walk again.
+                    Err(_) => {
+                        let mut s = alone((
+                            keys::CRON_NAMESPACES,
+                            "has no TTL, as oxidekiq always writes it; this process walks by \
+                             itself (delete the key to restore the fleet's shared walk)"
+                                .to_string(),
+                        ));
+                        s.sets = walk(conn, false).await?;
+                        return Ok(s);
+                    }
+                };
+                let mut sets = sets;
+                sets.retain(|s| s == keys::CRON_JOBS || s.starts_with("cron_jobs:"));
+                return Ok(Shared {
+                    sets,
+                    fresh_for,
+                    damaged: None,
+                });
+            }
+            Ok(None) => {}
+        }
+        let took: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(keys::CRON_WALK)
+            .arg(identity)
+            .arg("NX")
+            .arg("PX")
+            .arg(WALK_LEASE.as_millis() as u64)
+            .query_async(&mut c)
+            .await;
+        match took {
+            Err(e) if is_connection(&e) => return Err(e.into()),
+            Err(e) => {
+                let mut s = alone((
+                    keys::CRON_WALK,
+                    format!("could not be taken ({e}); this process walks by itself"),
+                ));
+                s.sets = walk(conn, false).await?;
+                return Ok(s);
+            }
+            Ok(Some(_)) => {
+                let found = walk(conn, true).await;
+                let stored = match &found {
+                    Ok(sets) => Some(sets.clone()),
+                    Err(e) if !e.is_connection_error() => Some(Vec::new()),
+                    Err(_) => None,
+                };
+                if let Some(sets) = stored {
+                    let text = serde_json::to_string(&sets).unwrap_or_else(|_| "[]".into());
+                    let _: redis::RedisResult<()> = redis::cmd("SET")
+                        .arg(keys::CRON_NAMESPACES)
+                        .arg(text)
+                        .arg("PX")
+                        .arg(interval.as_millis().max(1) as u64)
+                        .query_async(&mut c)
+                        .await;
+                }
+                // The stored walk now says when the next is due: the turn ends with the walk, or
+                // the fleet would wait for its lease when the stored walk expires.
+                let _: redis::RedisResult<i64> = redis::Script::new(RELEASE_TURN)
+                    .key(keys::CRON_WALK)
+                    .arg(identity)
+                    .invoke_async(&mut c)
+                    .await;
+                return found.map(|sets| Shared {
+                    sets,
+                    fresh_for: interval,
+                    damaged: None,
+                });
+            }
+            Ok(None) => {
+                // Another process walks, unless the turn is no turn of ours: every turn is a
+                // string with a TTL of at most the lease, and any other key there would stop every
+                // walk of the fleet for as long as it lasts.
+                let kind: String = redis::cmd("TYPE")
+                    .arg(keys::CRON_WALK)
+                    .query_async(&mut c)
+                    .await?;
+                let ttl: i64 = redis::cmd("PTTL")
+                    .arg(keys::CRON_WALK)
+                    .query_async(&mut c)
+                    .await?;
+                let lease = WALK_LEASE.as_millis() as i64;
+                if kind != "none" && (kind != "string" || ttl == -1 || ttl > lease) {
+                    let mut s = alone((
+                        keys::CRON_WALK,
+                        format!(
+                            "is a {kind} with a TTL of {ttl} ms, not a turn of oxidekiq's (a string \
+                             expiring within {lease} ms); this process walks by itself (delete the \
+                             key to restore the fleet's shared walk)"
+                        ),
+                    ));
+                    s.sets = walk(conn, false).await?;
+                    return Ok(s);
+                }
+                if ttl != -2 {
+                    tokio::time::sleep(WALK_RENEW).await;
+                }
+            }
+        }
+    }
+}
+
 /// The sets that hold schedules: `cron_jobs` and every `cron_jobs:<namespace>` that exists (found by
-/// `SCAN`, as 2.x's `available_namespaces = :auto` finds them with `KEYS`).
-pub(crate) async fn schedule_sets(conn: &Conn) -> Result<Vec<String>> {
+/// `SCAN`, as 2.x's `available_namespaces = :auto` finds them with `KEYS`). A walker holding the
+/// fleet's turn (`lease`) renews the turn while it walks.
+async fn walk(conn: &Conn, lease: bool) -> Result<Vec<String>> {
     let mut sets = vec![keys::CRON_JOBS.to_string()];
     let mut cursor: u64 = 0;
+    let mut renewed = tokio::time::Instant::now();
     loop {
+        if lease && renewed.elapsed() >= WALK_RENEW {
+            let _: redis::RedisResult<()> = redis::cmd("PEXPIRE")
+                .arg(keys::CRON_WALK)
+                .arg(WALK_LEASE.as_millis() as u64)
+                .query_async(&mut conn.clone())
+                .await;
+            renewed = tokio::time::Instant::now();
+        }
         let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
