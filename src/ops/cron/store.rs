@@ -108,7 +108,23 @@ pub(crate) async fn shared_schedule_sets(
                     .query_async(&mut c)
                     .await?;
                 let fresh_for = match u64::try_from(ttl) {
-                    Ok(ms) => Duration::from_millis(ms).min(interval) + WALK_RENEW,
+                    // Read until it expires, it would hide a namespace created meanwhile for longer
+                    // than the interval (a year, for one written with `EX 31536000`): oxidekiq
+                    // writes it for one interval (review of issue 43).
+                    Ok(ms) if u128::from(ms) > interval.as_millis() => {
+                        let mut s = alone((
+                            keys::CRON_NAMESPACES,
+                            format!(
+                                "expires in {ms} ms, later than the next walk is due ({} ms); \
+                                 this process walks by itself (delete the key to restore the \
+                                 fleet's shared walk)",
+                                interval.as_millis()
+                            ),
+                        ));
+                        s.sets = walk(conn, false).await?;
+                        return Ok(s);
+                    }
+                    Ok(ms) => Duration::from_millis(ms) + WALK_RENEW,
                     // Gone meanwhile: look again in a second.
                     Err(_) if ttl == -2 => WALK_RENEW,
                     // Without a TTL it would never expire, and no process would walk again.
@@ -230,7 +246,10 @@ async fn walk(conn: &Conn, lease: bool) -> Result<Vec<String>> {
                 .await;
             renewed = tokio::time::Instant::now();
         }
-        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+        // A name that is not UTF-8 is no namespace of the gem's (its namespaces are Ruby strings)
+        // and is skipped: read as text, it failed the whole walk, stored for the fleet as finding
+        // nothing (review of issue 43).
+        let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
             .arg(keys::CRON_JOBS_NAMESPACED)
@@ -238,7 +257,7 @@ async fn walk(conn: &Conn, lease: bool) -> Result<Vec<String>> {
             .arg(1000)
             .query_async(&mut conn.clone())
             .await?;
-        sets.extend(found);
+        sets.extend(found.into_iter().filter_map(|k| String::from_utf8(k).ok()));
         if next == 0 {
             break;
         }

@@ -198,3 +198,47 @@ async fn a_damaged_stored_walk_does_not_stop_schedules() {
         "the namespaced schedule did not run beside a damaged key"
     );
 }
+
+/// Review (issue 43): a key named `cron_jobs:` and bytes that are not UTF-8 (anyone with Redis access
+/// can make one) failed the whole walk, which was stored as finding nothing for the fleet: every
+/// namespaced schedule but `default`'s stopped, at every walk. The walk skips that name now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_name_that_is_not_utf8_hides_no_other_namespace() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    populate(&mut c, "ns", 100);
+    let _: () = c.sadd(&b"cron_jobs:\xff\xfe"[..], "x").unwrap();
+    let conn = conn(&redis).await;
+    let s = store::shared_schedule_sets(&conn, "a", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+    // The others read what the walker stored: the namespace too.
+    let s = store::shared_schedule_sets(&conn, "b", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+}
+
+/// Review (issue 43): a stored walk whose TTL outlasts the interval (written by hand, or by a process
+/// walking less often) was read until it expired, so a namespace created meanwhile was not found for
+/// that long (a year, for a key written with `EX 31536000`): it is reported and the process walks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_walk_outlasting_the_interval_hides_no_new_namespace() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    populate(&mut c, "ns", 100);
+    let _: () = redis::cmd("SET")
+        .arg(keys::CRON_NAMESPACES)
+        .arg(r#"["cron_jobs"]"#)
+        .arg("EX")
+        .arg(31_536_000)
+        .query(&mut c)
+        .unwrap();
+    let conn = conn(&redis).await;
+    let s = store::shared_schedule_sets(&conn, "a", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+    assert_eq!(s.damaged.map(|d| d.0), Some(keys::CRON_NAMESPACES));
+}
