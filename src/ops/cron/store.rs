@@ -88,7 +88,12 @@ pub(crate) async fn shared_schedule_sets(
         match stored {
             Err(e) if is_connection(&e) => return Err(e.into()),
             Err(e) => {
-                let why = refused(conn, keys::CRON_NAMESPACES, "string", &e).await;
+                // Not "its schedules are not run": this process walks, and every schedule runs.
+                let why = format!(
+                    "{}; this process walks by itself (delete the key to restore the fleet's \
+                     shared walk)",
+                    unreadable(conn, keys::CRON_NAMESPACES, "string", &e).await
+                );
                 let mut s = alone((keys::CRON_NAMESPACES, why));
                 s.sets = walk(conn, false).await?;
                 return Ok(s);
@@ -406,15 +411,23 @@ fn is_connection(e: &redis::RedisError) -> bool {
 /// Why the server refused to read `key`, which should be a `expected`: its type when it is another
 /// (`WRONGTYPE`), else the server's error (an ACL denial, ...).
 async fn refused(conn: &Conn, key: &str, expected: &str, e: &redis::RedisError) -> String {
+    format!(
+        "{}; its cron schedules are not run",
+        unreadable(conn, key, expected, e).await
+    )
+}
+
+/// What is wrong with `key`, which could not be read as `expected`: its type, or the error.
+async fn unreadable(conn: &Conn, key: &str, expected: &str, e: &redis::RedisError) -> String {
     if e.code() != Some("WRONGTYPE") {
-        return format!("could not be read ({e}); its cron schedules are not run");
+        return format!("could not be read ({e})");
     }
     let kind: String = redis::cmd("TYPE")
         .arg(key)
         .query_async(&mut conn.clone())
         .await
         .unwrap_or_else(|_| "unknown".into());
-    format!("is a {kind}, not a {expected}; its cron schedules are not run")
+    format!("is a {kind}, not a {expected}")
 }
 
 /// Writes a declared schedule as the gem's `save` does (`job.rb`): the hash with every field of

@@ -159,6 +159,8 @@ async fn a_damaged_stored_walk_does_not_stop_schedules() {
     let (key, why) = s.damaged.expect("the damaged key is not reported");
     assert_eq!(key, keys::CRON_NAMESPACES);
     assert!(why.contains("hash"), "{why}");
+    // Review (issue 43): the message said "its cron schedules are not run" while every one ran.
+    assert!(why.contains("walks by itself"), "{why}");
 
     // The turn damaged too (no walk stored, a turn that never expires).
     let _: () = c.del(keys::CRON_NAMESPACES).unwrap();
@@ -218,6 +220,15 @@ async fn a_set_name_that_is_not_utf8_hides_no_other_namespace() {
         .await
         .unwrap();
     assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+    // A stored walk that is not UTF-8 is named, and the process walks by itself.
+    let _: () = c.set(keys::CRON_NAMESPACES, &b"\xff[\"cron_jobs\"]"[..]).unwrap();
+    let s = store::shared_schedule_sets(&conn, "b", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+    let (key, why) = s.damaged.expect("the damaged key is not reported");
+    assert_eq!(key, keys::CRON_NAMESPACES);
+    assert!(why.contains("walks by itself"), "{why}");
 }
 
 /// Review (issue 43): a stored walk whose TTL outlasts the interval (written by hand, or by a process
