@@ -108,10 +108,15 @@ pub(crate) async fn shared_schedule_sets(
                     s.sets = walk(conn, false).await?;
                     return Ok(s);
                 };
-                let ttl: i64 = redis::cmd("PTTL")
+                let ttl: i64 = match redis::cmd("PTTL")
                     .arg(keys::CRON_NAMESPACES)
                     .query_async(&mut c)
-                    .await?;
+                    .await
+                {
+                    Ok(ttl) => ttl,
+                    Err(e) if is_connection(&e) => return Err(e.into()),
+                    Err(e) => return walk_alone(conn, interval, keys::CRON_NAMESPACES, &e).await,
+                };
                 let fresh_for = match u64::try_from(ttl) {
                     // Read until it expires, it would hide a namespace created meanwhile for longer
                     // than the interval (a year, for one written with `EX 31536000`): oxidekiq
@@ -206,14 +211,24 @@ pub(crate) async fn shared_schedule_sets(
                 // Another process walks, unless the turn is no turn of ours: every turn is a
                 // string with a TTL of at most the lease, and any other key there would stop every
                 // walk of the fleet for as long as it lasts.
-                let kind: String = redis::cmd("TYPE")
+                let kind: String = match redis::cmd("TYPE")
                     .arg(keys::CRON_WALK)
                     .query_async(&mut c)
-                    .await?;
-                let ttl: i64 = redis::cmd("PTTL")
+                    .await
+                {
+                    Ok(kind) => kind,
+                    Err(e) if is_connection(&e) => return Err(e.into()),
+                    Err(e) => return walk_alone(conn, interval, keys::CRON_WALK, &e).await,
+                };
+                let ttl: i64 = match redis::cmd("PTTL")
                     .arg(keys::CRON_WALK)
                     .query_async(&mut c)
-                    .await?;
+                    .await
+                {
+                    Ok(ttl) => ttl,
+                    Err(e) if is_connection(&e) => return Err(e.into()),
+                    Err(e) => return walk_alone(conn, interval, keys::CRON_WALK, &e).await,
+                };
                 let lease = WALK_LEASE.as_millis() as i64;
                 if kind != "none" && (kind != "string" || ttl == -1 || ttl > lease) {
                     let mut s = alone((
@@ -233,6 +248,25 @@ pub(crate) async fn shared_schedule_sets(
             }
         }
     }
+}
+
+/// A look at `key` refused (an ACL without `TYPE` or `PTTL`, which the poller did not need before
+/// the shared walk): reported, and this process walks by itself, as for a damaged key (review of
+/// issue 43: the refusal failed the look, and only `cron_jobs` and `cron_jobs:default` were read).
+async fn walk_alone(
+    conn: &Conn,
+    interval: Duration,
+    key: &'static str,
+    e: &redis::RedisError,
+) -> Result<Shared> {
+    Ok(Shared {
+        sets: walk(conn, false).await?,
+        fresh_for: interval,
+        damaged: Some((
+            key,
+            format!("could not be looked at ({e}); this process walks by itself"),
+        )),
+    })
 }
 
 /// The sets that hold schedules: `cron_jobs` and every `cron_jobs:<namespace>` that exists (found by

@@ -221,7 +221,9 @@ async fn a_set_name_that_is_not_utf8_hides_no_other_namespace() {
         .unwrap();
     assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
     // A stored walk that is not UTF-8 is named, and the process walks by itself.
-    let _: () = c.set(keys::CRON_NAMESPACES, &b"\xff[\"cron_jobs\"]"[..]).unwrap();
+    let _: () = c
+        .set(keys::CRON_NAMESPACES, &b"\xff[\"cron_jobs\"]"[..])
+        .unwrap();
     let s = store::shared_schedule_sets(&conn, "b", Duration::from_secs(600))
         .await
         .unwrap();
@@ -252,4 +254,62 @@ async fn a_stored_walk_outlasting_the_interval_hides_no_new_namespace() {
         .unwrap();
     assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
     assert_eq!(s.damaged.map(|d| d.0), Some(keys::CRON_NAMESPACES));
+}
+
+/// Review (issue 43): an ACL that lets the poller at the gem's keys but not at oxidekiq's (a user
+/// limited to `~cron_* ~queue:*`, as set up before the shared walk) stops no namespaced schedule: the
+/// refused turn and stored walk leave the process to walk by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_refusing_our_keys_stops_no_namespaced_schedule() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    populate(&mut c, "ns", 100);
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "cron", "on", ">pw", "~cron_*", "~queue:*", "~queues", "+@all",
+        ])
+        .query(&mut c)
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://cron:pw@", 1);
+    let conn = redis_conn::connect(&redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let s = store::shared_schedule_sets(&conn, "a", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(s.sets.contains(&"cron_jobs:ns".to_string()), "{s:?}");
+    assert!(s.damaged.is_some(), "{s:?}");
+}
+
+/// Review (issue 43): an ACL refusing `PTTL` (or `TYPE`), which the poller did not need before the
+/// shared walk, failed every reader's look, which the poller took for a refused scan: only
+/// `cron_jobs` and `cron_jobs:default` were read, so a namespaced schedule ran only in the process
+/// that walked. Now the reader walks by itself, as for other refusals. Failed before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_refusing_pttl_hides_no_namespace_from_readers() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    populate(&mut c, "ns", 100);
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "cron", "on", ">pw", "~*", "+@all", "-pttl"])
+        .query(&mut c)
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://cron:pw@", 1);
+    let conn = redis_conn::connect(&redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let walker = store::shared_schedule_sets(&conn, "a", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(
+        walker.sets.contains(&"cron_jobs:ns".to_string()),
+        "{walker:?}"
+    );
+    let reader = store::shared_schedule_sets(&conn, "b", Duration::from_secs(600)).await;
+    assert!(
+        reader
+            .as_ref()
+            .is_ok_and(|s| s.sets.contains(&"cron_jobs:ns".to_string())),
+        "{reader:?}"
+    );
 }
