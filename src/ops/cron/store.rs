@@ -186,11 +186,15 @@ pub(crate) async fn shared_schedule_sets(
                 };
                 if let Some(sets) = stored {
                     let text = serde_json::to_string(&sets).unwrap_or_else(|_| "[]".into());
+                    // Stored for at most the default interval, whatever this process's (a poll
+                    // interval above 600 s makes its own longer): a longer TTL is what the others
+                    // take for a damaged key, and a fleet of mixed settings must not see one.
+                    let ttl = interval.min(super::NAMESPACE_SCAN_INTERVAL);
                     let _: redis::RedisResult<()> = redis::cmd("SET")
                         .arg(keys::CRON_NAMESPACES)
                         .arg(text)
                         .arg("PX")
-                        .arg(interval.as_millis().max(1) as u64)
+                        .arg(ttl.as_millis().max(1) as u64)
                         .query_async(&mut c)
                         .await;
                 }

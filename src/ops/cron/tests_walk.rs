@@ -313,3 +313,33 @@ async fn an_acl_refusing_pttl_hides_no_namespace_from_readers() {
         "{reader:?}"
     );
 }
+
+/// A process whose poll interval is above the default 600 s walks at its own pace, but stores what it
+/// found for at most 600 s: a longer TTL is what the others take for a damaged key (review of issue
+/// 43), so a fleet of mixed poll intervals would log an ERROR and walk alone. The others then read
+/// the stored walk as any other.
+#[tokio::test]
+async fn a_walk_stored_by_a_slow_poller_is_no_damage_to_the_others() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    populate(&mut c, "ns", 0);
+    let conn = conn(&redis).await;
+    let slow = store::shared_schedule_sets(&conn, "slow", Duration::from_secs(900))
+        .await
+        .unwrap();
+    assert!(slow.damaged.is_none(), "{:?}", slow.damaged);
+    let ttl: i64 = c.pttl(keys::CRON_NAMESPACES).unwrap();
+    assert!(
+        (1..=600_000).contains(&ttl),
+        "stored for {ttl} ms, more than the default interval"
+    );
+    let other = store::shared_schedule_sets(&conn, "other", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(other.damaged.is_none(), "{:?}", other.damaged);
+    assert!(
+        other.sets.iter().any(|s| s == "cron_jobs:ns"),
+        "{:?}",
+        other.sets
+    );
+}
