@@ -110,6 +110,16 @@ pub struct Cli {
     #[arg(global = true, short = 'v', long)]
     pub verbose: bool,
 
+    /// Least severe log lines written: debug, info (Sidekiq's default: a start and a done line per job), warn (no per-job lines) or error; -v is debug
+    #[arg(
+        global = true,
+        long,
+        value_enum,
+        value_name = "LEVEL",
+        env = "OXIDEKIQ_LOG_LEVEL"
+    )]
+    pub log_level: Option<LogLevelArg>,
+
     /// Fetch strategy: reliable keeps in-flight jobs in Redis so a crash loses none; basic is Sidekiq's BRPOP
     #[arg(global = true, long, value_name = "MODE", value_parser = fetch_value)]
     pub fetch: Option<FetchMode>,
@@ -244,6 +254,19 @@ pub enum UnknownClassArg {
     Dead,
 }
 
+/// `--log-level` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevelArg {
+    /// Everything, debug lines included (as -v)
+    Debug,
+    /// A start and a done line per job, and what the process does (the default)
+    Info,
+    /// Warnings and errors only: no per-job lines
+    Warn,
+    /// Errors only
+    Error,
+}
+
 /// `--timestamps` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TimestampsArg {
@@ -284,6 +307,7 @@ impl fmt::Debug for Cli {
             .field("command", &self.command)
             .field("http", &self.http)
             .field("log_format", &self.log_format)
+            .field("log_level", &self.log_level)
             .field("sentinels", &self.sentinels)
             .field("sentinel_master", &self.sentinel_master)
             .field(
@@ -491,6 +515,25 @@ pub fn config_from(
     if cli.verbose {
         config.verbose = true;
     }
+    // The flag beats the file's `verbose:`; beside -v it must say the same.
+    match (cli.log_level, config.verbose) {
+        (Some(level), _) => {
+            if cli.verbose && level != LogLevelArg::Debug {
+                return Err(Error::Config(
+                    "-v (verbose: debug lines) and --log-level name different levels: give one"
+                        .into(),
+                ));
+            }
+            config.log_level = match level {
+                LogLevelArg::Debug => crate::logging::LogLevel::Debug,
+                LogLevelArg::Info => crate::logging::LogLevel::Info,
+                LogLevelArg::Warn => crate::logging::LogLevel::Warn,
+                LogLevelArg::Error => crate::logging::LogLevel::Error,
+            };
+        }
+        (None, true) => config.log_level = crate::logging::LogLevel::Debug,
+        (None, false) => {}
+    }
     // Flag, then REDIS_URL (clap reads both into `redis_url`), then the file; empty means unset.
     if let Some(url) = cli.redis_url.as_ref().filter(|u| !u.is_empty()) {
         config.redis_url = Some(url.clone());
@@ -668,7 +711,7 @@ pub fn run(registry: impl FnOnce() -> crate::registry::Registry) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _log = crate::logging::init_with(config.verbose, config.log_format);
+    let _log = crate::logging::init_with(config.log_level, config.log_format);
     // The control plane's runtime, on this thread: the launcher runs the jobs on a runtime of its own
     // (`--threads`), so no job can starve what runs here (the heartbeat, signals, the stop).
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -774,6 +817,27 @@ mod tests {
         ] {
             assert!(parse_args(args.iter().copied()).is_err(), "{args:?}");
         }
+    }
+
+    #[test]
+    fn the_log_level_flag_reaches_the_config_and_v_means_debug() {
+        use crate::logging::LogLevel;
+        let level = |args: &[&str]| {
+            config_from(&parse(args), &no_env, Path::new("/nonexistent-dir")).map(|c| c.log_level)
+        };
+        assert_eq!(level(&[]).unwrap(), LogLevel::Info, "Sidekiq's default");
+        assert_eq!(level(&["--log-level", "warn"]).unwrap(), LogLevel::Warn);
+        assert_eq!(level(&["--log-level", "error"]).unwrap(), LogLevel::Error);
+        assert_eq!(level(&["-v"]).unwrap(), LogLevel::Debug);
+        assert_eq!(
+            level(&["-v", "--log-level", "debug"]).unwrap(),
+            LogLevel::Debug
+        );
+        let both = level(&["-v", "--log-level", "warn"])
+            .unwrap_err()
+            .to_string();
+        assert!(both.contains("--log-level"), "{both}");
+        assert!(parse_args(["oxidekiq", "--log-level", "loud"]).is_err());
     }
 
     #[test]

@@ -209,6 +209,8 @@ pub struct Config {
     pub http: Option<String>,
     /// Log line format (`--log-format`).
     pub log_format: crate::logging::LogFormat,
+    /// The least severe lines written (`--log-level`; `-v` and `verbose: true` are `Debug`).
+    pub log_level: crate::logging::LogLevel,
     /// Redis through Sentinel (`--sentinel`, `:redis: { :sentinels: ... }`); `None`: the URL's server.
     pub sentinel: Option<crate::sentinel::SentinelConfig>,
     /// sidekiq-cron's schedules: on or off (`--no-cron`), how often Redis is looked at, and the
@@ -245,6 +247,7 @@ impl Default for Config {
             run_flagged: Vec::new(),
             http: None,
             log_format: crate::logging::LogFormat::Text,
+            log_level: crate::logging::LogLevel::Info,
             sentinel: None,
             cron: super::CronConfig::default(),
             unique_jobs_gem: None,
@@ -276,6 +279,7 @@ impl fmt::Debug for Config {
             .field("run_flagged", &self.run_flagged)
             .field("http", &self.http)
             .field("log_format", &self.log_format)
+            .field("log_level", &self.log_level)
             .field("sentinel", &self.sentinel)
             .field("cron", &self.cron)
             .field("unique_jobs_gem", &self.unique_jobs_gem)

@@ -79,6 +79,34 @@ pub enum LogFormat {
     Json,
 }
 
+/// The least severe lines written (`--log-level`; `-v` is `debug`). Sidekiq's `logger.level`: at `warn` a
+/// job's start and done lines (INFO) are not written, as a Ruby app that sets
+/// `Sidekiq.logger.level = Logger::WARN` stops them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Everything, debug lines included (`-v`).
+    Debug,
+    /// Sidekiq's default: a start and a done line per job, and what the process does.
+    #[default]
+    Info,
+    /// Warnings and errors only: no per-job lines.
+    Warn,
+    /// Errors only.
+    Error,
+}
+
+impl LogLevel {
+    /// The `tracing` filter of this level.
+    pub(crate) fn filter(self) -> LevelFilter {
+        match self {
+            LogLevel::Debug => LevelFilter::DEBUG,
+            LogLevel::Info => LevelFilter::INFO,
+            LogLevel::Warn => LevelFilter::WARN,
+            LogLevel::Error => LevelFilter::ERROR,
+        }
+    }
+}
+
 /// The subscriber: spans and events straight into Sidekiq-shaped lines.
 ///
 /// It replaces `tracing_subscriber`'s fmt subscriber, whose registry gave every span (one per job) a

@@ -96,3 +96,48 @@ fn the_binary_reads_sidekiq_yml_with_erb_and_logs_in_sidekiqs_line_shape() {
     // As given, as Sidekiq 7+ writes it: `default` has no weight (0); the fetch counts it as 1.
     assert_eq!(info["weights"][0]["default"], 0);
 }
+
+/// `--log-level warn` is Ruby's `Sidekiq.logger.level = Logger::WARN`: the jobs run, no start or done
+/// line is written, and a warning still is (here the one naming a `sidekiq.yml` key oxidekiq does not
+/// read).
+#[test]
+fn log_level_warn_writes_no_per_job_lines_but_still_warns() {
+    let redis = support::RedisServer::start();
+    let dir = support::temp_dir("binary-log-level");
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::write(
+        dir.join("config/sidekiq.yml"),
+        "---\n:concurrency: 2\n:not_a_sidekiq_key: 1\n:queues:\n  - default\n",
+    )
+    .unwrap();
+    support::ruby(
+        r#"
+        class HardWorker; include Sidekiq::Worker; end
+        3.times { |i| HardWorker.perform_async("bob", i) }
+        "#,
+        &redis.url(),
+    );
+    let ox = support::Oxidekiq::start_in(dir, &redis.url(), &["--log-level", "warn"], &[]);
+    let mut c = redis.conn();
+    assert!(
+        support::wait_until(Duration::from_secs(20), || {
+            c.get::<_, Option<u64>>("stat:processed")
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+                >= 3
+        }),
+        "the three jobs run: {}",
+        ox.log()
+    );
+    assert!(
+        ox.wait_for_log("not_a_sidekiq_key", Duration::from_secs(5)),
+        "a warning is still written: {}",
+        ox.log()
+    );
+    let log = ox.log();
+    assert!(
+        !log.contains("INFO: start") && !log.contains("INFO: done"),
+        "no per-job line at warn: {log}"
+    );
+}

@@ -48,9 +48,9 @@ impl Sink {
     }
 }
 
-/// Installs the Sidekiq-shaped logger on stdout, in `format`; `verbose` turns on debug lines. Keep the
-/// guard alive until exit: dropping it writes out what is still buffered.
-pub(crate) fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
+/// Installs the Sidekiq-shaped logger on stdout, in `format`, writing lines of `level` and above. Keep
+/// the guard alive until exit: dropping it writes out what is still buffered.
+pub(crate) fn init_with(level: LogLevel, format: LogFormat) -> LogGuard {
     let sink = Arc::new(Sink::default());
     let flusher = Arc::downgrade(&sink);
     // The flusher ends by itself once the guard and the subscriber's writer are gone.
@@ -63,11 +63,7 @@ pub(crate) fn init_with(verbose: bool, format: LogFormat) -> LogGuard {
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
-    let level = if verbose {
-        LevelFilter::DEBUG
-    } else {
-        LevelFilter::INFO
-    };
+    let level = level.filter();
     // A second init (tests) keeps the first subscriber.
     let installed =
         tracing::subscriber::set_global_default(Logger::new(level, format, sink.clone()));
