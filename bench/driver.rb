@@ -1078,7 +1078,10 @@ def target(id, what, figure, threshold, verdict) = $targets << { target: id, wha
   target("4", "Redis CPU per no-op job, Ruby / oxidekiq, #{what}", fig.(:redis_ratio, :ruby_redis_us, :oxidekiq_redis_us), ">= 20x",
          d&.dig(:redis_ratio) && met(d[:redis_ratio] >= 20))
 end
-unless $payloads.empty?
+if $payloads.empty?
+  target("5", "reliable fetch's Redis µs/job / the floor's, every round at every size (payloads)", nil, "<= #{PAYLOAD_RELIABLE_MAX}x", nil)
+  target("5", "basic fetch's Redis µs/job / the floor's (medians), at every size (payloads)", nil, "<= 1.0x", nil)
+else
   worst = $payloads.flat_map { |x| x[:per_round] }.max
   target("5", "reliable fetch's Redis µs/job / the floor's, every round at every size (#{$payloads.map { |x| format('%g', x[:kb]) }.join(', ')} KB)",
          worst && format("worst round %.2fx", worst), "<= #{PAYLOAD_RELIABLE_MAX}x", met($payloads.all? { |x| x[:met] }))
@@ -1086,15 +1089,20 @@ unless $payloads.empty?
   target("5", "basic fetch's Redis µs/job / the floor's (medians), at every size", bw && format("worst size %.2fx", bw),
          "<= 1.0x", bw && met($payloads.all? { |x| x[:basic_met] }))
 end
-unless $latency_ratio.empty?
+if $latency_ratio.empty?
+  target("6", "enqueue-to-start p99 at #{LATENCY_RATIO_RATE} jobs/s, Ruby / oxidekiq (latency_ratio)", nil,
+         ">= 5x in #{LATENCY_RUNS} of #{LATENCY_RUNS}", nil)
+else
   rs = $latency_ratio.map { |x| x[:ratio] }
   target("6", "enqueue-to-start p99 at #{LATENCY_RATIO_RATE} jobs/s, Ruby -c #{LATENCY_RUBY_CONC} / oxidekiq -c #{LATENCY_OXIDEKIQ_CONC}",
          "met in #{latr_met} of #{LATENCY_RUNS} (#{rs.map(&fx).join(' ')})", ">= 5x in #{LATENCY_RUNS} of #{LATENCY_RUNS}",
          met(latr_met == LATENCY_RUNS && $latency_ratio.size == LATENCY_RUNS))
 end
-unless $fleet.empty?
+if $fleet.empty?
+  target("7", "jobs/s one Redis core sustains (drain, defaults or payloads; checked by scaleout)", nil, "stated", nil)
+else
   pick = ->(prefix) { $fleet.find { |f| f[:fleet].start_with?(prefix) } }
-  parts = [["oxidekiq reliable", pick.("oxidekiq, reliable")], ["oxidekiq basic", pick.("oxidekiq, basic")],
+  parts = [["oxidekiq reliable", pick.("oxidekiq, reliable") || pick.("oxidekiq, default")], ["oxidekiq basic", pick.("oxidekiq, basic")],
            ["Ruby", pick.("Ruby Sidekiq")]].filter_map { |n, f| f && "#{n} #{fmt_rate(f[:ceiling])} (#{f[:jobs]})" }
   checks = $fleet_check.filter_map { |c| c[:implied_over_projected] && format("%dp %.2fx", c[:procs], c[:implied_over_projected]) }
   target("7", "jobs/s one Redis core sustains (1e6 / Redis µs per job)#{checks.empty? ? '' : '; scale-out implied / projected'}",
