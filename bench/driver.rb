@@ -9,11 +9,15 @@
 # jobs/s = jobs / seconds from the release to the empty queue; CPU µs/job = CPU time spent / jobs.
 #
 # Environment: REDIS_URL, OXIDEKIQ_BIN, RUSTY_BIN, RESULTS_DIR, WORK_DIR (set by run.sh); JOBS (100000),
-# ROUNDS (3), SCENARIOS (default: drain,activejob,io,latency,locks,schedule,rss,scaleout,quiet),
-# IO_JOBS (JOBS / 5), LOCK_JOBS (JOBS), SCHEDULE_JOBS (JOBS), SCALE_PROCS (1,2,4), LATENCY_RATE (5000),
-# LATENCY_SECS (10), RUN_TIMEOUT (600 s), PAYLOAD_SIZES (0.2,1,4,16 KB), PAYLOAD_JOBS (min(JOBS, 100000), at most 256 MB of payload a round; Ruby at most 20000),
+# ROUNDS (3), SCENARIOS (default: drain,defaults,activejob,io,latency,latency_ratio,locks,schedule,rss,scaleout,
+# quiet,payloads), IO_JOBS (JOBS / 5), LOCK_JOBS (JOBS), SCHEDULE_JOBS (JOBS), SCALE_PROCS (1,2,4), LATENCY_RATE (5000),
+# LATENCY_SECS (10), LATENCY_RATIO_RATE (1000), LATENCY_RUNS (5), LATENCY_OXIDEKIQ_CONC (200), LATENCY_RUBY_CONC (25),
+# DEFAULTS_JOBS (JOBS; Ruby at most DEFAULTS_RUBY_JOBS, 30000), OXIDEKIQ_LOG_OFF (oxidekiq's arguments for
+# "logging off"; default `--log-level warn` when its --help lists --log-level, else none: not measured),
+# RUN_TIMEOUT (600 s), PAYLOAD_SIZES (0.2,1,4,16 KB), PAYLOAD_JOBS (min(JOBS, 100000), at most 256 MB of payload a round; Ruby at most 20000),
 # PAYLOAD_CONC (200), UNIQUE_JOBS_LIB (unset: where sidekiq-unique-jobs 7.1.33 and brpoplpush-redis_script
 # 0.1.3 are unpacked, e.g. /work/ext/uniq, for the locks scenario's Ruby peer; unset, Ruby runs unlocked).
+# The end of the output is issue 42's targets 4-7, each with its figure, threshold and verdict.
 require "etc"
 require "fileutils"
 require "socket"
@@ -45,6 +49,17 @@ LOCK_JOBS = Integer(ENV.fetch("LOCK_JOBS", JOBS.to_s))
 SCHEDULE_JOBS = Integer(ENV.fetch("SCHEDULE_JOBS", JOBS.to_s))
 LATENCY_RATE = Integer(ENV.fetch("LATENCY_RATE", "5000"))
 LATENCY_SECS = Float(ENV.fetch("LATENCY_SECS", "10"))
+# Issue 42's latency target: p99 at LATENCY_RATIO_RATE jobs/s at most 1/5 of Ruby Sidekiq's, in every one of
+# LATENCY_RUNS runs (alternating oxidekiq, Ruby, oxidekiq, ...), each system at its best drain concurrency.
+LATENCY_RATIO_RATE = Integer(ENV.fetch("LATENCY_RATIO_RATE", "1000"))
+LATENCY_RUNS = Integer(ENV.fetch("LATENCY_RUNS", "5"))
+LATENCY_OXIDEKIQ_CONC = Integer(ENV.fetch("LATENCY_OXIDEKIQ_CONC", "200"))
+LATENCY_RUBY_CONC = Integer(ENV.fetch("LATENCY_RUBY_CONC", "25"))
+# The defaults scenario (issue 42's target 4): each system at its default command line (no -c; oxidekiq no
+# --threads either), with its per-job logging on and off. Ruby Sidekiq drains a few thousand jobs a second at
+# -c 10: at most DEFAULTS_RUBY_JOBS a round keep its rounds near ten seconds, plenty for a per-job figure.
+DEFAULTS_JOBS = Integer(ENV.fetch("DEFAULTS_JOBS", JOBS.to_s))
+DEFAULTS_RUBY_JOBS = [DEFAULTS_JOBS, Integer(ENV.fetch("DEFAULTS_RUBY_JOBS", "30000"))].min
 RUN_TIMEOUT = Float(ENV.fetch("RUN_TIMEOUT", "600"))
 # oxidekiq's runtime threads (`--threads`): 1 by default, as docs/configuration.md advises for a box
 # whose other core runs Redis; "cpus" leaves oxidekiq's own default (one per CPU less the control plane's, at least
@@ -60,12 +75,13 @@ PAYLOAD_JOBS = Integer(ENV.fetch("PAYLOAD_JOBS", [JOBS, 100_000].min.to_s))
 PAYLOAD_ROUND_BYTES = 256 * 1024 * 1024
 RUBY_PAYLOAD_JOBS = 20_000
 PAYLOAD_CONC = Integer(ENV.fetch("PAYLOAD_CONC", "200"))
+PAYLOAD_RELIABLE_MAX = 1.5
 # The locks scenario's Ruby peer runs UniqueNoopJob under sidekiq-unique-jobs' while_executing lock when
 # this points at the gem's unpacked source (bench/unique_jobs.rb); without it Ruby's unlocked NoopJob is
 # the comparison, and the output says so.
 UNIQUE_JOBS_LIB = ENV["UNIQUE_JOBS_LIB"]&.then { |d| d.empty? ? nil : File.expand_path(d) }
 UNIQUE_JOBS_INCLUDES = UNIQUE_JOBS_LIB ? %w[brpoplpush-redis_script-0.1.3 sidekiq-unique-jobs-7.1.33].flat_map { |g| ["-I", File.join(UNIQUE_JOBS_LIB, g, "lib")] } : [].freeze
-ALL = %w[drain activejob io latency locks schedule rss scaleout quiet payloads].freeze
+ALL = %w[drain defaults activejob io latency latency_ratio locks schedule rss scaleout quiet payloads].freeze
 SCENARIOS = ENV.fetch("SCENARIOS", ALL.join(",")).split(",").map(&:strip).reject(&:empty?)
 SYSTEMS = ENV.fetch("SYSTEMS", "oxidekiq,ruby,rusty").split(",").map { |x| x.strip.to_sym }
 # Polling (readiness, acknowledgements, latency and schedule scenarios) is sparse: every 25 ms. The drain
@@ -105,15 +121,19 @@ def oxidekiq_has?(klass)
   @oxi_bin.include?(klass)
 end
 
-def command(system, concurrency, queue: "default", extra: [], threads: THREADS, unique: false)
+# `defaults`: the system's own default command line, as an operator starts it: no -c (both default to 10) and,
+# for oxidekiq, no --threads (a thread per CPU less one).
+def command(system, concurrency, queue: "default", extra: [], threads: THREADS, unique: false, defaults: false)
+  conc = defaults ? [] : ["-c", concurrency.to_s]
+  threads = "cpus" if defaults
   case system
-  when :oxidekiq then [OXIDEKIQ, "-q", queue, "-c", concurrency.to_s, *(threads == "cpus" ? [] : ["--threads", threads]), *extra]
+  when :oxidekiq then [OXIDEKIQ, "-q", queue, *conc, *(threads == "cpus" ? [] : ["--threads", threads]), *extra]
   # Ruby runs the sidekiq script itself: the pid spawned is the Sidekiq process (its RSS is measured).
   when :ruby
     if unique # UniqueNoopJob under sidekiq-unique-jobs (bench/unique_jobs.rb, the gem from UNIQUE_JOBS_LIB)
       [RbConfig.ruby, *UNIQUE_JOBS_INCLUDES, SIDEKIQ, "-r", File.join(__dir__, "unique_jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
     else
-      [RbConfig.ruby, SIDEKIQ, "-r", File.join(__dir__, "jobs.rb"), "-q", queue, "-c", concurrency.to_s, *extra]
+      [RbConfig.ruby, SIDEKIQ, "-r", File.join(__dir__, "jobs.rb"), "-q", queue, *conc, *extra]
     end
   when :rusty then [RUSTY, concurrency.to_s]
   # The payload scenario's floor: a bare client popping 100 at a time (bench/floor.rb); no concurrency.
@@ -122,10 +142,12 @@ def command(system, concurrency, queue: "default", extra: [], threads: THREADS, 
   end
 end
 
-def spawn_system(system, concurrency, log_name, **opts)
+# `env`: variables for this drainer only (the defaults scenario's BENCH_SIDEKIQ_LOG_LEVEL, read by jobs.rb).
+# RAILS_MAX_THREADS is cleared: oxidekiq reads it for its default concurrency.
+def spawn_system(system, concurrency, log_name, env: {}, **opts)
   cmd = command(system, concurrency, **opts)
   log = File.join(WORK, "#{log_name}.log")
-  pid = Process.spawn({ "REDIS_URL" => REDIS_URL, "RUST_LOG" => nil }, *cmd,
+  pid = Process.spawn({ "REDIS_URL" => REDIS_URL, "RUST_LOG" => nil, "RAILS_MAX_THREADS" => nil }.merge(env), *cmd,
                       chdir: WORK, in: File::NULL, out: log, err: [:child, :out])
   $live << pid
   pid
@@ -341,7 +363,10 @@ end
 # `tail`: the jobs' own duration. At the empty queue every job has started (each system fetches only for
 # a free slot), so the drain is complete `tail` seconds later, whatever the system: it is added to all.
 # `quiet`: nothing but the keyspace event (no CPU readings, no acknowledgement polling).
-def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: false, threads: THREADS, extra: [])
+# `defaults`, `env`: the defaults scenario's default command line and environment (command, spawn_system);
+# `count_log`: count the start and done lines the drainer wrote, per job (the log files of that round).
+def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: false, threads: THREADS, extra: [],
+               defaults: false, env: {}, count_log: false)
   $redis.flushall
   if (bytes = kind.to_s[/\Apayload_(\d+)\z/, 1])
     enqueue_payload(Integer(bytes), jobs)
@@ -355,7 +380,7 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
 
   t_spawn = now
   pids = Array.new(procs) do |k|
-    spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label,
+    spawn_system(system, concurrency, procs > 1 ? "#{label}-p#{k + 1}" : label, defaults: defaults, env: env,
                  **(if system == :oxidekiq then { threads: threads, extra: extra }
                     elsif system == :ruby && kind == :unique then { unique: true }
                     else {}
@@ -381,9 +406,11 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
   hwm = pids.map { |p| proc_status(p, "VmHWM") }.compact.max
   pids.each { |p| stop(p) }
   secs = empty + tail
-  rec = { seconds: secs, jobs_per_s: jobs / secs, ready_s: ready, acked_s: acked, hwm_kb: hwm,
+  # wall: release to the last acknowledgement (and the tail), the window of the CPU readings and busy shares.
+  rec = { seconds: secs, jobs_per_s: jobs / secs, ready_s: ready, acked_s: acked, hwm_kb: hwm, wall_s: wall,
           failed: failures, left: $redis.llen(QUEUE), payload_bytes: payload_bytes }
   rec[:commands] = commands if commands
+  rec[:log_lines_per_job] = log_lines(label, procs) / jobs.to_f if count_log
   if before && after
     rec[:cpu_us] = (after[:sys] - before[:sys]) * 1e6 / jobs
     rec[:redis_us] = (after[:redis] - before[:redis]) * 1e6 / jobs
@@ -396,6 +423,16 @@ def drain_once(system, concurrency, kind, jobs, label, tail, procs: 1, quiet: fa
   rec
 ensure
   pids&.each { |p| stop(p) }
+end
+
+# Lines the drainer(s) of `label` wrote saying a job started or was done (Sidekiq's and oxidekiq's text
+# lines end "INFO: start" / "INFO: done"), in this round's log files (each spawn truncates its own).
+def log_lines(label, procs)
+  files = procs > 1 ? Array.new(procs) { |k| "#{label}-p#{k + 1}" } : [label]
+  files.sum do |f|
+    path = File.join(WORK, "#{f}.log")
+    File.exist?(path) ? File.foreach(path).count { |l| l.end_with?("INFO: start\n", "INFO: done\n") } : 0
+  end
 end
 
 def median(xs)
@@ -420,9 +457,10 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
   configs.each do |c|
     c[:threads] ||= THREADS
     c[:extra] ||= []
+    c[:env] ||= {}
     c[:label] = "#{c[:scenario]}-#{c[:kind]}-#{c[:system]}-c#{c[:concurrency]}#{c[:procs] > 1 ? "-x#{c[:procs]}" : ''}" \
                 "#{c[:system] == :oxidekiq && c[:threads] != THREADS ? "-t#{c[:threads]}" : ''}" \
-                "#{c[:extra].join('-')}".gsub(%r{[ /]}, "_")
+                "#{c[:extra].join('-')}#{c[:tag]}".gsub(%r{[ /,:;()]}, "_")
     c[:rounds] = []
     say "#{c[:label]}: #{rounds_n} round(s) of #{c[:jobs]} #{c[:kind]} jobs#{c[:procs] > 1 ? " over #{c[:procs]} processes" : ''}" \
         "#{c[:quiet] ? ' (quiet)' : ''}#{configs.size > 1 ? ' (rounds alternate with ' + (configs - [c]).map { |o| o[:name] || "#{SYSTEM_NAMES[o[:system]]} #{o[:kind]}" }.join(', ') + ')' : ''}"
@@ -431,13 +469,15 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
     configs.each do |c|
       next if c[:error]
       rec = drain_once(c[:system], c[:concurrency], c[:kind], c[:jobs], c[:label], c[:tail], procs: c[:procs], quiet: c[:quiet],
-                       threads: c[:threads], extra: c[:extra])
+                       threads: c[:threads], extra: c[:extra], defaults: c[:defaults], env: c[:env],
+                       count_log: c[:count_log])
       say format("  %s round %d: %.3f s, %.0f jobs/s%s%s, ready after %.2f s%s, peak RSS %.1f MB%s", c[:label], r + 1,
                  rec[:seconds], rec[:jobs_per_s],
                  rec[:cpu_us] ? format(", CPU %.1f µs/job (%.0f%% of a core)", rec[:cpu_us], rec[:sys_busy] * 100) : "",
                  rec[:redis_us] ? format(", Redis %.1f µs/job (%.0f%%), others %.2f cores", rec[:redis_us], rec[:redis_busy] * 100, rec[:others]) : "",
                  rec[:ready_s], rec[:acked_s] ? format(", all acked at %.3f s", rec[:acked_s]) : "",
                  (rec[:hwm_kb] || 0) / 1024.0, rec[:failed].positive? ? ", #{rec[:failed]} FAILED" : "")
+      say format("  %s: %.2f start/done log lines per job", c[:label], rec[:log_lines_per_job]) if rec[:log_lines_per_job]
       c[:rounds] << rec
     rescue StandardError => e
       say "  #{c[:label]} FAILED: #{e.message}"
@@ -463,7 +503,9 @@ def measure_alternating(configs, rounds_n: ROUNDS, record: true)
                        commands: rounds.sort_by { |x| x[:jobs_per_s] }[rounds.size / 2][:commands],
                        rss_mb: median(rounds.map { |x| x[:hwm_kb] })&./(1024.0), ready_s: median(rounds.map { |x| x[:ready_s] }),
                        acked_s: median(rounds.map { |x| x[:acked_s] }), failed: rounds.sum { |x| x[:failed] },
-                       payload_bytes: median(rounds.map { |x| x[:payload_bytes] }))
+                       payload_bytes: median(rounds.map { |x| x[:payload_bytes] }),
+                       log_lines_per_job: median(rounds.map { |x| x[:log_lines_per_job] }),
+                       wall_jobs_per_s: median(rounds.map { |x| x[:wall_s] && c[:jobs] / x[:wall_s] }))
           end
     $rows << row if record
     row
@@ -501,6 +543,78 @@ def scenario_drain
   ratio("no-op drain, each at its best: oxidekiq / rusty-sidekiq", best(ox.values), best(ru.values))
   ratio("CPU per no-op job, each at its best: Ruby Sidekiq / oxidekiq", best(rb.values), best(ox.values), field: :cpu_us)
   ratio("CPU per no-op job, each at its best: rusty-sidekiq / oxidekiq", best(ru.values), best(ox.values), field: :cpu_us)
+end
+
+# oxidekiq's arguments for "per-job logging off": OXIDEKIQ_LOG_OFF if set (an empty value: none), else
+# `--log-level warn` when the binary's --help lists --log-level; nil when it has no such switch.
+def oxidekiq_log_off
+  return @oxidekiq_log_off if defined?(@oxidekiq_log_off)
+  @oxidekiq_log_off = if ENV.key?("OXIDEKIQ_LOG_OFF")
+                        ENV["OXIDEKIQ_LOG_OFF"].split.then { |a| a.empty? ? nil : a }
+                      elsif `#{OXIDEKIQ} --help 2>/dev/null`.include?("--log-level")
+                        %w[--log-level warn]
+                      end
+end
+
+$defaults = {}
+
+# Issue 42's target 4: CPU per no-op job (and Redis's per job) of each system at its default command line
+# (`sidekiq -r jobs.rb -q default`: concurrency 10; `oxidekiq -q default`: concurrency 10, a thread per CPU
+# less one), with its default per-job logging (a start and a done line) and with it off (Ruby: Sidekiq.logger
+# at WARN, set by jobs.rb from BENCH_SIDEKIQ_LOG_LEVEL; oxidekiq: oxidekiq_log_off). The four configurations
+# take their rounds in turn (oxidekiq on, Ruby on, oxidekiq off, Ruby off, then again), so that a drift in the
+# machine's load lands on both systems; the ratios are of the medians and also given round by round.
+def scenario_defaults
+  off_args = oxidekiq_log_off
+  base = { concurrency: 10, kind: :noop, tail: 0.0, procs: 1, quiet: false, defaults: true, count_log: true }
+  configs = {}
+  %i[on off].each do |mode|
+    scenario = "defaults, logging #{mode}"
+    ox = base.merge(scenario: scenario, system: :oxidekiq, jobs: DEFAULTS_JOBS, tag: "-default-log#{mode}",
+                    name: "oxidekiq (no -c, no --threads#{mode == :off ? ", #{off_args&.join(' ')}" : ''})")
+    ox[:extra] = off_args if mode == :off
+    rb = base.merge(scenario: scenario, system: :ruby, jobs: DEFAULTS_RUBY_JOBS, tag: "-default-log#{mode}",
+                    name: "Ruby Sidekiq #{Sidekiq::VERSION} (no -c#{mode == :off ? ', logger at WARN' : ''})")
+    rb[:env] = { "BENCH_SIDEKIQ_LOG_LEVEL" => "warn" } if mode == :off
+    configs[[mode, :oxidekiq]] = ox unless mode == :off && off_args.nil?
+    configs[[mode, :ruby]] = rb
+  end
+  if off_args.nil? && SYSTEMS.include?(:oxidekiq)
+    $notes << "defaults: this oxidekiq build has no switch for its log level (no --log-level in --help; OXIDEKIQ_LOG_OFF " \
+              "unset), so it ran with its per-job lines only; the logging-off ratios set Ruby with its lines off against " \
+              "oxidekiq with them on: a lower bound of the ratio with both off"
+  end
+  keys = configs.keys.select { |_, system| SYSTEMS.include?(system) }
+  rows = measure_alternating(keys.map { |k| configs[k] })
+  got = keys.zip(rows).to_h { |k, r| [k, r && !r[:error] && r[:median] ? r : nil] }
+  %i[on off].each do |mode|
+    ox = got[[mode, :oxidekiq]] || (mode == :off ? got[[:on, :oxidekiq]] : nil)
+    rb = got[[mode, :ruby]]
+    next unless ox && rb
+    lower = mode == :off && got[[:off, :oxidekiq]].nil?
+    per = lambda do |field|
+      ox[:rounds].zip(rb[:rounds]).filter_map { |x, y| y && x[field]&.positive? && y[field] / x[field] }
+    end
+    $defaults[mode] = { ruby: rb[:name], oxidekiq: ox[:name], lower_bound: lower,
+                        ruby_cpu_us: rb[:cpu_us], oxidekiq_cpu_us: ox[:cpu_us],
+                        ruby_redis_us: rb[:redis_us], oxidekiq_redis_us: ox[:redis_us],
+                        ruby_log_lines: rb[:log_lines_per_job], oxidekiq_log_lines: ox[:log_lines_per_job],
+                        cpu_ratio: rb[:cpu_us] && ox[:cpu_us]&.positive? ? rb[:cpu_us] / ox[:cpu_us] : nil,
+                        redis_ratio: rb[:redis_us] && ox[:redis_us]&.positive? ? rb[:redis_us] / ox[:redis_us] : nil,
+                        cpu_per_round: per.(:cpu_us), redis_per_round: per.(:redis_us) }
+    if mode == :off
+      [[rb, rb[:log_lines_per_job]], (lower ? [] : [ox, ox[:log_lines_per_job]])].each do |r, lines|
+        next unless lines && lines > 0.01
+        $notes << format("defaults: %s still wrote %.2f start/done lines per job with its logging \"off\": the switch did " \
+                         "not turn them off, so its logging-off figures are not that", r[:name], lines)
+      end
+    end
+    suffix = lower ? " (oxidekiq's lines on: a lower bound)" : ""
+    ratio("CPU per no-op job, defaults, logging #{mode}: Ruby Sidekiq / oxidekiq (target 80x)#{suffix}", rb, ox,
+          rb[:name], ox[:name], field: :cpu_us)
+    ratio("Redis CPU per no-op job, defaults, logging #{mode}: Ruby Sidekiq / oxidekiq (target 20x)#{suffix}", rb, ox,
+          rb[:name], ox[:name], field: :redis_us)
+  end
 end
 
 # ActiveJob against plain no-op jobs, rounds alternating (plain 1, ActiveJob 1, plain 2, ...): the ratio is
@@ -573,8 +687,9 @@ $payloads = []
 # Redis's CPU per job at several payload sizes (PAYLOAD_SIZES KB: a NoopJob whose string argument pads the
 # payload), for oxidekiq's reliable fetch, its basic fetch, the floor (bench/floor.rb: `RPOP queue 100` and
 # nothing else) and Ruby Sidekiq, all at -c PAYLOAD_CONC, rounds alternating between the four at each size
-# so that a drift of the machine's load lands on all of them. The target: reliable fetch within 2x of the
-# floor in every round at every size ("met" only then).
+# so that a drift of the machine's load lands on all of them. Issue 42's target 5: reliable fetch within
+# PAYLOAD_RELIABLE_MAX (1.5x) of the floor in every round at every size ("met" only then), and basic fetch at
+# or below the floor (medians) at every size.
 def scenario_payloads
   PAYLOAD_SIZES.each do |kb|
     bytes = (kb * 1024).round
@@ -595,13 +710,15 @@ def scenario_payloads
       r = c && rows[list.index { |x| x.equal?(c) }]
       r && !r[:error] ? r : nil
     end
-    rel, flo = row.(reliable), row.(floor)
+    rel, flo, bas = row.(reliable), row.(floor), row.(basic)
     per = rel && flo ? rel[:rounds].zip(flo[:rounds]).filter_map { |x, y| y && y[:redis_us].positive? && x[:redis_us] / y[:redis_us] } : []
     $payloads << { kb: kb, bytes: median((rel || flo || {})[:rounds].to_a.map { |x| x[:payload_bytes] }),
                    reliable: rel&.dig(:redis_us), basic: row.(basic)&.dig(:redis_us), floor: flo&.dig(:redis_us),
                    ruby: row.(ruby)&.dig(:redis_us), ruby_name: row.(ruby) && "#{row.(ruby)[:name]} -c #{row.(ruby)[:concurrency]}",
                    ratio: rel && flo && flo[:redis_us].positive? ? rel[:redis_us] / flo[:redis_us] : nil, per_round: per,
-                   met: !per.empty? && per.size == ROUNDS && per.all? { |x| x <= 2.0 } }
+                   met: !per.empty? && per.size == ROUNDS && per.all? { |x| x <= PAYLOAD_RELIABLE_MAX },
+                   basic_ratio: bas && flo && flo[:redis_us].positive? ? bas[:redis_us] / flo[:redis_us] : nil }
+    $payloads.last[:basic_met] = !$payloads.last[:basic_ratio].nil? && $payloads.last[:basic_ratio] <= 1.0
   end
 end
 
@@ -610,15 +727,17 @@ def percentile(sorted, p)
   sorted[[(p * sorted.size).ceil - 1, 0].max]
 end
 
-# A steady LATENCY_RATE jobs/s of LatencyJob for LATENCY_SECS against an already running, warmed-up drainer.
-def latency_once(system, concurrency)
+# A steady `rate` jobs/s of LatencyJob for LATENCY_SECS against an already running, warmed-up drainer. Returns
+# the run's record, kept in $latency when `record`.
+def latency_once(system, concurrency, rate: LATENCY_RATE, record: true, tag: "")
   return unless SYSTEMS.include?(system)
-  label = "latency-#{system}-c#{concurrency}"
+  label = "latency-#{system}-c#{concurrency}#{tag}"
   if system == :oxidekiq && !oxidekiq_has?("LatencyJob")
-    $notes << "latency: LatencyJob is not in this oxidekiq build; skipped (spec in bench/README.md)"
+    note = "latency: LatencyJob is not in this oxidekiq build; skipped (spec in bench/README.md)"
+    $notes << note unless $notes.include?(note)
     return
   end
-  say "#{label}: #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s"
+  say "#{label}: #{rate} jobs/s for #{LATENCY_SECS} s"
   $redis.flushall
   pid = spawn_system(system, concurrency, label)
   # Warm-up: one probe job answered proves the drainer is up and polling.
@@ -634,7 +753,7 @@ def latency_once(system, concurrency)
   pushed = 0
   t0 = now
   until (elapsed = now - t0) >= LATENCY_SECS
-    due = (elapsed * LATENCY_RATE).floor - pushed
+    due = (elapsed * rate).floor - pushed
     if due.positive?
       sent = Time.now.to_f
       Sidekiq::Client.push_bulk("class" => LatencyJob, "args" => Array.new(due) { [sent] })
@@ -655,17 +774,39 @@ def latency_once(system, concurrency)
           max_ms: samples.last, rss_mb: hwm && hwm / 1024.0, failed: failures }
   say format("  %.0f jobs/s produced: p50 %.2f ms, p99 %.2f ms, max %.2f ms", rec[:rate], rec[:p50_ms],
              rec[:p99_ms], rec[:max_ms])
-  $latency << rec
+  $latency << rec if record
+  rec
 rescue StandardError => e
   say "  #{label} FAILED: #{e.message}"
   $notes << "#{label}: failed (#{e.message})"
   stop(pid) if pid
+  nil
 end
 
 def scenario_latency
-  latency_once(:oxidekiq, 200)
-  latency_once(:ruby, 25)
+  latency_once(:oxidekiq, LATENCY_OXIDEKIQ_CONC)
+  latency_once(:ruby, LATENCY_RUBY_CONC)
   latency_once(:rusty, 50)
+end
+
+$latency_ratio = []
+
+# Issue 42's target 6: enqueue-to-start p99 at LATENCY_RATIO_RATE jobs/s at most 1/5 of Ruby Sidekiq's, in
+# every one of LATENCY_RUNS runs; the runs alternate (oxidekiq 1, Ruby 1, oxidekiq 2, ...) so that a drift
+# in the machine's load lands on both, and run k of one is compared with run k of the other.
+def scenario_latency_ratio
+  return unless SYSTEMS.include?(:oxidekiq) && SYSTEMS.include?(:ruby)
+  say "latency_ratio: #{LATENCY_RUNS} runs each of #{LATENCY_RATIO_RATE} jobs/s for #{LATENCY_SECS} s, oxidekiq -c " \
+      "#{LATENCY_OXIDEKIQ_CONC} and Ruby Sidekiq -c #{LATENCY_RUBY_CONC} alternating"
+  LATENCY_RUNS.times do |k|
+    ox = latency_once(:oxidekiq, LATENCY_OXIDEKIQ_CONC, rate: LATENCY_RATIO_RATE, record: false, tag: "-ratio#{k + 1}")
+    return if ox.nil? && !oxidekiq_has?("LatencyJob")
+    rb = latency_once(:ruby, LATENCY_RUBY_CONC, rate: LATENCY_RATIO_RATE, record: false, tag: "-ratio#{k + 1}")
+    ratio = ox && rb && ox[:p99_ms].positive? ? rb[:p99_ms] / ox[:p99_ms] : nil
+    $latency_ratio << { run: k + 1, oxidekiq: ox, ruby: rb, ratio: ratio, met: !ratio.nil? && ratio >= 5.0 }
+    say format("  run %d: p99 Ruby %s ms / oxidekiq %s ms = %s", k + 1, rb ? format("%.2f", rb[:p99_ms]) : "-",
+               ox ? format("%.2f", ox[:p99_ms]) : "-", ratio ? format("%.1fx", ratio) : "-")
+  end
 end
 
 # SCHEDULE_JOBS due jobs in `schedule` (pushed by Ruby's client with `at` = now - 1); oxidekiq watches a
@@ -773,7 +914,10 @@ meta = {
   redis: sh("redis-server --version")[/v=(\S+)/, 1],
   loadavg_start: File.read("/proc/loadavg").split.first(3).join(" "),
   params: { jobs: JOBS, rounds: ROUNDS, io_jobs: IO_JOBS, lock_jobs: LOCK_JOBS, schedule_jobs: SCHEDULE_JOBS, scale_procs: SCALE_PROCS, scale_conc: SCALE_CONC,
-            latency_rate: LATENCY_RATE, latency_secs: LATENCY_SECS, scenarios: SCENARIOS },
+            latency_rate: LATENCY_RATE, latency_secs: LATENCY_SECS, latency_ratio_rate: LATENCY_RATIO_RATE,
+            latency_runs: LATENCY_RUNS, latency_oxidekiq_conc: LATENCY_OXIDEKIQ_CONC, latency_ruby_conc: LATENCY_RUBY_CONC,
+            defaults_jobs: DEFAULTS_JOBS, defaults_ruby_jobs: DEFAULTS_RUBY_JOBS, payload_sizes: PAYLOAD_SIZES,
+            payload_jobs: PAYLOAD_JOBS, payload_conc: PAYLOAD_CONC, scenarios: SCENARIOS },
 }
 say "oxidekiq #{meta[:oxidekiq][:commit]} (#{meta[:oxidekiq][:version]}); #{meta[:machine][:nproc]} x #{meta[:machine][:cpu]}"
 
@@ -826,20 +970,146 @@ quiet_rows = $quiet.map do |q|
 end
 ratio_rows = $ratios.map { |q| [q[:label], format("%.2fx", q[:value]), "#{q[:a]} vs #{q[:b]}"] }
 PAYLOAD_HEAD = ["payload", "bytes", "reliable Redis µs/job", "basic", "floor", "Ruby Sidekiq", "reliable / floor",
-                "round by round", "within 2x"].freeze
+                "round by round", "reliable <= #{PAYLOAD_RELIABLE_MAX}x every round", "basic / floor", "basic <= floor"].freeze
+def met(ok) = ok ? "met" : "not met"
 payload_rows = $payloads.map do |x|
   [format("%g KB", x[:kb]), x[:bytes].to_s, fmt_us2(x[:reliable]), fmt_us2(x[:basic]), fmt_us2(x[:floor]), fmt_us2(x[:ruby]),
    x[:ratio] ? format("%.2fx", x[:ratio]) : "-", x[:per_round].map { |v| format("%.2fx", v) }.join(" "),
-   x[:met] ? "met" : "not met"]
+   met(x[:met]), x[:basic_ratio] ? format("%.2fx", x[:basic_ratio]) : "-", x[:basic_ratio] ? met(x[:basic_met]) : "-"]
 end
 unless $payloads.empty?
   ruby_name = $payloads.filter_map { |x| x[:ruby_name] }.first
   all_met = $payloads.all? { |x| x[:met] }
   $notes << "payloads: Redis CPU µs per job (INFO cpu, getrusage) over up to #{PAYLOAD_JOBS} no-op jobs a round (at most 256 MB of payload; Ruby Sidekiq at most #{RUBY_PAYLOAD_JOBS}), -c #{PAYLOAD_CONC}, " \
             "rounds alternating reliable, basic, floor#{ruby_name ? ", #{ruby_name}" : ''}; the floor is bench/floor.rb " \
-            "(`RPOP queue:default 100` in a loop, nothing else); reliable fetch within 2x of the floor in every round at every " \
-            "size: #{all_met ? 'met' : 'not met'}"
+            "(`RPOP queue:default 100` in a loop, nothing else); reliable fetch within #{PAYLOAD_RELIABLE_MAX}x of the floor in every " \
+            "round at every size: #{met(all_met)}; basic fetch at or below the floor (medians) at every size: " \
+            "#{met($payloads.all? { |x| x[:basic_met] })}"
 end
+
+# Issue 42's target 4: the default command lines, logging on and off, and each system at its best (the drain).
+fx = ->(v) { v ? format("%.1fx", v) : "-" }
+drain_best = lambda do |system|
+  best($rows.select { |r| r[:scenario] == "no-op drain" && r[:system] == system && r[:name] == SYSTEM_NAMES[system] })
+end
+best_ox, best_rb = drain_best.(:oxidekiq), drain_best.(:ruby)
+if best_ox && best_rb
+  $defaults[:best] = { ruby: "#{best_rb[:name]} -c #{best_rb[:concurrency]}", oxidekiq: "#{best_ox[:name]} -c #{best_ox[:concurrency]}",
+                       ruby_cpu_us: best_rb[:cpu_us], oxidekiq_cpu_us: best_ox[:cpu_us],
+                       ruby_redis_us: best_rb[:redis_us], oxidekiq_redis_us: best_ox[:redis_us],
+                       cpu_ratio: best_rb[:cpu_us] && best_ox[:cpu_us]&.positive? ? best_rb[:cpu_us] / best_ox[:cpu_us] : nil,
+                       redis_ratio: best_rb[:redis_us] && best_ox[:redis_us]&.positive? ? best_rb[:redis_us] / best_ox[:redis_us] : nil }
+  ratio("Redis CPU per no-op job, each at its best: Ruby Sidekiq / oxidekiq", best_rb, best_ox, field: :redis_us)
+end
+DEFAULTS_HEAD = ["configuration", "Ruby CPU µs/job", "oxidekiq CPU µs/job", "CPU Ruby / oxidekiq", "round by round",
+                 "target 80x", "Ruby Redis µs/job", "oxidekiq Redis µs/job", "Redis Ruby / oxidekiq", "round by round",
+                 "target 20x", "log lines/job Ruby, oxidekiq"].freeze
+DEFAULTS_LABEL = { on: "defaults, logging on", off: "defaults, logging off", best: "each at its best (no-op drain)" }.freeze
+defaults_rows = %i[on off best].filter_map do |mode|
+  d = $defaults[mode] or next
+  label = DEFAULTS_LABEL[mode] + (d[:lower_bound] ? " (oxidekiq's on: lower bound)" : "")
+  lines = mode == :best ? "-" : [d[:ruby_log_lines], d[:oxidekiq_log_lines]].map { |v| v ? format("%.2f", v) : "-" }.join(", ")
+  [label, fmt_us(d[:ruby_cpu_us]), fmt_us(d[:oxidekiq_cpu_us]), fx.(d[:cpu_ratio]),
+   d[:cpu_per_round].to_a.map(&fx).join(" "), d[:cpu_ratio] ? met(d[:cpu_ratio] >= 80) : "-",
+   fmt_us2(d[:ruby_redis_us]), fmt_us2(d[:oxidekiq_redis_us]), fx.(d[:redis_ratio]),
+   d[:redis_per_round].to_a.map(&fx).join(" "), d[:redis_ratio] ? met(d[:redis_ratio] >= 20) : "-", lines]
+end
+
+# Issue 42's target 6: p99 at LATENCY_RATIO_RATE jobs/s, run by run.
+LATR_HEAD = ["run", "oxidekiq p99 ms", "oxidekiq p50 ms", "Ruby Sidekiq p99 ms", "Ruby p50 ms", "Ruby p99 / oxidekiq p99",
+             "target 5x"].freeze
+latr_rows = $latency_ratio.map do |x|
+  ms = ->(rec, k) { rec ? format("%.2f", rec[k]) : "-" }
+  [x[:run].to_s, ms.(x[:oxidekiq], :p99_ms), ms.(x[:oxidekiq], :p50_ms), ms.(x[:ruby], :p99_ms), ms.(x[:ruby], :p50_ms),
+   fx.(x[:ratio]), x[:ratio] ? met(x[:met]) : "-"]
+end
+latr_met = $latency_ratio.count { |x| x[:met] }
+
+# Issue 42's target 7: what one Redis core sustains, jobs/s = 1e6 / Redis µs per job, for fleets of each kind,
+# with the scale-out rows as the check (measured jobs/s / Redis busy share = the ceiling that row implies).
+FLEET_HEAD = ["fleet of", "jobs", "Redis µs/job", "jobs/s one Redis core sustains"].freeze
+fleet = []
+fleet << ["oxidekiq, reliable fetch (#{best_ox[:name]} -c #{best_ox[:concurrency]}, no-op drain)", "no-op", best_ox[:redis_us]] if best_ox&.dig(:redis_us)
+fleet << ["Ruby Sidekiq (-c #{best_rb[:concurrency]}, no-op drain)", "no-op", best_rb[:redis_us]] if best_rb&.dig(:redis_us)
+%i[on off].each do |mode|
+  d = $defaults[mode] or next
+  fleet << ["oxidekiq, default command line, logging #{mode}", "no-op", d[:oxidekiq_redis_us]] if d[:oxidekiq_redis_us] && !d[:lower_bound]
+  fleet << ["Ruby Sidekiq, default command line, logging #{mode}", "no-op", d[:ruby_redis_us]] if d[:ruby_redis_us]
+end
+$payloads.each do |x|
+  size = format("%g KB", x[:kb])
+  fleet << ["oxidekiq, reliable fetch (-c #{PAYLOAD_CONC})", size, x[:reliable]] if x[:reliable]
+  fleet << ["oxidekiq, basic fetch (-c #{PAYLOAD_CONC})", size, x[:basic]] if x[:basic]
+  fleet << ["Ruby Sidekiq (-c #{PAYLOAD_CONC})", size, x[:ruby]] if x[:ruby]
+  fleet << ["(the floor: RPOP 100, nothing else)", size, x[:floor]] if x[:floor]
+end
+$fleet = fleet.map { |who, jobs, us| { fleet: who, jobs: jobs, redis_us: us, ceiling: us.positive? ? 1e6 / us : nil } }
+fleet_rows = $fleet.map { |f| [f[:fleet], f[:jobs], fmt_us2(f[:redis_us]), fmt_rate(f[:ceiling])] }
+# The projection the scale-out rows check: oxidekiq's reliable fetch on no-op jobs at -c 200 (the drain's row,
+# else the smallest payload's).
+proj_us = ($rows.find { |r| r[:scenario] == "no-op drain" && r[:system] == :oxidekiq && r[:name] == SYSTEM_NAMES[:oxidekiq] && r[:concurrency] == SCALE_CONC } ||
+           {})[:redis_us] || $payloads.min_by { |x| x[:kb] }&.dig(:reliable)
+projection = proj_us&.positive? ? 1e6 / proj_us : nil
+# The busy share is Redis's CPU over the window from the release to the last acknowledgement, so the row's
+# jobs/s for the check is over that same window (a little below the table's release-to-empty figure).
+FLEET_CHECK_HEAD = ["oxidekiq processes", "measured jobs/s", "jobs/s to the last ack", "Redis busy",
+                    "implied ceiling (jobs/s to last ack / busy)", "projected (1e6 / Redis µs)", "implied / projected"].freeze
+$fleet_check = $scale.map do |r|
+  implied = r[:wall_jobs_per_s] && r[:redis_busy]&.positive? ? r[:wall_jobs_per_s] / r[:redis_busy] : nil
+  { procs: r[:procs], jobs_per_s: r[:median], window_jobs_per_s: r[:wall_jobs_per_s], redis_busy: r[:redis_busy],
+    implied: implied, projected: projection, implied_over_projected: implied && projection ? implied / projection : nil }
+end
+fleet_check_rows = $fleet_check.map do |c|
+  [c[:procs].to_s, fmt_rate(c[:jobs_per_s]), fmt_rate(c[:window_jobs_per_s]), fmt_pct(c[:redis_busy]), fmt_rate(c[:implied]),
+   fmt_rate(c[:projected]), c[:implied_over_projected] ? format("%.2fx", c[:implied_over_projected]) : "-"]
+end
+
+# The summary: issue 42's targets 4-7, each with its figure, threshold and verdict ("not measured" when the
+# scenarios behind it did not run).
+$targets = []
+def target(id, what, figure, threshold, verdict) = $targets << { target: id, what: what, figure: figure || "-",
+                                                                  threshold: threshold, verdict: verdict || "not measured" }
+%i[on off best].each do |mode|
+  d = $defaults[mode]
+  what = DEFAULTS_LABEL[mode] + (d&.dig(:lower_bound) ? " (oxidekiq's lines on: lower bound)" : "")
+  fig = ->(r, a, b) { d && d[r] ? format("%.1fx (%s / %s µs)", d[r], fmt_us2(d[a]), fmt_us2(d[b])) : nil }
+  target("4", "CPU per no-op job, Ruby / oxidekiq, #{what}", fig.(:cpu_ratio, :ruby_cpu_us, :oxidekiq_cpu_us), ">= 80x",
+         d&.dig(:cpu_ratio) && met(d[:cpu_ratio] >= 80))
+  target("4", "Redis CPU per no-op job, Ruby / oxidekiq, #{what}", fig.(:redis_ratio, :ruby_redis_us, :oxidekiq_redis_us), ">= 20x",
+         d&.dig(:redis_ratio) && met(d[:redis_ratio] >= 20))
+end
+if $payloads.empty?
+  target("5", "reliable fetch's Redis µs/job / the floor's, every round at every size (payloads)", nil, "<= #{PAYLOAD_RELIABLE_MAX}x", nil)
+  target("5", "basic fetch's Redis µs/job / the floor's (medians), at every size (payloads)", nil, "<= 1.0x", nil)
+else
+  worst = $payloads.flat_map { |x| x[:per_round] }.max
+  target("5", "reliable fetch's Redis µs/job / the floor's, every round at every size (#{$payloads.map { |x| format('%g', x[:kb]) }.join(', ')} KB)",
+         worst && format("worst round %.2fx", worst), "<= #{PAYLOAD_RELIABLE_MAX}x", met($payloads.all? { |x| x[:met] }))
+  bw = $payloads.filter_map { |x| x[:basic_ratio] }.max
+  target("5", "basic fetch's Redis µs/job / the floor's (medians), at every size", bw && format("worst size %.2fx", bw),
+         "<= 1.0x", bw && met($payloads.all? { |x| x[:basic_met] }))
+end
+if $latency_ratio.empty?
+  target("6", "enqueue-to-start p99 at #{LATENCY_RATIO_RATE} jobs/s, Ruby / oxidekiq (latency_ratio)", nil,
+         ">= 5x in #{LATENCY_RUNS} of #{LATENCY_RUNS}", nil)
+else
+  rs = $latency_ratio.map { |x| x[:ratio] }
+  target("6", "enqueue-to-start p99 at #{LATENCY_RATIO_RATE} jobs/s, Ruby -c #{LATENCY_RUBY_CONC} / oxidekiq -c #{LATENCY_OXIDEKIQ_CONC}",
+         "met in #{latr_met} of #{LATENCY_RUNS} (#{rs.map(&fx).join(' ')})", ">= 5x in #{LATENCY_RUNS} of #{LATENCY_RUNS}",
+         met(latr_met == LATENCY_RUNS && $latency_ratio.size == LATENCY_RUNS))
+end
+if $fleet.empty?
+  target("7", "jobs/s one Redis core sustains (drain, defaults or payloads; checked by scaleout)", nil, "stated", nil)
+else
+  pick = ->(prefix) { $fleet.find { |f| f[:fleet].start_with?(prefix) } }
+  parts = [["oxidekiq reliable", pick.("oxidekiq, reliable") || pick.("oxidekiq, default")], ["oxidekiq basic", pick.("oxidekiq, basic")],
+           ["Ruby", pick.("Ruby Sidekiq")]].filter_map { |n, f| f && "#{n} #{fmt_rate(f[:ceiling])} (#{f[:jobs]})" }
+  checks = $fleet_check.filter_map { |c| c[:implied_over_projected] && format("%dp %.2fx", c[:procs], c[:implied_over_projected]) }
+  target("7", "jobs/s one Redis core sustains (1e6 / Redis µs per job)#{checks.empty? ? '' : '; scale-out implied / projected'}",
+         (parts + checks).join("; "), "stated", "stated")
+end
+TARGET_HEAD = ["target", "what", "figure", "threshold", "verdict"].freeze
+target_rows = $targets.map { |t| [t[:target], t[:what], t[:figure], t[:threshold], t[:verdict]] }
 lat_rows = $latency.map do |l|
   [l[:name], l[:concurrency].to_s, fmt_rate(l[:rate]), l[:backlog].to_s, format("%.2f", l[:p50_ms]), format("%.2f", l[:p99_ms]),
    format("%.2f", l[:max_ms]), fmt_mb(l[:rss_mb])]
@@ -848,9 +1118,10 @@ LAT_HEAD = ["system", "conc", "jobs/s produced", "queued at end", "p50 ms", "p99
 idle_rows = $idle.map { |i| [i[:name], i[:concurrency].to_s, fmt_mb(i[:rss_mb])] }
 IDLE_HEAD = ["system", "conc", "idle RSS MB (after 3 s)"].freeze
 
-def text_table(head, rows)
+# The first `left` columns are left-aligned, the others right-aligned.
+def text_table(head, rows, left: 2)
   widths = head.each_index.map { |i| ([head[i]] + rows.map { |r| r[i] }).map(&:length).max }
-  line = ->(cells) { cells.each_with_index.map { |c, i| i.zero? || i == 1 ? c.ljust(widths[i]) : c.rjust(widths[i]) }.join("  ") }
+  line = ->(cells) { cells.each_with_index.map { |c, i| i < left ? c.ljust(widths[i]) : c.rjust(widths[i]) }.join("  ").rstrip }
   ([line.(head), widths.map { |w| "-" * w }.join("  ")] + rows.map(&line)).join("\n")
 end
 
@@ -878,7 +1149,16 @@ out << "\nRedis CPU per job by payload size (-c #{PAYLOAD_CONC}, up to #{PAYLOAD
        << text_table(PAYLOAD_HEAD, payload_rows) << "\n" unless payload_rows.empty?
 out << "\nQuiet check (each alone, nothing measured but the drain's time):\n" \
        << text_table(QUIET_HEAD, quiet_rows) << "\n" unless quiet_rows.empty?
+out << "\nDefault command lines (issue 42's target 4; no -c, oxidekiq no --threads; rounds alternate between the systems):\n" \
+       << text_table(DEFAULTS_HEAD, defaults_rows) << "\n" unless defaults_rows.empty?
+out << "\nEnqueue-to-start p99 at #{LATENCY_RATIO_RATE} jobs/s for #{LATENCY_SECS} s, runs alternating (issue 42's target 6): " \
+       "met in #{latr_met} of #{LATENCY_RUNS}\n" << text_table(LATR_HEAD, latr_rows) << "\n" unless latr_rows.empty?
+out << "\nThe fleet's ceiling (issue 42's target 7): jobs/s one Redis core sustains = 1e6 / Redis µs per job:\n" \
+       << text_table(FLEET_HEAD, fleet_rows) << "\n" unless fleet_rows.empty?
+out << "\nChecked by the scale-out rows (measured jobs/s / Redis busy share = the ceiling that row implies):\n" \
+       << text_table(FLEET_CHECK_HEAD, fleet_check_rows) << "\n" unless fleet_check_rows.empty?
 out << "\n" << (acked_note + $notes).map { |n| "note: #{n}" }.join("\n") << "\n" unless (acked_note + $notes).empty?
+out << "\nIssue 42 targets (this run):\n" << text_table(TARGET_HEAD, target_rows, left: 5) << "\n" unless target_rows.empty?
 puts out
 
 md = +"# oxidekiq benchmark results\n\n"
@@ -899,7 +1179,7 @@ md << md_table(HEAD, table) << "\n\n" unless table.empty?
 md << md_table(["ratio (medians)", "value", "compared"], ratio_rows) << "\n\n" unless ratio_rows.empty?
 md << "Enqueue-to-start latency at a steady #{LATENCY_RATE} jobs/s for #{LATENCY_SECS} s:\n\n" << md_table(LAT_HEAD, lat_rows) << "\n\n" unless lat_rows.empty?
 md << md_table(IDLE_HEAD, idle_rows) << "\n\n" unless idle_rows.empty?
-cmd_rows = $rows.select { |r| r[:commands] && (%w[no-op\ drain ActiveJob\ no-op locks].include?(r[:scenario]) || r[:scenario].start_with?("payload")) }.map do |r|
+cmd_rows = $rows.select { |r| r[:commands] && (%w[no-op\ drain ActiveJob\ no-op locks].include?(r[:scenario]) || r[:scenario].start_with?("payload", "defaults")) }.map do |r|
   top = r[:commands].first(10).map { |name, (calls, us)| format("%s %.3g (%.2f µs)", name, calls, us) }.join(", ")
   [r[:scenario], r[:name], r[:concurrency].to_s, top]
 end
@@ -915,12 +1195,28 @@ md << "Redis CPU per job by payload size (no-op jobs, -c #{PAYLOAD_CONC}, up to 
       << md_table(PAYLOAD_HEAD, payload_rows) << "\n\n" unless payload_rows.empty?
 md << "Quiet check: each system again, alone, with nothing measured but the drain's time (no CPU readings, no " \
       "acknowledgement polling), against the measured rounds:\n\n" << md_table(QUIET_HEAD, quiet_rows) << "\n\n" unless quiet_rows.empty?
+md << "Default command lines (issue 42's target 4): `sidekiq -r bench/jobs.rb -q default` and `oxidekiq -q default` (no -c: " \
+      "concurrency 10 both; oxidekiq no --threads: a thread per CPU less one), each with its per-job start and done lines " \
+      "(logging on) and without them (Ruby: Sidekiq.logger at WARN; oxidekiq: #{oxidekiq_log_off ? "`#{oxidekiq_log_off.join(' ')}`" : 'no switch in this build'}); " \
+      "rounds alternate between the systems; log lines/job counted in each round's log:\n\n" \
+      << md_table(DEFAULTS_HEAD, defaults_rows) << "\n\n" unless defaults_rows.empty?
+md << "Enqueue-to-start p99 at #{LATENCY_RATIO_RATE} jobs/s for #{LATENCY_SECS} s (issue 42's target 6), oxidekiq -c " \
+      "#{LATENCY_OXIDEKIQ_CONC} and Ruby Sidekiq -c #{LATENCY_RUBY_CONC}, runs alternating: met in #{latr_met} of #{LATENCY_RUNS}\n\n" \
+      << md_table(LATR_HEAD, latr_rows) << "\n\n" unless latr_rows.empty?
+md << "The fleet's ceiling (issue 42's target 7): the jobs per second one Redis core sustains, 1e6 / Redis µs per job, " \
+      "for a fleet of each kind:\n\n" << md_table(FLEET_HEAD, fleet_rows) << "\n\n" unless fleet_rows.empty?
+md << "Checked by the scale-out rows (measured jobs/s / Redis busy share = the ceiling that row implies; projected: " \
+      "1e6 / the Redis µs per job of oxidekiq's reliable fetch on no-op jobs):\n\n" \
+      << md_table(FLEET_CHECK_HEAD, fleet_check_rows) << "\n\n" unless fleet_check_rows.empty?
 md << (acked_note + $notes).map { |n| "- #{n}\n" }.join << "\n" unless (acked_note + $notes).empty?
+md << "## Issue 42 targets (this run)\n\n" << md_table(TARGET_HEAD, target_rows) << "\n\n" unless target_rows.empty?
 md << "![no-op drain and I/O-bound jobs/s](drain.png)\n" if $rows.any? { |r| %w[no-op\ drain I/O\ 50\ ms].include?(r[:scenario]) && r[:median] }
 File.write(File.join(RESULTS, "results.md"), md)
 File.write(File.join(RESULTS, "results.json"),
            JSON.pretty_generate(meta: meta, throughput: $rows, ratios: $ratios, latency: $latency, idle_rss: $idle,
-                                scale_out: $scale, quiet: $quiet, payloads: $payloads, notes: $notes))
+                                scale_out: $scale, quiet: $quiet, payloads: $payloads, defaults: $defaults,
+                                latency_ratio: $latency_ratio, fleet_ceiling: $fleet, fleet_check: $fleet_check,
+                                issue42_targets: $targets, notes: $notes))
 
 # Chart: jobs/s (median bar, min-max whisker) per system for the no-op drain and the I/O-bound drain.
 panels = [["no-op drain", "drain", "no-op drain, #{JOBS} jobs"], ["I/O 50 ms", "io", "50 ms I/O, #{IO_JOBS} jobs"]].filter_map do |scenario, file, title|

@@ -8,6 +8,13 @@ require "active_job/queue_adapters/sidekiq_adapter"
 Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
 ActiveJob::Base.queue_adapter = :sidekiq
 
+# The defaults scenario's "logging off" (bench/driver.rb): Sidekiq 6.4's job logger writes its start and done
+# lines at INFO through `Sidekiq.logger`, which the CLI creates at INFO and only raises to DEBUG for `-v`; this
+# file is required (`-r`) after that, so a level set here holds for every job. Unset: Sidekiq's default.
+if (level = ENV["BENCH_SIDEKIQ_LOG_LEVEL"]) && !level.empty?
+  Sidekiq.logger.level = level.downcase.to_sym
+end
+
 class NoopJob
   include Sidekiq::Worker
   def perform(*args); end
