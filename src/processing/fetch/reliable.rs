@@ -40,6 +40,18 @@
 //! push back the latter whole (nothing in them was handed out), and the shutdown's last sweep every job
 //! of the former not marked done.
 //!
+//! The fetch pipelines (the fast path's transaction, the batch script's call, and the acks riding on
+//! them) go over connections of the fetcher's own when the server is plain TCP or a Unix socket
+//! ([`RespPool`]: one per fetch loop fetching at once), their replies read by our own RESP reader
+//! rather than redis-rs's parser, which cost about 1 500 instructions a job reading a batch's bulk
+//! strings (bench/results/instructions.md, session 3). Redis gets the same bytes; the fetch the same
+//! replies. A fetch whose connection fails (a write, a read, the response timeout, the server closing
+//! it) fails as one on the shared connection does, its lists recorded as lost, and that connection is
+//! never used again; a connection the server closed while idle is replaced before anything is written
+//! on it. A fetch dropped midway closes its connection: Redis then runs what it had read of the
+//! pipeline (a transaction whole or not at all) and the lists are recorded as lost either way. With
+//! TLS or Sentinel the pipelines go over the shared connection, as everything else.
+//!
 //! The batch lists of processes that died (and the working keys and landing lists of older releases)
 //! are pushed back by [`super::recovery`]. The lists live under `oxidekiq:batch:`, a prefix no older
 //! release scans (see `keys::BATCH`).
