@@ -250,6 +250,7 @@ impl Launcher {
                     max_payload_bytes: cfg.max_payload_bytes,
                     fleet: fleet.clone(),
                     capsule: index as u64,
+                    dialer: target.dialer(),
                 },
             ));
         }

@@ -28,6 +28,7 @@ use crate::prom::count_error;
 use crate::redact::redact_url;
 
 pub(crate) mod resp;
+pub(crate) mod resp_pool;
 
 /// The handle every part of oxidekiq talks to Redis through; cheap to clone.
 ///

@@ -607,6 +607,12 @@ impl Metrics {
         }
     }
 
+    /// Failed Redis commands counted so far (for tests).
+    #[cfg(test)]
+    pub(crate) fn redis_errors_counted(&self) -> u64 {
+        self.redis_errors.get()
+    }
+
     /// A connection was replaced by a new one (a Sentinel master switch).
     pub(crate) fn reconnected(&self) {
         self.redis_reconnects.inc();

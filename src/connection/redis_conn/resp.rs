@@ -1,6 +1,7 @@
 //! A connection that one task owns and speaks RESP on by hand: the job locks' batch task
 //! (`lock_batch`) writes a whole batch of commands into one buffer and reads their replies straight
-//! from the socket.
+//! from the socket, and the reliable fetch sends its fetch pipelines on connections of its own
+//! ([`super::resp_pool`]) whose replies (every job of a batch) are read here rather than by redis-rs.
 //!
 //! # Why
 //!
@@ -8,15 +9,19 @@
 //! driver task, and every command through a `Cmd`, a pipeline buffer and a channel hop to that task: for
 //! a locked job's `SET` and its `+OK`, that machinery cost more than the rest of the lock's work in the
 //! process (`bench/results/redis-per-job.md`, session 12). The replies a lock batch gets are few and
-//! simple (`+OK`, a nil, an integer, a short bulk string) and are read here by hand. Anything else (an
-//! error, an array) goes through redis-rs's own parser ([`redis::parse_redis_value`]), so a caller gets
-//! the same [`redis::Value`] and the same errors (`NOSCRIPT`, `OOM`, ...) either way.
+//! simple (`+OK`, a nil, an integer, a short bulk string) and are read here by hand. So are a fetch's:
+//! redis-rs's reply parser (combine-based) cost about 1 500 instructions a job reading the bulk strings
+//! of a batch, where [`Reader`] slices each one from the read buffer into the job's bytes
+//! (bench/results/instructions.md, session 3). Every RESP2 reply is read here, nested arrays included
+//! (a transaction's `EXEC`); an error line goes through redis-rs's own parser
+//! ([`redis::parse_redis_value`]), so a caller gets the same [`redis::Value`] and the same errors
+//! (`NOSCRIPT`, `EXECABORT`, `OOM`, ...) as from the shared connection.
 //!
 //! # What it supports
 //!
 //! Plain TCP and Unix sockets (`redis://`, `redis+unix://`), with the URL's user, password and
 //! database. A `rediss://` URL and Sentinel have no [`Dialer`] ([`super::Target::dialer`] gives
-//! `None`): their lock commands stay on the shared connection. It speaks RESP2 whatever protocol the
+//! `None`): their lock commands and fetches stay on the shared connection. It speaks RESP2 whatever protocol the
 //! URL asks for (no `HELLO`): the replies read here are the same in both.
 //!
 //! # Failures
@@ -25,7 +30,7 @@
 //! found closed before a batch ([`RespConn::is_open`]: nothing was sent on it). A failure while a
 //! batch is on the wire (a write or read error, no reply within [`RESPONSE_TIMEOUT`], a reply that is
 //! not RESP) fails that exchange and drops the connection, so a late reply is never read as the next
-//! batch's. Errors name the server, never the password.
+//! batch's. Errors name the connection's use (`lock`, `fetch`) and the server, never the password.
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -44,9 +49,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// timeout.
 pub(crate) const RESPONSE_TIMEOUT: Duration = super::RESPONSE_TIMEOUT;
 
-/// The deepest array [`reply_end`] follows (the replies read here are flat; this only bounds a
-/// hostile or broken server).
+/// The deepest array [`Reader`] follows (a transaction's `EXEC` holds arrays one level down; this
+/// only bounds a hostile or broken server).
 const MAX_DEPTH: usize = 8;
+
+/// The most elements an array's length may reserve room for before they arrive: a length that lies
+/// (a broken server) reserves no more than this; a longer array grows as its elements come.
+const MAX_RESERVED: usize = 1024;
 
 /// Where and how to connect: the parts of a `redis://` or `redis+unix://` URL a connection needs.
 #[derive(Clone)]
@@ -59,6 +68,8 @@ pub(crate) struct Dialer {
     username: Option<String>,
     /// The password: `AUTH` is sent when there is one.
     password: Option<String>,
+    /// What the connection is for, in errors (`lock`, `fetch`).
+    role: &'static str,
 }
 
 /// A server address a [`Dialer`] connects to.
@@ -74,6 +85,7 @@ impl std::fmt::Debug for Dialer {
         f.debug_struct("Dialer")
             .field("addr", &self.addr)
             .field("db", &self.db)
+            .field("role", &self.role)
             .finish_non_exhaustive()
     }
 }
@@ -94,7 +106,14 @@ impl Dialer {
             db: settings.db(),
             username: settings.username().map(str::to_string),
             password: settings.password().map(str::to_string),
+            role: "lock",
         })
+    }
+
+    /// The same dialer, its connections named `role` in errors (`lock` unless said).
+    pub(crate) fn named(mut self, role: &'static str) -> Dialer {
+        self.role = role;
+        self
     }
 
     /// The server, for errors: `host:port` or the socket's path, never a password.
@@ -136,6 +155,7 @@ impl Dialer {
         let mut conn = RespConn {
             stream,
             server: self.server(),
+            role: self.role,
             buf: Vec::with_capacity(4096),
             start: 0,
         };
@@ -201,18 +221,18 @@ impl Dialer {
             let (kind, what) = if auth {
                 (
                     redis::ErrorKind::AuthenticationFailed,
-                    "the lock connection was refused",
+                    "the connection was refused",
                 )
             } else {
                 (
                     redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                    "the lock connection cannot select its database",
+                    "the connection cannot select its database",
                 )
             };
             return Err(Error::Redis(redis::RedisError::from((
                 kind,
                 what,
-                format!("{}: {e}", conn.server),
+                format!("{} connection to {}: {e}", conn.role, conn.server),
             ))));
         }
         Ok(LogIn::Done)
@@ -220,7 +240,7 @@ impl Dialer {
 
     /// An I/O error of connecting to this server, naming it.
     fn error(&self, e: std::io::Error) -> Error {
-        io_error(&self.server(), e)
+        io_error(self.role, &self.server(), e)
     }
 }
 
@@ -233,22 +253,22 @@ enum LogIn {
     WithoutUser,
 }
 
-/// An I/O error on the lock connection to `server`, as a Redis error (it reads as a dropped
+/// An I/O error on the `role` connection to `server`, as a Redis error (it reads as a dropped
 /// connection, `is_connection_dropped`, for a broken pipe or a reset).
-fn io_error(server: &str, e: std::io::Error) -> Error {
+fn io_error(role: &str, server: &str, e: std::io::Error) -> Error {
     let kind = e.kind();
     Error::Redis(redis::RedisError::from(std::io::Error::new(
         kind,
-        format!("lock connection to {server}: {e}"),
+        format!("{role} connection to {server}: {e}"),
     )))
 }
 
 /// A protocol error: the server sent something that is not RESP.
-fn protocol_error(server: &str, what: &str) -> Error {
+fn protocol_error(role: &str, server: &str, what: &str) -> Error {
     Error::Redis(redis::RedisError::from((
         redis::ErrorKind::Parse,
-        "lock connection: not a RESP reply",
-        format!("{server}: {what}"),
+        "not a RESP reply",
+        format!("{role} connection to {server}: {what}"),
     )))
 }
 
@@ -306,6 +326,8 @@ pub(crate) struct RespConn {
     stream: Stream,
     /// The server, for errors.
     server: String,
+    /// What the connection is for, in errors.
+    role: &'static str,
     /// Bytes read and not yet parsed, from `start` on.
     buf: Vec<u8>,
     /// Where the next reply starts in `buf`.
@@ -340,6 +362,7 @@ impl RespConn {
         match tokio::time::timeout(RESPONSE_TIMEOUT, self.exchange_now(commands, replies)).await {
             Ok(r) => r,
             Err(_) => Err(io_error(
+                self.role,
                 &self.server,
                 std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
@@ -353,16 +376,18 @@ impl RespConn {
         self.stream
             .write_all(commands)
             .await
-            .map_err(|e| io_error(&self.server, e))?;
+            .map_err(|e| io_error(self.role, &self.server, e))?;
         let mut out = Vec::with_capacity(replies);
+        let mut reader = Reader::default();
         while out.len() < replies {
-            match read_reply(&self.buf[self.start..]) {
-                Ok(Some((value, len))) => {
-                    self.start += len;
-                    out.push(value);
-                }
+            let mut at = self.start;
+            let got = reader.next(&self.buf, &mut at);
+            // Whatever was read stays read (kept by `reader`), whole reply or not.
+            self.start = at;
+            match got {
+                Ok(Some(value)) => out.push(value),
                 Ok(None) => self.fill().await?,
-                Err(what) => return Err(protocol_error(&self.server, what)),
+                Err(what) => return Err(protocol_error(self.role, &self.server, what)),
             }
         }
         if self.start == self.buf.len() {
@@ -385,9 +410,10 @@ impl RespConn {
             .stream
             .read_buf(&mut self.buf)
             .await
-            .map_err(|e| io_error(&self.server, e))?;
+            .map_err(|e| io_error(self.role, &self.server, e))?;
         if n == 0 {
             return Err(io_error(
+                self.role,
                 &self.server,
                 std::io::Error::new(
                     std::io::ErrorKind::ConnectionReset,
@@ -468,27 +494,88 @@ pub(crate) fn decimal(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
     }
 }
 
-/// The first reply in `b` and its length; `None` while it is incomplete. The replies a lock batch
-/// expects are read here (`+OK`, another simple string, an integer, a bulk string or nil); an error
-/// or an array goes to redis-rs's parser once whole. `Err` names what is not RESP2.
-fn read_reply(b: &[u8]) -> std::result::Result<Option<(Value, usize)>, &'static str> {
+/// Reads RESP2 replies as their bytes arrive: a reply that came in several reads is read on from
+/// where the last read stopped (the elements of its arrays read so far are kept here), never from its
+/// start again, so a batch of 200 jobs costs one pass over its bytes however the socket cuts it. Every
+/// RESP2 type: simple strings (`+OK` as [`Value::Okay`], as redis-rs reads it), errors (through
+/// redis-rs's own parser: [`Value::ServerError`]), integers, bulk strings and nils, arrays nested up to
+/// [`MAX_DEPTH`]. A bulk string is copied once, from the read buffer into its own `Vec`: a job's bytes.
+#[derive(Debug, Default)]
+pub(crate) struct Reader {
+    /// The arrays being read, the innermost last: the elements read so far, and how many are to come.
+    open: Vec<(Vec<Value>, usize)>,
+}
+
+/// One element at the start of a buffer.
+enum Element {
+    /// A whole value (no array, or an empty or nil one) and its length in bytes.
+    Whole(Value, usize),
+    /// An array's header: how many elements follow, and the header's length.
+    Array(usize, usize),
+}
+
+impl Reader {
+    /// Reads on from `b[*at..]`: the next whole reply, `*at` then just past it; `None` when more bytes
+    /// are needed, `*at` past the elements read (kept here until their reply is whole). `Err` names what
+    /// is not RESP2: the stream cannot be read on.
+    pub(crate) fn next(
+        &mut self,
+        b: &[u8],
+        at: &mut usize,
+    ) -> std::result::Result<Option<Value>, &'static str> {
+        loop {
+            let rest = b.get(*at..).unwrap_or_default();
+            let mut value = match element(rest)? {
+                None => return Ok(None),
+                Some(Element::Array(n, len)) => {
+                    if self.open.len() >= MAX_DEPTH {
+                        return Err("arrays nested too deep");
+                    }
+                    *at += len;
+                    self.open.push((Vec::with_capacity(n.min(MAX_RESERVED)), n));
+                    continue;
+                }
+                Some(Element::Whole(value, len)) => {
+                    *at += len;
+                    value
+                }
+            };
+            // Into the arrays it ends, innermost first.
+            loop {
+                let Some((items, left)) = self.open.last_mut() else {
+                    return Ok(Some(value));
+                };
+                items.push(value);
+                *left -= 1;
+                if *left > 0 {
+                    break;
+                }
+                match self.open.pop() {
+                    Some((items, _)) => value = Value::Array(items),
+                    None => return Err("unreachable: an array ended twice"),
+                }
+            }
+        }
+    }
+}
+
+/// The element at the start of `b`; `None` while it is incomplete.
+fn element(b: &[u8]) -> std::result::Result<Option<Element>, &'static str> {
     let Some(line) = line_end(b)? else {
         return Ok(None);
     };
     let text = &b[1..line];
     let after = line + 2;
     let value = match b[0] {
-        b'+' if text == b"OK" => Value::Okay,
-        b'+' => Value::SimpleString(String::from_utf8_lossy(text).into_owned()),
-        b':' => Value::Int(int(text)?),
         b'$' => {
             let len = int(text)?;
             if len < 0 {
-                return Ok(Some((Value::Nil, after)));
+                return Ok(Some(Element::Whole(Value::Nil, after)));
             }
             let end = usize::try_from(len)
                 .ok()
                 .and_then(|n| after.checked_add(n))
+                .filter(|end| end.checked_add(2).is_some())
                 .ok_or("bulk length out of range")?;
             if b.len() < end + 2 {
                 return Ok(None);
@@ -496,55 +583,36 @@ fn read_reply(b: &[u8]) -> std::result::Result<Option<(Value, usize)>, &'static 
             if &b[end..end + 2] != b"\r\n" {
                 return Err("bulk string without its CRLF");
             }
-            return Ok(Some((Value::BulkString(b[after..end].to_vec()), end + 2)));
-        }
-        b'-' | b'*' => {
-            let Some(end) = reply_end(b, 0)? else {
-                return Ok(None);
-            };
-            let value = redis::parse_redis_value(&b[..end]).map_err(|_| "unreadable reply")?;
-            return Ok(Some((value, end)));
-        }
-        _ => return Err("unexpected reply type"),
-    };
-    Ok(Some((value, after)))
-}
-
-/// Where the reply starting `b` ends (RESP2: simple string, error, integer, bulk string, array);
-/// `None` while incomplete.
-fn reply_end(b: &[u8], depth: usize) -> std::result::Result<Option<usize>, &'static str> {
-    if depth > MAX_DEPTH {
-        return Err("arrays nested too deep");
-    }
-    let Some(line) = line_end(b)? else {
-        return Ok(None);
-    };
-    let after = line + 2;
-    match b[0] {
-        b'+' | b'-' | b':' => Ok(Some(after)),
-        b'$' => {
-            let len = int(&b[1..line])?;
-            if len < 0 {
-                return Ok(Some(after));
-            }
-            let end = usize::try_from(len)
-                .ok()
-                .and_then(|n| after.checked_add(n + 2))
-                .ok_or("bulk length out of range")?;
-            Ok((b.len() >= end).then_some(end))
+            return Ok(Some(Element::Whole(
+                Value::BulkString(b[after..end].to_vec()),
+                end + 2,
+            )));
         }
         b'*' => {
-            let mut at = after;
-            for _ in 0..int(&b[1..line])?.max(0) {
-                match reply_end(&b[at..], depth + 1)? {
-                    Some(len) => at += len,
-                    None => return Ok(None),
-                }
+            let n = int(text)?;
+            if n < 0 {
+                Value::Nil
+            } else if n == 0 {
+                Value::Array(Vec::new())
+            } else {
+                let n = usize::try_from(n).map_err(|_| "array length out of range")?;
+                return Ok(Some(Element::Array(n, after)));
             }
-            Ok(Some(at))
         }
-        _ => Err("unexpected reply type"),
-    }
+        b'+' if text == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(String::from_utf8_lossy(text).into_owned()),
+        b':' => Value::Int(int(text)?),
+        b'-' => redis::parse_redis_value(&b[..after]).map_err(|_| "unreadable error reply")?,
+        _ => return Err("unexpected reply type"),
+    };
+    Ok(Some(Element::Whole(value, after)))
+}
+
+/// The first whole reply in `b` and its length; `None` while it is incomplete.
+#[cfg(test)]
+fn read_reply(b: &[u8]) -> std::result::Result<Option<(Value, usize)>, &'static str> {
+    let mut at = 0;
+    Ok(Reader::default().next(b, &mut at)?.map(|v| (v, at)))
 }
 
 /// The index of the `\r` ending the first line of `b`; `None` while it is incomplete.
@@ -557,12 +625,32 @@ fn line_end(b: &[u8]) -> std::result::Result<Option<usize>, &'static str> {
     }
 }
 
-/// A decimal integer of a reply line.
+/// A decimal integer of a reply line (an optional `-`, then digits).
 fn int(text: &[u8]) -> std::result::Result<i64, &'static str> {
-    std::str::from_utf8(text)
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .ok_or("not an integer")
+    let (negative, digits) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() {
+        return Err("not an integer");
+    }
+    // Accumulated negative, so that i64::MIN reads too.
+    let mut n: i64 = 0;
+    for &c in digits {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return Err("not an integer");
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_sub(i64::from(d)))
+            .ok_or("integer out of range")?;
+    }
+    if negative {
+        Ok(n)
+    } else {
+        n.checked_neg().ok_or("integer out of range")
+    }
 }
 
 #[cfg(test)]
@@ -634,6 +722,134 @@ mod tests {
         }
         let deep = format!("{}:1\r\n", "*1\r\n".repeat(MAX_DEPTH + 2));
         assert!(read_reply(deep.as_bytes()).is_err());
+    }
+
+    /// What a fast fetch's pipeline gets back, with a riding ack refused, an `EXEC` holding a
+    /// command's error and the guard's `{'over', size}`, a transaction aborted, and every other RESP2
+    /// shape: nils, empty and nil arrays, a bulk string holding CRLFs, the extreme integers.
+    const STREAM: &[u8] = b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n\
+        *3\r\n:3\r\n:450\r\n*3\r\n$5\r\njob-1\r\n$0\r\n\r\n$4\r\n\r\n\r\n\r\n\
+        :1\r\n-WRONGTYPE Operation against a key holding the wrong kind of value\r\n\
+        *3\r\n-NOPERM this user has no permissions to run the 'sort' command\r\n\
+        *2\r\n$4\r\nover\r\n:12\r\n*0\r\n\
+        -EXECABORT Transaction discarded because of previous errors.\r\n\
+        $-1\r\n*-1\r\n*0\r\n:-9223372036854775808\r\n:9223372036854775807\r\n+a b\r\n\
+        *2\r\n*1\r\n*1\r\n:7\r\n$1\r\nz\r\n";
+
+    /// The replies redis-rs's own parser reads from `stream`, one after another (it buffers what it
+    /// reads: the stream's end shows as an error).
+    fn redis_rs_reads(stream: &[u8]) -> Vec<Value> {
+        let mut cursor = std::io::Cursor::new(stream);
+        let mut parser = redis::Parser::new();
+        let mut out = Vec::new();
+        while let Ok(v) = parser.parse_value(&mut cursor) {
+            out.push(v);
+        }
+        out
+    }
+
+    /// Reads `stream` arriving in pieces cut at `cuts`, as [`RespConn::exchange`] reads a socket:
+    /// one reader for the whole stream, the bytes read dropped from the buffer's front between reads.
+    fn read_in_pieces(stream: &[u8], cuts: &[usize]) -> Vec<Value> {
+        let (mut buf, mut start, mut out) = (Vec::new(), 0, Vec::new());
+        let mut reader = Reader::default();
+        let mut from = 0;
+        for &to in cuts.iter().chain([&stream.len()]) {
+            buf.drain(..start);
+            start = 0;
+            buf.extend_from_slice(&stream[from..to]);
+            from = to;
+            loop {
+                let mut at = start;
+                let got = reader.next(&buf, &mut at).unwrap();
+                start = at;
+                match got {
+                    Some(v) => out.push(v),
+                    None => break,
+                }
+            }
+        }
+        assert_eq!(start, buf.len(), "every byte read");
+        assert!(reader.open.is_empty(), "no array left open");
+        out
+    }
+
+    #[test]
+    fn a_stream_cut_at_any_byte_reads_as_redis_rs_reads_it_whole() {
+        let want = redis_rs_reads(STREAM);
+        assert_eq!(want.len(), 16, "{want:?}");
+        assert!(matches!(&want[4], Value::Array(a) if a.len() == 3));
+        assert_eq!(read_in_pieces(STREAM, &[]), want);
+        for cut in 0..=STREAM.len() {
+            assert_eq!(read_in_pieces(STREAM, &[cut]), want, "cut at {cut}");
+        }
+        let every: Vec<usize> = (1..STREAM.len()).collect();
+        assert_eq!(read_in_pieces(STREAM, &every), want, "a byte at a time");
+    }
+
+    #[test]
+    fn an_error_inside_an_exec_is_a_value_and_an_error_outside_one_is_redis_rs_s_error() {
+        let got = read_in_pieces(STREAM, &[]);
+        assert!(
+            matches!(&got[6], Value::ServerError(e) if e.code() == "WRONGTYPE"),
+            "{:?}",
+            got[6]
+        );
+        let Value::Array(exec) = &got[7] else {
+            panic!("{:?}", got[7])
+        };
+        assert!(
+            matches!(&exec[0], Value::ServerError(e) if e.code() == "NOPERM"),
+            "{exec:?}"
+        );
+        let Value::ServerError(abort) = &got[8] else {
+            panic!("{:?}", got[8])
+        };
+        assert_eq!(abort.code(), "EXECABORT");
+        let e: redis::RedisError = abort.clone().into();
+        assert_eq!(e.code(), Some("EXECABORT"));
+    }
+
+    #[test]
+    fn a_bulk_length_that_lies_is_an_error_or_a_wait_never_a_misread() {
+        // Longer than what follows: the next reply is not taken for the string's end.
+        let mut r = Reader::default();
+        let mut at = 0;
+        assert_eq!(r.next(b"$10\r\nabc\r\n:1\r\n", &mut at), Ok(None));
+        let mut at = 0;
+        assert!(
+            Reader::default()
+                .next(b"$10\r\nabc\r\n:1\r\n+OK\r\n", &mut at)
+                .is_err()
+        );
+        // Shorter: the bytes after it are not its CRLF.
+        assert!(read_reply(b"$2\r\nabc\r\n").is_err());
+        // Out of range, or not a number.
+        assert!(read_reply(b"$99999999999999999999\r\n").is_err());
+        assert!(read_reply(b"$-\r\n").is_err());
+        assert!(read_reply(b"$1x\r\na\r\n").is_err());
+        // An array's length that lies reserves no more than MAX_RESERVED before its elements come.
+        let mut r = Reader::default();
+        let mut at = 0;
+        assert_eq!(r.next(b"*1000000000\r\n:1\r\n", &mut at), Ok(None));
+        assert!(r.open[0].0.capacity() <= MAX_RESERVED);
+        assert_eq!(r.open[0].1, 1000000000 - 1);
+    }
+
+    #[test]
+    fn integers_read_as_redis_rs_reads_them() {
+        for n in [0, 1, -1, 42, i64::MAX, i64::MIN, 1234567890123] {
+            let text = format!(":{n}\r\n");
+            reads_as(text.as_bytes(), &Value::Int(n));
+        }
+        for bad in [
+            &b":\r\n"[..],
+            b":-\r\n",
+            b":+1\r\n",
+            b":9223372036854775808\r\n",
+        ] {
+            assert!(read_reply(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -211,6 +211,9 @@ pub(crate) struct Setup<'a> {
     pub fleet: Arc<crate::fleet::Fleet>,
     /// The capsule served (0 the default one, then the named ones in order, below [`MAX_CAPSULES`]).
     pub capsule: u64,
+    /// How the reliable fetch makes connections of its own for its fetch pipelines (a plain-text
+    /// server; `None` for TLS and Sentinel, whose fetches go over `conn`).
+    pub dialer: Option<crate::redis_conn::resp::Dialer>,
 }
 
 /// Where a batch number's capsule starts: every capsule of a process shares its batch-list prefix
@@ -481,6 +484,11 @@ mod tests_scripts; // The contract every strategy of STRATEGIES keeps.
 // The fast path of reliable fetch on a real Redis.
 #[cfg(test)]
 mod tests_fast;
+
+// The reliable fetcher's own connections on a real Redis: replies read as redis-rs reads them, a
+// connection killed between and in the middle of fetches.
+#[cfg(test)]
+mod tests_own_conn;
 
 // Moved from tests/recovery.rs: recovering a dead process's jobs on a real Redis (needs crate-internal items).
 #[cfg(test)]

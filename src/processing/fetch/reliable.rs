@@ -40,6 +40,18 @@
 //! push back the latter whole (nothing in them was handed out), and the shutdown's last sweep every job
 //! of the former not marked done.
 //!
+//! The fetch pipelines (the fast path's transaction, the batch script's call, and the acks riding on
+//! them) go over connections of the fetcher's own when the server is plain TCP or a Unix socket
+//! ([`RespPool`]: one per fetch loop fetching at once), their replies read by our own RESP reader
+//! rather than redis-rs's parser, which cost about 1 500 instructions a job reading a batch's bulk
+//! strings (bench/results/instructions.md, session 3). Redis gets the same bytes; the fetch the same
+//! replies. A fetch whose connection fails (a write, a read, the response timeout, the server closing
+//! it) fails as one on the shared connection does, its lists recorded as lost, and that connection is
+//! never used again; a connection the server closed while idle is replaced before anything is written
+//! on it. A fetch dropped midway closes its connection: Redis then runs what it had read of the
+//! pipeline (a transaction whole or not at all) and the lists are recorded as lost either way. With
+//! TLS or Sentinel the pipelines go over the shared connection, as everything else.
+//!
 //! The batch lists of processes that died (and the working keys and landing lists of older releases)
 //! are pushed back by [`super::recovery`]. The lists live under `oxidekiq:batch:`, a prefix no older
 //! release scans (see `keys::BATCH`).
@@ -60,6 +72,8 @@ use crate::error::Result;
 use crate::keys;
 use crate::lua::script_error;
 use crate::redis_conn::Conn;
+use crate::redis_conn::resp::Dialer;
+use crate::redis_conn::resp_pool::RespPool;
 
 mod acks;
 mod batch;
@@ -90,8 +104,14 @@ pub(crate) struct Reliable {
     index: String,
     /// Every queue name, for the landing lists' sweep.
     names: Vec<Arc<str>>,
-    /// Connection for the batch script, acks and requeues.
+    /// Connection for acks, requeues and sweeps, and for the fetch pipelines when `own` is `None`.
     conn: Conn,
+    /// Connections of the fetcher's own for its fetch pipelines (the fast path's transaction, the
+    /// batch script's call, the acks riding on them), made by the target's dialer: a plain-text
+    /// server's replies read by our own RESP reader, not redis-rs's parser (the job's bytes sliced from
+    /// the read buffer; bench/results/instructions.md, session 3). `None` for TLS and Sentinel: their
+    /// fetches go over `conn`, unchanged.
+    own: Option<RespPool>,
     /// Dedicated connection for `BLMOVE`.
     blocking: Conn,
     /// The batch script (EVALSHA in a pipeline, loaded again on NOSCRIPT).
@@ -195,6 +215,7 @@ impl Reliable {
             landing_prefix: keys::landing_prefix(identity),
             index: keys::held_index(identity),
             conn,
+            own: None,
             blocking,
             script: Script::new(FETCH_LUA),
             next_batch: AtomicU64::new(0),
@@ -224,6 +245,33 @@ impl Reliable {
         Reliable::new(s.queues, s.identity, s.conn, s.blocking, s.block)
             .with_payload_limit(s.max_payload_bytes, s.fleet)
             .in_capsule(capsule)
+            .dialing(s.dialer)
+    }
+
+    /// Sends the fetch pipelines over connections of the fetcher's own made by `dialer` (a plain-text
+    /// server), or, with none, over the shared connection.
+    pub(crate) fn dialing(mut self, dialer: Option<Dialer>) -> Self {
+        self.own = dialer.map(|d| RespPool::new(d.named("fetch")));
+        self
+    }
+
+    /// Sends a fetch pipeline (the fast path's transaction or the batch script's call, with the acks
+    /// riding on it; `ignore_errors`) over the fetcher's own connections when it has them, else over
+    /// the shared one: one reply per command either way, the same values and errors.
+    async fn query_fetch(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> {
+        match &self.own {
+            Some(own) => own.query_each(pipe).await,
+            None => pipe.query_async(&mut self.conn.clone()).await,
+        }
+    }
+
+    /// For tests: how many of the fetcher's own connections are idle (`None`: it has none).
+    #[cfg(test)]
+    pub(crate) fn own_idle(&self) -> Option<usize> {
+        self.own.as_ref().map(RespPool::idle)
     }
 
     /// Numbers this fetcher's batches in capsule `capsule`'s range (see [`super::CAPSULE_SHIFT`]).

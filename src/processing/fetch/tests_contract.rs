@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 
-use super::tests_scripts::{conns, fill, jid_of, job, queues};
+use super::tests_scripts::{conns, dialer, fill, jid_of, job, queues};
 use super::{Fetch, STRATEGIES, Setup, UnitOfWork};
 
 const ME: &str = "contract:1:cccc";
@@ -51,6 +51,7 @@ async fn every_strategy_of(
             max_payload_bytes: 0,
             fleet: Arc::new(crate::fleet::Fleet::new(None)),
             capsule,
+            dialer: dialer(&redis.url()),
         });
         out.push((*name, fetch));
     }
@@ -281,6 +282,7 @@ async fn a_capsule_past_the_end_of_its_numbers_keeps_its_running_jobs_from_the_n
                 max_payload_bytes: 0,
                 fleet: Arc::new(crate::fleet::Fleet::new(None)),
                 capsule,
+                dialer: dialer(&redis.url()),
             })
         }
     };

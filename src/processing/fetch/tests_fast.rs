@@ -15,8 +15,8 @@ use oxidekiq::time::TimeFormat;
 use redis::Commands;
 
 use super::tests_scripts::{
-    ME, conns, fetcher, fill, held_jids, jid_of, job, landing, limited_fetcher, list_jids,
-    lose_a_fetch, queues, stored,
+    ME, ReplyTrap, conns, dialer, fetcher, fetcher_via, fill, held_jids, jid_of, job, landing,
+    limited_fetcher, list_jids, lose_a_fetch, queues, stored,
 };
 
 /// How many times Redis ran `command` without an error (`INFO commandstats`: calls less failed calls,
@@ -338,16 +338,17 @@ fn sent_bytes(c: &mut redis::Connection) -> u64 {
         .unwrap()
 }
 
-/// A fast fetch whose reply is lost after Redis ran it (Redis pauses writes, the fetch is dropped
-/// unanswered, Redis runs it when the pause ends): its list goes back whole at the reconcile, once, and
-/// the queue serves its jobs in their order again.
+/// A fast fetch whose reply is lost after Redis ran it (a proxy drops Redis's replies, the fetch is
+/// dropped unanswered once Redis ran it): its list goes back whole at the reconcile, once, and the
+/// queue serves its jobs in their order again.
 #[tokio::test]
 async fn a_fast_fetch_whose_reply_is_lost_goes_back_once_in_order() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     fill(&mut c, "a", 6);
-    let f = fetcher(&redis, &["a"], ME).await;
-    lose_a_fetch(&mut c, &f).await;
+    let trap = ReplyTrap::start(&redis).await;
+    let f = fetcher_via(&redis, &["a"], ME, &trap).await;
+    lose_a_fetch(&mut c, &f, &trap).await;
     assert_eq!(calls(&mut c, "multi"), 1, "through the fast path");
     assert_eq!(held_jids(&mut c, ME), named(0, 6));
     assert_eq!(f.outstanding(), 0, "nothing handed out");
@@ -368,7 +369,8 @@ async fn a_job_left_in_a_landing_list_is_served_before_the_fast_path_resumes() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
     let (conn, blocking) = conns(&redis).await;
-    let f = Reliable::new(&queues(&["a"]), ME, conn, blocking, Duration::from_secs(3));
+    let f = Reliable::new(&queues(&["a"]), ME, conn, blocking, Duration::from_secs(3))
+        .dialing(dialer(&redis.url()));
     // The queue is empty: the fetch finds nothing (the fast path, then the script) and blocks on
     // `BLMOVE`, and is dropped while Redis still waits.
     let waited = tokio::time::timeout(Duration::from_millis(300), f.retrieve_work(5)).await;
@@ -533,13 +535,16 @@ async fn a_sort_refused_when_the_fast_transaction_runs_removes_no_job_from_its_q
     let client = redis::Client::open(gate.url.as_str()).unwrap();
     let conn = oxidekiq::redis_conn::connect(&client).await.unwrap();
     let (_, blocking) = conns(&redis).await;
-    let f = std::sync::Arc::new(Reliable::new(
-        &queues(&["a"]),
-        ME,
-        conn,
-        blocking,
-        Duration::from_millis(200),
-    ));
+    let f = std::sync::Arc::new(
+        Reliable::new(
+            &queues(&["a"]),
+            ME,
+            conn,
+            blocking,
+            Duration::from_millis(200),
+        )
+        .dialing(dialer(&gate.url)),
+    );
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
     let (release_tx, release_rx) = tokio::sync::oneshot::channel();
     gate.arm.send((held_tx, release_rx)).unwrap();

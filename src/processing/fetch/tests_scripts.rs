@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use oxidekiq::config::QueueWeight;
 use oxidekiq::fetch::{self, Basic, Fetch, RecoveryPolicy, Reliable};
+use oxidekiq::redis_conn::resp::Dialer;
 use oxidekiq::redis_conn::{self, Conn};
 use oxidekiq::time::TimeFormat;
 use redis::Commands;
@@ -25,6 +26,16 @@ pub(super) async fn limited_fetcher(
     redis: &support::RedisServer,
     c: &mut redis::Connection,
     command: &str,
+) -> Reliable {
+    limited_fetcher_via(redis, c, command, None).await
+}
+
+/// [`limited_fetcher`], its own connections (the fetch pipelines') through `trap` when given.
+pub(super) async fn limited_fetcher_via(
+    redis: &support::RedisServer,
+    c: &mut redis::Connection,
+    command: &str,
+    trap: Option<&ReplyTrap>,
 ) -> Reliable {
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
@@ -43,6 +54,10 @@ pub(super) async fn limited_fetcher(
     let blocking = redis_conn::connect_blocking(&client, Duration::from_millis(200))
         .await
         .unwrap();
+    let own = match trap {
+        Some(trap) => dialer(&trap.url("limited:pw@")),
+        None => Dialer::of(&client),
+    };
     Reliable::new(
         &queues(&["a"]),
         ME,
@@ -50,23 +65,118 @@ pub(super) async fn limited_fetcher(
         blocking,
         Duration::from_millis(200),
     )
+    .dialing(own)
 }
 
-/// A fetch of queue `a` whose reply never comes: cut short while Redis holds writes (`CLIENT PAUSE`),
-/// then run by Redis once the pause ends, so its jobs sit in a batch list recorded as lost.
-pub(super) async fn lose_a_fetch(c: &mut redis::Connection, f: &Reliable) {
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1000)
-        .arg("WRITE")
-        .query(c)
-        .unwrap();
-    let lost = tokio::time::timeout(Duration::from_millis(300), f.retrieve_work(10)).await;
-    assert!(lost.is_err(), "the fetch waited for the pause");
-    let ran = support::wait_until(Duration::from_secs(10), || {
-        c.llen::<_, usize>("queue:a").unwrap() == 0
-    });
-    assert!(ran, "the fetch ran once the pause ended");
+/// The dialer of the fetcher's own connections to the server at `url`, as the launcher gives it for a
+/// plain-text server: the fetch pipelines of a fetcher given it go over them (its other commands over
+/// the shared connection).
+pub(super) fn dialer(url: &str) -> Option<Dialer> {
+    Dialer::of(&redis::Client::open(url).unwrap())
+}
+
+/// A proxy in front of a Redis that passes every command on and, while `swallow` is set, drops every
+/// reply: a fetch sent through it then runs in Redis and its reply never comes (a connection cut after
+/// Redis answered, a fetch cancelled while its reply was on the way).
+pub(super) struct ReplyTrap {
+    port: u16,
+    swallow: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Every reply byte passed on, in order, over every connection.
+    pub(super) passed: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl ReplyTrap {
+    pub(super) async fn start(redis: &support::RedisServer) -> ReplyTrap {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = redis.url().trim_start_matches("redis://").to_string();
+        let swallow = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dropping = swallow.clone();
+        let passed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = passed.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&target).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
+                let dropping = dropping.clone();
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if dropping.load(std::sync::atomic::Ordering::SeqCst) {
+                            continue;
+                        }
+                        record.lock().unwrap().extend_from_slice(&buf[..n]);
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ReplyTrap {
+            port,
+            swallow,
+            passed,
+        }
+    }
+
+    /// The server's URL through the trap, `auth` (`user:password@`, or empty) before its host.
+    pub(super) fn url(&self, auth: &str) -> String {
+        format!("redis://{auth}127.0.0.1:{}", self.port)
+    }
+
+    /// Drops Redis's replies from now on (`true`), or passes them on again.
+    pub(super) fn swallow(&self, on: bool) {
+        self.swallow.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A fetch of queue `a` whose reply never comes: `f`'s own connections go through `trap`, which drops
+/// Redis's replies while the fetch runs; once Redis ran it (queue `a` empty) the fetch is dropped
+/// unanswered, so its jobs sit in a batch list recorded as lost.
+pub(super) async fn lose_a_fetch(c: &mut redis::Connection, f: &Reliable, trap: &ReplyTrap) {
+    trap.swallow(true);
+    let fetch = f.retrieve_work(10);
+    let ran = async {
+        for _ in 0..1000 {
+            if c.llen::<_, usize>("queue:a").unwrap() == 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    };
+    tokio::select! {
+        got = fetch => panic!("the fetch was answered: {got:?}"),
+        ran = ran => assert!(ran, "the fetch ran"),
+    }
+    trap.swallow(false);
+}
+
+/// [`fetcher`], its own connections (the fetch pipelines') through `trap`.
+pub(super) async fn fetcher_via(
+    redis: &support::RedisServer,
+    names: &[&str],
+    identity: &str,
+    trap: &ReplyTrap,
+) -> Reliable {
+    let (conn, blocking) = conns(redis).await;
+    Reliable::new(
+        &queues(names),
+        identity,
+        conn,
+        blocking,
+        Duration::from_millis(200),
+    )
+    .dialing(dialer(&trap.url("")))
 }
 
 pub(super) fn queues(names: &[&str]) -> Vec<QueueWeight> {
@@ -101,6 +211,7 @@ pub(super) async fn fetcher(
         blocking,
         Duration::from_millis(200),
     )
+    .dialing(dialer(&redis.url()))
 }
 
 /// Pushes `n` jobs to `queue:<q>`, with jids `<q>0`, `<q>1`, ... (`<q>0` served first).
@@ -440,7 +551,7 @@ async fn the_scheduled_poller_keeps_a_job_whose_queue_cannot_take_it() {
 
 /// `reconcile` pushes back only what was never handed out (a fetch whose reply was lost), never a job
 /// handed out and not yet acknowledged (about to run, running, or its ack on the way). The lost reply:
-/// Redis pauses writes, the fetch is sent and dropped unanswered, and Redis runs it when the pause ends.
+/// a proxy drops Redis's replies, and the fetch is dropped unanswered once Redis ran it.
 #[tokio::test]
 async fn reconcile_pushes_back_only_entries_never_handed_out() {
     let redis = support::RedisServer::start();
@@ -448,10 +559,11 @@ async fn reconcile_pushes_back_only_entries_never_handed_out() {
     for i in 0..3 {
         let _: () = c.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
     }
-    let f = fetcher(&redis, &["a"], ME).await;
+    let trap = ReplyTrap::start(&redis).await;
+    let f = fetcher_via(&redis, &["a"], ME, &trap).await;
     let got = f.retrieve_work(2).await.unwrap();
     assert_eq!(got.len(), 2);
-    lose_a_fetch(&mut c, &f).await;
+    lose_a_fetch(&mut c, &f, &trap).await;
     assert_eq!(held_jids(&mut c, ME), ["a0", "a1", "a2"]);
     assert_eq!(f.reconcile().await.unwrap(), 1);
     assert_eq!(list_jids(&mut c, "queue:a"), ["a2"]);
@@ -828,11 +940,12 @@ async fn a_retried_push_back_or_a_repeated_ack_never_deletes_a_list_with_a_runni
 async fn a_refused_scan_does_not_keep_a_lost_fetch_from_being_pushed_back() {
     let redis = support::RedisServer::start();
     let mut c = redis.conn();
-    let f = limited_fetcher(&redis, &mut c, "scan").await;
+    let trap = ReplyTrap::start(&redis).await;
+    let f = limited_fetcher_via(&redis, &mut c, "scan", Some(&trap)).await;
     // Loads the fetch script (the lost fetch below must find it).
     assert!(f.retrieve_work(10).await.unwrap().is_empty());
     fill(&mut c, "a", 2);
-    lose_a_fetch(&mut c, &f).await;
+    lose_a_fetch(&mut c, &f, &trap).await;
     assert_eq!(held_jids(&mut c, ME), ["a0", "a1"]);
     assert_eq!(
         f.reconcile().await.unwrap(),

@@ -85,6 +85,7 @@ Sidekiq::DeadSet.new.kill(%q({"class":"A","args":[],"jid":"ruby-kill"}), notify_
         blocking,
         Duration::from_millis(200),
     )
+    .dialing(oxidekiq::redis_conn::resp::Dialer::of(&client))
     .with_payload_limit(1000, std::sync::Arc::new(oxidekiq::fleet::Fleet::new(None)));
     assert!(f.retrieve_work(10).await.unwrap().is_empty());
     assert_eq!(f.take_dead(), 1);

@@ -142,8 +142,7 @@ impl Reliable {
             add_acks(&mut pipe, &r.cmds, &self.index);
         }
         pipe.ignore_errors();
-        let replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
-            pipe.query_async(&mut self.conn.clone()).await;
+        let replies = self.query_fetch(&pipe).await;
         answer_riders(riders, &replies, FAST_REPLIES);
         let mut replies = replies?;
         replies.truncate(FAST_REPLIES);

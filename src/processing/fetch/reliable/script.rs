@@ -140,15 +140,19 @@ impl Reliable {
             add_acks(&mut pipe, &r.cmds, &self.index);
         }
         pipe.ignore_errors();
-        let mut conn = self.conn.clone();
         let noscript = |r: &redis::RedisResult<Vec<redis::RedisResult<redis::Value>>>| matches!(r, Ok(v) if matches!(v.first(), Some(Err(e)) if e.code() == Some("NOSCRIPT")));
-        let mut replies: redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> =
-            pipe.query_async(&mut conn).await;
+        let mut replies = self.query_fetch(&pipe).await;
         if noscript(&replies) {
-            // The script ran nowhere: load it and send the pipeline again (the acks in it too:
+            // The script ran nowhere: load it (on the shared connection: a script is the server's,
+            // whichever connection loaded it) and send the pipeline again (the acks in it too:
             // sending them twice is harmless).
-            replies = match self.script.prepare_invoke().load_async(&mut conn).await {
-                Ok(_) => pipe.query_async(&mut conn).await,
+            replies = match self
+                .script
+                .prepare_invoke()
+                .load_async(&mut self.conn.clone())
+                .await
+            {
+                Ok(_) => self.query_fetch(&pipe).await,
                 Err(e) => Err(e),
             };
         }
