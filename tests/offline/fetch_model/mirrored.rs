@@ -35,12 +35,12 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable/fast.rs",
         "fn fetch_fast",
-        "9886fc36ec3bbba09ee5c6608e3e266744d6305d",
+        "6ae89d8ee51730c9446782e6bbdb36aad4ae8639",
     ),
     (
         "processing/fetch/reliable/script.rs",
         "fn fetch_batch",
-        "c4fd4c1b7b0bd5161a71bf0a38b947f6e65929d6",
+        "ebd2375560bdcb1e13ba952e0f320791313332f0",
     ),
     (
         "processing/fetch/reliable/batch.rs",
