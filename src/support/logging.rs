@@ -141,6 +141,8 @@ thread_local! {
     static FIELDS: RefCell<Fields> = RefCell::new(Fields::default());
     /// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen on this thread.
     static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    /// [`SECOND`]'s text as bytes for the direct lines ([`text::stamp_at`]): a copy, no borrow.
+    static DATE: std::cell::Cell<(i64, [u8; 19])> = const { std::cell::Cell::new((i64::MIN, [0; 19])) };
     /// The spans this thread is in, innermost last, tagged with their subscriber's instance.
     static STACK: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
 }
