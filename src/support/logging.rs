@@ -14,11 +14,12 @@
 //! writes straight into it when it is the subscriber, in the text format, with OpenTelemetry off: the
 //! same bytes as the `tracing` events would make, without the event's dispatch and field visitors.
 //!
-//! Every line is escaped as a whole before it is written ([`write_escaped`]): a newline, a carriage
-//! return, an ANSI escape or a bidirectional override from a payload or from Redis (a class, a jid, a
-//! queue name, an error message, an ActiveJob wrapped class) is written as `\n`, `\u{1b}`, ..., so a
-//! crafted payload cannot print a fake line or recolour the terminal. Panic messages are logged
-//! through the same path, with any Redis URL in them redacted.
+//! Every line is escaped before it is written ([`write_escaped`]; as a whole, or, for the two job
+//! lines written directly, span by span, each span's text tested once when it is recorded): a
+//! newline, a carriage return, an ANSI escape or a bidirectional override from a payload or from
+//! Redis (a class, a jid, a queue name, an error message, an ActiveJob wrapped class) is written as
+//! `\n`, `\u{1b}`, ..., so a crafted payload cannot print a fake line or recolour the terminal.
+//! Panic messages are logged through the same path, with any Redis URL in them redacted.
 //!
 //! `--log-format json` ([`LogFormat::Json`]) writes one JSON object per line instead,
 //! for log shippers, with the same fields: `time`, `pid`, `tid`, `level`, `message`, the job's
