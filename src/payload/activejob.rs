@@ -104,8 +104,9 @@ pub struct ActiveJobInfo {
     pub(crate) arguments: Arguments,
     /// Where the other `job_data` fields are read from, on first use (most workers never ask).
     pub(crate) source: Source,
-    /// Those fields, read from `source` on first use.
-    pub(crate) fields: OnceLock<JobDataFields>,
+    /// Those fields, read from `source` on first use. Boxed, as the other lazy parts: the info is
+    /// built and moved into its `Arc` for every ActiveJob job, and each move copies it whole.
+    pub(crate) fields: OnceLock<Box<JobDataFields>>,
 }
 
 /// The text [`ActiveJobInfo`] reads its other fields from.
@@ -201,7 +202,7 @@ impl ActiveJobInfo {
 
     fn fields(&self) -> &JobDataFields {
         self.fields
-            .get_or_init(|| JobDataFields::read(&self.source))
+            .get_or_init(|| Box::new(JobDataFields::read(&self.source)))
     }
 
     fn text(&self, key: &str) -> Option<&str> {
@@ -397,7 +398,9 @@ fn direct(
         }
         (Some(_), _) => Arguments::text(ArgumentsText::Owned(fields.markers.strip(raw)?)),
         (None, _) => match serde_json::from_str::<Value>(raw).ok()? {
-            Value::Array(items) => Arguments::Decoded(decode_list(&items, "arguments").ok()?),
+            Value::Array(items) => {
+                Arguments::Decoded(Box::new(decode_list(&items, "arguments").ok()?))
+            }
             _ => return None,
         },
     };
@@ -480,7 +483,7 @@ fn unwrap_full_from(args_json: &str, source: Source) -> Result<ActiveJobInfo, St
     Ok(ActiveJobInfo::new(
         job_id,
         executions,
-        Arguments::Decoded(arguments),
+        Arguments::Decoded(Box::new(arguments)),
         source,
     ))
 }
@@ -495,10 +498,10 @@ pub(crate) enum Arguments {
         /// The arguments' text, hash markers cut out.
         json: ArgumentsText,
         /// Built from `json` on first use.
-        value: OnceLock<Value>,
+        value: OnceLock<Box<Value>>,
     },
-    /// The full decoder's output.
-    Decoded(Value),
+    /// The full decoder's output (boxed: most jobs take the text, and a `Value` is large).
+    Decoded(Box<Value>),
 }
 
 /// The text of [`Arguments::Text`].
@@ -531,7 +534,9 @@ impl Arguments {
     /// The decoded arguments as a [`Value`].
     pub(crate) fn value(&self) -> &Value {
         match self {
-            Arguments::Text { json, value } => value.get_or_init(|| text_value(json.as_str())),
+            Arguments::Text { json, value } => {
+                value.get_or_init(|| Box::new(text_value(json.as_str())))
+            }
             Arguments::Decoded(v) => v,
         }
     }
@@ -541,8 +546,8 @@ impl Arguments {
         match self {
             Arguments::Text { json, value } => value
                 .into_inner()
-                .unwrap_or_else(|| text_value(json.as_str())),
-            Arguments::Decoded(v) => v,
+                .map_or_else(|| text_value(json.as_str()), |v| *v),
+            Arguments::Decoded(v) => *v,
         }
     }
 
@@ -550,7 +555,7 @@ impl Arguments {
     pub(crate) fn deserialize<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         match self {
             Arguments::Text { json, .. } => serde_json::from_str(json.as_str()),
-            Arguments::Decoded(v) => T::deserialize(v),
+            Arguments::Decoded(v) => T::deserialize(&**v),
         }
     }
 

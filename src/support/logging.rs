@@ -14,11 +14,12 @@
 //! writes straight into it when it is the subscriber, in the text format, with OpenTelemetry off: the
 //! same bytes as the `tracing` events would make, without the event's dispatch and field visitors.
 //!
-//! Every line is escaped as a whole before it is written ([`write_escaped`]): a newline, a carriage
-//! return, an ANSI escape or a bidirectional override from a payload or from Redis (a class, a jid, a
-//! queue name, an error message, an ActiveJob wrapped class) is written as `\n`, `\u{1b}`, ..., so a
-//! crafted payload cannot print a fake line or recolour the terminal. Panic messages are logged
-//! through the same path, with any Redis URL in them redacted.
+//! Every line is escaped before it is written ([`write_escaped`]; as a whole, or, for the two job
+//! lines written directly, span by span, each span's text tested once when it is recorded): a
+//! newline, a carriage return, an ANSI escape or a bidirectional override from a payload or from
+//! Redis (a class, a jid, a queue name, an error message, an ActiveJob wrapped class) is written as
+//! `\n`, `\u{1b}`, ..., so a crafted payload cannot print a fake line or recolour the terminal.
+//! Panic messages are logged through the same path, with any Redis URL in them redacted.
 //!
 //! `--log-format json` ([`LogFormat::Json`]) writes one JSON object per line instead,
 //! for log shippers, with the same fields: `time`, `pid`, `tid`, `level`, `message`, the job's
@@ -169,6 +170,8 @@ thread_local! {
     static FIELDS: RefCell<Fields> = RefCell::new(Fields::default());
     /// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen on this thread.
     static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    /// [`SECOND`]'s text as bytes for the direct lines ([`text::stamp_at`]): a copy, no borrow.
+    static DATE: std::cell::Cell<(i64, [u8; 19])> = const { std::cell::Cell::new((i64::MIN, [0; 19])) };
     /// The spans this thread is in, innermost last, tagged with their subscriber's instance.
     static STACK: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
 }

@@ -19,6 +19,9 @@ pub(super) struct Slot {
     pub(super) metadata: Option<&'static Metadata<'static>>,
     /// Text format: the fields as ` name=value` each (tracing_subscriber's `DefaultFields` shape).
     pub(super) text: String,
+    /// `text` is printable ASCII: a line copies it as is, without the escape test
+    /// ([`super::write_escaped`]) every line would otherwise make of it.
+    pub(super) printable: bool,
     /// JSON format: the fields in order, a later record of the same name replacing the value.
     pub(super) json: Vec<(&'static str, Value)>,
     /// While tracing ([`crate::otel`]): the OpenTelemetry context of this span, set for a job's span by

@@ -1,5 +1,6 @@
 //! The [`Logger`]'s `tracing` side: spans opened, entered, closed, and events sent to the format.
 
+use super::escape::printable_ascii;
 use super::*;
 
 impl Logger {
@@ -147,6 +148,7 @@ impl Subscriber for Logger {
                 slot.metadata = Some(attrs.metadata());
                 slot.text.clear();
                 slot.text.push_str(text);
+                slot.printable = printable_ascii(text.as_bytes());
                 slot.json = std::mem::take(&mut json);
                 slot.otel_owned = otel.is_some();
                 slot.otel = otel.take();
@@ -170,6 +172,7 @@ impl Subscriber for Logger {
                 && let Some(slot) = spans.slots.get_mut(index_of(span))
             {
                 slot.text.push_str(text);
+                slot.printable &= printable_ascii(text.as_bytes());
                 for (k, v) in json {
                     set_field(&mut slot.json, k, v);
                 }

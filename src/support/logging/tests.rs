@@ -1,5 +1,5 @@
 use super::escape::printable_ascii;
-use super::text::needs_quotes;
+use super::text::{needs_quotes, stamp_at, stamp_now};
 use super::*;
 
 /// Issue 43 item 6: every field's value, the message too, is clipped to [`MAX_VALUE_CHARS`] in
@@ -250,15 +250,33 @@ fn captured_at(level: LevelFilter, log: impl FnOnce()) -> String {
 #[test]
 fn job_lines_written_directly_are_the_lines_tracing_writes() {
     let huge = "9".repeat(MAX_VALUE_CHARS + 5);
-    for (class, jid, elapsed) in [
-        ("HardWorker", "abc123", "0.007"),
-        ("X jid=1 INFO: done", "j\"q", "12.250"),
-        ("Evil\nINFO: forged\u{1b}[31m", "é☃\u{202e}", "a b=\"c\""),
-        ("Big", "j", huge.as_str()),
+    // The direct path copies a span's text as is when it was printable ASCII when recorded, and
+    // escapes it otherwise: cases of each, in the job's span, its parent, and a field recorded later.
+    for (class, jid, elapsed, outer_value, later) in [
+        ("HardWorker", "abc123", "0.007", "3", "x"),
+        ("X jid=1 INFO: done", "j\"q", "12.250", "3", "x"),
+        (
+            "Evil\nINFO: forged\u{1b}[31m",
+            "é☃\u{202e}",
+            "a b=\"c\"",
+            "3",
+            "x",
+        ),
+        (
+            "Evil\nINFO: forged\u{1b}[31m",
+            "é☃\u{202e}",
+            "0.5",
+            "3",
+            "x",
+        ),
+        ("HardWorker", "abc", "0.5", "w\r\u{2028}", "x"),
+        ("HardWorker", "abc", "0.5", "3", "late\n\u{7f}"),
+        ("Big", "j", huge.as_str(), "3", "x"),
     ] {
         let lines = |direct: bool| {
             captured_at(LevelFilter::INFO, || {
-                let outer = tracing::info_span!("fetch", worker = 3);
+                let outer = tracing::info_span!("fetch", worker = %outer_value, extra = tracing::field::Empty);
+                outer.record("extra", tracing::field::display(later));
                 let _out = outer.enter();
                 let span = tracing::info_span!(target: JOB_TARGET, "job", class = class, jid = jid, queue = "q");
                 let _in = span.enter();
@@ -282,7 +300,15 @@ fn job_lines_written_directly_are_the_lines_tracing_writes() {
                 })
                 .collect()
         };
-        assert_eq!(split(&direct), split(&general), "{class:?}");
+        assert_eq!(
+            split(&direct),
+            split(&general),
+            "{class:?} {outer_value:?} {later:?}"
+        );
+        assert!(
+            !direct.lines().any(|l| l.chars().any(needs_escape)),
+            "{direct}"
+        );
         assert_eq!(split(&direct).len(), 2, "{direct}");
         assert!(direct.ends_with(" INFO: done\n"), "{direct}");
     }
@@ -306,4 +332,50 @@ fn job_lines_written_directly_are_the_lines_tracing_writes() {
         assert!(!job_line("start", None));
     });
     assert_eq!(json, "");
+}
+
+/// The direct lines' time ([`stamp_at`]) takes its date and seconds from a per-thread cache, refreshed
+/// when the second changes: across second, minute, day and year boundaries, forwards and back (the
+/// clock may be set back), it is chrono's `%Y-%m-%dT%H:%M:%S%.3fZ`, and the line's time
+/// ([`write_time`]) has the same shape.
+#[test]
+fn the_line_time_is_right_across_second_boundaries() {
+    let new_year = 1_798_761_599; // 2026-12-31T23:59:59Z
+    let mut cases = Vec::new();
+    for secs in [
+        new_year - 1,
+        new_year,
+        new_year + 1,
+        new_year,
+        0,
+        59,
+        60,
+        86_399,
+        86_400,
+    ] {
+        for millis in [0, 1, 99, 500, 998, 999] {
+            cases.push((secs, millis));
+        }
+    }
+    cases.push((new_year + 3_600, 7));
+    cases.push((new_year + 3_600, 7));
+    for (secs, millis) in cases {
+        let expected = chrono::DateTime::from_timestamp(secs, millis * 1_000_000)
+            .unwrap()
+            .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+            .to_string();
+        let stamp = stamp_at(secs, millis).expect("a four-digit year");
+        assert_eq!(
+            std::str::from_utf8(&stamp).unwrap(),
+            expected,
+            "{secs} {millis}"
+        );
+    }
+    // Past year 9999 the date is longer: the direct stamp declines, the line's time is chrono's.
+    assert_eq!(stamp_at(253_402_300_800, 0), None);
+    let mut line = String::new();
+    write_time(&mut line);
+    let now = stamp_now().expect("a four-digit year");
+    assert_eq!(line.len(), 24);
+    assert_eq!(line.as_bytes()[..10], now[..10]);
 }

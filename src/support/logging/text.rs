@@ -1,5 +1,6 @@
 //! The text format: Sidekiq's line shape, `name=value` fields, quoting.
 
+use super::escape::printable_ascii;
 use super::*;
 
 impl Logger {
@@ -80,7 +81,75 @@ pub(crate) fn job_line(message: &'static str, elapsed: Option<&str>) -> bool {
 impl Logger {
     /// [`job_line`]'s line: [`Logger::text_event`]'s steps for an INFO event whose fields are
     /// `elapsed` (if any) and `message`, without the event.
+    ///
+    /// When `message` and `elapsed` are short printable ASCII and `elapsed` needs no quotes (the
+    /// processor's `start`, `done` and `0.007` always are), the line is written straight into the
+    /// shared buffer, piece by piece, with no line buffer in between: the time, ` pid= tid=` and the
+    /// level are ASCII already, and the spans' texts were tested for escapes once, when they were
+    /// recorded ([`Slot::printable`]); a span whose text needs escapes is escaped as it is copied.
+    /// Escaping is a character-by-character map, so escaping the pieces writes the bytes that escaping
+    /// the whole line wrote.
     fn text_job_line(&self, message: &str, elapsed: Option<&str>) {
+        // An elapsed time of digits and a point needs no quotes and no escape.
+        let plain = message.len() <= MAX_VALUE_CHARS && printable_ascii(message.as_bytes());
+        let seconds = |e: &str| e.len() <= 32 && e.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+        if !plain || !elapsed.is_none_or(seconds) {
+            return self.text_job_line_general(message, elapsed);
+        }
+        let Some(stamp) = stamp_now() else {
+            return self.text_job_line_general(message, elapsed);
+        };
+        let current = self.current();
+        // The table stays locked while the line is copied (the buffer's lock is taken inside it;
+        // nothing takes them the other way round): the context goes straight into the line.
+        let spans = current.and_then(|_| self.spans.lock().ok());
+        let full = match self.out.lines.lock() {
+            Ok(mut out) => {
+                out.extend_from_slice(&stamp);
+                PID_TID.with(|p| out.extend_from_slice(p.as_bytes()));
+                if let (Some(current), Some(spans)) = (current, spans.as_deref()) {
+                    Self::write_context_bytes(spans, current, &mut out, 0);
+                }
+                if let Some(value) = elapsed {
+                    out.extend_from_slice(b" elapsed=");
+                    out.extend_from_slice(value.as_bytes());
+                }
+                out.push(b' ');
+                out.extend_from_slice(level_name(&Level::INFO).as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(message.as_bytes());
+                out.push(b'\n');
+                out.len() > FLUSH_AT
+            }
+            Err(_) => false,
+        };
+        drop(spans);
+        if full {
+            self.out.flush();
+        }
+    }
+
+    /// [`Logger::write_context`] straight into the shared buffer, each span's text escaped unless it
+    /// is known to be printable ASCII.
+    fn write_context_bytes(spans: &Spans, index: usize, out: &mut Vec<u8>, depth: usize) {
+        let Some(slot) = spans.slots.get(index) else {
+            return;
+        };
+        if let Some(parent) = slot.parent
+            && depth < 64
+        {
+            Self::write_context_bytes(spans, parent, out, depth + 1);
+        }
+        if slot.printable {
+            out.extend_from_slice(slot.text.as_bytes());
+        } else {
+            let _ = write_escaped(&mut Bytes(out), &slot.text);
+        }
+    }
+
+    /// [`Logger::text_job_line`] for any `message` and `elapsed`: the line built whole, quoted,
+    /// clipped and escaped as [`Logger::text_event`] does.
+    fn text_job_line_general(&self, message: &str, elapsed: Option<&str>) {
         with_reused(&LINE, |line| {
             line.clear();
             write_time(line);
@@ -281,11 +350,58 @@ impl Visit for Fields {
 /// `2026-11-21T20:02:30.411Z`: the date part is formatted once per second per thread, the
 /// milliseconds written as three digits (no `core::fmt`, no calendar arithmetic per line).
 pub(super) fn write_time(out: &mut String) {
+    let (secs, millis) = clock();
+    with_second(secs, |prefix| out.push_str(prefix));
+    out.push('.');
+    for d in millis_digits(millis) {
+        out.push(char::from(d));
+    }
+    out.push('Z');
+}
+
+/// The time [`write_time`] writes, as bytes on the stack: one copy into the line. `None` past year
+/// 9999, whose date is longer.
+pub(super) fn stamp_now() -> Option<[u8; 24]> {
+    let (secs, millis) = clock();
+    stamp_at(secs, millis)
+}
+
+/// The stamp of `secs` (since the epoch) and `millis`, the date part from this thread's cache.
+pub(super) fn stamp_at(secs: i64, millis: u32) -> Option<[u8; 24]> {
+    let (cached, date) = DATE.get();
+    let date = if cached == secs {
+        date
+    } else {
+        let date: [u8; 19] = with_second(secs, |prefix| prefix.as_bytes().try_into().ok())?;
+        DATE.set((secs, date));
+        date
+    };
+    let [a, b, c] = millis_digits(millis);
+    let mut stamp = *b"0000-00-00T00:00:00.000Z";
+    let (head, tail) = stamp.split_at_mut(19);
+    head.copy_from_slice(&date);
+    tail.copy_from_slice(&[b'.', a, b, c, b'Z']);
+    Some(stamp)
+}
+
+/// The system clock: whole seconds since the epoch and the milliseconds (0 before the epoch).
+fn clock() -> (i64, u32) {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
-    let millis = since_epoch.subsec_millis().min(999);
+    (secs, since_epoch.subsec_millis().min(999))
+}
+
+/// `millis` (at most 999) as three ASCII digits.
+fn millis_digits(millis: u32) -> [u8; 3] {
+    let m = millis.min(999);
+    [m / 100, m / 10 % 10, m % 10].map(|d| b'0' + d as u8)
+}
+
+/// Runs `f` on `YYYY-MM-DDTHH:MM:SS` of `secs`, formatted when the second differs from this thread's
+/// last one. A date chrono cannot hold (past year 262 143) is written as the epoch, as before.
+fn with_second<R>(secs: i64, f: impl FnOnce(&str) -> R) -> R {
     SECOND.with(|cell| {
         let mut c = cell.borrow_mut();
         if c.0 != secs {
@@ -295,11 +411,6 @@ pub(super) fn write_time(out: &mut String) {
                 .format("%Y-%m-%dT%H:%M:%S")
                 .to_string();
         }
-        out.push_str(&c.1);
-    });
-    out.push('.');
-    for d in [millis / 100, millis / 10 % 10, millis % 10] {
-        out.push(char::from(b'0' + d as u8));
-    }
-    out.push('Z');
+        f(&c.1)
+    })
 }
