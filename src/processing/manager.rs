@@ -626,10 +626,10 @@ async fn take_slots(
         p = share.slots.clone().acquire_owned() => p.ok()?,
         _ = signal.quiet() => return None,
     };
-    // Processors that finish in the same turn of the scheduler free their slots once this loop has
-    // yielded: one fetch then takes them all, rather than one Redis round trip (and wake-up) per slot,
-    // which at a low concurrency (-c 10) was most of a job's cost. A yield, not a timer: no delay.
-    tokio::task::yield_now().await;
+    // No yield here: the processors run on the job runtime, never on this one, so a yield let none of
+    // them free a slot, and on the control plane's current-thread runtime it cost three syscalls per
+    // fetch (a poll of the driver, a write to its own eventfd to wake the deferred task, a second
+    // poll). The wait below gathers the slots.
     let mut permits = vec![first];
     grab_free(share, &mut permits);
     let want = share.max;
@@ -644,7 +644,7 @@ async fn take_slots(
         }
         grab_free(share, &mut permits);
     }
-    // Quiet during the yield or the gather: no fetch after it (it would move jobs only to push them
+    // Quiet during the gather: no fetch after it (it would move jobs only to push them
     // back, or block a quiet process for the block time). The slots go back with the permits.
     if signal.is_quiet() {
         return None;
