@@ -11,6 +11,14 @@
 #                                                # user/system CPU per job of oxidekiq and Redis (rough:
 #                                                # the drain's end is polled, the box is not kept quiet),
 #                                                # and oxidekiq's voluntary context switches per job
+#   SYSCALLS=1 ruby bench/callgrind.rb           # no valgrind: per job, the syscalls of each oxidekiq
+#                                                # thread and of Redis by kind, the wake-ups each thread
+#                                                # made (sched_wakeup, counted on the waker) and its
+#                                                # switches out, its voluntary context switches, and the
+#                                                # commands Redis ran (INFO commandstats); all counts,
+#                                                # so load-independent (perf stat attached over the
+#                                                # drain; about 0.5 s of idle before it is counted too:
+#                                                # its rate is printed, measured before the drain)
 #   REDIS=1 ruby bench/callgrind.rb              # count redis-server's instructions per job instead
 #                                                # (oxidekiq runs natively; OUT is Redis's profile;
 #                                                # it includes this script's polling, a few commands
@@ -32,6 +40,41 @@ WORK = Dir.mktmpdir("oxidekiq-callgrind")
 OUT = ENV.fetch("OUT", File.join(WORK, "callgrind.out"))
 EXTRA = ENV.fetch("EXTRA", "").split
 REDIS_CG = ENV["REDIS"] == "1"
+SYSCALLS = ENV["SYSCALLS"] == "1"
+PERF_EVENTS = ["-e", "syscalls:sys_enter_*", "-e", "sched:sched_wakeup", "-e", "sched:sched_switch"].freeze
+
+# Starts `perf stat` counting PERF_EVENTS per thread of `pid` into `out` until it gets SIGINT.
+def perf_stat(pid, out)
+  Process.spawn("perf", "stat", "--per-thread", "-x", ",", "-o", out, *PERF_EVENTS, "-p", pid.to_s,
+                out: File::NULL, err: File::NULL)
+end
+
+# perf stat's CSV: { "thread name" => { "event" => count } } (threads of one name added up, tids dropped).
+def perf_counts(out)
+  File.foreach(out).each_with_object(Hash.new { |h, k| h[k] = Hash.new(0) }) do |line, acc|
+    thread, count, _, event = line.split(",")
+    next unless event && count =~ /\A\d+\z/ && count.to_i.positive?
+    acc[thread.sub(/-\d+\z/, "")][event.sub(/\A(syscalls:sys_enter_|sched:)/, "")] += count.to_i
+  end
+end
+
+# Voluntary context switches per thread name of process `pid`.
+def thread_switches(pid)
+  Dir["/proc/#{pid}/task/*"].each_with_object(Hash.new(0)) do |t, acc|
+    acc[File.read("#{t}/comm").strip] += File.read("#{t}/status")[/^voluntary_ctxt_switches:\s+(\d+)/, 1].to_i
+  rescue Errno::ENOENT
+    nil
+  end
+end
+
+# Redis's INFO commandstats: { "command" => calls }, without the commands this script polls with.
+def command_calls(redis)
+  redis.info("commandstats").filter_map do |k, v|
+    name = k.to_s.delete_prefix("cmdstat_")
+    next if %w[keys hlen llen type info rename ping].include?(name)
+    [name, (v.is_a?(String) ? v[/calls=(\d+)/, 1] : v.fetch("calls")).to_i]
+  end.to_h
+end
 
 redis_pid, url, redis = start_redis(WORK, REDIS_CG ? callgrind(OUT) : [])
 counted = REDIS_CG ? redis_pid : nil
@@ -41,7 +84,7 @@ begin
   redis.rename("queue:default", "bench:staging")
 
   log = File.join(WORK, "oxidekiq.log")
-  native = ENV["NATIVE"] == "1" || REDIS_CG
+  native = ENV["NATIVE"] == "1" || REDIS_CG || SYSCALLS
   valgrind = native ? [] : callgrind(OUT)
   vg = Process.spawn({ "REDIS_URL" => url, "RUST_LOG" => nil },
                      *valgrind, OXIDEKIQ, "-q", "default", "-c", CONC.to_s, *EXTRA,
@@ -66,6 +109,18 @@ begin
   rss_idle = hwm.call("VmRSS")
   counted ||= vg unless native
   callgrind_on(counted) if counted
+  if SYSCALLS
+    idle_out = File.join(WORK, "perf-idle.csv")
+    system("perf", "stat", "--per-thread", "-x", ",", "-o", idle_out, *PERF_EVENTS, "-p", vg.to_s, "--",
+           "sleep", "1", out: File::NULL, err: File::NULL)
+    perfs = { "oxidekiq" => vg, "redis" => redis_pid }.map do |name, pid|
+      out = File.join(WORK, "perf-#{name}.csv")
+      [name, out, perf_stat(pid, out)]
+    end
+    sleep 0.5 # perf attaches its ~360 counters to every thread
+    threads0 = thread_switches(vg)
+    commands0 = command_calls(redis)
+  end
   cpu0 = [cpu_times(vg), cpu_times(redis_pid)]
   switches0 = voluntary_switches(vg)
   t0 = now
@@ -75,6 +130,33 @@ begin
   cpu1 = [cpu_times(vg), cpu_times(redis_pid)]
   switches = (voluntary_switches(vg) - switches0).to_f / JOBS
   sleep 1 # the log writer's last batch
+  if SYSCALLS
+    perfs.each { |_, _, perf| Process.kill("INT", perf) }
+    perfs.each { |_, _, perf| Process.wait(perf) }
+    threads1 = thread_switches(vg)
+    commands1 = command_calls(redis)
+    printf("%s: %d jobs, -c %d, %.2f s (counts per job; idle: oxidekiq's own rate in 1 s before the drain)\n",
+           KIND, JOBS, CONC, secs)
+    idle = perf_counts(idle_out)
+    perfs.each do |name, out, _|
+      perf_counts(out).sort.each do |thread, events|
+        shown = events.select { |_, n| n.to_f / JOBS >= 0.0005 }.sort_by { |_, n| -n }
+        next if shown.empty?
+        puts "  #{name} thread #{thread}: " + shown.map { |e, n|
+          idle_n = name == "oxidekiq" ? idle[thread][e] : 0
+          format("%s %.4f%s", e, n.to_f / JOBS, idle_n.positive? ? " (idle #{idle_n}/s)" : "")
+        }.join(", ")
+      end
+    end
+    puts "  voluntary context switches per job: " +
+         threads1.map { |t, n| format("%s %.4f", t, (n - threads0[t]).to_f / JOBS) }.join(", ")
+    puts "  Redis commands per job: " +
+         commands1.filter_map { |c, n| d = n - commands0[c].to_i; d.positive? && format("%s %.4f", c, d.to_f / JOBS) }.join(", ")
+    Process.kill("TERM", vg)
+    Process.wait(vg)
+    pids.delete(vg)
+    exit
+  end
   if native && !REDIS_CG
     us = ->(i, k) { (cpu1[i][k] - cpu0[i][k]) * 1e6 / JOBS }
     printf("%s: %d jobs, -c %d: peak RSS %.1f MB (%.1f MB after the probe job), %.2f s; CPU us/job " \

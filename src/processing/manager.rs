@@ -37,21 +37,50 @@ type SlottedUnit = (UnitOfWork, OwnedSemaphorePermit);
 /// waiting processor per unit. It replaces an mpsc receiver behind an async mutex, which cost two
 /// wake-ups per job (the channel's, then the mutex's for the next processor in line) and a semaphore
 /// round in the mutex.
+///
+/// With one job thread ([`Feed::chained`]), a fetch's units are queued under one lock and wake one
+/// processor; each processor that takes a unit and leaves more behind wakes the next one. The fetch
+/// loops run on the control plane's thread: one wake-up per unit from there was a cross-thread wake
+/// (an eventfd write) each time the job thread had gone back to sleep between two of them, which it
+/// did after every unit it ran while the control plane was preempted (2.2 sleeps of the job thread
+/// per fetch of 10 at -c 10; `SYSCALLS=1 ruby bench/callgrind.rb`). A wake from a processor is a local
+/// one (no syscall). Not with several job threads: tokio runs a task woken by a running task in that
+/// worker's LIFO slot, which no other worker steals, so a processor woken behind a job that holds its
+/// thread would wait for it while other threads idle.
 #[derive(Debug, Default)]
 struct Feed {
     /// Units not yet taken, oldest first.
     queue: Mutex<VecDeque<SlottedUnit>>,
-    /// One notification per unit queued; every waiter when the last sender is gone.
+    /// One notification per unit queued (or per batch, chained); every waiter when the last sender is
+    /// gone.
     ready: Notify,
     /// Live [`FeedSender`]s; none left means nothing more comes.
     senders: AtomicUsize,
+    /// A batch wakes one processor, which wakes the next (one job thread).
+    chained: bool,
 }
 
 impl Feed {
-    /// The feed and its first sender.
-    fn new() -> (Arc<Feed>, FeedSender) {
-        let feed = Arc::new(Feed::default());
+    /// The feed and its first sender; `chained` with one job thread.
+    fn new(chained: bool) -> (Arc<Feed>, FeedSender) {
+        let feed = Arc::new(Feed {
+            chained,
+            ..Feed::default()
+        });
         (feed.clone(), FeedSender::new(feed))
+    }
+
+    /// The oldest unit, if any, for a processor: chained, it wakes the next processor when more are
+    /// left.
+    fn take(&self) -> Option<SlottedUnit> {
+        let (unit, more) = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            (q.pop_front(), !q.is_empty())
+        };
+        if self.chained && unit.is_some() && more {
+            self.ready.notify_one();
+        }
+        unit
     }
 
     /// The oldest unit, if any.
@@ -77,7 +106,7 @@ impl Feed {
             // unit. Read the other way round, a unit sent between the two reads by the last sender
             // would be left in the feed.
             let closed = self.senders.load(Ordering::Acquire) == 0;
-            if let Some(task) = self.try_recv() {
+            if let Some(task) = self.take() {
                 return Some(task);
             }
             if closed {
@@ -106,6 +135,24 @@ impl FeedSender {
             .unwrap_or_else(|e| e.into_inner())
             .push_back(task);
         self.0.ready.notify_one();
+    }
+
+    /// Queues a fetch's units: one by one with a wake-up each, or, chained, all under one lock with one
+    /// wake-up (the processor that takes the first wakes the next: [`Feed::take`]).
+    fn send_all(&self, tasks: impl Iterator<Item = SlottedUnit>) {
+        if !self.0.chained {
+            tasks.for_each(|t| self.send(t));
+            return;
+        }
+        let queued = {
+            let mut q = self.0.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let before = q.len();
+            q.extend(tasks);
+            q.len() > before
+        };
+        if queued {
+            self.0.ready.notify_one();
+        }
     }
 }
 
@@ -385,7 +432,7 @@ async fn run(
     jobs: tokio::runtime::Handle,
 ) -> Vec<UnitOfWork> {
     let slots = Arc::new(Semaphore::new(concurrency));
-    let (feed, tasks) = Feed::new();
+    let (feed, tasks) = Feed::new(jobs.metrics().num_workers() == 1);
     let mut processors = JoinSet::new();
     // A job whose fate write is stuck gives up its slot and asks here for a processor in its place.
     let (respawn, respawn_rx) = mpsc::unbounded_channel();
@@ -626,10 +673,10 @@ async fn take_slots(
         p = share.slots.clone().acquire_owned() => p.ok()?,
         _ = signal.quiet() => return None,
     };
-    // Processors that finish in the same turn of the scheduler free their slots once this loop has
-    // yielded: one fetch then takes them all, rather than one Redis round trip (and wake-up) per slot,
-    // which at a low concurrency (-c 10) was most of a job's cost. A yield, not a timer: no delay.
-    tokio::task::yield_now().await;
+    // No yield here: the processors run on the job runtime, never on this one, so a yield let none of
+    // them free a slot, and on the control plane's current-thread runtime it cost three syscalls per
+    // fetch (a poll of the driver, a write to its own eventfd to wake the deferred task, a second
+    // poll). The wait below gathers the slots.
     let mut permits = vec![first];
     grab_free(share, &mut permits);
     let want = share.max;
@@ -644,7 +691,7 @@ async fn take_slots(
         }
         grab_free(share, &mut permits);
     }
-    // Quiet during the yield or the gather: no fetch after it (it would move jobs only to push them
+    // Quiet during the gather: no fetch after it (it would move jobs only to push them
     // back, or block a quiet process for the block time). The slots go back with the permits.
     if signal.is_quiet() {
         return None;
@@ -766,9 +813,7 @@ async fn hand_out(
             stranded = back;
         }
     }
-    for (unit, slot) in units.into_iter().zip(permits) {
-        tasks.send((unit, slot));
-    }
+    tasks.send_all(units.into_iter().zip(permits));
     stranded
 }
 
@@ -893,6 +938,42 @@ where
 mod tests {
     use super::*;
     use crate::shutdown::Shutdown;
+
+    /// Waiting processors of a chained feed and a fetch of as many units, queued with one wake-up: every
+    /// processor gets a unit (each taker wakes the next), and a unit left alone is taken too.
+    #[tokio::test(start_paused = true)]
+    async fn a_chained_batch_wakes_every_waiting_processor() {
+        let (feed, sender) = Feed::new(true);
+        let slots = Arc::new(Semaphore::new(4));
+        let mut takers = JoinSet::new();
+        for _ in 0..3 {
+            let feed = feed.clone();
+            takers.spawn(async move { feed.recv().await.map(|(u, _)| u.id) });
+        }
+        // Every taker waits on the feed before the batch comes.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let unit = |id| {
+            let slot = slots.clone().try_acquire_owned().unwrap();
+            (UnitOfWork::new("default".into(), id, b"{}".to_vec()), slot)
+        };
+        sender.send_all((1..=3).map(unit));
+        // Paused time: a processor left asleep would let the timeout fire at once instead of hanging.
+        let mut got = tokio::time::timeout(Duration::from_secs(5), takers.join_all())
+            .await
+            .expect("a processor of the batch was never woken");
+        got.sort();
+        assert_eq!(got, vec![Some(1), Some(2), Some(3)]);
+        // One more unit, one waiting processor.
+        let taker = tokio::spawn({
+            let feed = feed.clone();
+            async move { feed.recv().await.map(|(u, _)| u.id) }
+        });
+        tokio::task::yield_now().await;
+        sender.send_all(std::iter::once(unit(4)));
+        assert_eq!(taker.await.unwrap(), Some(4));
+    }
 
     /// Quiet comes while a loop with a backlog waits for slots to gather: it takes none and fetches
     /// nothing more (it fetched once more after quiet, then pushed what it got back).

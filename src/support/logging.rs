@@ -7,8 +7,8 @@
 //! Mirrors `logger.rb` (`Sidekiq::Logger::Formatters::Pretty` without colour): UTC time with
 //! milliseconds, `pid`, `tid`, the job's context (`class`, `jid` from the job span), the event's own
 //! fields, then `LEVEL: message`. Lines are appended to a shared buffer ([`Sink`]) that a background thread writes
-//! out every 20 ms, so a job never waits on the terminal and a busy process does not wake a writer
-//! thread per line; past 1 MiB the logging thread writes the buffer itself (back-pressure, no line is
+//! out at most every 20 ms (asleep while no line comes; the first line into the empty buffer wakes it),
+//! so a job never waits on the terminal and a busy process does not wake a writer thread per line; past 1 MiB the logging thread writes the buffer itself (back-pressure, no line is
 //! ever dropped). The subscriber is this module's own [`Logger`], built for the two lines every job
 //! logs: see there for why not `tracing_subscriber`'s. Those two lines ([`job_line`]) the processor
 //! writes straight into it when it is the subscriber, in the text format, with OpenTelemetry off: the

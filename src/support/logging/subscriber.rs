@@ -66,14 +66,19 @@ impl Logger {
 
     /// Runs `write` on the shared buffer; past [`FLUSH_AT`] bytes this thread writes them out itself
     /// (back-pressure: no line is ever dropped).
+    /// The first line into an empty buffer wakes the writer if it sleeps ([`Sink::appended`]).
     pub(super) fn append(&self, write: impl FnOnce(&mut Vec<u8>)) {
-        let full = match self.out.lines.lock() {
+        let (full, idle) = match self.out.lines.lock() {
             Ok(mut b) => {
                 write(&mut b);
-                b.len() > FLUSH_AT
+                (
+                    b.len() > FLUSH_AT,
+                    self.out.idle.load(std::sync::atomic::Ordering::Relaxed),
+                )
             }
-            Err(_) => false,
+            Err(_) => (false, false),
         };
+        self.out.appended(idle);
         if full {
             self.out.flush();
         }

@@ -379,3 +379,29 @@ fn the_line_time_is_right_across_second_boundaries() {
     assert_eq!(line.len(), 24);
     assert_eq!(line.as_bytes()[..10], now[..10]);
 }
+
+/// The writer of a quiet process sleeps until a line comes (no wake-up every 20 ms), and the line wakes
+/// it: it is taken from the buffer long before the idle writer would look again by itself (5 s).
+#[test]
+fn a_line_on_a_quiet_process_wakes_the_sleeping_writer() {
+    let sink = Arc::new(Sink::default());
+    writer::spawn_writer(&sink);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // Read under the buffer's lock, as an appender reads it.
+    wait("the writer never went to sleep", &|| {
+        let _lines = sink.lines.lock().unwrap();
+        sink.idle.load(Ordering::Relaxed)
+    });
+    let subscriber = Logger::new(LevelFilter::INFO, LogFormat::Text, sink.clone());
+    tracing::subscriber::with_default(subscriber, || tracing::info!("a line on a quiet process"));
+    wait(
+        "the line was not written: the sleeping writer was not woken",
+        &|| sink.lines.lock().unwrap().is_empty(),
+    );
+}
