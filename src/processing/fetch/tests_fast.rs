@@ -581,3 +581,46 @@ async fn a_sort_refused_when_the_fast_transaction_runs_removes_no_job_from_its_q
     all.sort();
     assert_eq!(all, named(0, 5), "each job fetched or queued, once");
 }
+
+/// How many times Redis refused `command` before running it (`INFO commandstats`' `rejected_calls`:
+/// an ACL's refusal).
+fn rejected(c: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|f| f.strip_prefix("rejected_calls="))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Review of issue 42: a Redis whose ACL refuses `MULTI` itself runs the fast path's other commands
+/// one by one, outside any transaction (the copy made, the queue trimmed, the copy read) and answers
+/// its `EXEC` "without MULTI". Before, that fetch failed with its jobs in a list nobody ran, and so did
+/// every later one, until the whole queue sat in this process's lists and no job ran. Now the copy goes
+/// back at once, the process switches to the batch script for good, and each job is served once, in
+/// order.
+#[tokio::test]
+async fn a_refused_multi_puts_the_copy_back_and_switches_to_the_script_for_good() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    fill(&mut c, "a", 7);
+    let f = limited_fetcher(&redis, &mut c, "multi").await;
+    let mut got = f.retrieve_work(3).await.unwrap();
+    got.extend(f.retrieve_work(3).await.unwrap());
+    got.extend(f.retrieve_work(3).await.unwrap());
+    assert_eq!(jids(&got), named(0, 7), "each once, in order");
+    assert_eq!(rejected(&mut c, "multi"), 1, "the fast path tried once");
+    assert!(calls(&mut c, "evalsha") >= 3, "then the script");
+    assert_eq!(
+        held_jids(&mut c, ME),
+        named(0, 7),
+        "only the jobs handed out are held"
+    );
+    assert!(!c.exists::<_, bool>("queue:a").unwrap());
+    f.acknowledge(&got).await.unwrap();
+    let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
+    assert!(keys.is_empty(), "nothing stranded: {keys:?}");
+}

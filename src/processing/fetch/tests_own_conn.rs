@@ -10,7 +10,7 @@ use crate::test_support as support;
 use std::time::Duration;
 
 use oxidekiq::fetch::{Fetch, Reliable, UnitOfWork};
-use oxidekiq::redis_conn::resp::Reader;
+use oxidekiq::redis_conn::resp::{Dialer, Reader};
 use redis::Commands;
 
 use super::tests_scripts::{ME, ReplyTrap, fetcher, fetcher_via, fill, held_jids, jid_of, job};
@@ -289,4 +289,95 @@ async fn an_own_connection_killed_mid_fetch_loses_no_job_and_runs_none_twice() {
     let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
     assert!(keys.is_empty(), "nothing stranded: {keys:?}");
     assert_eq!(c.llen::<_, usize>("queue:a").unwrap(), 0);
+}
+
+/// Review of issue 42: a backlog of 200 jobs of 16 KB each (a batch's reply many socket reads long),
+/// each payload ending in CRLFs and holding RESP-looking text, fetched through the fetcher's own
+/// connections (the fast path, then the batch script after a `SCRIPT FLUSH`): every job handed out
+/// once, byte for byte, nothing stranded.
+#[tokio::test]
+async fn big_payloads_read_whole_over_the_own_connections() {
+    let redis = support::RedisServer::start();
+    let mut c = redis.conn();
+    let pad = format!("$-1 *3 :1 -ERR +OK {}", "x".repeat(16 * 1024));
+    let payload = |jid: &str| {
+        format!(r#"{{"class":"A","args":["{pad}"],"jid":"{jid}","queue":"a","retry":true}}"#)
+            + "\r\n\r\n"
+    };
+    for i in 0..200 {
+        let _: () = c.lpush("queue:a", payload(&format!("a{i}"))).unwrap();
+    }
+    let f = fetcher(&redis, &["a"], ME).await;
+    let mut handed = Vec::new();
+    let mut flushed = false;
+    loop {
+        let got = f.retrieve_work(200).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        for u in &got {
+            let jid = jid_of(u.raw());
+            assert_eq!(u.raw(), payload(&jid).as_bytes(), "{jid} byte for byte");
+            handed.push(jid);
+        }
+        f.acknowledge(&got).await.unwrap();
+        if !flushed {
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut c).unwrap();
+            flushed = true;
+        }
+    }
+    assert_eq!(handed, named(0, 200), "each once, in order");
+    assert_eq!(f.own_idle(), Some(1));
+    let keys: Vec<String> = c.keys("oxidekiq:batch:*").unwrap();
+    assert!(keys.is_empty(), "nothing stranded: {keys:?}");
+}
+
+/// Review of issue 42: a URL naming an ACL user and database 3: the fetcher's own connections log in
+/// as that user and fetch from database 3, never from database 0.
+#[tokio::test]
+async fn the_own_connections_fetch_from_the_url_s_database_as_its_user() {
+    const PASSWORD: &str = "f3tch-s3cret";
+    let args = support::acl_args(PASSWORD);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let redis = support::RedisServer::start_with(&args);
+    let url = format!("redis://app:{PASSWORD}@127.0.0.1:{}/3", redis.port);
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c3 = client.get_connection().unwrap();
+    let mut c0 = redis::Client::open(format!("redis://app:{PASSWORD}@127.0.0.1:{}/0", redis.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for i in 0..6 {
+        let _: () = c3.lpush("queue:a", job(&format!("a{i}"), "a")).unwrap();
+        let _: () = c0.lpush("queue:a", job(&format!("z{i}"), "a")).unwrap();
+    }
+    let conn = oxidekiq::redis_conn::connect(&client).await.unwrap();
+    let blocking = oxidekiq::redis_conn::connect_blocking(&client, Duration::from_millis(200))
+        .await
+        .unwrap();
+    let f = Reliable::new(
+        &super::tests_scripts::queues(&["a"]),
+        ME,
+        conn,
+        blocking,
+        Duration::from_millis(200),
+    )
+    .dialing(Dialer::of(&client));
+    // The fast path, then the batch script (the queue found short).
+    let first = f.retrieve_work(4).await.unwrap();
+    let _: () = c3.lpush("queue:a", job("s0", "a")).unwrap();
+    let mut handed = jids(&first);
+    f.acknowledge(&first).await.unwrap();
+    handed.extend(drain_all(&f).await);
+    assert_eq!(handed, ["a0", "a1", "a2", "a3", "a4", "a5", "s0"]);
+    assert_eq!(
+        f.own_idle(),
+        Some(1),
+        "the fetches went over an own connection"
+    );
+    assert_eq!(
+        c0.llen::<_, usize>("queue:a").unwrap(),
+        6,
+        "database 0 untouched"
+    );
 }

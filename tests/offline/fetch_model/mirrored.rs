@@ -35,7 +35,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable/fast.rs",
         "fn fetch_fast",
-        "6ae89d8ee51730c9446782e6bbdb36aad4ae8639",
+        "82c7b4f2acaef21564530bdd5429e779003583ee",
     ),
     (
         "processing/fetch/reliable/script.rs",

@@ -531,7 +531,10 @@ impl State {
                     // `Reliable::fetch_fast`: `MULTI; SORT queue BY nosort DESC LIMIT 0 n STORE list;
                     // EVAL GUARD_LUA; LRANGE list 0 -1; EXEC`, one atomic step. With faults, an ACL
                     // refuses the `SORT` when `EXEC` runs it: no copy, so the guard trims nothing (and
-                    // the fetcher turns the fast path off for good).
+                    // the fetcher turns the fast path off for good). A `MULTI` refused (an ACL without
+                    // it) runs the same commands one by one, and the fetcher puts the copy back at once
+                    // with `MOVE_BACK_LUA` and turns the fast path off: this step, its reply lost, then
+                    // the reconcile's step of that list (or, that push-back failing, its next sweep).
                     if me.fast && !self.r.queue.is_empty() {
                         for refused in [false, true] {
                             if refused && !b.faults {

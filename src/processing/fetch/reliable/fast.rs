@@ -145,6 +145,22 @@ impl Reliable {
         let replies = self.query_fetch(&pipe).await;
         answer_riders(riders, &replies, FAST_REPLIES);
         let mut replies = replies?;
+        if let Some(Err(multi)) = replies.first() {
+            // `MULTI` refused (an ACL without it, a command renamed away): the commands after it ran
+            // one by one, outside any transaction, and `EXEC` answers "without MULTI". The copy the
+            // guard trimmed off the queue goes back now: left for the next reconcile (which only an
+            // outage or a stop brings), its jobs would wait in a list nobody runs, and every later
+            // fetch would move more of the queue there.
+            let multi = multi.clone();
+            let (_, kept, _) = self.move_back(vec![list.clone()]).await;
+            // Not moved back (an outage): recorded as lost, for the next sweep.
+            reservation.answered = kept.is_empty();
+            if matches!(multi.code(), Some("NOPERM") | Some("ERR")) {
+                self.refuse_fast(&multi.to_string());
+                return Ok(Fast::Script);
+            }
+            return Err(multi.into());
+        }
         replies.truncate(FAST_REPLIES);
         let exec = match replies.pop() {
             Some(Ok(redis::Value::Array(items))) => items,
