@@ -404,4 +404,19 @@ fn a_line_on_a_quiet_process_wakes_the_sleeping_writer() {
         "the line was not written: the sleeping writer was not woken",
         &|| sink.lines.lock().unwrap().is_empty(),
     );
+    // A job's start line, written straight into the buffer (`job_line`, not an event), wakes it too.
+    wait("the writer never went back to sleep", &|| {
+        let _lines = sink.lines.lock().unwrap();
+        sink.idle.load(Ordering::Relaxed)
+    });
+    let subscriber = Logger::new(LevelFilter::INFO, LogFormat::Text, sink.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let span = tracing::info_span!(target: JOB_TARGET, "job", class = "HardWorker", jid = "abc", queue = "q");
+        let _in = span.enter();
+        assert!(job_line("start", None), "written directly");
+    });
+    wait(
+        "the job's line was not written: the sleeping writer was not woken",
+        &|| sink.lines.lock().unwrap().is_empty(),
+    );
 }

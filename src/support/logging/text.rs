@@ -103,7 +103,7 @@ impl Logger {
         // The table stays locked while the line is copied (the buffer's lock is taken inside it;
         // nothing takes them the other way round): the context goes straight into the line.
         let spans = current.and_then(|_| self.spans.lock().ok());
-        let full = match self.out.lines.lock() {
+        let (full, idle) = match self.out.lines.lock() {
             Ok(mut out) => {
                 out.extend_from_slice(&stamp);
                 PID_TID.with(|p| out.extend_from_slice(p.as_bytes()));
@@ -119,11 +119,16 @@ impl Logger {
                 out.extend_from_slice(b": ");
                 out.extend_from_slice(message.as_bytes());
                 out.push(b'\n');
-                out.len() > FLUSH_AT
+                (
+                    out.len() > FLUSH_AT,
+                    self.out.idle.load(std::sync::atomic::Ordering::Relaxed),
+                )
             }
-            Err(_) => false,
+            Err(_) => (false, false),
         };
         drop(spans);
+        // As `append`: the first line into the empty buffer of a sleeping writer wakes it.
+        self.out.appended(idle);
         if full {
             self.out.flush();
         }
