@@ -35,7 +35,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable/fast.rs",
         "fn fetch_fast",
-        "6ae89d8ee51730c9446782e6bbdb36aad4ae8639",
+        "091e11358f64e81f4e27e353cf54d3e6a2d2b45f",
     ),
     (
         "processing/fetch/reliable/script.rs",
