@@ -16,8 +16,8 @@
 //!
 //! # What Redis sees
 //!
-//! The bytes redis-rs would write for the same pipeline ([`redis::Pipeline::get_packed_pipeline`]),
-//! after an `AUTH` and a `SELECT` when the connection is made. The replies come back as the shared
+//! The bytes redis-rs would write for the same pipeline ([`redis::Pipeline::get_packed_pipeline`];
+//! the fetch's fast path packs its own, the same bytes: its tests compare them), after an `AUTH` and a `SELECT` when the connection is made. The replies come back as the shared
 //! connection gives them to a pipeline with `ignore_errors` ([`RespPool::query_each`]), and each failure
 //! of the connection is counted for `/metrics` as the shared connection counts its own
 //! ([`crate::prom::count_error`]).
@@ -55,7 +55,19 @@ impl RespPool {
         &self,
         pipe: &redis::Pipeline,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
-        let replies = self.query(pipe).await?;
+        self.query_each_packed(&pipe.get_packed_pipeline(), pipe.len())
+            .await
+    }
+
+    /// [`RespPool::query_each`] for commands packed by the caller: `commands` as RESP, `replies` of
+    /// them (a fetch builds its bytes itself, its fixed parts once: bench/results/instructions.md,
+    /// session 3).
+    pub(crate) async fn query_each_packed(
+        &self,
+        commands: &[u8],
+        replies: usize,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        let replies = self.query_packed(commands, replies).await?;
         Ok(replies
             .into_iter()
             .map(|v| match v {
@@ -65,16 +77,17 @@ impl RespPool {
             .collect())
     }
 
-    /// Sends `pipe` and reads one reply per command, error replies as values.
-    pub(crate) async fn query(&self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
-        let got = self.query_now(pipe).await;
+    /// Sends `commands` (RESP, `replies` commands) and reads one reply per command, error replies as
+    /// values.
+    async fn query_packed(&self, commands: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
+        let got = self.query_now(commands, replies).await;
         if let Err(e) = &got {
             crate::prom::count_error(e);
         }
         got
     }
 
-    async fn query_now(&self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+    async fn query_now(&self, commands: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
         let mut conn = match self.take_open() {
             Some(c) => c,
             None => self.dialer.connect().await.map_err(redis_error)?,
@@ -82,7 +95,7 @@ impl RespPool {
         // The connection is this exchange's alone until it goes back: a failure, or this future
         // dropped midway, drops it with whatever is still on its wire.
         let got = conn
-            .exchange(&pipe.get_packed_pipeline(), pipe.len())
+            .exchange(commands, replies)
             .await
             .map_err(redis_error)?;
         if let Ok(mut idle) = self.idle.lock() {

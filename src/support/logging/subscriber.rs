@@ -121,14 +121,26 @@ impl Subscriber for Logger {
         let mut json = Vec::new();
         with_reused(&SCRATCH, |text| {
             text.clear();
-            match self.format {
+            // Whether `text` is printable ASCII: a job's span finds it as it writes its values.
+            let printable = match self.format {
                 // A job's span (one per job) has its three values as plain strings, written bare.
                 LogFormat::Text if attrs.metadata().target() == JOB_TARGET => {
-                    attrs.record(&mut JobText(text))
+                    let mut job = JobText {
+                        out: text,
+                        printable: true,
+                    };
+                    attrs.record(&mut job);
+                    job.printable
                 }
-                LogFormat::Text => attrs.record(&mut SpanText(text)),
-                LogFormat::Json => attrs.record(&mut JsonFieldList(&mut json)),
-            }
+                LogFormat::Text => {
+                    attrs.record(&mut SpanText(text));
+                    printable_ascii(text.as_bytes())
+                }
+                LogFormat::Json => {
+                    attrs.record(&mut JsonFieldList(&mut json));
+                    printable_ascii(text.as_bytes())
+                }
+            };
             let Ok(mut spans) = self.spans.lock() else {
                 return None;
             };
@@ -153,7 +165,7 @@ impl Subscriber for Logger {
                 slot.metadata = Some(attrs.metadata());
                 slot.text.clear();
                 slot.text.push_str(text);
-                slot.printable = printable_ascii(text.as_bytes());
+                slot.printable = printable;
                 slot.json = std::mem::take(&mut json);
                 slot.otel_owned = otel.is_some();
                 slot.otel = otel.take();

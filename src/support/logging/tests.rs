@@ -1,5 +1,5 @@
 use super::escape::printable_ascii;
-use super::text::{needs_quotes, stamp_at, stamp_now};
+use super::text::{needs_quotes, plain_value, stamp_at, stamp_now};
 use super::*;
 
 /// Issue 43 item 6: every field's value, the message too, is clipped to [`MAX_VALUE_CHARS`] in
@@ -41,6 +41,26 @@ fn needs_quotes_finds_a_space_an_equals_sign_or_a_quote_anywhere() {
                     let mut v = base.clone();
                     v[at] = c;
                     assert_eq!(needs_quotes(&v), slow(&v), "{v:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn plain_value_is_printable_and_unquoted_in_one_scan() {
+    let slow = |v: &[u8]| printable_ascii(v) && !needs_quotes(v);
+    for len in 0..=24 {
+        for fill in ["a", "é", "!", "<", "#", "~", "\u{7f}", "\u{a0}"] {
+            let base: Vec<u8> = fill.as_bytes().iter().copied().cycle().take(len).collect();
+            assert_eq!(plain_value(&base), slow(&base), "{base:?}");
+            for at in 0..len {
+                for c in [
+                    b' ', b'=', b'"', b'!', b'<', b'#', b'~', b'\x1f', b'\x7f', b'\x80', 0, b'\\',
+                ] {
+                    let mut v = base.clone();
+                    v[at] = c;
+                    assert_eq!(plain_value(&v), slow(&v), "{v:?}");
                 }
             }
         }

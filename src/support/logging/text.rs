@@ -237,23 +237,96 @@ impl Visit for SpanText<'_> {
 pub(crate) const JOB_TARGET: &str = concat!(env!("CARGO_CRATE_NAME"), "::job");
 
 /// A job span's fields as text: ` name=value`, a string bare (as `%` writes it), anything else as
-/// [`SpanText`] writes it.
-pub(super) struct JobText<'a>(pub(super) &'a mut String);
+/// [`SpanText`] writes it. `printable` ends true when all it wrote is printable ASCII (the span slot's
+/// `printable`, found here value by value rather than by a second scan of the whole text).
+pub(super) struct JobText<'a> {
+    pub(super) out: &'a mut String,
+    pub(super) printable: bool,
+}
 
 impl Visit for JobText<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.push(' ');
-        self.0.push_str(field.name());
-        self.0.push('=');
-        let start = self.0.len();
-        self.0
-            .push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
-        quote_tail(self.0, start);
+        let name = field.name();
+        let out = &mut *self.out;
+        // A job's three values are short, printable and unquoted: one scan decides, one reserve, no
+        // clip and no second look at what was written.
+        if value.len() <= MAX_VALUE_CHARS && plain_value(value.as_bytes()) {
+            self.printable &= plain_value(name.as_bytes());
+            out.reserve(name.len() + value.len() + 2);
+            out.push(' ');
+            out.push_str(name);
+            out.push('=');
+            out.push_str(value);
+            return;
+        }
+        let piece = out.len();
+        out.push(' ');
+        out.push_str(name);
+        out.push('=');
+        let start = out.len();
+        out.push_str(&crate::redact::clip(value, MAX_VALUE_CHARS));
+        quote_tail(out, start);
+        self.printable &= out
+            .get(piece..)
+            .is_some_and(|p| printable_ascii(p.as_bytes()));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        SpanText(self.0).record_debug(field, value);
+        let piece = self.out.len();
+        SpanText(self.out).record_debug(field, value);
+        self.printable &= self
+            .out
+            .get(piece..)
+            .is_some_and(|p| printable_ascii(p.as_bytes()));
     }
+}
+
+/// True when every byte of `value` is printable ASCII and none is a space, `=` or `"`: a value a line
+/// shows bare and copies without escapes ([`needs_quotes`] and [`printable_ascii`] in one scan). Eight
+/// bytes at a time, the last partial word read as the whole word ending the value (its bytes overlap
+/// ones already tested, which changes nothing for a test of every byte), a value of 4 to 7 bytes as
+/// its first and last four: no byte loop for a class, a jid or a queue.
+pub(super) fn plain_value(value: &[u8]) -> bool {
+    let n = value.len();
+    if n >= 8 {
+        let mut words = value.chunks_exact(8);
+        for w in &mut words {
+            if !plain_word(w) {
+                return false;
+            }
+        }
+        words.remainder().is_empty() || value.get(n - 8..).is_some_and(plain_word)
+    } else if n >= 4 {
+        let half = |b: Option<&[u8]>| {
+            b.and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map_or(0, u32::from_ne_bytes)
+        };
+        let (lo, hi) = (half(value.get(..4)), half(value.get(n - 4..)));
+        plain_bits(u64::from(lo) | (u64::from(hi) << 32))
+    } else {
+        value
+            .iter()
+            .all(|&b| (0x21..0x7f).contains(&b) && b != b'=' && b != b'"')
+    }
+}
+
+/// [`plain_value`] of exactly eight bytes.
+fn plain_word(w: &[u8]) -> bool {
+    <[u8; 8]>::try_from(w).is_ok_and(|w| plain_bits(u64::from_ne_bytes(w)))
+}
+
+/// No byte of `x` below 0x21 (controls and the space: "has a byte less than n", exact for n <= 128),
+/// at or above 0x7f (adding 1 sets its top bit; a byte at or above 0x80 has it already), `=` or `"`.
+fn plain_bits(x: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    const BANG: u64 = u64::from_ne_bytes([0x21; 8]);
+    // Whether any byte of `x` is zero (exact as to whether, not as to where).
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
+    (x.wrapping_sub(BANG) & !x & HIGH) == 0
+        && ((x.wrapping_add(ONES) | x) & HIGH) == 0
+        && !zero(x ^ (ONES * u64::from(b'=')))
+        && !zero(x ^ (ONES * u64::from(b'"')))
 }
 
 /// Quotes the value `out` holds from `start` when it has a space, `=` or `"` in it, with `"` and `\`

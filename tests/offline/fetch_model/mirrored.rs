@@ -35,7 +35,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable/fast.rs",
         "fn fetch_fast",
-        "82c7b4f2acaef21564530bdd5429e779003583ee",
+        "00b741c7d3d1bd9eccdac8a92424b9e105efd551",
     ),
     (
         "processing/fetch/reliable/script.rs",

@@ -29,6 +29,36 @@ pub(super) fn add_acks(pipe: &mut redis::Pipeline, cmds: &[AckCmd], index: &str)
     }
 }
 
+/// [`add_acks`]'s commands written as RESP into `out` (the bytes the pipeline would get); returns how
+/// many commands (replies) it wrote.
+pub(super) fn pack_acks(out: &mut Vec<u8>, cmds: &[AckCmd], index: &str) -> usize {
+    use crate::redis_conn::resp;
+    let mut n = 0;
+    for c in cmds {
+        match c {
+            AckCmd::Del(key, acks) => {
+                out.extend_from_slice(b"*3\r\n$3\r\nDEL\r\n");
+                resp::arg(out, key.as_bytes());
+                resp::arg(out, acks.as_bytes());
+                out.extend_from_slice(b"*3\r\n$4\r\nSREM\r\n");
+                resp::arg(out, index.as_bytes());
+                resp::arg(out, key.as_bytes());
+                n += 2;
+            }
+            AckCmd::Sadd(acks, places) => {
+                resp::command(out, 2 + places.len());
+                out.extend_from_slice(b"$4\r\nSADD\r\n");
+                resp::arg(out, acks.as_bytes());
+                for &p in places {
+                    resp::arg_u64(out, p);
+                }
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 impl AckCmd {
     /// How many replies [`add_acks`] adds for it.
     pub(super) fn replies(&self) -> usize {

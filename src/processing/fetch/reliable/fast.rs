@@ -1,16 +1,17 @@
 //! The fast path of reliable fetch: one transaction (`SORT .. STORE`, the guard, `LRANGE`) for a round
 //! whose first queue is expected to fill the batch.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock};
 
 use super::super::{MAX_BATCH, UnitOfWork};
-use super::acks::{add_acks, answer_riders};
+use super::acks::{add_acks, answer_riders, pack_acks};
 use super::batch::Reservation;
 use super::script::reply_bytes;
 use super::{Reliable, describe};
 use crate::error::Result;
 use crate::keys;
+use crate::redis_conn::resp;
 
 /// The guard of the fast path, run inside its transaction (`MULTI`; `SORT` of up to n jobs of queue
 /// KEYS[1] into batch list KEYS[2]; this; `LRANGE` of the batch list; `EXEC`): it trims the queue of the
@@ -77,6 +78,83 @@ pub(super) fn fast_batch(max: usize, job_bytes: usize, room: usize) -> usize {
     max.min(n)
 }
 
+/// The fast path's transaction as a pipeline (the shared connection's way: TLS, Sentinel):
+/// `MULTI; SORT <qkey> BY nosort DESC LIMIT 0 <n> STORE <list>; EVAL <guard> 3 <qkey> <list> <index>
+/// <room>; LRANGE <list> 0 -1; EXEC`.
+pub(super) fn fast_pipe(
+    qkey: &str,
+    n: usize,
+    list: &str,
+    index: &str,
+    room: usize,
+) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("MULTI")
+        .cmd("SORT")
+        .arg(qkey)
+        .arg("BY")
+        .arg("nosort")
+        .arg("DESC")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(n)
+        .arg("STORE")
+        .arg(list)
+        .cmd("EVAL")
+        .arg(GUARD_LUA)
+        .arg(3)
+        .arg(qkey)
+        .arg(list)
+        .arg(index)
+        .arg(room)
+        .cmd("LRANGE")
+        .arg(list)
+        .arg(0)
+        .arg(-1)
+        .cmd("EXEC");
+    pipe
+}
+
+/// `MULTI` and the head of the `SORT`, up to its key.
+const SORT_HEAD: &[u8] = b"*1\r\n$5\r\nMULTI\r\n*10\r\n$4\r\nSORT\r\n";
+/// The `SORT`'s arguments from `BY` to its count.
+const SORT_MID: &[u8] = b"$2\r\nBY\r\n$6\r\nnosort\r\n$4\r\nDESC\r\n$5\r\nLIMIT\r\n$1\r\n0\r\n";
+/// The head of the `EVAL`: the command, the guard's text and its key count, made once (the guard is
+/// sent whole on every fetch: see [`GUARD_LUA`]).
+static EVAL_HEAD: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let mut out = b"*7\r\n$4\r\nEVAL\r\n".to_vec();
+    resp::arg(&mut out, GUARD_LUA.as_bytes());
+    resp::arg(&mut out, b"3");
+    out
+});
+
+/// [`fast_pipe`]'s commands written as RESP into `out`: the bytes `get_packed_pipeline` writes for it
+/// (the tests compare them), without the pipeline's per-argument vectors and the guard's copy into
+/// them on every fetch.
+pub(super) fn pack_fast(
+    out: &mut Vec<u8>,
+    qkey: &str,
+    n: usize,
+    list: &str,
+    index: &str,
+    room: usize,
+) {
+    out.extend_from_slice(SORT_HEAD);
+    resp::arg(out, qkey.as_bytes());
+    out.extend_from_slice(SORT_MID);
+    resp::arg_u64(out, n as u64);
+    out.extend_from_slice(b"$5\r\nSTORE\r\n");
+    resp::arg(out, list.as_bytes());
+    out.extend_from_slice(&EVAL_HEAD);
+    resp::arg(out, qkey.as_bytes());
+    resp::arg(out, list.as_bytes());
+    resp::arg(out, index.as_bytes());
+    resp::arg_u64(out, room as u64);
+    out.extend_from_slice(b"*4\r\n$6\r\nLRANGE\r\n");
+    resp::arg(out, list.as_bytes());
+    out.extend_from_slice(b"$1\r\n0\r\n$2\r\n-1\r\n*1\r\n$4\r\nEXEC\r\n");
+}
+
 /// Replies of the fast path's transaction before the riding acks': `MULTI`, three `QUEUED`, `EXEC`.
 pub(super) const FAST_REPLIES: usize = 5;
 
@@ -113,36 +191,28 @@ impl Reliable {
         let list = self.lists(queue, batch);
         let mut reservation = Reservation::new(self, vec![list.clone()], (batch, batch + 1));
         let qkey = keys::queue(queue);
-        let mut pipe = redis::pipe();
-        pipe.cmd("MULTI")
-            .cmd("SORT")
-            .arg(&qkey)
-            .arg("BY")
-            .arg("nosort")
-            .arg("DESC")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(n)
-            .arg("STORE")
-            .arg(&list.key)
-            .cmd("EVAL")
-            .arg(GUARD_LUA)
-            .arg(3)
-            .arg(&qkey)
-            .arg(&list.key)
-            .arg(&self.index)
-            .arg(self.room())
-            .cmd("LRANGE")
-            .arg(&list.key)
-            .arg(0)
-            .arg(-1)
-            .cmd("EXEC");
         let riders = self.take_riders();
-        for r in &riders {
-            add_acks(&mut pipe, &r.cmds, &self.index);
-        }
-        pipe.ignore_errors();
-        let replies = self.query_fetch(&pipe).await;
+        let room = self.room();
+        let replies = match &self.own {
+            // The fetcher's own connections: the bytes written here, the fixed parts once.
+            Some(own) => {
+                let mut out = Vec::with_capacity(GUARD_LUA.len() + 512);
+                pack_fast(&mut out, &qkey, n, &list.key, &self.index, room);
+                let mut count = FAST_REPLIES;
+                for r in &riders {
+                    count += pack_acks(&mut out, &r.cmds, &self.index);
+                }
+                own.query_each_packed(&out, count).await
+            }
+            None => {
+                let mut pipe = fast_pipe(&qkey, n, &list.key, &self.index, room);
+                for r in &riders {
+                    add_acks(&mut pipe, &r.cmds, &self.index);
+                }
+                pipe.ignore_errors();
+                self.query_fetch(&pipe).await
+            }
+        };
         answer_riders(riders, &replies, FAST_REPLIES);
         let mut replies = replies?;
         if let Some(Err(multi)) = replies.first() {
@@ -296,5 +366,76 @@ impl Reliable {
                 .map(|(place, raw)| UnitOfWork::new(queue.clone(), base | place as u64, raw))
                 .collect(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::acks::{AckCmd, add_acks, pack_acks};
+    use super::*;
+
+    /// The fast path's bytes for its own connections are the ones redis-rs packs for its pipeline:
+    /// counts and room of every length class (one digit, two, many, the largest), keys of every
+    /// length class and with multi-byte characters, and riders of both kinds (a `SADD` of no place,
+    /// of one, of many places; a `DEL` with its `SREM`), alone and mixed.
+    #[test]
+    fn packed_fast_fetch_is_the_pipeline_redis_rs_packs() {
+        let long = "q".repeat(150);
+        let queues = [
+            "queue:default".to_string(),
+            "queue:é ü".to_string(),
+            format!("queue:{long}"),
+        ];
+        let lists = [
+            "oxidekiq:batch:host:1:2:3".to_string(),
+            format!("oxidekiq:batch:{long}:9"),
+        ];
+        let riders: Vec<Vec<AckCmd>> = vec![
+            vec![],
+            vec![AckCmd::Sadd("acks:1".into(), vec![])],
+            vec![AckCmd::Sadd("acks:1".into(), vec![7])],
+            vec![AckCmd::Sadd(
+                "acks:ü".into(),
+                (0..120).map(|i| ((i * 977) << 20) | i).collect(),
+            )],
+            vec![AckCmd::Del("oxidekiq:batch:x:1".into(), "acks:x:1".into())],
+            vec![
+                AckCmd::Del("b:1".into(), "a:1".into()),
+                AckCmd::Sadd("a:2".into(), vec![u64::MAX, 0, 10, 99, 100]),
+                AckCmd::Del(long.clone(), format!("{long}:acks")),
+            ],
+        ];
+        let mut checked = 0;
+        for qkey in &queues {
+            for list in &lists {
+                for (n, room) in [
+                    (1, 0),
+                    (9, 10),
+                    (10, 99),
+                    (200, 123_456),
+                    (usize::MAX, usize::MAX),
+                ] {
+                    for index in ["oxidekiq:held:host", "idx:ü"] {
+                        for cmds in &riders {
+                            let mut pipe = fast_pipe(qkey, n, list, index, room);
+                            add_acks(&mut pipe, cmds, index);
+                            pipe.ignore_errors();
+                            let mut out = Vec::new();
+                            pack_fast(&mut out, qkey, n, list, index, room);
+                            let count = FAST_REPLIES + pack_acks(&mut out, cmds, index);
+                            assert_eq!(
+                                String::from_utf8_lossy(&out),
+                                String::from_utf8_lossy(&pipe.get_packed_pipeline()),
+                                "{qkey} {list} {n} {room} {index} {cmds:?}"
+                            );
+                            assert_eq!(out, pipe.get_packed_pipeline());
+                            assert_eq!(count, pipe.len());
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 2 * 5 * 2 * 6);
     }
 }
