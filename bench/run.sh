@@ -25,7 +25,10 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 if [ -z "${SKIP_SETUP:-}" ]; then
   step "checking packages"
-  EXTRA_PACKAGES="${EXTRA_PACKAGES:-} gnuplot-nox" bash scripts/setup.sh >&2
+  # The locks scenario's Ruby peer loads sidekiq-unique-jobs from source, which needs thor and concurrent-ruby.
+  extra="gnuplot-nox"
+  [ -n "${UNIQUE_JOBS_LIB:-}" ] && extra="$extra ruby-thor ruby-concurrent"
+  EXTRA_PACKAGES="${EXTRA_PACKAGES:-} $extra" bash scripts/setup.sh >&2
 fi
 
 if [ -z "${SKIP_BUILD:-}" ]; then
