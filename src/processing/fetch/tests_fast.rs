@@ -177,12 +177,12 @@ async fn a_wrong_type_queue_key_met_by_the_fast_path_is_untouched_and_stalls_alo
     }
 }
 
-/// A Redis whose ACL refuses a command of the fast path (`SORT` or `EVAL`: the transaction is refused
+/// A Redis whose ACL refuses a command of the fast path (`SORT`, `EVAL` or `EXEC`: the transaction is refused
 /// before it runs; `MEMORY`, inside the guard: the copy is deleted, the queue untouched) serves each
 /// job once, in order, through the batch script, and the process does not try the fast path again.
 #[tokio::test]
 async fn a_refused_command_of_the_fast_path_switches_the_process_to_the_script_for_good() {
-    for command in ["sort", "eval", "memory"] {
+    for command in ["sort", "eval", "memory", "exec"] {
         let redis = support::RedisServer::start();
         let mut c = redis.conn();
         fill(&mut c, "a", 7);

@@ -35,7 +35,7 @@ pub const MIRRORED: &[(&str, &str, &str)] = &[
     (
         "processing/fetch/reliable/fast.rs",
         "fn fetch_fast",
-        "00b741c7d3d1bd9eccdac8a92424b9e105efd551",
+        "e430aaea228078efa31ef96c4ab89877fefad826",
     ),
     (
         "processing/fetch/reliable/script.rs",

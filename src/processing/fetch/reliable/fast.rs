@@ -243,7 +243,11 @@ impl Reliable {
                     .skip(1)
                     .find_map(|r| r.err())
                     .unwrap_or(e);
-                if matches!(first.code(), Some("NOPERM") | Some("ERR")) {
+                // `EXEC` itself refused (an ACL without it) answers only `EXECABORT`, naming the
+                // refusal in its text ("discarded because of: NOPERM ..."): as refused as the others.
+                let exec_refused = first.code() == Some("EXECABORT")
+                    && first.detail().is_some_and(|d| d.contains("NOPERM"));
+                if exec_refused || matches!(first.code(), Some("NOPERM") | Some("ERR")) {
                     self.refuse_fast(&first.to_string());
                     return Ok(Fast::Script);
                 }
